@@ -1,0 +1,84 @@
+//! Every failure of the admin API becomes a JSON body `{"error": …, "field": …}` here, and
+//! nowhere else.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use switchyard_model::ValidationError;
+use switchyard_store::StoreError;
+
+/// A refused or failed admin call.
+#[derive(Debug)]
+pub enum ApiError {
+    /// The input is invalid: 400, naming the field.
+    Invalid(ValidationError),
+    /// No such resource: 404.
+    NotFound {
+        /// What was looked for.
+        what: String,
+        /// The field (path segment) that named it.
+        field: &'static str,
+    },
+    /// The write conflicts with another resource: 409.
+    Conflict {
+        /// Why.
+        message: String,
+        /// The field at fault.
+        field: &'static str,
+    },
+    /// Missing or wrong bearer token: 401.
+    Unauthorized,
+    /// The store cannot be reached: 503; the write did not happen.
+    Unavailable(String),
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        Self::Invalid(e)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::AppNotFound(name) => Self::NotFound {
+                what: format!("app '{name}' does not exist"),
+                field: "name",
+            },
+            StoreError::DomainTaken { .. } => Self::Conflict {
+                message: e.to_string(),
+                field: "domains",
+            },
+            StoreError::Unavailable(_) | StoreError::Corrupt { .. } => {
+                log::error!("admin call failed in the store: {e}");
+                Self::Unavailable(e.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, error, field) = match self {
+            Self::Invalid(e) => (StatusCode::BAD_REQUEST, e.message, e.field),
+            Self::NotFound { what, field } => (StatusCode::NOT_FOUND, what, field.to_string()),
+            Self::Conflict { message, field } => (StatusCode::CONFLICT, message, field.to_string()),
+            Self::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "missing or invalid bearer token".to_string(),
+                "authorization".to_string(),
+            ),
+            Self::Unavailable(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store is unavailable, nothing was changed: {message}"),
+                String::new(),
+            ),
+        };
+        let mut body = json!({ "error": error });
+        if !field.is_empty() {
+            body["field"] = json!(field);
+        }
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,118 @@
+//! One function per admin route. Bodies are taken as raw bytes and parsed by the model, so
+//! malformed JSON and invalid fields get the same JSON error shape.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use prometheus::{Encoder, TextEncoder};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use switchyard_model::{parse_app_spec, parse_backends_spec, AppName, ValidationError};
+
+use crate::{AdminState, ApiError};
+
+const DEFAULT_PAGE: usize = 1000;
+const MAX_PAGE: usize = 10_000;
+
+pub(crate) async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::NotFound {
+        what: "no such admin endpoint".into(),
+        field: "path",
+    }
+}
+
+pub(crate) async fn put_app(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let spec = parse_json(&body)?;
+    let app = parse_app_spec(&name, &spec)?;
+    let stored = state.store.put_app(app).await?;
+    Ok(Json(json!(stored)))
+}
+
+pub(crate) async fn get_app(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let name = valid_name(&name)?;
+    match state.store.get_app(name.as_str()).await? {
+        Some(app) => Ok(Json(json!(app))),
+        None => Err(app_not_found(&name)),
+    }
+}
+
+pub(crate) async fn delete_app(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let name = valid_name(&name)?;
+    if state.store.delete_app(name.as_str()).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(app_not_found(&name))
+    }
+}
+
+pub(crate) async fn put_backends(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let name = valid_name(&name)?;
+    let backends = parse_backends_spec(&parse_json(&body)?)?;
+    let app = state.store.set_backends(name.as_str(), backends).await?;
+    Ok(Json(json!(app)))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+pub(crate) async fn list_apps(
+    State(state): State<AdminState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ValidationError::new("limit", format!("must be from 1 to {MAX_PAGE}")).into());
+    }
+    let page = state.store.list_apps(query.after.as_deref(), limit).await?;
+    Ok(Json(
+        json!({"apps": page.apps, "next_after": page.next_after}),
+    ))
+}
+
+pub(crate) async fn metrics() -> Response {
+    let mut text = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&prometheus::gather(), &mut text) {
+        log::error!("cannot encode metrics: {e}");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ValidationError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ValidationError::new("body", format!("invalid JSON: {e}")))
+}
+
+fn valid_name(name: &str) -> Result<AppName, ValidationError> {
+    AppName::parse(name).map_err(|m| ValidationError::new("name", m))
+}
+
+fn app_not_found(name: &AppName) -> ApiError {
+    ApiError::NotFound {
+        what: format!("app '{name}' does not exist"),
+        field: "name",
+    }
+}

@@ -1,0 +1,98 @@
+//! Switchyard's admin REST API: JSON over HTTP, written against the [`Store`] only. Every
+//! write goes to the store, and the proxy learns about it from the store's change events —
+//! this crate never touches the request path directly.
+
+mod error;
+mod handlers;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, put};
+use axum::Router;
+use switchyard_store::Store;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+
+/// Largest request body accepted (an app with a thousand domains fits comfortably).
+const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    store: Arc<dyn Store>,
+    token: Option<Arc<str>>,
+}
+
+impl AdminState {
+    /// State over `store`; with a `token`, every call but `/healthz` needs it as a bearer token.
+    pub fn new(store: Arc<dyn Store>, token: Option<String>) -> Self {
+        Self {
+            store,
+            token: token.map(Arc::from),
+        }
+    }
+}
+
+/// The admin API's routes.
+pub fn router(state: AdminState) -> Router {
+    let protected = Router::new()
+        .route("/v1/apps", get(handlers::list_apps))
+        .route(
+            "/v1/apps/{name}",
+            put(handlers::put_app)
+                .get(handlers::get_app)
+                .delete(handlers::delete_app),
+        )
+        .route("/v1/apps/{name}/backends", put(handlers::put_backends))
+        .route("/metrics", get(handlers::metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(handlers::healthz))
+        .merge(protected)
+        .fallback(handlers::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serves the admin API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn require_token(
+    State(state): State<AdminState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(expected) = &state.token {
+        let given = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    Ok(next.run(request).await)
+}
+
+/// Compares without an early exit, so response timing does not reveal a token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

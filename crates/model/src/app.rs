@@ -1,0 +1,160 @@
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Domain;
+
+/// An app's name: `[a-z0-9][a-z0-9-]{0,62}`, the key it is stored and addressed under.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AppName(String);
+
+impl AppName {
+    /// Validates a name as given in a URL path or a store key.
+    pub fn parse(input: &str) -> Result<Self, String> {
+        let bytes = input.as_bytes();
+        let valid_first = bytes
+            .first()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        let valid_rest = bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+        if !valid_first || !valid_rest || bytes.len() > 63 {
+            return Err(
+                "must match [a-z0-9][a-z0-9-]{0,62}: lowercase letters, digits and '-', at most 63"
+                    .into(),
+            );
+        }
+        Ok(Self(input.to_string()))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for AppName {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<AppName> for String {
+    fn from(value: AppName) -> Self {
+        value.0
+    }
+}
+
+impl fmt::Display for AppName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One container of an app: an IP socket address and a relative weight.
+///
+/// Only IP literals are accepted: resolving names on the request path would put DNS latency
+/// and failures in front of every connection, and platforms address containers by IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Backend {
+    /// Where the container listens.
+    pub address: SocketAddr,
+    /// Share of traffic relative to the app's other backends (1..=100).
+    pub weight: u16,
+}
+
+/// Highest weight a backend may have; bounds the round-robin schedule's length.
+pub(crate) const MAX_WEIGHT: u16 = 100;
+/// Most backends one app may have; bounds per-app balancer state.
+pub(crate) const MAX_BACKENDS: usize = 1000;
+/// Most domains one app may have.
+pub(crate) const MAX_DOMAINS: usize = 1000;
+
+/// How an app's requests are spread over its backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balancer {
+    /// Smooth weighted round robin: each backend gets its weight's share, interleaved.
+    #[default]
+    RoundRobin,
+    /// Power of two choices on in-flight requests, weighted: favours the less loaded backend.
+    LeastLoaded,
+}
+
+/// Active HTTP health checking of an app's backends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    /// Path requested with GET; a 2xx or 3xx answer is healthy.
+    pub path: String,
+    /// Time between two probes of one backend.
+    pub interval_ms: u64,
+    /// Deadline for one probe.
+    pub timeout_ms: u64,
+    /// Consecutive failures that mark a backend down.
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes that bring a down backend back.
+    pub healthy_threshold: u32,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        Self {
+            path: "/".into(),
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            unhealthy_threshold: 2,
+            healthy_threshold: 2,
+        }
+    }
+}
+
+/// Upstream deadlines for one app. A read or write that passes its deadline answers 504.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    /// TCP connect to a backend.
+    pub connect_ms: u64,
+    /// Waiting for each read from a backend (the response header, then each body chunk).
+    pub read_ms: u64,
+    /// Waiting for each write to a backend.
+    pub write_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect_ms: 3_000,
+            read_ms: 60_000,
+            write_ms: 60_000,
+        }
+    }
+}
+
+/// An app as stored: its domains, its containers and its options.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct App {
+    /// Unique name.
+    pub name: AppName,
+    /// Hostnames routed to this app; a domain belongs to at most one app.
+    pub domains: Vec<Domain>,
+    /// Containers; empty means the app answers 503.
+    pub backends: Vec<Backend>,
+    /// Balancing policy.
+    #[serde(default)]
+    pub balancer: Balancer,
+    /// Active health checks; passive health (refused connections) is always on.
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+    /// Upstream deadlines.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// How many other backends an idempotent request may be retried on after a failure.
+    #[serde(default = "default_retries")]
+    pub retries: u8,
+}
+
+pub(crate) fn default_retries() -> u8 {
+    2
+}

@@ -1,0 +1,19 @@
+use serde::{Deserialize, Serialize};
+
+/// What changed in the store, naming exactly the cache entries to invalidate, so that the
+/// cost of a change does not depend on how many apps exist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Change {
+    /// An app was created, updated or deleted. `domains` holds every domain it had before
+    /// or has after the change, so both old and new routes are invalidated.
+    App {
+        /// The app's name.
+        name: String,
+        /// Domains whose routing may have changed.
+        domains: Vec<String>,
+    },
+    /// Changes may have been missed (a lagging subscriber, a reconnect): every cached entry
+    /// must be revalidated against the store.
+    Resync,
+}

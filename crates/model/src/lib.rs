@@ -1,0 +1,16 @@
+//! Switchyard's domain model: apps, their domains and backends, per-app options, and the
+//! change events that tell every cache what moved. It sits under everything else — the
+//! store persists these types, the proxy routes by them, the admin API validates input
+//! with them — and it does no IO, so validation lives here once.
+
+mod app;
+mod change;
+mod domain;
+mod error;
+mod spec;
+
+pub use app::{App, AppName, Backend, Balancer, HealthCheck, Timeouts};
+pub use change::Change;
+pub use domain::{normalize_host, Domain};
+pub use error::ValidationError;
+pub use spec::{parse_app_spec, parse_backends_spec};

@@ -1,0 +1,385 @@
+//! Parsing of operator input (the admin API's JSON bodies) into validated model types.
+//!
+//! JSON is walked by hand rather than through `serde` derive so that every refusal names the
+//! exact field (`backends[1].weight`), which is what an API client needs to point at.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use serde_json::{Map, Value};
+
+use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
+use crate::{App, AppName, Backend, Balancer, Domain, HealthCheck, Timeouts, ValidationError};
+
+type Fields<'a> = &'a Map<String, Value>;
+
+/// Builds an app from the body of `PUT /v1/apps/{name}`.
+///
+/// Unknown fields are refused rather than ignored: a typo in an option must not silently
+/// leave an app without the behaviour its operator asked for.
+pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> {
+    let name = AppName::parse(name).map_err(|m| ValidationError::new("name", m))?;
+    let fields = as_object(body, "")?;
+    refuse_unknown(
+        fields,
+        &[
+            "name",
+            "domains",
+            "backends",
+            "balancer",
+            "health_check",
+            "timeouts",
+            "retries",
+        ],
+        "",
+    )?;
+    if let Some(given) = fields.get("name") {
+        if given.as_str() != Some(name.as_str()) {
+            return Err(ValidationError::new(
+                "name",
+                "does not match the name in the path",
+            ));
+        }
+    }
+    let domains = match fields.get("domains") {
+        Some(v) => parse_domains(v)?,
+        None => Vec::new(),
+    };
+    let backends = match fields.get("backends") {
+        Some(v) => parse_backends(v).map_err(|e| e.under("backends"))?,
+        None => Vec::new(),
+    };
+    let balancer = match fields.get("balancer") {
+        None => Balancer::default(),
+        Some(Value::String(s)) if s == "round_robin" => Balancer::RoundRobin,
+        Some(Value::String(s)) if s == "least_loaded" => Balancer::LeastLoaded,
+        Some(_) => {
+            return Err(ValidationError::new(
+                "balancer",
+                "must be \"round_robin\" or \"least_loaded\"",
+            ))
+        }
+    };
+    let health_check = match fields.get("health_check") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_health_check(v).map_err(|e| e.under("health_check"))?),
+    };
+    let timeouts = match fields.get("timeouts") {
+        None => Timeouts::default(),
+        Some(v) => parse_timeouts(v).map_err(|e| e.under("timeouts"))?,
+    };
+    let retries = match fields.get("retries") {
+        None => default_retries(),
+        Some(v) => integer_in(v, 0, 10).map_err(|m| ValidationError::new("retries", m))? as u8,
+    };
+    Ok(App {
+        name,
+        domains,
+        backends,
+        balancer,
+        health_check,
+        timeouts,
+        retries,
+    })
+}
+
+/// Parses the body of `PUT /v1/apps/{name}/backends`: `{"backends": [...]}`.
+pub fn parse_backends_spec(body: &Value) -> Result<Vec<Backend>, ValidationError> {
+    let fields = as_object(body, "")?;
+    refuse_unknown(fields, &["backends"], "")?;
+    let list = fields
+        .get("backends")
+        .ok_or_else(|| ValidationError::new("backends", "is required"))?;
+    parse_backends(list).map_err(|e| e.under("backends"))
+}
+
+fn parse_domains(value: &Value) -> Result<Vec<Domain>, ValidationError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ValidationError::new("domains", "must be an array of hostnames"))?;
+    if items.len() > MAX_DOMAINS {
+        return Err(ValidationError::new(
+            "domains",
+            format!("at most {MAX_DOMAINS} domains per app"),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut domains = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("domains[{i}]");
+        let text = item
+            .as_str()
+            .ok_or_else(|| ValidationError::new(&field, "must be a string"))?;
+        let domain = Domain::parse(text).map_err(|m| ValidationError::new(&field, m))?;
+        if !seen.insert(domain.clone()) {
+            return Err(ValidationError::new(&field, "is listed twice"));
+        }
+        domains.push(domain);
+    }
+    Ok(domains)
+}
+
+/// Field names are relative (`[1].weight`); the caller prefixes them.
+fn parse_backends(value: &Value) -> Result<Vec<Backend>, ValidationError> {
+    let items = value.as_array().ok_or_else(|| {
+        ValidationError::new("", "must be an array of \"ip:port\" or {address, weight}")
+    })?;
+    if items.len() > MAX_BACKENDS {
+        return Err(ValidationError::new(
+            "",
+            format!("at most {MAX_BACKENDS} backends per app"),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut backends = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let index = format!("[{i}]");
+        let backend = parse_backend(item).map_err(|e| e.under(&index))?;
+        if !seen.insert(backend.address) {
+            return Err(ValidationError::new(index, "is listed twice"));
+        }
+        backends.push(backend);
+    }
+    Ok(backends)
+}
+
+fn parse_backend(value: &Value) -> Result<Backend, ValidationError> {
+    match value {
+        Value::String(address) => Ok(Backend {
+            address: parse_socket_addr(address).map_err(|m| ValidationError::new("", m))?,
+            weight: 1,
+        }),
+        Value::Object(fields) => {
+            refuse_unknown(fields, &["address", "weight"], "")?;
+            let address = fields
+                .get("address")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ValidationError::new("address", "is required, as \"ip:port\""))?;
+            let address =
+                parse_socket_addr(address).map_err(|m| ValidationError::new("address", m))?;
+            let weight = match fields.get("weight") {
+                None => 1,
+                Some(v) => integer_in(v, 1, u64::from(MAX_WEIGHT))
+                    .map_err(|m| ValidationError::new("weight", m))?
+                    as u16,
+            };
+            Ok(Backend { address, weight })
+        }
+        _ => Err(ValidationError::new(
+            "",
+            "must be \"ip:port\" or {\"address\": \"ip:port\", \"weight\": N}",
+        )),
+    }
+}
+
+fn parse_socket_addr(text: &str) -> Result<SocketAddr, String> {
+    let address: SocketAddr = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not an ip:port address (e.g. 10.0.0.5:8080)"))?;
+    if address.port() == 0 {
+        return Err("port must not be 0".into());
+    }
+    if address.ip().is_unspecified() || address.ip().is_multicast() {
+        return Err(format!("'{}' cannot be connected to", address.ip()));
+    }
+    Ok(address)
+}
+
+fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(
+        fields,
+        &[
+            "path",
+            "interval_ms",
+            "timeout_ms",
+            "unhealthy_threshold",
+            "healthy_threshold",
+        ],
+        "",
+    )?;
+    let defaults = HealthCheck::default();
+    let path = match fields.get("path") {
+        None => defaults.path,
+        Some(Value::String(p))
+            if p.starts_with('/') && p.len() <= 1024 && p.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            p.clone()
+        }
+        Some(_) => {
+            return Err(ValidationError::new(
+                "path",
+                "must be an absolute path of printable ASCII (e.g. \"/health\")",
+            ))
+        }
+    };
+    let interval_ms =
+        optional_integer(fields, "interval_ms", 100, 3_600_000, defaults.interval_ms)?;
+    let timeout_ms = optional_integer(fields, "timeout_ms", 10, 60_000, defaults.timeout_ms)?;
+    if timeout_ms > interval_ms {
+        return Err(ValidationError::new(
+            "timeout_ms",
+            "must not exceed interval_ms",
+        ));
+    }
+    Ok(HealthCheck {
+        path,
+        interval_ms,
+        timeout_ms,
+        unhealthy_threshold: optional_integer(fields, "unhealthy_threshold", 1, 100, 2)? as u32,
+        healthy_threshold: optional_integer(fields, "healthy_threshold", 1, 100, 2)? as u32,
+    })
+}
+
+fn parse_timeouts(value: &Value) -> Result<Timeouts, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(fields, &["connect_ms", "read_ms", "write_ms"], "")?;
+    let defaults = Timeouts::default();
+    Ok(Timeouts {
+        connect_ms: optional_integer(fields, "connect_ms", 10, 60_000, defaults.connect_ms)?,
+        read_ms: optional_integer(fields, "read_ms", 10, 3_600_000, defaults.read_ms)?,
+        write_ms: optional_integer(fields, "write_ms", 10, 3_600_000, defaults.write_ms)?,
+    })
+}
+
+fn as_object<'a>(value: &'a Value, field: &str) -> Result<Fields<'a>, ValidationError> {
+    value
+        .as_object()
+        .ok_or_else(|| ValidationError::new(field, "must be a JSON object"))
+}
+
+fn refuse_unknown(fields: Fields<'_>, known: &[&str], prefix: &str) -> Result<(), ValidationError> {
+    match fields.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(ValidationError::new(
+            format!("{prefix}{unknown}"),
+            format!("unknown field; expected one of: {}", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn optional_integer(
+    fields: Fields<'_>,
+    name: &str,
+    min: u64,
+    max: u64,
+    default: u64,
+) -> Result<u64, ValidationError> {
+    match fields.get(name) {
+        None => Ok(default),
+        Some(v) => integer_in(v, min, max).map_err(|m| ValidationError::new(name, m)),
+    }
+}
+
+fn integer_in(value: &Value, min: u64, max: u64) -> Result<u64, String> {
+    match value.as_u64() {
+        Some(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be an integer from {min} to {max}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_full_spec_is_accepted() {
+        let app = parse_app_spec(
+            "shop",
+            &json!({
+                "domains": ["Shop.Example.com", "*.shop.example.com"],
+                "backends": ["127.0.0.1:9001", {"address": "[::1]:9002", "weight": 3}],
+                "balancer": "least_loaded",
+                "health_check": {"path": "/health", "interval_ms": 500, "timeout_ms": 200},
+                "timeouts": {"read_ms": 5000},
+                "retries": 1
+            }),
+        )
+        .expect("valid spec");
+        assert_eq!(app.domains[0].as_str(), "shop.example.com");
+        assert!(app.domains[1].is_wildcard());
+        assert_eq!(app.backends[1].weight, 3);
+        assert_eq!(app.balancer, Balancer::LeastLoaded);
+        assert_eq!(app.health_check.as_ref().map(|h| h.interval_ms), Some(500));
+        assert_eq!(app.timeouts.read_ms, 5000);
+        assert_eq!(app.timeouts.connect_ms, Timeouts::default().connect_ms);
+        assert_eq!(app.retries, 1);
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases: &[(&str, Value, &str)] = &[
+            ("Bad_Name", json!({}), "name"),
+            ("ok", json!([]), ""),
+            ("ok", json!({"domain": []}), "domain"),
+            ("ok", json!({"domains": "a.com"}), "domains"),
+            ("ok", json!({"domains": ["a.com", "b..com"]}), "domains[1]"),
+            ("ok", json!({"domains": ["a.com", "A.com"]}), "domains[1]"),
+            (
+                "ok",
+                json!({"backends": ["127.0.0.1:80", "nope"]}),
+                "backends[1]",
+            ),
+            ("ok", json!({"backends": ["localhost:80"]}), "backends[0]"),
+            ("ok", json!({"backends": ["127.0.0.1:0"]}), "backends[0]"),
+            (
+                "ok",
+                json!({"backends": [{"address": "127.0.0.1:80", "weight": 0}]}),
+                "backends[0].weight",
+            ),
+            (
+                "ok",
+                json!({"backends": [{"address": "127.0.0.1:80", "wieght": 2}]}),
+                "backends[0].wieght",
+            ),
+            (
+                "ok",
+                json!({"backends": ["127.0.0.1:80", "127.0.0.1:80"]}),
+                "backends[1]",
+            ),
+            ("ok", json!({"balancer": "random"}), "balancer"),
+            (
+                "ok",
+                json!({"health_check": {"path": "health"}}),
+                "health_check.path",
+            ),
+            (
+                "ok",
+                json!({"health_check": {"interval_ms": 100, "timeout_ms": 500}}),
+                "health_check.timeout_ms",
+            ),
+            (
+                "ok",
+                json!({"timeouts": {"read_ms": -1}}),
+                "timeouts.read_ms",
+            ),
+            ("ok", json!({"retries": 11}), "retries"),
+            ("ok", json!({"name": "other"}), "name"),
+        ];
+        for (name, body, field) in cases {
+            let err = parse_app_spec(name, body).expect_err(&format!("{body} must be refused"));
+            assert_eq!(&err.field, field, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn backends_body_requires_the_list() {
+        assert_eq!(
+            parse_backends_spec(&json!({})).map_err(|e| e.field),
+            Err("backends".to_string())
+        );
+        let backends = parse_backends_spec(&json!({"backends": ["10.0.0.1:8080"]})).expect("valid");
+        assert_eq!(backends[0].address.port(), 8080);
+    }
+
+    #[test]
+    fn app_names_follow_the_pattern() {
+        for ok in ["a", "0", "my-app-2", &"a".repeat(63)] {
+            assert!(AppName::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a_b", "a.b", &"a".repeat(64)] {
+            assert!(AppName::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Stage last, log: one JSON line per request. Lines go through a bounded queue to a writer
+//! thread, so a slow disk or a blocked stdout never slows the proxy: when the queue is full
+//! the record is dropped and counted.
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pingora::proxy::Session;
+use serde::Serialize;
+
+use crate::context::RequestCtx;
+use crate::metrics;
+
+/// Records waiting for the writer before new ones are dropped.
+pub const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
+
+/// Where access-log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    /// Nowhere.
+    Off,
+    /// Standard output.
+    Stdout,
+    /// Appended to a file.
+    File(PathBuf),
+}
+
+/// Hands access-log lines to the writer thread.
+#[derive(Debug, Clone)]
+pub struct AccessLog {
+    queue: Option<SyncSender<String>>,
+}
+
+impl AccessLog {
+    /// Starts the writer for `target`. Fails if the file cannot be opened, so a bad path is
+    /// reported at start-up rather than by silently missing logs.
+    pub fn start(target: AccessLogTarget) -> std::io::Result<Self> {
+        let sink: Box<dyn Write + Send> = match target {
+            AccessLogTarget::Off => return Ok(Self { queue: None }),
+            AccessLogTarget::Stdout => Box::new(std::io::stdout()),
+            AccessLogTarget::File(path) => {
+                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
+            }
+        };
+        let (queue, lines) = sync_channel(ACCESS_LOG_QUEUE_CAPACITY);
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || write_lines(lines, sink))?;
+        Ok(Self { queue: Some(queue) })
+    }
+
+    /// Queues one request's record.
+    pub fn record(&self, session: &Session, ctx: &RequestCtx, status: u16) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        let request = session.req_header();
+        let record = Record {
+            time: rfc3339_now(),
+            request_id: &ctx.request_id,
+            app: ctx.app_name(),
+            host: ctx.host.as_deref().unwrap_or(""),
+            method: request.method.as_str(),
+            path: request.uri.path_and_query().map_or("/", |p| p.as_str()),
+            protocol: protocol_name(request.version),
+            status,
+            bytes_in: session.body_bytes_read(),
+            bytes_out: session.body_bytes_sent(),
+            duration_ms: millis(ctx.started.elapsed()),
+            upstream: ctx.tried.last().map(ToString::to_string),
+            upstream_ms: ctx.upstream_time.map(millis),
+            attempts: ctx.tried.len(),
+            client: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip().to_string()),
+            upgraded: ctx.upgraded,
+        };
+        let Ok(line) = serde_json::to_string(&record) else {
+            return;
+        };
+        match queue.try_send(line) {
+            Ok(()) => metrics::ACCESS_LOG_QUEUE.inc(),
+            Err(TrySendError::Full(_)) => metrics::ACCESS_LOG_DROPPED.inc(),
+            Err(TrySendError::Disconnected(_)) => metrics::ACCESS_LOG_DROPPED.inc(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    time: String,
+    request_id: &'a str,
+    app: &'a str,
+    host: &'a str,
+    method: &'a str,
+    path: &'a str,
+    protocol: &'static str,
+    status: u16,
+    bytes_in: usize,
+    bytes_out: usize,
+    duration_ms: f64,
+    upstream: Option<String>,
+    upstream_ms: Option<f64>,
+    attempts: usize,
+    client: Option<String>,
+    upgraded: bool,
+}
+
+fn write_lines(lines: Receiver<String>, sink: Box<dyn Write + Send>) {
+    let mut out = BufWriter::with_capacity(64 * 1024, sink);
+    loop {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                write_line(&mut out, &line);
+                // Write the rest of the burst, then flush once so lines appear promptly.
+                while let Ok(line) = lines.try_recv() {
+                    write_line(&mut out, &line);
+                }
+                let _ = out.flush();
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = out.flush();
+                return;
+            }
+        }
+    }
+}
+
+fn write_line(out: &mut impl Write, line: &str) {
+    metrics::ACCESS_LOG_QUEUE.dec();
+    if writeln!(out, "{line}").is_err() {
+        metrics::ACCESS_LOG_DROPPED.inc();
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
+}
+
+fn protocol_name(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2",
+        _ => "other",
+    }
+}
+
+/// UTC timestamp with milliseconds, e.g. `2026-11-22T15:04:05.123Z`.
+fn rfc3339_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format_rfc3339(now)
+}
+
+fn format_rfc3339(since_epoch: Duration) -> String {
+    let secs = since_epoch.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        since_epoch.subsec_millis()
+    )
+}
+
+/// Howard Hinnant's days-to-civil conversion (proleptic Gregorian calendar).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (951_782_400_500, "2000-02-29T00:00:00.500Z"),
+            (1_795_359_845_123, "2026-11-22T15:04:05.123Z"),
+        ];
+        for (ms, expected) in cases {
+            assert_eq!(format_rfc3339(Duration::from_millis(ms)), expected);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The per-request state shared by every stage, created when a request arrives and dropped
+//! when its connection is done with it (which releases the backend's in-flight count and
+//! connection registration).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::balancer::InFlight;
+use crate::metrics;
+use crate::route_cache::AppRoute;
+
+/// What the pipeline knows about one request.
+#[derive(Debug)]
+pub struct RequestCtx {
+    /// When the request was first seen.
+    pub started: Instant,
+    /// Id passed to the backend and written in the access log.
+    pub request_id: String,
+    /// The normalised Host, when it had one.
+    pub host: Option<String>,
+    /// The app the Host resolved to.
+    pub route: Option<Arc<AppRoute>>,
+    /// Backends already attempted, in order.
+    pub tried: Vec<SocketAddr>,
+    /// The backend of the current attempt, counted as in flight.
+    pub backend: Option<InFlight>,
+    /// Registration of the upstream socket of the current attempt, for draining.
+    pub connection_id: Option<u64>,
+    /// When the current attempt started connecting.
+    pub attempt_started: Option<Instant>,
+    /// Time from the successful attempt's start to the response header.
+    pub upstream_time: Option<Duration>,
+    /// Whether the response switched protocols (WebSocket or another upgrade).
+    pub upgraded: bool,
+    /// Status sent by the router itself (not the backend), for the log.
+    pub local_status: Option<u16>,
+    /// Counted in the active-requests gauge until dropped.
+    _active: ActiveRequest,
+}
+
+impl RequestCtx {
+    /// State for a newly arrived request.
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            request_id: String::new(),
+            host: None,
+            route: None,
+            tried: Vec::new(),
+            backend: None,
+            connection_id: None,
+            attempt_started: None,
+            upstream_time: None,
+            upgraded: false,
+            local_status: None,
+            _active: ActiveRequest::start(),
+        }
+    }
+
+    /// The app's name, or "" before routing / for unknown hosts.
+    pub fn app_name(&self) -> &str {
+        self.route.as_ref().map_or("", |r| r.app.name.as_str())
+    }
+
+    /// Ends the current attempt's bookkeeping (in-flight count, connection registration).
+    pub fn release_attempt(&mut self) {
+        if let (Some(id), Some(backend)) = (self.connection_id.take(), self.backend.as_ref()) {
+            backend.backend().unregister_connection(id);
+        }
+        self.backend = None;
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        self.release_attempt();
+        if self.upgraded {
+            metrics::OPEN_WEBSOCKETS.dec();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ActiveRequest;
+
+impl ActiveRequest {
+    fn start() -> Self {
+        metrics::ACTIVE_REQUESTS.inc();
+        Self
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        metrics::ACTIVE_REQUESTS.dec();
+    }
+}

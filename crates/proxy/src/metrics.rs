@@ -1,0 +1,142 @@
+//! The proxy's Prometheus metrics, registered in the default registry that the admin API's
+//! `/metrics` exposes. Labels are bounded: `app` only ever holds a stored app's name (unknown
+//! hosts count under `app=""`), and `class`/`kind`/`result` are small fixed sets.
+
+#![allow(missing_docs)]
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+};
+
+// A failed registration means the same name was registered twice: a programming error
+// caught by the first test that touches metrics, never a runtime condition.
+#[allow(clippy::expect_used)]
+fn registered<T>(result: prometheus::Result<T>) -> T {
+    result.expect("metric names are unique")
+}
+
+pub(crate) static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_requests_total",
+        "Requests answered, by app and status class (1xx..5xx).",
+        &["app", "class"]
+    ))
+});
+
+pub(crate) static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    registered(register_histogram_vec!(
+        "switchyard_request_duration_seconds",
+        "Time from request start to the last byte sent, by status class.",
+        &["class"],
+        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+    ))
+});
+
+pub(crate) static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_upstream_errors_total",
+        "Failed attempts to reach or read from a backend, by app and kind.",
+        &["app", "kind"]
+    ))
+});
+
+pub(crate) static UPSTREAM_RETRIES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_upstream_retries_total",
+        "Attempts retried on another backend."
+    ))
+});
+
+pub(crate) static ROUTE_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_route_cache_hits_total",
+        "Route-cache lookups answered from memory (domains and apps)."
+    ))
+});
+
+pub(crate) static ROUTE_CACHE_MISSES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_route_cache_misses_total",
+        "Route-cache lookups that read the store."
+    ))
+});
+
+pub(crate) static ROUTE_CACHE_ENTRIES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    registered(register_int_gauge_vec!(
+        "switchyard_route_cache_entries",
+        "Entries in the route cache, by table (apps, domains).",
+        &["table"]
+    ))
+});
+
+pub(crate) static ROUTE_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_route_changes_total",
+        "Change events applied to the route cache."
+    ))
+});
+
+pub(crate) static ROUTE_RESYNCS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_route_resyncs_total",
+        "Full revalidations of the route cache after missed change events."
+    ))
+});
+
+pub(crate) static ACTIVE_REQUESTS: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_active_requests",
+        "Requests (including upgraded connections) being proxied now."
+    ))
+});
+
+pub(crate) static OPEN_WEBSOCKETS: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_open_websockets",
+        "Upgraded connections (WebSocket and others) open now."
+    ))
+});
+
+pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_drained_connections_total",
+        "Upstream connections closed because their backend was removed."
+    ))
+});
+
+pub(crate) static HEALTH_TRANSITIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_health_transitions_total",
+        "Backends marked up or down by active health checks, by app and new state.",
+        &["app", "state"]
+    ))
+});
+
+pub(crate) static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_access_log_dropped_total",
+        "Access-log records dropped because the writer queue was full."
+    ))
+});
+
+pub(crate) static ACCESS_LOG_QUEUE: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_access_log_queue_depth",
+        "Access-log records waiting to be written."
+    ))
+});
+
+/// `2xx`-style class of a status code; `none` when nothing was sent.
+pub(crate) fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "none",
+    }
+}

@@ -1,0 +1,205 @@
+//! The life of a request, in order. Each Pingora phase below calls one stage module; reading
+//! this file top to bottom tells what happens to every request:
+//!
+//! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here).
+//! 2. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
+//! 3. `upstream_request_filter`: forwarded headers for the backend.
+//! 4. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
+//! 5. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
+//! 6. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id.
+//! 7. `fail_to_proxy`: a failure becomes a status code (`respond`).
+//! 8. `logging`: **log** — access-log line and metrics.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::Digest;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::Error;
+
+use crate::access_log::AccessLog;
+use crate::context::RequestCtx;
+use crate::metrics;
+use crate::respond;
+use crate::route;
+use crate::route_cache::RouteCache;
+use crate::upstream;
+
+/// The router: Switchyard's implementation of Pingora's proxy phases.
+pub struct Router {
+    routes: Arc<RouteCache>,
+    access_log: AccessLog,
+    scheme: &'static str,
+}
+
+impl Router {
+    /// A router for one listener; `scheme` (`http` / `https`) is what backends are told in
+    /// `X-Forwarded-Proto`.
+    pub fn new(routes: Arc<RouteCache>, access_log: AccessLog, scheme: &'static str) -> Self {
+        Self {
+            routes,
+            access_log,
+            scheme,
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Router {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        ctx.request_id = request_id(session);
+        if let Err(answer) = route::route(session, ctx, &self.routes).await {
+            respond::send(session, ctx, answer).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        upstream::choose_peer(session, ctx)
+            .map_err(|answer| Error::new(pingora::ErrorType::HTTPStatus(answer.status())))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        upstream::set_forwarded_headers(session, request, ctx, self.scheme)
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&Digest>,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        upstream::on_connected(ctx, fd);
+        Ok(())
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        error: Box<Error>,
+    ) -> Box<Error> {
+        upstream::on_connect_failure(ctx, error)
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        error: Box<Error>,
+        ctx: &mut RequestCtx,
+        _client_reused: bool,
+    ) -> Box<Error> {
+        let error = error.more_context(format!("peer: {peer}"));
+        upstream::on_proxy_error(session, ctx, error)
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        upstream::on_response_header(ctx, response.status.as_u16());
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        response.insert_header("x-request-id", ctx.request_id.as_str())?;
+        Ok(())
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        error: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let status = respond::status_for(error);
+        if status > 0 {
+            if let Err(e) =
+                respond::write_error(session, ctx, status, respond::text_for(status)).await
+            {
+                log::debug!("request {}: could not send {status}: {e}", ctx.request_id);
+            }
+        }
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
+        // Local answers (404, 503 …) travel as HTTPStatus errors; they are not faults.
+        matches!(error.etype(), pingora::ErrorType::HTTPStatus(_))
+    }
+
+    async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .or(ctx.local_status)
+            .unwrap_or(0);
+        let class = metrics::status_class(status);
+        metrics::REQUESTS
+            .with_label_values(&[ctx.app_name(), class])
+            .inc();
+        metrics::REQUEST_DURATION
+            .with_label_values(&[class])
+            .observe(ctx.started.elapsed().as_secs_f64());
+        self.access_log.record(session, ctx, status);
+        ctx.release_attempt();
+    }
+}
+
+/// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
+/// request end to end), otherwise a fresh random id.
+fn request_id(session: &Session) -> String {
+    let given = session
+        .req_header()
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            (20..=200).contains(&v.len())
+                && v.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'-' | b'_' | b'.' | b'+' | b'/' | b'=')
+                })
+        });
+    match given {
+        Some(id) => id.to_string(),
+        None => format!("{:032x}", rand::random::<u128>()),
+    }
+}

@@ -1,0 +1,49 @@
+//! Stage 1, route: Host → app. The authority of an absolute-form URI (and HTTP/2's
+//! `:authority`) wins over the Host header, as RFC 9112 requires.
+
+use pingora::proxy::Session;
+use switchyard_model::normalize_host;
+
+use crate::context::RequestCtx;
+use crate::respond::LocalAnswer;
+use crate::route_cache::RouteCache;
+
+/// Resolves the request's app into `ctx.route`, or says which answer to send instead.
+pub(crate) async fn route(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    routes: &RouteCache,
+) -> Result<(), LocalAnswer> {
+    let request = session.req_header();
+    let raw_host = match request.uri.authority() {
+        Some(authority) => Some(authority.as_str()),
+        None => request
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok()),
+    };
+    let Some(raw_host) = raw_host else {
+        return Err(LocalAnswer::MissingHost);
+    };
+    // Userinfo in an authority (`user@host`) never names a host we serve.
+    let Some(host) = normalize_host(raw_host) else {
+        return Err(LocalAnswer::UnknownHost);
+    };
+    let resolved = routes.resolve(&host).await;
+    ctx.host = Some(host);
+    match resolved {
+        Ok(Some(route)) => {
+            ctx.route = Some(route);
+            Ok(())
+        }
+        Ok(None) => Err(LocalAnswer::UnknownHost),
+        Err(e) => {
+            log::error!(
+                "request {}: cannot route host {:?}: {e}",
+                ctx.request_id,
+                ctx.host.as_deref().unwrap_or("")
+            );
+            Err(LocalAnswer::RouteUnavailable)
+        }
+    }
+}

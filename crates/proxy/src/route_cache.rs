@@ -1,0 +1,268 @@
+//! Host → app resolution with a bounded, lazily filled in-process cache in front of the
+//! store. A change event touches only the entries it names, so its cost does not depend on
+//! how many apps exist.
+//!
+//! Fills race with changes: a request may read the store just before a write commits and
+//! insert the old answer just after the change's invalidation ran. Every key hashes to a
+//! stripe with an epoch; a change bumps the epoch under the stripe's lock, and a fill only
+//! inserts if the epoch it saw before reading the store is still current.
+
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use quick_cache::sync::Cache;
+use switchyard_model::{App, Change};
+use switchyard_store::{Store, StoreError};
+
+use crate::balancer::Upstream;
+use crate::drain;
+use crate::metrics;
+
+const STRIPES: usize = 256;
+/// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.
+const MAX_WILDCARD_DEPTH: usize = 8;
+
+/// Everything the request path needs about one app, built once per change.
+#[derive(Debug)]
+pub struct AppRoute {
+    /// The app as stored.
+    pub app: App,
+    /// Its backends with their live state.
+    pub upstream: Upstream,
+    /// When this version was built, for cache-age metrics.
+    pub loaded_at: Instant,
+}
+
+/// Sizes of the route caches.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteCacheLimits {
+    /// Most apps kept built in memory.
+    pub apps: usize,
+    /// Most domain → app answers (including "no such domain") kept.
+    pub domains: usize,
+}
+
+impl Default for RouteCacheLimits {
+    fn default() -> Self {
+        Self {
+            apps: 100_000,
+            domains: 400_000,
+        }
+    }
+}
+
+/// The in-process routing view over the store.
+pub struct RouteCache {
+    store: Arc<dyn Store>,
+    /// Stored domain (`a.com`, `*.a.com`) → owning app; `None` caches "nobody owns it".
+    domains: Cache<String, Option<Arc<str>>>,
+    apps: Cache<String, Arc<AppRoute>>,
+    epochs: Vec<Mutex<u64>>,
+    hasher: RandomState,
+    drain_grace: Duration,
+    fills: AtomicU64,
+}
+
+/// Why a host could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The store could not answer and nothing was cached.
+    #[error("route lookup failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RouteCache {
+    /// A cache over `store`. Connections to removed backends are cut after `drain_grace`.
+    pub fn new(store: Arc<dyn Store>, limits: RouteCacheLimits, drain_grace: Duration) -> Self {
+        Self {
+            store,
+            domains: Cache::new(limits.domains.max(1)),
+            apps: Cache::new(limits.apps.max(1)),
+            epochs: (0..STRIPES).map(|_| Mutex::new(0)).collect(),
+            hasher: RandomState::new(),
+            drain_grace,
+            fills: AtomicU64::new(0),
+        }
+    }
+
+    /// The app serving `host` (already normalised): exact domain first, then the most
+    /// specific wildcard. `Ok(None)` means no app owns it.
+    pub async fn resolve(&self, host: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+        if let Some(name) = self.owner_of(host).await? {
+            return self.app(&name).await;
+        }
+        let mut parent = host;
+        for _ in 0..MAX_WILDCARD_DEPTH {
+            let Some((_, rest)) = parent.split_once('.') else {
+                break;
+            };
+            // `*.com` can never be stored, so stop before the last label.
+            if !rest.contains('.') {
+                break;
+            }
+            if let Some(name) = self.owner_of(&format!("*.{rest}")).await? {
+                return self.app(&name).await;
+            }
+            parent = rest;
+        }
+        Ok(None)
+    }
+
+    /// The app named `name`, building its route on first use.
+    pub async fn app(&self, name: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+        if let Some(route) = self.apps.get(name) {
+            metrics::ROUTE_CACHE_HITS.inc();
+            return Ok(Some(route));
+        }
+        metrics::ROUTE_CACHE_MISSES.inc();
+        let epoch = self.epoch_of(name);
+        let Some(app) = self.store.get_app(name).await? else {
+            return Ok(None);
+        };
+        let route = Arc::new(build_route(app, None));
+        self.fill(name, epoch, || {
+            self.apps.insert(name.to_string(), route.clone())
+        });
+        Ok(Some(route))
+    }
+
+    async fn owner_of(&self, domain: &str) -> Result<Option<Arc<str>>, RouteError> {
+        if let Some(owner) = self.domains.get(domain) {
+            metrics::ROUTE_CACHE_HITS.inc();
+            return Ok(owner);
+        }
+        metrics::ROUTE_CACHE_MISSES.inc();
+        let epoch = self.epoch_of(domain);
+        let owner: Option<Arc<str>> = self.store.app_for_domain(domain).await?.map(Arc::from);
+        self.fill(domain, epoch, || {
+            self.domains.insert(domain.to_string(), owner.clone())
+        });
+        Ok(owner)
+    }
+
+    /// Applies one change from the store. Cached apps are rebuilt in place (keeping backend
+    /// state); uncached ones stay uncached until a request needs them.
+    pub async fn apply(&self, change: &Change) {
+        match change {
+            Change::App { name, domains } => {
+                for domain in domains {
+                    self.invalidate(domain, || {
+                        self.domains.remove(domain);
+                    });
+                }
+                self.refresh_app(name).await;
+            }
+            Change::Resync => self.resync().await,
+        }
+        self.publish_sizes();
+    }
+
+    async fn refresh_app(&self, name: &str) {
+        let Some(previous) = self.apps.get(name) else {
+            // Bump anyway: a fill for this app may be in flight with the old value.
+            self.invalidate(name, || {});
+            return;
+        };
+        match self.store.get_app(name).await {
+            Ok(Some(app)) => {
+                let route = Arc::new(build_route(app, Some(&previous)));
+                self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
+                drain::retire_removed(&previous.upstream, &route.upstream, self.drain_grace);
+            }
+            Ok(None) => {
+                self.invalidate(name, || {
+                    self.apps.remove(name);
+                });
+                drain::retire_all(&previous.upstream, self.drain_grace);
+            }
+            Err(e) => {
+                // Dropping the entry makes the next request read the store again, which is
+                // better than routing with a version we know is outdated.
+                log::warn!("cannot refresh app '{name}' after a change: {e}; evicting it");
+                self.invalidate(name, || {
+                    self.apps.remove(name);
+                });
+            }
+        }
+    }
+
+    /// Revalidates every cached entry after events may have been missed. Entries are checked
+    /// one by one against the store rather than flushed, so traffic keeps hitting the cache.
+    async fn resync(&self) {
+        let domains: Vec<String> = self.domains.iter().map(|(k, _)| k).collect();
+        for domain in domains {
+            let cached = self.domains.get(&domain);
+            match self.store.app_for_domain(&domain).await {
+                Ok(owner) if cached.as_ref().map(|c| c.as_deref()) == Some(owner.as_deref()) => {}
+                _ => self.invalidate(&domain, || {
+                    self.domains.remove(&domain);
+                }),
+            }
+        }
+        let names: Vec<String> = self.apps.iter().map(|(k, _)| k).collect();
+        for name in names {
+            let unchanged = match (self.apps.get(&name), self.store.get_app(&name).await) {
+                (Some(cached), Ok(Some(stored))) => cached.app == stored,
+                _ => false,
+            };
+            if !unchanged {
+                self.refresh_app(&name).await;
+            }
+        }
+    }
+
+    /// Every cached app route, for background work such as active health checks.
+    pub fn cached_routes(&self) -> Vec<Arc<AppRoute>> {
+        self.apps.iter().map(|(_, v)| v).collect()
+    }
+
+    /// Number of store reads that filled the cache, for tests and metrics.
+    pub fn fills(&self) -> u64 {
+        self.fills.load(Ordering::Relaxed)
+    }
+
+    fn publish_sizes(&self) {
+        metrics::ROUTE_CACHE_ENTRIES
+            .with_label_values(&["apps"])
+            .set(self.apps.len() as i64);
+        metrics::ROUTE_CACHE_ENTRIES
+            .with_label_values(&["domains"])
+            .set(self.domains.len() as i64);
+    }
+
+    fn stripe<K: Hash + ?Sized>(&self, key: &K) -> &Mutex<u64> {
+        &self.epochs[(self.hasher.hash_one(key) as usize) % STRIPES]
+    }
+
+    fn epoch_of(&self, key: &str) -> u64 {
+        *self.stripe(key).lock()
+    }
+
+    fn fill(&self, key: &str, seen_epoch: u64, insert: impl FnOnce()) {
+        let epoch = self.stripe(key).lock();
+        if *epoch == seen_epoch {
+            insert();
+            self.fills.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(epoch);
+        self.publish_sizes();
+    }
+
+    fn invalidate(&self, key: &str, apply: impl FnOnce()) {
+        let mut epoch = self.stripe(key).lock();
+        *epoch += 1;
+        apply();
+    }
+}
+
+fn build_route(app: App, previous: Option<&AppRoute>) -> AppRoute {
+    let upstream = Upstream::new(&app.backends, app.balancer, previous.map(|p| &p.upstream));
+    AppRoute {
+        app,
+        upstream,
+        loaded_at: Instant::now(),
+    }
+}

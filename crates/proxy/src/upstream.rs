@@ -1,0 +1,177 @@
+//! Stage last-but-one, upstream: pick a backend, tell it who is asking, and decide what a
+//! failure means — mark the backend down, retry elsewhere, or give up.
+
+use std::time::{Duration, Instant};
+
+use pingora::http::RequestHeader;
+use pingora::proxy::Session;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorType};
+
+use crate::balancer::{Pick, UpstreamConnection};
+use crate::context::RequestCtx;
+use crate::drain;
+use crate::metrics;
+use crate::respond::LocalAnswer;
+
+/// How long an idle keep-alive connection to a backend is kept in the pool. Shorter than
+/// the usual app-server idle timeouts (60 s and up) so the backend rarely closes first.
+const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Picks the backend for the next attempt and describes how to reach it.
+pub(crate) fn choose_peer(
+    session: &Session,
+    ctx: &mut RequestCtx,
+) -> Result<Box<HttpPeer>, LocalAnswer> {
+    ctx.release_attempt();
+    let Some(route) = ctx.route.clone() else {
+        return Err(LocalAnswer::UnknownHost);
+    };
+    let guard = match route.upstream.pick(&ctx.tried) {
+        Pick::Backend(guard) => guard,
+        Pick::NoBackends => return Err(LocalAnswer::NoBackends),
+        Pick::NoneHealthy => return Err(LocalAnswer::NoHealthyBackend),
+    };
+    let address = guard.backend().address;
+    ctx.tried.push(address);
+    ctx.backend = Some(guard);
+    ctx.attempt_started = Some(Instant::now());
+
+    let timeouts = &route.app.timeouts;
+    let mut peer = HttpPeer::new(address, false, String::new());
+    peer.options.connection_timeout = Some(Duration::from_millis(timeouts.connect_ms));
+    peer.options.write_timeout = Some(Duration::from_millis(timeouts.write_ms));
+    // An upgraded connection (WebSocket) may legitimately stay silent for hours; its own
+    // pings keep it alive, so only ordinary requests get a read deadline.
+    peer.options.read_timeout = if session.is_upgrade_req() {
+        None
+    } else {
+        Some(Duration::from_millis(timeouts.read_ms))
+    };
+    peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+    Ok(Box::new(peer))
+}
+
+/// Sets `X-Forwarded-For` (appended), `X-Forwarded-Proto` and `X-Request-Id` for the backend.
+pub(crate) fn set_forwarded_headers(
+    session: &Session,
+    request: &mut RequestHeader,
+    ctx: &RequestCtx,
+    scheme: &'static str,
+) -> pingora::Result<()> {
+    if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
+        let client_ip = client.ip().to_string();
+        let forwarded_for = match request
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(previous) if !previous.trim().is_empty() => format!("{previous}, {client_ip}"),
+            _ => client_ip,
+        };
+        request.insert_header("x-forwarded-for", forwarded_for)?;
+    }
+    request.insert_header("x-forwarded-proto", scheme)?;
+    request.insert_header("x-request-id", ctx.request_id.as_str())?;
+    Ok(())
+}
+
+/// Remembers the upstream socket so a drain can close it if its backend is removed.
+pub(crate) fn on_connected(ctx: &mut RequestCtx, fd: std::os::fd::RawFd) {
+    let Some(backend) = ctx.backend.as_ref() else {
+        return;
+    };
+    if let Some(local) = drain::local_address(fd) {
+        let id = backend
+            .backend()
+            .register_connection(UpstreamConnection { fd, local });
+        ctx.connection_id = Some(id);
+    }
+}
+
+/// A connection to the backend could not be made. Nothing reached it, so any request may
+/// be retried on another backend, whatever its method.
+pub(crate) fn on_connect_failure(ctx: &mut RequestCtx, mut error: Box<Error>) -> Box<Error> {
+    let app = ctx.app_name().to_string();
+    if let Some(backend) = ctx.backend.as_ref() {
+        backend.backend().mark_passively_down();
+        log::warn!(
+            "request {}: app {app}: backend {} unreachable ({}); skipping it for {:?}",
+            ctx.request_id,
+            backend.backend().address,
+            error.etype().as_str(),
+            crate::balancer::PASSIVE_DOWN_FOR
+        );
+    }
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[app.as_str(), kind_of(&error)])
+        .inc();
+    let retry = attempts_left(ctx);
+    error.set_retry(retry);
+    if retry {
+        metrics::UPSTREAM_RETRIES.inc();
+    }
+    error
+}
+
+/// The backend failed after the connection was made. Retrying is safe only for idempotent
+/// requests whose body pingora still holds and before any response reached the client; a
+/// timeout is not retried, since the backend may still be working and waiting twice as long
+/// helps nobody.
+pub(crate) fn on_proxy_error(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    mut error: Box<Error>,
+) -> Box<Error> {
+    let app = ctx.app_name().to_string();
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[app.as_str(), kind_of(&error)])
+        .inc();
+    let retry = session.req_header().method.is_idempotent()
+        && !session.as_ref().retry_buffer_truncated()
+        && session.response_written().is_none()
+        && !is_timeout(&error)
+        && !ctx.upgraded
+        && attempts_left(ctx);
+    error.set_retry(retry);
+    if retry {
+        metrics::UPSTREAM_RETRIES.inc();
+    }
+    error
+}
+
+/// Records the time to the response header and whether the connection was upgraded.
+pub(crate) fn on_response_header(ctx: &mut RequestCtx, status: u16) {
+    if ctx.upstream_time.is_none() {
+        ctx.upstream_time = ctx.attempt_started.map(|s| s.elapsed());
+    }
+    if status == 101 && !ctx.upgraded {
+        ctx.upgraded = true;
+        metrics::OPEN_WEBSOCKETS.inc();
+    }
+}
+
+fn attempts_left(ctx: &RequestCtx) -> bool {
+    let allowed = ctx.route.as_ref().map_or(0, |r| usize::from(r.app.retries));
+    ctx.tried.len() <= allowed
+}
+
+fn is_timeout(error: &Error) -> bool {
+    matches!(
+        error.etype(),
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+    )
+}
+
+fn kind_of(error: &Error) -> &'static str {
+    match error.etype() {
+        ErrorType::ConnectTimedout => "connect_timeout",
+        ErrorType::ConnectRefused => "connect_refused",
+        ErrorType::ConnectError | ErrorType::ConnectNoRoute => "connect_error",
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => "timeout",
+        ErrorType::ConnectionClosed => "closed",
+        ErrorType::ReadError | ErrorType::WriteError => "io",
+        ErrorType::InvalidHTTPHeader | ErrorType::H1Error | ErrorType::H2Error => "protocol",
+        _ => "other",
+    }
+}

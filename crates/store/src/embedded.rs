@@ -1,0 +1,361 @@
+//! The default store: one crash-safe redb file in the data directory, for a single router
+//! with no set-up. Every write transaction is fsynced before it returns, so an app that the
+//! admin API acknowledged survives `kill -9` and power loss.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableTable, TableDefinition};
+use switchyard_model::{App, Backend, Change};
+use tokio::sync::broadcast;
+
+use crate::{AppPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
+
+/// App name → the app as JSON.
+const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
+/// Domain (as stored) → owning app name: the routing index.
+const DOMAINS: TableDefinition<&str, &str> = TableDefinition::new("domains");
+
+/// redb's page cache; routes are cached above the store, so this only needs the hot index.
+const PAGE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+const FILE_NAME: &str = "switchyard.redb";
+
+/// The embedded, file-backed store.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    changes: broadcast::Sender<Change>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `data_dir`, creating the directory if needed.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
+        })?;
+        let path = data_dir.join(FILE_NAME);
+        let db = Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let txn = db.begin_write().map_err(unavailable)?;
+        txn.open_table(APPS).map_err(unavailable)?;
+        txn.open_table(DOMAINS).map_err(unavailable)?;
+        txn.commit().map_err(unavailable)?;
+        let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
+        Ok(Self {
+            db: Arc::new(db),
+            changes,
+        })
+    }
+
+    fn read_app(&self, name: &str) -> Result<Option<App>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let apps = txn.open_table(APPS).map_err(unavailable)?;
+        let value = apps.get(name).map_err(unavailable)?;
+        value.map(|v| decode_app(name, v.value())).transpose()
+    }
+
+    fn write_app(&self, app: &App) -> Result<Change, StoreError> {
+        let name = app.name.as_str();
+        let encoded = serde_json::to_vec(app).map_err(|e| StoreError::Corrupt {
+            key: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        let touched = {
+            let mut apps = txn.open_table(APPS).map_err(unavailable)?;
+            let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
+            for domain in &app.domains {
+                if let Some(owner) = domains.get(domain.as_str()).map_err(unavailable)? {
+                    if owner.value() != name {
+                        return Err(StoreError::DomainTaken {
+                            domain: domain.to_string(),
+                            owner: owner.value().to_string(),
+                        });
+                    }
+                }
+            }
+            let previous = apps
+                .get(name)
+                .map_err(unavailable)?
+                .map(|v| decode_app(name, v.value()))
+                .transpose()?;
+            let mut touched: Vec<String> = Vec::new();
+            if let Some(previous) = &previous {
+                for old in &previous.domains {
+                    if !app.domains.contains(old) {
+                        domains.remove(old.as_str()).map_err(unavailable)?;
+                    }
+                    touched.push(old.to_string());
+                }
+            }
+            for domain in &app.domains {
+                domains.insert(domain.as_str(), name).map_err(unavailable)?;
+                if !touched.iter().any(|t| t == domain.as_str()) {
+                    touched.push(domain.to_string());
+                }
+            }
+            apps.insert(name, encoded.as_slice()).map_err(unavailable)?;
+            touched
+        };
+        // The transaction is aborted on drop if any `?` above returned early: nothing half-written.
+        txn.commit().map_err(unavailable)?;
+        Ok(Change::App {
+            name: name.to_string(),
+            domains: touched,
+        })
+    }
+
+    fn remove_app(&self, name: &str) -> Result<Option<Change>, StoreError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        let removed = {
+            let mut apps = txn.open_table(APPS).map_err(unavailable)?;
+            let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
+            let previous = apps
+                .remove(name)
+                .map_err(unavailable)?
+                .map(|v| decode_app(name, v.value()))
+                .transpose()?;
+            match previous {
+                Some(app) => {
+                    for domain in &app.domains {
+                        domains.remove(domain.as_str()).map_err(unavailable)?;
+                    }
+                    Some(app)
+                }
+                None => None,
+            }
+        };
+        txn.commit().map_err(unavailable)?;
+        Ok(removed.map(|app| Change::App {
+            name: name.to_string(),
+            domains: app.domains.iter().map(ToString::to_string).collect(),
+        }))
+    }
+
+    fn announce(&self, change: Change) {
+        // No subscriber is fine: nothing is cached yet.
+        let _ = self.changes.send(change);
+    }
+
+    /// Runs a blocking store operation (a write that fsyncs) off the async runtime.
+    async fn blocking<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&EmbeddedStore) -> Result<T, StoreError> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || op(&store))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    // Reads run inline: a redb read of a cached page takes microseconds, and they only happen
+    // on a route-cache miss. Writes fsync, so they go to the blocking pool.
+    async fn get_app(&self, name: &str) -> Result<Option<App>, StoreError> {
+        self.read_app(name)
+    }
+
+    async fn app_for_domain(&self, domain: &str) -> Result<Option<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let domains = txn.open_table(DOMAINS).map_err(unavailable)?;
+        let owner = domains.get(domain).map_err(unavailable)?;
+        Ok(owner.map(|o| o.value().to_string()))
+    }
+
+    async fn list_apps(&self, after: Option<&str>, limit: usize) -> Result<AppPage, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let apps = txn.open_table(APPS).map_err(unavailable)?;
+        let mut range = match after {
+            Some(after) => {
+                apps.range::<&str>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            }
+            None => apps.range::<&str>(..),
+        }
+        .map_err(unavailable)?;
+        let mut page = Vec::new();
+        for entry in range.by_ref().take(limit) {
+            let (key, value) = entry.map_err(unavailable)?;
+            page.push(decode_app(key.value(), value.value())?);
+        }
+        let more = range.next().is_some();
+        let next_after = if more {
+            page.last().map(|a| a.name.to_string())
+        } else {
+            None
+        };
+        Ok(AppPage {
+            apps: page,
+            next_after,
+        })
+    }
+
+    async fn put_app(&self, app: App) -> Result<App, StoreError> {
+        let (app, change) = self
+            .blocking(move |store| {
+                let change = store.write_app(&app)?;
+                Ok((app, change))
+            })
+            .await?;
+        self.announce(change);
+        Ok(app)
+    }
+
+    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
+        let name = name.to_string();
+        let (app, change) = self
+            .blocking(move |store| {
+                // redb allows one writer at a time, so read-modify-write inside one write
+                // transaction would be ideal; a concurrent PUT of the same app between this read
+                // and the write is resolved last-writer-wins, as with a PUT.
+                let mut app = store
+                    .read_app(&name)?
+                    .ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
+                app.backends = backends;
+                let change = store.write_app(&app)?;
+                Ok((app, change))
+            })
+            .await?;
+        self.announce(change);
+        Ok(app)
+    }
+
+    async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        let change = self.blocking(move |store| store.remove_app(&name)).await?;
+        match change {
+            Some(change) => {
+                self.announce(change);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+}
+
+fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_model::parse_app_spec;
+
+    fn app(name: &str, domains: &[&str]) -> App {
+        parse_app_spec(
+            name,
+            &serde_json::json!({"domains": domains, "backends": ["127.0.0.1:9001"]}),
+        )
+        .expect("valid app")
+    }
+
+    #[tokio::test]
+    async fn apps_survive_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = EmbeddedStore::open(dir.path()).expect("open");
+            store.put_app(app("one", &["one.test"])).await.expect("put");
+        }
+        let store = EmbeddedStore::open(dir.path()).expect("reopen");
+        assert_eq!(
+            store
+                .app_for_domain("one.test")
+                .await
+                .expect("read")
+                .as_deref(),
+            Some("one")
+        );
+        assert!(store.get_app("one").await.expect("read").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_taken_domain_is_refused_and_nothing_is_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        store
+            .put_app(app("one", &["shared.test"]))
+            .await
+            .expect("put");
+        let err = store
+            .put_app(app("two", &["two.test", "shared.test"]))
+            .await
+            .expect_err("domain taken");
+        assert!(matches!(err, StoreError::DomainTaken { ref owner, .. } if owner == "one"));
+        assert!(store.get_app("two").await.expect("read").is_none());
+        assert!(store
+            .app_for_domain("two.test")
+            .await
+            .expect("read")
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn changes_name_old_and_new_domains() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        let mut changes = store.subscribe();
+        store
+            .put_app(app("one", &["a.test", "b.test"]))
+            .await
+            .expect("put");
+        store
+            .put_app(app("one", &["b.test", "c.test"]))
+            .await
+            .expect("put");
+        changes.recv().await.expect("first change");
+        let second = changes.recv().await.expect("second change");
+        let Change::App { name, mut domains } = second else {
+            panic!("expected an app change, got {second:?}");
+        };
+        domains.sort();
+        assert_eq!(name, "one");
+        assert_eq!(domains, ["a.test", "b.test", "c.test"]);
+        assert!(store
+            .app_for_domain("a.test")
+            .await
+            .expect("read")
+            .is_none());
+        assert!(store.delete_app("one").await.expect("delete"));
+        assert!(store
+            .app_for_domain("b.test")
+            .await
+            .expect("read")
+            .is_none());
+        assert!(!store.delete_app("one").await.expect("delete"));
+    }
+
+    #[tokio::test]
+    async fn listing_pages_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        for name in ["c", "a", "b"] {
+            store.put_app(app(name, &[])).await.expect("put");
+        }
+        let first = store.list_apps(None, 2).await.expect("list");
+        let names: Vec<_> = first.apps.iter().map(|a| a.name.to_string()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let rest = store
+            .list_apps(first.next_after.as_deref(), 2)
+            .await
+            .expect("list");
+        assert_eq!(rest.apps.len(), 1);
+        assert!(rest.next_after.is_none());
+    }
+}

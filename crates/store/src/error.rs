@@ -1,0 +1,28 @@
+use thiserror::Error;
+
+/// Why a store operation failed.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The app named does not exist.
+    #[error("app '{0}' does not exist")]
+    AppNotFound(String),
+    /// A domain of the app being written already belongs to another app.
+    #[error("domain '{domain}' already belongs to app '{owner}'")]
+    DomainTaken {
+        /// The contested domain.
+        domain: String,
+        /// Its current owner.
+        owner: String,
+    },
+    /// The store could not be read or written; callers treat it as temporary.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data could not be decoded: a bug or a hand-edited store.
+    #[error("corrupt record for '{key}': {reason}")]
+    Corrupt {
+        /// Key of the unreadable record.
+        key: String,
+        /// Decoder's complaint.
+        reason: String,
+    },
+}

@@ -1,0 +1,52 @@
+//! Switchyard's source of truth: the [`Store`] trait and its implementations. The admin API
+//! writes through it; the proxy's caches read through it and listen to its [`Change`] events.
+//! Nothing else holds routing state that outlives a cache entry.
+
+mod embedded;
+mod error;
+
+use async_trait::async_trait;
+use switchyard_model::{App, Backend, Change};
+use tokio::sync::broadcast;
+
+pub use embedded::EmbeddedStore;
+pub use error::StoreError;
+
+/// How many change events a subscriber may fall behind before it must resync everything.
+pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
+
+/// A page of apps, ordered by name.
+#[derive(Debug, Clone)]
+pub struct AppPage {
+    /// Apps in this page.
+    pub apps: Vec<App>,
+    /// Pass as `after` to get the next page; `None` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// Where apps live. Every write is durable when it returns and is announced to subscribers.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// The app with this name.
+    async fn get_app(&self, name: &str) -> Result<Option<App>, StoreError>;
+
+    /// The name of the app that owns exactly this domain (as stored: `*.x.com` for wildcards).
+    async fn app_for_domain(&self, domain: &str) -> Result<Option<String>, StoreError>;
+
+    /// Apps ordered by name, starting after `after`, at most `limit`.
+    async fn list_apps(&self, after: Option<&str>, limit: usize) -> Result<AppPage, StoreError>;
+
+    /// Creates or replaces an app. Fails with [`StoreError::DomainTaken`] (and stores nothing)
+    /// when one of its domains belongs to another app.
+    async fn put_app(&self, app: App) -> Result<App, StoreError>;
+
+    /// Replaces an existing app's backends (scale up / down / redeploy).
+    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError>;
+
+    /// Deletes an app; `false` when it did not exist.
+    async fn delete_app(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Change events from now on. A subscriber that falls more than
+    /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.
+    fn subscribe(&self) -> broadcast::Receiver<Change>;
+}

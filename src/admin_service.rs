@@ -1,0 +1,47 @@
+//! The admin API as a Pingora background service, so it starts and stops with the router.
+
+use std::net::TcpListener;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use switchyard_admin::AdminState;
+
+/// Serves the admin API on a listener bound at start-up.
+pub(crate) struct AdminService {
+    // Taken once when the service starts; Pingora starts each service exactly once.
+    listener: Mutex<Option<TcpListener>>,
+    state: AdminState,
+}
+
+impl AdminService {
+    pub(crate) fn new(listener: TcpListener, state: AdminState) -> Self {
+        Self {
+            listener: Mutex::new(Some(listener)),
+            state,
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for AdminService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(listener) = self.listener.lock().take() else {
+            return;
+        };
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                log::error!("admin API cannot start: {e}");
+                return;
+            }
+        };
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        if let Err(e) = switchyard_admin::serve(listener, self.state.clone(), stop).await {
+            log::error!("admin API stopped: {e}");
+        }
+    }
+}

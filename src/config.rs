@@ -1,0 +1,297 @@
+//! `switchyard serve` settings from three sources: flags win over `SWITCHYARD_*`
+//! environment variables (both handled by clap), which win over the TOML config file, which
+//! wins over defaults. A config file with an unknown key or a bad value refuses to start,
+//! naming the line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the file.
+#[derive(Args, Debug, Default)]
+pub(crate) struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "SWITCHYARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Plain HTTP listener address.
+    #[arg(long, env = "SWITCHYARD_HTTP")]
+    http: Option<String>,
+    /// HTTPS listener address (TLS arrives with certificate support).
+    #[arg(long, env = "SWITCHYARD_HTTPS")]
+    https: Option<String>,
+    /// Admin API address.
+    #[arg(long, env = "SWITCHYARD_ADMIN")]
+    admin: Option<String>,
+    /// Directory of the embedded store.
+    #[arg(long, env = "SWITCHYARD_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// `embedded`, or `redis://HOST:PORT/DB` for a fleet.
+    #[arg(long, env = "SWITCHYARD_STORE")]
+    store: Option<String>,
+    /// Bearer token required by every admin call but /healthz.
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Access log: `stdout`, `off`, or a file path.
+    #[arg(long, env = "SWITCHYARD_ACCESS_LOG")]
+    access_log: Option<String>,
+    /// Worker threads for the proxy (default: number of cores).
+    #[arg(long, env = "SWITCHYARD_THREADS")]
+    threads: Option<usize>,
+    /// Seconds connections to a removed backend may finish before they are closed.
+    #[arg(long, env = "SWITCHYARD_DRAIN_GRACE_S")]
+    drain_grace_s: Option<u64>,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_S")]
+    shutdown_grace_s: Option<u64>,
+    /// Most apps kept in the in-process route cache.
+    #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
+    route_cache_apps: Option<usize>,
+}
+
+/// The same settings as read from the TOML file; spans locate bad values.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    http: Option<Spanned<String>>,
+    https: Option<Spanned<String>>,
+    admin: Option<Spanned<String>>,
+    data_dir: Option<PathBuf>,
+    store: Option<Spanned<String>>,
+    admin_token: Option<String>,
+    access_log: Option<String>,
+    threads: Option<Spanned<usize>>,
+    drain_grace_s: Option<u64>,
+    shutdown_grace_s: Option<u64>,
+    route_cache_apps: Option<Spanned<usize>>,
+}
+
+/// Which store holds the routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreChoice {
+    /// The redb file in the data directory.
+    Embedded,
+}
+
+/// Resolved, validated settings.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) http: SocketAddr,
+    pub(crate) https: Option<SocketAddr>,
+    pub(crate) admin: SocketAddr,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) store: StoreChoice,
+    pub(crate) admin_token: Option<String>,
+    pub(crate) access_log: String,
+    pub(crate) threads: usize,
+    pub(crate) drain_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) route_cache_apps: usize,
+}
+
+/// Where a value came from, for error messages.
+struct Source<'a> {
+    file: Option<(&'a Path, &'a str)>,
+}
+
+impl Source<'_> {
+    fn at(&self, span: Option<std::ops::Range<usize>>, key: &str) -> String {
+        match (self.file, span) {
+            (Some((path, text)), Some(span)) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("{} line {line}: {key}", path.display())
+            }
+            _ => format!("--{}", key.replace('_', "-")),
+        }
+    }
+}
+
+impl Config {
+    /// Merges flags, environment and file, and validates the result.
+    pub(crate) fn resolve(args: ServeArgs) -> anyhow::Result<Self> {
+        let text = match &args.config {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let file: FileConfig = match (&args.config, &text) {
+            (Some(path), Some(text)) => toml::from_str(text)
+                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?,
+            _ => FileConfig::default(),
+        };
+        let source = Source {
+            file: args.config.as_deref().zip(text.as_deref()),
+        };
+
+        let http = address(&source, "http", args.http, file.http, "0.0.0.0:8080")?;
+        let admin = address(&source, "admin", args.admin, file.admin, "127.0.0.1:8081")?;
+        let https = address(&source, "https", args.https, file.https, "0.0.0.0:8443")?;
+        let store = match pick(args.store, file.store) {
+            None => StoreChoice::Embedded,
+            Some((value, _)) if value == "embedded" => StoreChoice::Embedded,
+            Some((value, span))
+                if value.starts_with("redis://") || value.starts_with("rediss://") =>
+            {
+                bail!(
+                "{}: the Redis store ({value}) is not available in this build yet; use `embedded`",
+                source.at(span, "store")
+            )
+            }
+            Some((value, span)) => bail!(
+                "{}: '{value}' is not a store; use `embedded` or `redis://HOST:PORT/DB`",
+                source.at(span, "store")
+            ),
+        };
+        let admin_token = args
+            .admin_token
+            .or(file.admin_token)
+            .filter(|t| !t.is_empty());
+        if admin_token.is_none() && !admin.ip().is_loopback() {
+            bail!(
+                "the admin API on {admin} would be reachable from other hosts without a token; \
+                 set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
+            );
+        }
+        let threads = match pick(args.threads, file.threads) {
+            Some((0, span)) => bail!("{}: must be at least 1", source.at(span, "threads")),
+            Some((n, _)) => n,
+            None => std::thread::available_parallelism().map_or(2, usize::from),
+        };
+        let route_cache_apps = match pick(args.route_cache_apps, file.route_cache_apps) {
+            Some((0, span)) => bail!(
+                "{}: must be at least 1",
+                source.at(span, "route_cache_apps")
+            ),
+            Some((n, _)) => n,
+            None => 100_000,
+        };
+        Ok(Self {
+            http,
+            https: Some(https),
+            admin,
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./switchyard-data")),
+            store,
+            admin_token,
+            access_log: args
+                .access_log
+                .or(file.access_log)
+                .unwrap_or_else(|| "stdout".into()),
+            threads,
+            drain_grace: Duration::from_secs(
+                args.drain_grace_s.or(file.drain_grace_s).unwrap_or(30),
+            ),
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_s
+                    .or(file.shutdown_grace_s)
+                    .unwrap_or(10),
+            ),
+            route_cache_apps,
+        })
+    }
+}
+
+/// The flag/env value if given, else the file's value with its span.
+fn pick<T>(
+    flag: Option<T>,
+    file: Option<Spanned<T>>,
+) -> Option<(T, Option<std::ops::Range<usize>>)> {
+    match (flag, file) {
+        (Some(value), _) => Some((value, None)),
+        (None, Some(spanned)) => {
+            let span = spanned.span();
+            Some((spanned.into_inner(), Some(span)))
+        }
+        (None, None) => None,
+    }
+}
+
+fn address(
+    source: &Source<'_>,
+    key: &str,
+    flag: Option<String>,
+    file: Option<Spanned<String>>,
+    default: &str,
+) -> anyhow::Result<SocketAddr> {
+    let (text, span) = pick(flag, file).unwrap_or_else(|| (default.to_string(), None));
+    text.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
+            source.at(span, key)
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_file(contents: &str) -> anyhow::Result<Config> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("switchyard.toml");
+        std::fs::write(&path, contents)?;
+        Config::resolve(ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let config = Config::resolve(ServeArgs::default()).expect("defaults are valid");
+        assert_eq!(config.http.to_string(), "0.0.0.0:8080");
+        assert_eq!(config.admin.to_string(), "127.0.0.1:8081");
+        assert_eq!(
+            config.https.map(|a| a.to_string()).as_deref(),
+            Some("0.0.0.0:8443")
+        );
+        assert_eq!(config.data_dir, PathBuf::from("./switchyard-data"));
+        assert_eq!(config.store, StoreChoice::Embedded);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "http = \"127.0.0.1:1000\"\nadmin = \"127.0.0.1:1001\"\n",
+        )
+        .expect("write");
+        let config = Config::resolve(ServeArgs {
+            config: Some(path),
+            http: Some("127.0.0.1:2000".into()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.http.port(), 2000);
+        assert_eq!(config.admin.port(), 1001);
+    }
+
+    #[test]
+    fn bad_config_names_the_line() {
+        let err =
+            with_file("http = \"127.0.0.1:1000\"\nadmin = \"nowhere\"\n").expect_err("bad address");
+        assert!(err.to_string().contains("line 2: admin"), "{err}");
+        let err = with_file("http = \"127.0.0.1:1000\"\n\nlisten = 1\n").expect_err("unknown key");
+        assert!(err.to_string().contains("line 3"), "{err}");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        let err = with_file("threads = 0\n").expect_err("zero threads");
+        assert!(err.to_string().contains("line 1: threads"), "{err}");
+    }
+
+    #[test]
+    fn a_public_admin_address_needs_a_token() {
+        let err = with_file("admin = \"0.0.0.0:8081\"\n").expect_err("no token");
+        assert!(err.to_string().contains("token"), "{err}");
+        assert!(with_file("admin = \"0.0.0.0:8081\"\nadmin_token = \"s3cret\"\n").is_ok());
+    }
+}

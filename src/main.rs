@@ -1,0 +1,41 @@
+//! The `switchyard` binary: command-line parsing and wiring only. `serve` runs the router;
+//! `apps` talks to a running router's admin API.
+
+mod admin_service;
+mod cli;
+mod config;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Switchyard: a dynamic edge router for multi-tenant application platforms.
+#[derive(Parser)]
+#[command(name = "switchyard", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the router (HTTP listener, admin API) on the configured store.
+    Serve(Box<config::ServeArgs>),
+    /// Create, inspect, scale and delete apps through the admin API.
+    Apps(cli::AppsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => match config::Config::resolve(*args).and_then(serve::run) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("switchyard: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Apps(args) => cli::run(args),
+    }
+}
