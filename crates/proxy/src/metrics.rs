@@ -129,6 +129,25 @@ pub(crate) static ACCESS_LOG_QUEUE: LazyLock<IntGauge> = LazyLock::new(|| {
     ))
 });
 
+/// Registers every metric now, so each is exported (at zero) before its first event.
+pub(crate) fn register_all() {
+    LazyLock::force(&REQUESTS);
+    LazyLock::force(&REQUEST_DURATION);
+    LazyLock::force(&UPSTREAM_ERRORS);
+    LazyLock::force(&UPSTREAM_RETRIES);
+    LazyLock::force(&ROUTE_CACHE_HITS);
+    LazyLock::force(&ROUTE_CACHE_MISSES);
+    LazyLock::force(&ROUTE_CACHE_ENTRIES);
+    LazyLock::force(&ROUTE_CHANGES);
+    LazyLock::force(&ROUTE_RESYNCS);
+    LazyLock::force(&ACTIVE_REQUESTS);
+    LazyLock::force(&OPEN_WEBSOCKETS);
+    LazyLock::force(&DRAINED_CONNECTIONS);
+    LazyLock::force(&HEALTH_TRANSITIONS);
+    LazyLock::force(&ACCESS_LOG_DROPPED);
+    LazyLock::force(&ACCESS_LOG_QUEUE);
+}
+
 /// `2xx`-style class of a status code; `none` when nothing was sent.
 pub(crate) fn status_class(status: u16) -> &'static str {
     match status {

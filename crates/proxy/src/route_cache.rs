@@ -77,6 +77,7 @@ pub enum RouteError {
 impl RouteCache {
     /// A cache over `store`. Connections to removed backends are cut after `drain_grace`.
     pub fn new(store: Arc<dyn Store>, limits: RouteCacheLimits, drain_grace: Duration) -> Self {
+        metrics::register_all();
         Self {
             store,
             domains: Cache::new(limits.domains.max(1)),

@@ -1,0 +1,30 @@
+# Shared by scripts/run and scripts/test: make sure a fresh Debian machine has what the
+# build needs. Sourced, not executed.
+
+# Installs Debian packages that are missing (one apt-get update, only when needed).
+ensure_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}" >&2
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+ensure_build_tools() {
+  # libssl-dev: Pingora links the system OpenSSL (see .cargo/config.toml).
+  ensure_packages build-essential pkg-config libssl-dev ca-certificates
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo (Rust 1.83 or newer) is required; install it with rustup" >&2
+    exit 1
+  fi
+  # Two cores here: more parallel rustc jobs only add memory pressure.
+  export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+}

@@ -1,0 +1,353 @@
+//! Requests reach the right app by Host, and failures get the statuses of the contract.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::{eventually, Backend, RouterProcess};
+
+#[test]
+fn exact_and_wildcard_hosts_route_to_their_apps() {
+    let router = RouterProcess::start();
+    let shop = Backend::start("shop");
+    let shop_eu = Backend::start("shop-eu");
+    let blog = Backend::start("blog");
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test", "*.shop.test"], "backends": [shop.addr.to_string()]}),
+    );
+    router.put_app("shop-eu", json!({"domains": ["eu.shop.test", "*.eu.shop.test"], "backends": [shop_eu.addr.to_string()]}));
+    router.put_app(
+        "blog",
+        json!({"domains": ["blog.test"], "backends": [blog.addr.to_string()]}),
+    );
+
+    let cases = [
+        ("shop.test", "shop"),
+        ("SHOP.Test", "shop"),
+        ("shop.test:8080", "shop"),
+        ("shop.test.", "shop"),
+        ("www.shop.test", "shop"),
+        ("a.b.shop.test", "shop"),
+        ("eu.shop.test", "shop-eu"),
+        ("x.eu.shop.test", "shop-eu"),
+        ("blog.test", "blog"),
+    ];
+    for (host, app) in cases {
+        let response = router.get(host, "/");
+        assert_eq!(response.status, 200, "{host}: {}", response.text());
+        assert_eq!(response.json()["backend"], app, "{host}");
+    }
+}
+
+#[test]
+fn unknown_host_gets_a_small_404() {
+    let router = RouterProcess::start();
+    for host in ["nobody.test", "blog.test.evil", "[::1]:80", "a b"] {
+        let response = router.get(host, "/");
+        assert_eq!(response.status, 404, "{host}");
+        assert!(
+            response.body.len() < 200,
+            "{host}: the 404 body stays small"
+        );
+        assert!(response.text().contains("no app"), "{}", response.text());
+    }
+    let missing_host = support::request(router.http, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .expect("response");
+    assert_eq!(missing_host.status, 400);
+}
+
+#[test]
+fn backends_receive_forwarded_headers_and_the_request_id() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("echo");
+    router.put_app(
+        "echo",
+        json!({"domains": ["echo.test"], "backends": [backend.addr.to_string()]}),
+    );
+
+    let response = router.get("echo.test", "/hello?x=1");
+    let seen = response.json();
+    assert_eq!(seen["path"], "/hello?x=1");
+    assert_eq!(seen["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["headers"]["x-forwarded-proto"], "http");
+    let request_id = seen["headers"]["x-request-id"]
+        .as_str()
+        .expect("request id sent to the backend");
+    assert_eq!(request_id.len(), 32);
+    assert_eq!(
+        response.header("x-request-id"),
+        Some(request_id),
+        "the client sees the same id"
+    );
+
+    let given = "0123456789abcdef-given-by-edge";
+    let response = support::request(
+        router.http,
+        &format!("GET / HTTP/1.1\r\nHost: echo.test\r\nX-Forwarded-For: 203.0.113.9\r\nX-Request-Id: {given}\r\nConnection: close\r\n\r\n"),
+    )
+    .expect("response");
+    let seen = response.json();
+    assert_eq!(seen["headers"]["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(seen["headers"]["x-request-id"], given);
+
+    let post = support::request(
+        router.http,
+        "POST /submit HTTP/1.1\r\nHost: echo.test\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world",
+    )
+    .expect("response");
+    assert_eq!(post.json()["body_len"], 11);
+}
+
+#[test]
+fn failures_get_the_contract_statuses() {
+    let router = RouterProcess::start();
+    let slow = Backend::start("slow");
+    let unused_port = support::free_port();
+    router.put_app("empty", json!({"domains": ["empty.test"], "backends": []}));
+    router.put_app(
+        "down",
+        json!({"domains": ["down.test"], "backends": [format!("127.0.0.1:{unused_port}")]}),
+    );
+    router.put_app("slow", json!({"domains": ["slow.test"], "backends": [slow.addr.to_string()], "timeouts": {"read_ms": 300}}));
+
+    assert_eq!(
+        router.get("empty.test", "/").status,
+        503,
+        "no backends → 503"
+    );
+    let refused = router.get("down.test", "/");
+    assert_eq!(refused.status, 502, "unreachable backend → 502");
+    assert!(
+        !refused.text().contains("127.0.0.1"),
+        "no internal detail in error bodies: {}",
+        refused.text()
+    );
+    assert_eq!(
+        router.get("down.test", "/").status,
+        502,
+        "marked down → still 502"
+    );
+    assert_eq!(
+        router.get("slow.test", "/slow?ms=2000").status,
+        504,
+        "backend timeout → 504"
+    );
+    assert_eq!(router.get("slow.test", "/slow?ms=10").status, 200);
+}
+
+#[test]
+fn weighted_round_robin_splits_by_weight() {
+    let router = RouterProcess::start();
+    let heavy = Backend::start("heavy");
+    let light = Backend::start("light");
+    router.put_app(
+        "split",
+        json!({"domains": ["split.test"], "backends": [{"address": heavy.addr.to_string(), "weight": 3}, light.addr.to_string()]}),
+    );
+    let mut heavy_count = 0;
+    for _ in 0..200 {
+        if router.get("split.test", "/").json()["backend"] == "heavy" {
+            heavy_count += 1;
+        }
+    }
+    assert_eq!(heavy_count, 150, "weight 3:1 over 200 requests");
+}
+
+#[test]
+fn least_loaded_sends_new_requests_to_the_idle_backend() {
+    let router = RouterProcess::start();
+    let busy = Backend::start("busy");
+    let idle = Backend::start("idle");
+    router.put_app("p2c", json!({"domains": ["p2c.test"], "backends": [busy.addr.to_string()], "balancer": "least_loaded"}));
+    let http = router.http;
+    let holders: Vec<_> = (0..6)
+        .map(|_| std::thread::spawn(move || support::get(http, "p2c.test", "/slow?ms=1500")))
+        .collect();
+    eventually(
+        Duration::from_secs(5),
+        "six slow requests on the busy backend",
+        || busy.requests() == 6,
+    );
+    // The busy backend's in-flight count survives the scale-up: its state carries over.
+    router.scale("p2c", &[busy.addr, idle.addr]);
+    eventually(Duration::from_secs(2), "the scale-up to apply", || {
+        router.get("p2c.test", "/").json()["backend"] == "idle"
+    });
+    let to_busy = (0..20)
+        .filter(|_| router.get("p2c.test", "/").json()["backend"] == "busy")
+        .count();
+    for holder in holders {
+        assert_eq!(
+            holder
+                .join()
+                .expect("holder")
+                .expect("slow response")
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        to_busy, 0,
+        "quick requests went to the backend with six in flight"
+    );
+}
+
+#[test]
+fn a_backend_killed_mid_load_costs_no_idempotent_request() {
+    let router = RouterProcess::start();
+    let backends: Vec<Backend> = ["a", "b", "c"].iter().map(|n| Backend::start(n)).collect();
+    let addrs: Vec<String> = backends.iter().map(|b| b.addr.to_string()).collect();
+    router.put_app(
+        "steady",
+        json!({"domains": ["steady.test"], "backends": addrs}),
+    );
+
+    let sent = Arc::new(AtomicUsize::new(0));
+    let http = router.http;
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                for _ in 0..150 {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    match support::get(http, "steady.test", "/slow?ms=5") {
+                        Ok(r) if r.status == 200 => {}
+                        Ok(r) => failures.push(format!("status {}: {}", r.status, r.text())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(10), "traffic to start", || {
+        sent.load(Ordering::Relaxed) >= 100
+    });
+    backends[1].stop();
+    let failures: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "client-visible errors: {failures:?}\n{}",
+        router.logs()
+    );
+    assert_eq!(sent.load(Ordering::Relaxed), 600);
+}
+
+#[test]
+fn active_health_checks_take_a_failing_backend_out_and_back() {
+    let router = RouterProcess::start();
+    let good = Backend::start("good");
+    let sick = Backend::start("sick");
+    router.put_app(
+        "checked",
+        json!({
+            "domains": ["checked.test"],
+            "backends": [good.addr.to_string(), sick.addr.to_string()],
+            "health_check": {"path": "/health", "interval_ms": 100, "timeout_ms": 100, "unhealthy_threshold": 2, "healthy_threshold": 2}
+        }),
+    );
+    assert_eq!(
+        router.get("checked.test", "/").status,
+        200,
+        "the route is cached and checked from now on"
+    );
+    sick.set_health_status(500);
+    eventually(
+        Duration::from_secs(5),
+        "the sick backend to be taken out",
+        || (0..10).all(|_| router.get("checked.test", "/").json()["backend"] == "good"),
+    );
+    sick.set_health_status(200);
+    eventually(Duration::from_secs(5), "the backend to come back", || {
+        (0..4).any(|_| router.get("checked.test", "/").json()["backend"] == "sick")
+    });
+}
+
+#[test]
+fn the_access_log_has_one_json_line_per_request() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("logged");
+    router.put_app(
+        "logged",
+        json!({"domains": ["logged.test"], "backends": [backend.addr.to_string()]}),
+    );
+    for path in ["/one", "/two?q=1"] {
+        assert_eq!(router.get("logged.test", path).status, 200);
+    }
+    assert_eq!(router.get("unknown.test", "/").status, 404);
+    let mut lines = Vec::new();
+    eventually(Duration::from_secs(3), "three access-log lines", || {
+        lines = std::fs::read_to_string(router.access_log())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("each line is JSON"))
+            .collect();
+        lines.len() == 3
+    });
+    assert_eq!(lines[0]["app"], "logged");
+    assert_eq!(lines[0]["path"], "/one");
+    assert_eq!(lines[0]["status"], 200);
+    assert_eq!(lines[0]["upstream"], backend.addr.to_string());
+    assert!(lines[0]["upstream_ms"].as_f64().is_some());
+    assert!(lines[0]["bytes_out"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(lines[1]["path"], "/two?q=1");
+    assert_eq!(lines[2]["status"], 404);
+    assert_eq!(lines[2]["app"], "");
+    for field in [
+        "time",
+        "request_id",
+        "host",
+        "method",
+        "duration_ms",
+        "bytes_in",
+    ] {
+        assert!(!lines[0][field].is_null(), "{field} is logged");
+    }
+}
+
+#[test]
+fn metrics_count_requests_by_app_and_class_without_unknown_host_labels() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("metered");
+    router.put_app(
+        "metered",
+        json!({"domains": ["metered.test"], "backends": [backend.addr.to_string()]}),
+    );
+    for _ in 0..3 {
+        router.get("metered.test", "/");
+    }
+    router.get("random-unknown-host.test", "/");
+    let metrics = support::get(router.admin, "admin", "/metrics")
+        .expect("metrics")
+        .text();
+    assert!(
+        metrics.contains("switchyard_requests_total{app=\"metered\",class=\"2xx\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_requests_total{app=\"\",class=\"4xx\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("random-unknown-host"),
+        "unknown hosts never become labels"
+    );
+    for name in [
+        "switchyard_request_duration_seconds_bucket",
+        "switchyard_route_cache_hits_total",
+        "switchyard_route_cache_misses_total",
+        "switchyard_route_cache_entries",
+        "switchyard_active_requests",
+        "switchyard_open_websockets",
+    ] {
+        assert!(metrics.contains(name), "{name} is exported");
+    }
+}

@@ -1,0 +1,277 @@
+//! Test backends: real TCP servers on 127.0.0.1 speaking HTTP/1.1 with keep-alive, and
+//! WebSocket on Upgrade. They run on a runtime of their own so that tests may block.
+//!
+//! Paths: `/health` answers the configurable health status; `/slow?ms=N` waits first;
+//! `/stream?chunks=N&interval_ms=M` sends a chunked body slowly; anything else answers JSON
+//! describing the request (backend name, method, path, headers, body length).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("backend runtime")
+});
+
+struct Shared {
+    name: String,
+    requests: AtomicUsize,
+    health_status: AtomicU16,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// A running backend; stopped (every socket closed) on `stop` or drop.
+pub struct Backend {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Backend {
+    /// Starts a backend named `name` on a free port.
+    pub fn start(name: &str) -> Self {
+        Self::start_on("127.0.0.1:0".parse().expect("address"), name)
+    }
+
+    /// Starts a backend on a given address (to bring a stopped one back).
+    pub fn start_on(addr: SocketAddr, name: &str) -> Self {
+        let listener = RUNTIME
+            .block_on(TcpListener::bind(addr))
+            .unwrap_or_else(|e| panic!("backend {name} cannot bind {addr}: {e}"));
+        let addr = listener.local_addr().expect("bound address");
+        let shared = Arc::new(Shared {
+            name: name.to_string(),
+            requests: AtomicUsize::new(0),
+            health_status: AtomicU16::new(200),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let accept_shared = shared.clone();
+        let accept = RUNTIME.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let conn_shared = accept_shared.clone();
+                let task = tokio::spawn(serve_connection(stream, conn_shared));
+                accept_shared
+                    .tasks
+                    .lock()
+                    .expect("tasks")
+                    .push(task.abort_handle());
+            }
+        });
+        shared
+            .tasks
+            .lock()
+            .expect("tasks")
+            .push(accept.abort_handle());
+        Self { addr, shared }
+    }
+
+    /// Requests answered so far (WebSocket upgrades included).
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// What `/health` answers from now on.
+    pub fn set_health_status(&self, status: u16) {
+        self.shared.health_status.store(status, Ordering::Relaxed);
+    }
+
+    /// Closes the listener and every open connection, like a killed container.
+    pub fn stop(&self) {
+        for task in self.shared.tasks.lock().expect("tasks").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let Some(request) = read_request(&mut reader).await else {
+            return;
+        };
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        let is_websocket = request
+            .headers
+            .get("upgrade")
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        if is_websocket {
+            return serve_websocket(reader.into_inner(), &request, &shared.name).await;
+        }
+        if respond(&mut reader, &request, &shared).await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Request {
+    method: String,
+    target: String,
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+async fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_string();
+    let target = parts.next()?.to_string();
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).await.ok()?;
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':')?;
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+    }
+    let mut body = Vec::new();
+    if let Some(length) = headers
+        .get("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        body.resize(length, 0);
+        reader.read_exact(&mut body).await.ok()?;
+    } else if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        loop {
+            let mut size_line = String::new();
+            reader.read_line(&mut size_line).await.ok()?;
+            let size = usize::from_str_radix(size_line.trim().split(';').next()?, 16).ok()?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).await.ok()?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    Some(Request {
+        method,
+        target,
+        headers,
+        body,
+    })
+}
+
+fn query_param(target: &str, key: &str) -> Option<u64> {
+    let query = target.split_once('?')?.1;
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+async fn respond(
+    reader: &mut BufReader<TcpStream>,
+    request: &Request,
+    shared: &Shared,
+) -> std::io::Result<()> {
+    let path = request.target.split('?').next().unwrap_or("/");
+    let stream = reader.get_mut();
+    match path {
+        "/health" => {
+            let status = shared.health_status.load(Ordering::Relaxed);
+            write_response(stream, status, "text/plain", b"health").await
+        }
+        "/slow" => {
+            let ms = query_param(&request.target, "ms").unwrap_or(1000);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            write_response(stream, 200, "text/plain", shared.name.as_bytes()).await
+        }
+        "/stream" => {
+            let chunks = query_param(&request.target, "chunks").unwrap_or(10);
+            let interval = query_param(&request.target, "interval_ms").unwrap_or(100);
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await?;
+            for i in 0..chunks {
+                let chunk = format!("chunk {i} from {}\n", shared.name);
+                stream
+                    .write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+                    .await?;
+                stream.flush().await?;
+                tokio::time::sleep(Duration::from_millis(interval)).await;
+            }
+            stream.write_all(b"0\r\n\r\n").await
+        }
+        _ => {
+            let description = serde_json::json!({
+                "backend": shared.name,
+                "method": request.method,
+                "path": request.target,
+                "headers": request.headers,
+                "body_len": request.body.len(),
+            });
+            let body = serde_json::to_vec(&description).unwrap_or_default();
+            write_response(stream, 200, "application/json", &body).await
+        }
+    }
+}
+
+async fn write_response(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await
+}
+
+/// Completes the handshake by hand (the request head is already read), then echoes every
+/// text message as `NAME:message`.
+async fn serve_websocket(mut stream: TcpStream, request: &Request, name: &str) {
+    let Some(key) = request.headers.get("sec-websocket-key") else {
+        return;
+    };
+    let head = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+        derive_accept_key(key.as_bytes())
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let mut socket = WebSocketStream::from_raw_socket(stream, Role::Server, None).await;
+    while let Some(Ok(message)) = socket.next().await {
+        let reply = match message {
+            Message::Text(text) => Message::text(format!("{name}:{text}")),
+            Message::Close(_) => return,
+            _ => continue,
+        };
+        if socket.send(reply).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The router under test: the real release binary, on free ports, with its own data dir.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{client, free_port};
+
+pub struct RouterProcess {
+    child: Option<Child>,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+    token: Option<String>,
+    starts: usize,
+}
+
+impl RouterProcess {
+    /// Starts a router with default options (drain grace 1 s, shutdown grace 2 s).
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a router with extra `serve` flags.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut router = Self {
+            child: None,
+            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            token: extra
+                .iter()
+                .position(|a| *a == "--admin-token")
+                .and_then(|i| extra.get(i + 1))
+                .map(|t| t.to_string()),
+            starts: 0,
+        };
+        router.spawn();
+        router
+    }
+
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_switchyard")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn access_log(&self) -> PathBuf {
+        self.dir.path().join("access.log")
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let stderr =
+            std::fs::File::create(self.dir.path().join(format!("stderr-{}.log", self.starts)))
+                .expect("stderr file");
+        let child = Command::new(Self::binary())
+            .arg("serve")
+            .args(["--http", &self.http.to_string()])
+            .args(["--admin", &self.admin.to_string()])
+            .args(["--data-dir", &self.data_dir().display().to_string()])
+            .args(["--access-log", &self.access_log().display().to_string()])
+            .args([
+                "--drain-grace-s",
+                "1",
+                "--shutdown-grace-s",
+                "2",
+                "--threads",
+                "2",
+            ])
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start switchyard");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            let admin_up =
+                client::get(self.admin, "localhost", "/healthz").is_ok_and(|r| r.status == 200);
+            let http_up = std::net::TcpStream::connect(self.http).is_ok();
+            if admin_up && http_up {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "switchyard exited during start-up ({status}):\n{}",
+                    self.logs()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "switchyard not ready:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the router wrote on stderr, across restarts.
+    pub fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                std::fs::read_to_string(self.dir.path().join(format!("stderr-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// A call to the admin API: status and JSON body (Null when empty).
+    pub fn admin_call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let body = body.unwrap_or("");
+        let raw = format!(
+            "{method} {path} HTTP/1.1\r\nHost: admin\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let response = client::request(self.admin, &raw).expect("admin API reachable");
+        let json = if response.body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&response.body).unwrap_or(Value::String(response.text()))
+        };
+        (response.status, json)
+    }
+
+    /// PUTs an app and insists on success.
+    pub fn put_app(&self, name: &str, spec: Value) -> Value {
+        let (status, body) =
+            self.admin_call("PUT", &format!("/v1/apps/{name}"), Some(&spec.to_string()));
+        assert_eq!(status, 200, "PUT app {name} failed: {body}");
+        body
+    }
+
+    /// Replaces an app's backends and insists on success.
+    pub fn scale(&self, name: &str, backends: &[SocketAddr]) {
+        let list: Vec<String> = backends.iter().map(ToString::to_string).collect();
+        let body = serde_json::json!({ "backends": list }).to_string();
+        let (status, answer) =
+            self.admin_call("PUT", &format!("/v1/apps/{name}/backends"), Some(&body));
+        assert_eq!(status, 200, "scale {name} failed: {answer}");
+    }
+
+    /// `GET path` through the proxy with the given Host.
+    pub fn get(&self, host: &str, path: &str) -> client::Response {
+        client::get(self.http, host, path)
+            .unwrap_or_else(|e| panic!("GET {host}{path} failed: {e}\n{}", self.logs()))
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        child.wait().expect("wait for switchyard")
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn signal_terminate(&self) {
+        let pid = self.pid().to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+    }
+
+    /// Waits for an exit already under way.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        self.child.take().expect("running").wait().expect("wait")
+    }
+
+    /// SIGKILL: no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the binary again on the same ports and data directory.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the router before restarting it");
+        self.spawn();
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for RouterProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
