@@ -49,9 +49,12 @@ impl Backend {
 
     /// Starts a backend on a given address (to bring a stopped one back).
     pub fn start_on(addr: SocketAddr, name: &str) -> Self {
-        let listener = RUNTIME
-            .block_on(TcpListener::bind(addr))
+        // Bound with std so this works from async tests too; converted on the backend runtime.
+        let listener = std::net::TcpListener::bind(addr)
             .unwrap_or_else(|e| panic!("backend {name} cannot bind {addr}: {e}"));
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
         let addr = listener.local_addr().expect("bound address");
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -61,6 +64,9 @@ impl Backend {
         });
         let accept_shared = shared.clone();
         let accept = RUNTIME.spawn(async move {
+            let Ok(listener) = TcpListener::from_std(listener) else {
+                return;
+            };
             while let Ok((stream, _)) = listener.accept().await {
                 let conn_shared = accept_shared.clone();
                 let task = tokio::spawn(serve_connection(stream, conn_shared));

@@ -1,0 +1,328 @@
+//! The admin API refuses bad input with a JSON error naming the field and stores nothing;
+//! auth and start-up checks protect it; the CLI drives it with readable output.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::json;
+use support::{Backend, RouterProcess};
+
+#[test]
+fn every_validation_error_names_the_field_and_stores_nothing() {
+    let router = RouterProcess::start();
+    let cases: &[(&str, &str, &str)] = &[
+        ("Bad_Name", r#"{"domains": ["a.test"]}"#, "name"),
+        ("bad-json", r#"{"domains": ["a.test"]"#, "body"),
+        ("not-object", r#"["a.test"]"#, ""),
+        (
+            "unknown-field",
+            r#"{"domains": ["a.test"], "backend": []}"#,
+            "backend",
+        ),
+        (
+            "bad-domain",
+            r#"{"domains": ["ok.test", "bad..test"]}"#,
+            "domains[1]",
+        ),
+        ("bad-wildcard", r#"{"domains": ["*.test"]}"#, "domains[0]"),
+        (
+            "bad-backend",
+            r#"{"domains": ["b.test"], "backends": ["127.0.0.1:80", "db.internal:5432"]}"#,
+            "backends[1]",
+        ),
+        (
+            "bad-weight",
+            r#"{"backends": [{"address": "127.0.0.1:80", "weight": 1000}]}"#,
+            "backends[0].weight",
+        ),
+        ("bad-balancer", r#"{"balancer": "fastest"}"#, "balancer"),
+        (
+            "bad-check",
+            r#"{"health_check": {"path": "no-slash"}}"#,
+            "health_check.path",
+        ),
+    ];
+    for (name, body, field) in cases {
+        let (status, error) = router.admin_call("PUT", &format!("/v1/apps/{name}"), Some(body));
+        assert_eq!(status, 400, "{name}: {error}");
+        assert!(
+            error["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{name}: {error}"
+        );
+        if field.is_empty() {
+            assert!(
+                error.get("field").is_none() || error["field"] == "",
+                "{name}: {error}"
+            );
+        } else {
+            assert_eq!(error["field"], *field, "{name}: {error}");
+        }
+    }
+    let (status, page) = router.admin_call("GET", "/v1/apps", None);
+    assert_eq!(status, 200);
+    assert_eq!(page["apps"], json!([]), "nothing was stored");
+    for domain in ["a.test", "ok.test", "b.test"] {
+        assert_eq!(
+            router.get(domain, "/").status,
+            404,
+            "{domain} routes nowhere"
+        );
+    }
+}
+
+#[test]
+fn crud_round_trips_and_conflicts_are_refused() {
+    let router = RouterProcess::start();
+    let stored = router.put_app(
+        "one",
+        json!({"domains": ["One.Test"], "backends": ["127.0.0.1:9001"]}),
+    );
+    assert_eq!(
+        stored["domains"],
+        json!(["one.test"]),
+        "domains are stored normalised"
+    );
+    assert_eq!(stored["balancer"], "round_robin");
+
+    let (status, conflict) = router.admin_call(
+        "PUT",
+        "/v1/apps/two",
+        Some(r#"{"domains": ["two.test", "one.test"]}"#),
+    );
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["field"], "domains");
+    assert_eq!(
+        router.admin_call("GET", "/v1/apps/two", None).0,
+        404,
+        "the refused app was not stored"
+    );
+
+    let (status, scaled) = router.admin_call(
+        "PUT",
+        "/v1/apps/one/backends",
+        Some(r#"{"backends": ["127.0.0.1:9002", "127.0.0.1:9003"]}"#),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(scaled["backends"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        scaled["domains"],
+        json!(["one.test"]),
+        "scaling keeps the domains"
+    );
+    let (status, error) = router.admin_call(
+        "PUT",
+        "/v1/apps/ghost/backends",
+        Some(r#"{"backends": []}"#),
+    );
+    assert_eq!((status, error["field"].as_str()), (404, Some("name")));
+    let (status, error) = router.admin_call(
+        "PUT",
+        "/v1/apps/one/backends",
+        Some(r#"{"backends": ["nope"]}"#),
+    );
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (400, Some("backends[0]"))
+    );
+
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/one", None).0, 204);
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/one", None).0, 404);
+    assert_eq!(router.admin_call("GET", "/v1/apps/one", None).0, 404);
+    // The domain is free again once its app is gone.
+    router.put_app("two", json!({"domains": ["one.test"]}));
+}
+
+#[test]
+fn listing_pages_through_many_apps() {
+    let router = RouterProcess::start();
+    for i in 0..25 {
+        router.put_app(
+            &format!("app-{i:02}"),
+            json!({"domains": [format!("app{i}.test")]}),
+        );
+    }
+    let (status, first) = router.admin_call("GET", "/v1/apps?limit=10", None);
+    assert_eq!(status, 200);
+    assert_eq!(first["apps"].as_array().map(Vec::len), Some(10));
+    assert_eq!(first["next_after"], "app-09");
+    let (_, last) = router.admin_call("GET", "/v1/apps?limit=10&after=app-19", None);
+    assert_eq!(last["apps"].as_array().map(Vec::len), Some(5));
+    assert!(last["next_after"].is_null());
+    let (status, error) = router.admin_call("GET", "/v1/apps?limit=0", None);
+    assert_eq!((status, error["field"].as_str()), (400, Some("limit")));
+}
+
+#[test]
+fn a_configured_token_guards_everything_but_healthz() {
+    let router = RouterProcess::start_with(&["--admin-token", "s3cret-token"]);
+    let (status, _) = router.admin_call("GET", "/v1/apps", None);
+    assert_eq!(status, 200, "the harness sends the token");
+    for path in ["/v1/apps", "/metrics", "/v1/apps/x"] {
+        let unauthenticated = support::get(router.admin, "admin", path).expect("response");
+        assert_eq!(unauthenticated.status, 401, "{path}");
+        assert_eq!(unauthenticated.json()["field"], "authorization");
+    }
+    let wrong = support::request(
+        router.admin,
+        "GET /v1/apps HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer s3cret-tokeX\r\nConnection: close\r\n\r\n",
+    )
+    .expect("response");
+    assert_eq!(wrong.status, 401);
+    assert_eq!(
+        support::get(router.admin, "admin", "/healthz")
+            .expect("response")
+            .status,
+        200
+    );
+}
+
+#[test]
+fn start_up_refuses_unsafe_or_invalid_configuration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let public_admin = Command::new(RouterProcess::binary())
+        .args(["serve", "--admin", "0.0.0.0:0", "--http", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .expect("run switchyard");
+    assert!(!public_admin.status.success());
+    let stderr = String::from_utf8_lossy(&public_admin.stderr);
+    assert!(stderr.contains("token"), "{stderr}");
+
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        "http = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nthreads = \"many\"\n",
+    )
+    .expect("write config");
+    let bad_config = Command::new(RouterProcess::binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run switchyard");
+    assert!(!bad_config.status.success());
+    let stderr = String::from_utf8_lossy(&bad_config.stderr);
+    assert!(
+        stderr.contains("line 3"),
+        "the error names the line: {stderr}"
+    );
+}
+
+#[test]
+fn the_environment_overrides_the_config_file() {
+    let backend = Backend::start("configured");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (http, admin, env_admin) = (
+        support::free_port(),
+        support::free_port(),
+        support::free_port(),
+    );
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        format!("http = \"127.0.0.1:{http}\"\nadmin = \"127.0.0.1:{admin}\"\naccess_log = \"off\"\nshutdown_grace_s = 0\n"),
+    )
+    .expect("write config");
+    let mut child = Command::new(RouterProcess::binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("SWITCHYARD_ADMIN", format!("127.0.0.1:{env_admin}"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start switchyard");
+    let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], env_admin));
+    support::eventually(
+        std::time::Duration::from_secs(10),
+        "the admin API on the env address",
+        || support::get(admin_addr, "a", "/healthz").is_ok_and(|r| r.status == 200),
+    );
+    let body = json!({"domains": ["cfg.test"], "backends": [backend.addr.to_string()]}).to_string();
+    let put = support::request(
+        admin_addr,
+        &format!("PUT /v1/apps/cfg HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()),
+    )
+    .expect("put");
+    assert_eq!(put.status, 200);
+    let http_addr = std::net::SocketAddr::from(([127, 0, 0, 1], http));
+    assert_eq!(
+        support::get(http_addr, "cfg.test", "/")
+            .expect("proxied")
+            .status,
+        200,
+        "http from the file"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn the_cli_manages_apps_with_readable_output_and_exit_codes() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("cli");
+    let admin = router.admin.to_string();
+    let cli = |args: &[&str]| {
+        let output = Command::new(RouterProcess::binary())
+            .arg("apps")
+            .args(["--admin", &admin])
+            .args(args)
+            .output()
+            .expect("run switchyard apps");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let backend_addr = backend.addr.to_string();
+    let (ok, out, err) = cli(&["put", "cli-app", "-d", "cli.test", "-b", &backend_addr]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("app cli-app stored") && out.contains("cli.test"),
+        "{out}"
+    );
+    assert_eq!(router.get("cli.test", "/").status, 200);
+
+    let (ok, out, _) = cli(&["list"]);
+    assert!(
+        ok && out.contains("cli-app") && out.contains("1 apps"),
+        "{out}"
+    );
+    let (ok, out, _) = cli(&["get", "cli-app", "--json"]);
+    assert!(ok);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(json["domains"], json!(["cli.test"]));
+
+    let weighted = format!("{backend_addr}=5");
+    let (ok, out, err) = cli(&["scale", "cli-app", "-b", &weighted]);
+    assert!(ok, "{err}");
+    assert!(out.contains("weight 5"), "{out}");
+
+    let (ok, _, err) = cli(&["put", "cli-app", "-d", "bad..test"]);
+    assert!(!ok, "an invalid domain fails the command");
+    assert!(
+        err.contains("domains[0]") && err.contains("HTTP 400"),
+        "{err}"
+    );
+    let (ok, _, err) = cli(&["get", "ghost"]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+
+    let (ok, out, _) = cli(&["delete", "cli-app"]);
+    assert!(ok && out.contains("deleted"), "{out}");
+    assert_eq!(router.get("cli.test", "/").status, 404);
+
+    let (ok, _, err) = Command::new(RouterProcess::binary())
+        .args(["apps", "--admin", "127.0.0.1:1", "list"])
+        .output()
+        .map(|o| {
+            (
+                o.status.success(),
+                (),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })
+        .expect("run");
+    assert!(!ok && err.contains("cannot reach"), "{err}");
+}
