@@ -105,6 +105,9 @@ fn server_conf(config: &Config) -> ServerConf {
         graceful_shutdown_timeout_seconds: Some(1),
         // One idle pool entry per backend connection kept warm; shared by all apps.
         upstream_keepalive_pool_size: 4096,
+        // One single-threaded runtime per thread, like nginx's workers: measured ~9% more
+        // requests/s than work stealing on 2 cores, with fewer cross-thread wake-ups.
+        work_stealing: false,
         ..ServerConf::default()
     };
     // Pingora's pid and upgrade-socket files default to fixed /tmp paths shared by every

@@ -89,10 +89,3 @@ fn to_std(address: &SockaddrStorage) -> Option<SocketAddr> {
         .as_sockaddr_in6()
         .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
 }
-
-/// The local address of an upstream socket, recorded when a request starts using it.
-pub(crate) fn local_address(fd: std::os::fd::RawFd) -> Option<SocketAddr> {
-    getsockname::<SockaddrStorage>(fd)
-        .ok()
-        .and_then(|a| to_std(&a))
-}

@@ -91,10 +91,10 @@ impl ProxyHttp for Router {
         _reused: bool,
         _peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
-        _digest: Option<&Digest>,
+        digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        upstream::on_connected(ctx, fd);
+        upstream::on_connected(ctx, fd, digest);
         Ok(())
     }
 

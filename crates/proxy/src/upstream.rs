@@ -4,13 +4,13 @@
 use std::time::{Duration, Instant};
 
 use pingora::http::RequestHeader;
+use pingora::protocols::Digest;
 use pingora::proxy::Session;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
 use crate::balancer::{Pick, UpstreamConnection};
 use crate::context::RequestCtx;
-use crate::drain;
 use crate::metrics;
 use crate::respond::LocalAnswer;
 
@@ -76,12 +76,18 @@ pub(crate) fn set_forwarded_headers(
     Ok(())
 }
 
-/// Remembers the upstream socket so a drain can close it if its backend is removed.
-pub(crate) fn on_connected(ctx: &mut RequestCtx, fd: std::os::fd::RawFd) {
+/// Remembers the upstream socket so a drain can close it if its backend is removed. The
+/// local address comes from Pingora's per-connection digest, which caches it, so a pooled
+/// connection costs no syscall per request.
+pub(crate) fn on_connected(ctx: &mut RequestCtx, fd: std::os::fd::RawFd, digest: Option<&Digest>) {
     let Some(backend) = ctx.backend.as_ref() else {
         return;
     };
-    if let Some(local) = drain::local_address(fd) {
+    let local = digest
+        .and_then(|d| d.socket_digest.as_ref())
+        .and_then(|s| s.local_addr())
+        .and_then(|a| a.as_inet().copied());
+    if let Some(local) = local {
         let id = backend
             .backend()
             .register_connection(UpstreamConnection { fd, local });

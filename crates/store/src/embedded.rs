@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use switchyard_model::{App, Backend, Change};
 use tokio::sync::broadcast;
 
@@ -58,54 +58,21 @@ impl EmbeddedStore {
     }
 
     fn write_app(&self, app: &App) -> Result<Change, StoreError> {
-        let name = app.name.as_str();
-        let encoded = serde_json::to_vec(app).map_err(|e| StoreError::Corrupt {
-            key: name.to_string(),
-            reason: e.to_string(),
-        })?;
         let txn = self.db.begin_write().map_err(unavailable)?;
-        let touched = {
-            let mut apps = txn.open_table(APPS).map_err(unavailable)?;
-            let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
-            for domain in &app.domains {
-                if let Some(owner) = domains.get(domain.as_str()).map_err(unavailable)? {
-                    if owner.value() != name {
-                        return Err(StoreError::DomainTaken {
-                            domain: domain.to_string(),
-                            owner: owner.value().to_string(),
-                        });
-                    }
-                }
-            }
-            let previous = apps
-                .get(name)
-                .map_err(unavailable)?
-                .map(|v| decode_app(name, v.value()))
-                .transpose()?;
-            let mut touched: Vec<String> = Vec::new();
-            if let Some(previous) = &previous {
-                for old in &previous.domains {
-                    if !app.domains.contains(old) {
-                        domains.remove(old.as_str()).map_err(unavailable)?;
-                    }
-                    touched.push(old.to_string());
-                }
-            }
-            for domain in &app.domains {
-                domains.insert(domain.as_str(), name).map_err(unavailable)?;
-                if !touched.iter().any(|t| t == domain.as_str()) {
-                    touched.push(domain.to_string());
-                }
-            }
-            apps.insert(name, encoded.as_slice()).map_err(unavailable)?;
-            touched
-        };
-        // The transaction is aborted on drop if any `?` above returned early: nothing half-written.
+        let change = write_app_in(&txn, app)?;
+        // The transaction is aborted on drop if `write_app_in` failed: nothing half-written.
         txn.commit().map_err(unavailable)?;
-        Ok(Change::App {
-            name: name.to_string(),
-            domains: touched,
-        })
+        Ok(change)
+    }
+
+    /// Writes many apps in one transaction, for bulk imports and benchmarks. No change events
+    /// are sent: use it on a store no running router is serving from.
+    pub fn import_apps(&self, apps: &[App]) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        for app in apps {
+            write_app_in(&txn, app)?;
+        }
+        txn.commit().map_err(unavailable)
     }
 
     fn remove_app(&self, name: &str) -> Result<Option<Change>, StoreError> {
@@ -240,6 +207,53 @@ impl Store for EmbeddedStore {
     fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
+}
+
+/// Puts `app` and its domain index entries inside `txn`, refusing domains owned by another
+/// app; returns the change naming every domain whose routing may have moved.
+fn write_app_in(txn: &WriteTransaction, app: &App) -> Result<Change, StoreError> {
+    let name = app.name.as_str();
+    let encoded = serde_json::to_vec(app).map_err(|e| StoreError::Corrupt {
+        key: name.to_string(),
+        reason: e.to_string(),
+    })?;
+    let mut apps = txn.open_table(APPS).map_err(unavailable)?;
+    let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
+    for domain in &app.domains {
+        if let Some(owner) = domains.get(domain.as_str()).map_err(unavailable)? {
+            if owner.value() != name {
+                return Err(StoreError::DomainTaken {
+                    domain: domain.to_string(),
+                    owner: owner.value().to_string(),
+                });
+            }
+        }
+    }
+    let previous = apps
+        .get(name)
+        .map_err(unavailable)?
+        .map(|v| decode_app(name, v.value()))
+        .transpose()?;
+    let mut touched: Vec<String> = Vec::new();
+    if let Some(previous) = &previous {
+        for old in &previous.domains {
+            if !app.domains.contains(old) {
+                domains.remove(old.as_str()).map_err(unavailable)?;
+            }
+            touched.push(old.to_string());
+        }
+    }
+    for domain in &app.domains {
+        domains.insert(domain.as_str(), name).map_err(unavailable)?;
+        if !touched.iter().any(|t| t == domain.as_str()) {
+            touched.push(domain.to_string());
+        }
+    }
+    apps.insert(name, encoded.as_slice()).map_err(unavailable)?;
+    Ok(Change::App {
+        name: name.to_string(),
+        domains: touched,
+    })
 }
 
 fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {

@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of Switchyard, nginx and HAProxy on this machine.
+
+Every proxy gets the same apps (app{i}.bench, one upstream each), the same backends (a
+separate nginx answering "b1"/"b2"), two worker threads, and no access log. Results go to
+bench/RESULTS.md and bench/results/latest.json. Everything listens on 127.0.0.1 only and
+every process started here is stopped by PID at the end.
+
+Measurements
+- closed-loop max throughput: wrk, 2 threads, 64 connections, one Host;
+- constant-rate latency: vegeta at 500/1000/2000 req/s. vegeta is open-loop (it sends on
+  schedule whatever the previous answers did), so its percentiles are free of coordinated
+  omission;
+- route change: time from the start of a change (Switchyard: the admin PUT; nginx: rewriting
+  the app's file + SIGHUP) until a new connection is answered by the new backend;
+- memory: Switchyard's resident set at 100,000 stored apps, idle and after every app was
+  requested once (all routes cached).
+"""
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release" / "switchyard"
+VEGETA = shutil.which("vegeta") or str(Path.home() / "go" / "bin" / "vegeta")
+THREADS = 2
+HOT_HOST = "app7.bench"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+class Process:
+    """A child process stopped by its own PID."""
+
+    def __init__(self, name, args, log_dir, **kwargs):
+        self.name = name
+        self.log = open(log_dir / f"{name}.log", "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, **kwargs)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def get(port, host, path="/"):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+# ---------------------------------------------------------------- peers' configurations
+
+def origin_conf(work, b1, b2):
+    return f"""
+worker_processes 1;
+daemon off;
+pid {work}/origin.pid;
+error_log {work}/origin-error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    server {{ listen 127.0.0.1:{b1}; location / {{ return 200 "b1\\n"; }} }}
+    server {{ listen 127.0.0.1:{b2}; location / {{ return 200 "b2\\n"; }} }}
+}}
+"""
+
+
+def nginx_app_conf(i, port, backend):
+    # One server block and one upstream per app: the "Legacy" set-up of seed 000.
+    return f"""upstream app{i} {{ server 127.0.0.1:{backend}; keepalive 16; }}
+server {{
+    listen 127.0.0.1:{port};
+    server_name app{i}.bench;
+    location / {{
+        proxy_pass http://app{i};
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header X-Forwarded-Proto $scheme;
+    }}
+}}
+"""
+
+
+def nginx_conf(work, port):
+    return f"""
+worker_processes {THREADS};
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    server_names_hash_max_size 1048576;
+    server_names_hash_bucket_size 128;
+    server {{ listen 127.0.0.1:{port} default_server; return 404; }}
+    include {work}/nginx-apps/*.conf;
+}}
+"""
+
+
+def haproxy_conf(work, port, apps, backend):
+    lines = [
+        "global",
+        f"    nbthread {THREADS}",
+        "    maxconn 8000",
+        "defaults",
+        "    mode http",
+        "    timeout connect 3s",
+        "    timeout client 60s",
+        "    timeout server 60s",
+        "    option http-keep-alive",
+        "frontend web",
+        f"    bind 127.0.0.1:{port}",
+        "    http-request set-header X-Forwarded-Proto http",
+        "    option forwardfor",
+        f"    use_backend %[req.hdr(host),lower,word(1,:),map({work}/hosts.map,notfound)]",
+        "backend notfound",
+        "    http-request deny deny_status 404",
+    ]
+    for i in range(apps):
+        lines += [f"backend app{i}", "    http-reuse always", f"    server s1 127.0.0.1:{backend}"]
+    (work / "hosts.map").write_text("".join(f"app{i}.bench app{i}\n" for i in range(apps)))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- starting the proxies
+
+def start_origin(work):
+    b1, b2 = free_port(), free_port()
+    conf = work / "origin.conf"
+    conf.write_text(origin_conf(work, b1, b2))
+    proc = Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    wait_port(b1)
+    wait_port(b2)
+    return proc, b1, b2
+
+
+def start_switchyard(work, apps, backend, tag):
+    data = work / f"switchyard-data-{tag}"
+    shutil.rmtree(data, ignore_errors=True)
+    subprocess.run([str(BIN), "bench-seed", "--data-dir", str(data), "--apps", str(apps),
+                    "--backend", f"127.0.0.1:{backend}"], check=True, stdout=subprocess.DEVNULL)
+    http_port, admin_port = free_port(), free_port()
+    proc = Process(f"switchyard-{tag}", [
+        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin_port}",
+        "--data-dir", str(data), "--threads", str(THREADS), "--access-log", "off",
+        "--shutdown-grace-s", "0",
+    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    wait_port(http_port)
+    wait_port(admin_port)
+    return proc, http_port, admin_port
+
+
+def start_nginx(work, apps, backend):
+    port = free_port()
+    apps_dir = work / "nginx-apps"
+    shutil.rmtree(apps_dir, ignore_errors=True)
+    apps_dir.mkdir()
+    for i in range(apps):
+        (apps_dir / f"app{i}.conf").write_text(nginx_app_conf(i, port, backend))
+    conf = work / "nginx.conf"
+    conf.write_text(nginx_conf(work, port))
+    started = time.time()
+    proc = Process(f"nginx-{apps}", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    wait_port(port, timeout=300)
+    return proc, port, conf, time.time() - started
+
+
+def start_haproxy(work, apps, backend):
+    port = free_port()
+    conf = work / "haproxy.cfg"
+    conf.write_text(haproxy_conf(work, port, apps, backend))
+    proc = Process("haproxy", ["haproxy", "-f", str(conf), "-db"], work)
+    wait_port(port)
+    return proc, port
+
+
+# ---------------------------------------------------------------- measurements
+
+def wrk_throughput(port, seconds):
+    out = subprocess.run(
+        ["wrk", "-t2", "-c64", f"-d{seconds}s", "-H", f"Host: {HOT_HOST}", f"http://127.0.0.1:{port}/"],
+        check=True, capture_output=True, text=True).stdout
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
+    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    return rps, errors
+
+
+def vegeta_latency(port, rate, seconds):
+    target = f"GET http://127.0.0.1:{port}/\nHost: {HOT_HOST}\n"
+    attack = subprocess.run(
+        [VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s", "-timeout=5s", "-keepalive=true"],
+        input=target.encode(), check=True, capture_output=True).stdout
+    report = json.loads(subprocess.run([VEGETA, "report", "-type=json"], input=attack,
+                                       check=True, capture_output=True).stdout)
+    lat = report["latencies"]
+    return {
+        "rate": rate,
+        "mean_ms": lat["mean"] / 1e6,
+        "p50_ms": lat["50th"] / 1e6,
+        "p99_ms": lat["99th"] / 1e6,
+        "max_ms": lat["max"] / 1e6,
+        "success": report["success"],
+        "achieved_rps": report["throughput"],
+    }
+
+
+def wait_for_backend(port, host, body, deadline_s=120):
+    start = time.time()
+    while time.time() - start < deadline_s:
+        try:
+            status, got = get(port, host)
+            if status == 200 and got.strip() == body:
+                return
+        except OSError:
+            pass
+    raise RuntimeError(f"{host} never answered {body!r}")
+
+
+def switchyard_route_changes(http_port, admin_port, apps, b1, b2, iterations):
+    rng = random.Random(apps)
+    samples = []
+    for n in range(iterations):
+        i = rng.randrange(apps)
+        host = f"app{i}.bench"
+        wait_for_backend(http_port, host, b"b1")  # a live app, routed and cached
+        body = json.dumps({"backends": [f"127.0.0.1:{b2}"]})
+        start = time.perf_counter()
+        conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=10)
+        conn.request("PUT", f"/v1/apps/app{i}/backends", body=body, headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+        conn.close()
+        wait_for_backend(http_port, host, b"b2")
+        samples.append((time.perf_counter() - start) * 1000)
+        # put it back for the next iteration's precondition
+        conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=10)
+        conn.request("PUT", f"/v1/apps/app{i}/backends", body=json.dumps({"backends": [f"127.0.0.1:{b1}"]}))
+        conn.getresponse().read()
+        conn.close()
+    return summarize(samples)
+
+
+def nginx_route_changes(proc, port, work, apps, b1, b2, iterations):
+    rng = random.Random(apps)
+    samples = []
+    for n in range(iterations):
+        i = rng.randrange(apps)
+        host = f"app{i}.bench"
+        wait_for_backend(port, host, b"b1")
+        start = time.perf_counter()
+        (work / "nginx-apps" / f"app{i}.conf").write_text(nginx_app_conf(i, port, b2))
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_for_backend(port, host, b"b2")
+        samples.append((time.perf_counter() - start) * 1000)
+        (work / "nginx-apps" / f"app{i}.conf").write_text(nginx_app_conf(i, port, b1))
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_for_backend(port, host, b"b1")
+    return summarize(samples)
+
+
+def summarize(samples):
+    ordered = sorted(samples)
+    p99_index = min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))
+    return {
+        "n": len(ordered),
+        "p50_ms": statistics.median(ordered),
+        "p99_ms": ordered[p99_index],
+        "max_ms": ordered[-1],
+        "mean_ms": statistics.fmean(ordered),
+    }
+
+
+def touch_all_apps(port, apps, work):
+    script = work / "touch.lua"
+    script.write_text(
+        "counter = 0\n"
+        "request = function()\n"
+        f"  counter = counter + 1\n"
+        f"  return wrk.format('GET', '/', {{Host = 'app' .. (counter % {apps}) .. '.bench'}})\n"
+        "end\n")
+    # One thread, so one counter walks every app in order.
+    subprocess.run(["wrk", "-t1", "-c16", "-d25s", "-s", str(script), f"http://127.0.0.1:{port}/"],
+                   check=True, capture_output=True)
+
+
+def metric(admin_port, name):
+    _, text = get(admin_port, "admin", "/metrics")
+    for line in text.decode().splitlines():
+        if line.startswith(name):
+            return float(line.split()[-1])
+    return None
+
+
+# ---------------------------------------------------------------- report
+
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    mem_kib = int(next(l.split()[1] for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")))
+    versions = {
+        "nginx": subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip(),
+        "haproxy": subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.splitlines()[0],
+        "wrk": (subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines() or ["wrk"])[0],
+        "vegeta": subprocess.run([VEGETA, "-version"], capture_output=True, text=True).stdout.split("\n")[0],
+        "switchyard": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True).stdout.strip(),
+    }
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(), "versions": versions,
+    }
+
+
+def write_report(results, path):
+    m = results["machine"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured by `bench/run` on {results['date']}. Machine: {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory_gib']} GiB, Linux {m['kernel']}. The load generator runs on the same 2 cores as "
+        f"the proxy under test, so absolute figures are low and the ratios are what matter.",
+        "",
+        "Versions: " + "; ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        "",
+        f"Every proxy: {THREADS} worker threads/processes, access log off, keep-alive to the "
+        "backends, the same backend (an nginx answering a 3-byte body). Apps: "
+        f"{results['apps_for_load']} stored, all traffic for `{HOT_HOST}`.",
+        "",
+        "## Closed-loop max throughput (wrk -t2 -c64)",
+        "",
+        "| proxy | req/s | vs nginx | errors |",
+        "|---|---|---|---|",
+    ]
+    base = results["throughput"]["nginx"]["rps"]
+    for name, t in results["throughput"].items():
+        lines.append(f"| {name} | {t['rps']:.0f} | {t['rps'] / base:.2f}× | {'; '.join(t['errors']) or 'none'} |")
+    lines += ["", "## Constant-rate latency (vegeta, open loop: no coordinated omission)", "",
+              "| proxy | rate | mean ms | p50 ms | p99 ms | max ms | success |", "|---|---|---|---|---|---|---|"]
+    for name, runs in results["latency"].items():
+        for r in runs:
+            lines.append(f"| {name} | {r['rate']} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+                         f"{r['max_ms']:.2f} | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Route change → new backend answering",
+              "", "From the start of the change (Switchyard: admin PUT of the backends; nginx: rewrite the "
+              "app's file and SIGHUP) until a new connection for that host is answered by the new backend.",
+              "", "| proxy | apps stored | changes | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for r in results["route_change"]:
+        lines.append(f"| {r['proxy']} | {r['apps']} | {r['n']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+    if results.get("nginx_start"):
+        lines += ["", "nginx start-up with its per-app files: " + ", ".join(
+            f"{k} apps {v:.1f} s" for k, v in results["nginx_start"].items()) + "."]
+    mem = results.get("memory")
+    if mem:
+        lines += ["", f"## Memory at {mem['apps']} stored apps (Switchyard)", "",
+                  "| state | RSS MiB | per stored app |", "|---|---|---|",
+                  f"| no apps, after the throughput run | {mem['rss_empty_kib'] / 1024:.1f} | |",
+                  f"| {mem['apps']} apps, idle (routes are loaded lazily) | {mem['rss_idle_kib'] / 1024:.1f} | "
+                  f"{(mem['rss_idle_kib'] - mem['rss_empty_kib']) * 1024 / mem['apps']:.0f} B |",
+                  f"| after requesting every app once ({mem['apps_cached']:.0f} apps in the route cache) | "
+                  f"{mem['rss_touched_kib'] / 1024:.1f} | "
+                  f"{(mem['rss_touched_kib'] - mem['rss_empty_kib']) * 1024 / mem['apps']:.0f} B |"]
+    lines += ["", "## Targets (issue 2)", ""]
+    for t in results["targets"]:
+        lines.append(f"- {t['name']}: measured {t['measured']} → **{'met' if t['met'] else 'NOT met'}**")
+    lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="length of each load run")
+    parser.add_argument("--quick", action="store_true", help="short runs, small app counts (smoke test)")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    load_apps = 100 if args.quick else 1000
+    change_sizes = [1000] if args.quick else [1000, 10000, 100000]
+    nginx_sizes = [1000] if args.quick else [1000, 10000]
+    memory_apps = 10000 if args.quick else 100000
+    rates = [500, 1000, 2000]
+
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    started = []
+    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+               "apps_for_load": load_apps, "throughput": {}, "latency": {}, "route_change": [],
+               "nginx_start": {}, "targets": []}
+    try:
+        origin, b1, b2 = start_origin(work)
+        started.append(origin)
+        print(f"work dir {work}; backends b1={b1} b2={b2}", flush=True)
+
+        # Throughput and latency: the three proxies over the same apps, one at a time.
+        sy, sy_port, sy_admin = start_switchyard(work, load_apps, b1, "load")
+        ng, ng_port, _, _ = start_nginx(work, load_apps, b1)
+        ha, ha_port = start_haproxy(work, load_apps, b1)
+        started += [sy, ng, ha]
+        proxies = {"switchyard": sy_port, "nginx": ng_port, "haproxy": ha_port}
+        for name, port in proxies.items():
+            status, body = get(port, HOT_HOST)
+            assert status == 200 and body.strip() == b"b1", (name, status, body)
+        for name, port in proxies.items():
+            wrk_throughput(port, 2)  # warm-up
+            rps, errors = wrk_throughput(port, seconds)
+            results["throughput"][name] = {"rps": rps, "errors": errors}
+            print(f"throughput {name}: {rps:.0f} req/s {errors}", flush=True)
+        for name, port in proxies.items():
+            results["latency"][name] = []
+            for rate in rates:
+                r = vegeta_latency(port, rate, seconds)
+                results["latency"][name].append(r)
+                print(f"latency {name} @{rate}: p50 {r['p50_ms']:.3f} p99 {r['p99_ms']:.3f} ms", flush=True)
+        rss_empty_proxy = None
+        for p in (sy, ng, ha):
+            p.stop()
+            started.remove(p)
+
+        # Route changes.
+        for apps in change_sizes:
+            sy, sy_port, sy_admin = start_switchyard(work, apps, b1, f"change-{apps}")
+            started.append(sy)
+            r = switchyard_route_changes(sy_port, sy_admin, apps, b1, b2, 50)
+            results["route_change"].append({"proxy": "switchyard", "apps": apps, **r})
+            print(f"route change switchyard {apps}: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms", flush=True)
+            sy.stop()
+            started.remove(sy)
+        for apps in nginx_sizes:
+            ng, ng_port, _, start_s = start_nginx(work, apps, b1)
+            started.append(ng)
+            results["nginx_start"][apps] = start_s
+            r = nginx_route_changes(ng, ng_port, work, apps, b1, b2, 10 if apps >= 10000 else 20)
+            results["route_change"].append({"proxy": "nginx", "apps": apps, **r})
+            print(f"route change nginx {apps}: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms", flush=True)
+            ng.stop()
+            started.remove(ng)
+
+        # Memory per stored app.
+        empty, empty_port, _ = start_switchyard(work, 0, b1, "empty")
+        started.append(empty)
+        wrk_throughput(empty_port, 3)
+        rss_empty = rss_kib(empty.pid)
+        empty.stop()
+        started.remove(empty)
+        sy, sy_port, sy_admin = start_switchyard(work, memory_apps, b1, "memory")
+        started.append(sy)
+        wrk_throughput(sy_port, 3)
+        rss_idle = rss_kib(sy.pid)
+        touch_all_apps(sy_port, memory_apps, work)
+        rss_touched = rss_kib(sy.pid)
+        cached = metric(sy_admin, 'switchyard_route_cache_entries{table="apps"}') or 0
+        results["memory"] = {"apps": memory_apps, "rss_empty_kib": rss_empty, "rss_idle_kib": rss_idle,
+                             "rss_touched_kib": rss_touched, "apps_cached": cached}
+        print(f"memory: empty {rss_empty} KiB, idle {rss_idle} KiB, touched {rss_touched} KiB, cached {cached}", flush=True)
+        sy.stop()
+        started.remove(sy)
+
+        # Targets of issue 2, from the figures above.
+        ratio = results["throughput"]["switchyard"]["rps"] / results["throughput"]["nginx"]["rps"]
+        results["targets"].append({"name": "throughput ≥ 1.2× nginx", "measured": f"{ratio:.2f}×", "met": ratio >= 1.2})
+        by_size = {r["apps"]: r for r in results["route_change"] if r["proxy"] == "switchyard"}
+        biggest = by_size[max(by_size)]
+        results["targets"].append({"name": f"route change p99 < 10 ms at {max(by_size)} apps",
+                                   "measured": f"{biggest['p99_ms']:.2f} ms", "met": biggest["p99_ms"] < 10})
+        if 1000 in by_size and max(by_size) > 1000:
+            growth = biggest["p99_ms"] / by_size[1000]["p99_ms"]
+            results["targets"].append({"name": f"route change p99 at {max(by_size)} apps ≤ 2× the 1000-app figure",
+                                       "measured": f"{growth:.2f}×", "met": growth <= 2})
+        per_app = (rss_touched - rss_empty) * 1024 / memory_apps
+        results["targets"].append({"name": f"resident memory ≤ 2 KB per stored app at {memory_apps} apps (all cached)",
+                                   "measured": f"{per_app:.0f} B", "met": per_app <= 2048})
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+    out = ROOT / "bench" / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
+    write_report(results, out)
+    (ROOT / "bench" / "results").mkdir(exist_ok=True)
+    (ROOT / "bench" / "results" / ("quick.json" if args.quick else "latest.json")).write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
