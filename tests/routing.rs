@@ -351,3 +351,76 @@ fn metrics_count_requests_by_app_and_class_without_unknown_host_labels() {
         assert!(metrics.contains(name), "{name} is exported");
     }
 }
+
+#[test]
+fn http2_clients_are_routed_by_authority() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("h2");
+    router.put_app(
+        "h2",
+        json!({"domains": ["h2.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let output = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-w",
+            "\n%{http_version} %{http_code}",
+        ])
+        .args(["--connect-to", &format!("h2.test:80:{}", router.http)])
+        .arg("http://h2.test/over-h2")
+        .output()
+        .expect("curl (installed by scripts/test)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (body, status_line) = text.rsplit_once('\n').expect("curl's status line");
+    assert_eq!(status_line, "2 200", "{text}");
+    let seen: serde_json::Value = serde_json::from_str(body).expect("backend JSON");
+    assert_eq!(seen["backend"], "h2");
+    assert_eq!(seen["path"], "/over-h2");
+}
+
+#[test]
+fn malformed_requests_get_a_4xx_and_never_reach_a_backend() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("guarded");
+    router.put_app(
+        "guarded",
+        json!({"domains": ["guarded.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let huge_header = format!(
+        "GET / HTTP/1.1\r\nHost: guarded.test\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(40_000)
+    );
+    let malformed = [
+        "G\u{1}T / HTTP/1.1\r\nHost: guarded.test\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: guarded.test\r\nBad Header Name: x\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: guarded.test\r\nX-Nul: a\u{0}b\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: guarded.test\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        "GET / HTTP/9.9\r\nHost: guarded.test\r\n\r\n",
+        huge_header.as_str(),
+    ];
+    for raw in malformed {
+        match support::request(router.http, raw) {
+            Ok(response) => assert!(
+                (400..500).contains(&response.status),
+                "{:?} → {}",
+                &raw[..raw.len().min(60)],
+                response.status
+            ),
+            // Closing the connection without an answer is also a refusal.
+            Err(e) => assert!(
+                e.kind() != std::io::ErrorKind::TimedOut,
+                "{:?}: {e}",
+                &raw[..raw.len().min(60)]
+            ),
+        }
+    }
+    assert_eq!(backend.requests(), 0, "no malformed request was forwarded");
+    let huge = support::request(router.http, &huge_header).expect("an answer");
+    assert_eq!(huge.status, 431);
+    assert_eq!(
+        router.get("guarded.test", "/").status,
+        200,
+        "the router still serves"
+    );
+}

@@ -44,7 +44,12 @@ pub fn request(addr: SocketAddr, raw: &str) -> std::io::Result<Response> {
     stream.set_read_timeout(Some(Duration::from_secs(15)))?;
     stream.write_all(raw.as_bytes())?;
     let mut bytes = Vec::new();
-    stream.read_to_end(&mut bytes)?;
+    stream.read_to_end(&mut bytes).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 15 s")
+        }
+        _ => e,
+    })?;
     parse(&bytes).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -21,6 +21,8 @@ pub(crate) enum LocalAnswer {
     NoHealthyBackend,
     /// The route could not be looked up (store unavailable, nothing cached): 503.
     RouteUnavailable,
+    /// The request's headers exceed the router's budget: 431.
+    HeadersTooLarge,
 }
 
 impl LocalAnswer {
@@ -31,6 +33,7 @@ impl LocalAnswer {
             Self::MissingHost => 400,
             Self::NoBackends | Self::RouteUnavailable => 503,
             Self::NoHealthyBackend => 502,
+            Self::HeadersTooLarge => 431,
         }
     }
 
@@ -41,6 +44,7 @@ impl LocalAnswer {
             Self::NoBackends => "this app has no running containers",
             Self::NoHealthyBackend => "no container of this app is reachable",
             Self::RouteUnavailable => "routing is temporarily unavailable",
+            Self::HeadersTooLarge => "request headers too large",
         }
     }
 }
