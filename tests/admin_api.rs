@@ -72,6 +72,35 @@ fn every_validation_error_names_the_field_and_stores_nothing() {
 }
 
 #[test]
+fn wrong_methods_paths_and_oversized_bodies_get_json_errors() {
+    let router = RouterProcess::start();
+    let (status, error) = router.admin_call("POST", "/v1/apps/x", Some("{}"));
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (405, Some("method")),
+        "{error}"
+    );
+    let (status, error) = router.admin_call("GET", "/v2/nothing", None);
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (404, Some("path")),
+        "{error}"
+    );
+    let huge = format!(r#"{{"domains": ["{}.test"]}}"#, "a".repeat(2 * 1024 * 1024));
+    let (status, error) = router.admin_call("PUT", "/v1/apps/big", Some(&huge));
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (413, Some("body")),
+        "{error}"
+    );
+    assert_eq!(
+        router.admin_call("GET", "/v1/apps/big", None).0,
+        404,
+        "nothing stored"
+    );
+}
+
+#[test]
 fn crud_round_trips_and_conflicts_are_refused() {
     let router = RouterProcess::start();
     let stored = router.put_app(

@@ -29,6 +29,13 @@ pub enum ApiError {
     },
     /// Missing or wrong bearer token: 401.
     Unauthorized,
+    /// The path exists but not with this method: 405.
+    MethodNotAllowed,
+    /// The body is larger than the API accepts: 413.
+    TooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The store cannot be reached: 503; the write did not happen.
     Unavailable(String),
 }
@@ -68,6 +75,16 @@ impl IntoResponse for ApiError {
                 StatusCode::UNAUTHORIZED,
                 "missing or invalid bearer token".to_string(),
                 "authorization".to_string(),
+            ),
+            Self::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this path".to_string(),
+                "method".to_string(),
+            ),
+            Self::TooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+                "body".to_string(),
             ),
             Self::Unavailable(message) => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -27,6 +27,10 @@ pub(crate) async fn not_found() -> ApiError {
     }
 }
 
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
 pub(crate) async fn put_app(
     State(state): State<AdminState>,
     Path(name): Path<String>,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::Router;
 use switchyard_store::Store;
@@ -55,7 +55,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(handlers::healthz))
         .merge(protected)
         .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(json_rejections))
         .with_state(state)
 }
 
@@ -87,6 +89,18 @@ async fn require_token(
         }
     }
     Ok(next.run(request).await)
+}
+
+/// axum answers an oversized body with a plain-text 413; give it the API's JSON shape.
+async fn json_rejections(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::TooLarge {
+            limit: MAX_BODY_BYTES,
+        }
+        .into_response();
+    }
+    response
 }
 
 /// Compares without an early exit, so response timing does not reveal a token's prefix.

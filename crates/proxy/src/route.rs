@@ -20,7 +20,9 @@ pub(crate) async fn route(
     routes: &RouteCache,
 ) -> Result<(), LocalAnswer> {
     let request = session.req_header();
-    let head_bytes: usize = request.uri.to_string().len()
+    let target_bytes = request.uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + request.uri.authority().map_or(0, |a| a.as_str().len());
+    let head_bytes: usize = target_bytes
         + request
             .headers
             .iter()

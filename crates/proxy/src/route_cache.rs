@@ -7,6 +7,7 @@
 //! stripe with an epoch; a change bumps the epoch under the stripe's lock, and a fill only
 //! inserts if the epoch it saw before reading the store is still current.
 
+use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,6 +65,9 @@ pub struct RouteCache {
     hasher: RandomState,
     drain_grace: Duration,
     fills: AtomicU64,
+    /// Names of cached apps that have active health checks: the health checker walks this
+    /// short list instead of every cached route.
+    health_checked: Mutex<HashSet<String>>,
 }
 
 /// Why a host could not be resolved.
@@ -86,6 +90,7 @@ impl RouteCache {
             hasher: RandomState::new(),
             drain_grace,
             fills: AtomicU64::new(0),
+            health_checked: Mutex::new(HashSet::new()),
         }
     }
 
@@ -124,6 +129,7 @@ impl RouteCache {
             return Ok(None);
         };
         let route = Arc::new(build_route(app, None));
+        self.note_health_check(&route);
         self.fill(name, epoch, || {
             self.apps.insert(name.to_string(), route.clone())
         });
@@ -170,6 +176,7 @@ impl RouteCache {
         match self.store.get_app(name).await {
             Ok(Some(app)) => {
                 let route = Arc::new(build_route(app, Some(&previous)));
+                self.note_health_check(&route);
                 self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
                 drain::retire_removed(&previous.upstream, &route.upstream, self.drain_grace);
             }
@@ -215,9 +222,27 @@ impl RouteCache {
         }
     }
 
-    /// Every cached app route, for background work such as active health checks.
-    pub fn cached_routes(&self) -> Vec<Arc<AppRoute>> {
-        self.apps.iter().map(|(_, v)| v).collect()
+    /// Cached routes of apps with active health checks. Names whose route left the cache
+    /// (evicted, deleted, or its check switched off) are forgotten here.
+    pub fn health_checked_routes(&self) -> Vec<Arc<AppRoute>> {
+        let mut names = self.health_checked.lock();
+        let mut routes = Vec::with_capacity(names.len());
+        names.retain(|name| match self.apps.get(name) {
+            Some(route) if route.app.health_check.is_some() => {
+                routes.push(route);
+                true
+            }
+            _ => false,
+        });
+        routes
+    }
+
+    fn note_health_check(&self, route: &AppRoute) {
+        if route.app.health_check.is_some() {
+            self.health_checked
+                .lock()
+                .insert(route.app.name.to_string());
+        }
     }
 
     /// Number of store reads that filled the cache, for tests and metrics.
