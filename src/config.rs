@@ -21,9 +21,27 @@ pub(crate) struct ServeArgs {
     /// Plain HTTP listener address.
     #[arg(long, env = "SWITCHYARD_HTTP")]
     http: Option<String>,
-    /// HTTPS listener address (TLS arrives with certificate support).
+    /// HTTPS listener address, or `off`.
     #[arg(long, env = "SWITCHYARD_HTTPS")]
     https: Option<String>,
+    /// PEM certificate chain served to TLS clients whose server name has no certificate.
+    #[arg(long, env = "SWITCHYARD_DEFAULT_CERT")]
+    default_cert: Option<PathBuf>,
+    /// PEM private key of `--default-cert`.
+    #[arg(long, env = "SWITCHYARD_DEFAULT_KEY")]
+    default_key: Option<PathBuf>,
+    /// Port put in HTTP→HTTPS redirects (default: the HTTPS listener's port).
+    #[arg(long, env = "SWITCHYARD_HTTPS_REDIRECT_PORT")]
+    https_redirect_port: Option<u16>,
+    /// Most parsed certificates kept in memory.
+    #[arg(long, env = "SWITCHYARD_CERT_CACHE_SIZE")]
+    cert_cache_size: Option<usize>,
+    /// Seconds between rotations of the TLS session-ticket key (two keys are kept).
+    #[arg(long, env = "SWITCHYARD_TLS_TICKET_ROTATION_S")]
+    tls_ticket_rotation_s: Option<u64>,
+    /// Seconds between scans counting certificates that expire soon.
+    #[arg(long, env = "SWITCHYARD_CERT_EXPIRY_SCAN_S")]
+    cert_expiry_scan_s: Option<u64>,
     /// Admin API address.
     #[arg(long, env = "SWITCHYARD_ADMIN")]
     admin: Option<String>,
@@ -59,6 +77,12 @@ pub(crate) struct ServeArgs {
 struct FileConfig {
     http: Option<Spanned<String>>,
     https: Option<Spanned<String>>,
+    default_cert: Option<PathBuf>,
+    default_key: Option<PathBuf>,
+    https_redirect_port: Option<u16>,
+    cert_cache_size: Option<Spanned<usize>>,
+    tls_ticket_rotation_s: Option<Spanned<u64>>,
+    cert_expiry_scan_s: Option<Spanned<u64>>,
     admin: Option<Spanned<String>>,
     data_dir: Option<PathBuf>,
     store: Option<Spanned<String>>,
@@ -82,6 +106,7 @@ pub(crate) enum StoreChoice {
 pub(crate) struct Config {
     pub(crate) http: SocketAddr,
     pub(crate) https: Option<SocketAddr>,
+    pub(crate) tls: TlsConfig,
     pub(crate) admin: SocketAddr,
     pub(crate) data_dir: PathBuf,
     pub(crate) store: StoreChoice,
@@ -91,6 +116,17 @@ pub(crate) struct Config {
     pub(crate) drain_grace: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) route_cache_apps: usize,
+}
+
+/// Settings of the HTTPS listener.
+#[derive(Debug)]
+pub(crate) struct TlsConfig {
+    /// PEM files of the certificate for names without their own.
+    pub(crate) default_cert: Option<(PathBuf, PathBuf)>,
+    pub(crate) redirect_port: Option<u16>,
+    pub(crate) cert_cache_size: usize,
+    pub(crate) ticket_rotation: Duration,
+    pub(crate) expiry_scan: Duration,
 }
 
 /// Where a value came from, for error messages.
@@ -131,7 +167,45 @@ impl Config {
 
         let http = address(&source, "http", args.http, file.http, "0.0.0.0:8080")?;
         let admin = address(&source, "admin", args.admin, file.admin, "127.0.0.1:8081")?;
-        let https = address(&source, "https", args.https, file.https, "0.0.0.0:8443")?;
+        let https = match pick(args.https, file.https) {
+            Some((value, _)) if value == "off" => None,
+            given => Some(parse_address(&source, "https", given, "0.0.0.0:8443")?),
+        };
+        let tls = TlsConfig {
+            default_cert: match (
+                args.default_cert.or(file.default_cert),
+                args.default_key.or(file.default_key),
+            ) {
+                (Some(cert), Some(key)) => Some((cert, key)),
+                (None, None) => None,
+                _ => bail!("default_cert and default_key must be given together"),
+            },
+            redirect_port: args
+                .https_redirect_port
+                .or(file.https_redirect_port)
+                .or(https.map(|a| a.port())),
+            cert_cache_size: at_least_one(
+                &source,
+                "cert_cache_size",
+                args.cert_cache_size,
+                file.cert_cache_size,
+                10_000,
+            )?,
+            ticket_rotation: Duration::from_secs(at_least_one(
+                &source,
+                "tls_ticket_rotation_s",
+                args.tls_ticket_rotation_s,
+                file.tls_ticket_rotation_s,
+                3600,
+            )?),
+            expiry_scan: Duration::from_secs(at_least_one(
+                &source,
+                "cert_expiry_scan_s",
+                args.cert_expiry_scan_s,
+                file.cert_expiry_scan_s,
+                300,
+            )?),
+        };
         let store = match pick(args.store, file.store) {
             None => StoreChoice::Embedded,
             Some((value, _)) if value == "embedded" => StoreChoice::Embedded,
@@ -163,17 +237,17 @@ impl Config {
             Some((n, _)) => n,
             None => std::thread::available_parallelism().map_or(2, usize::from),
         };
-        let route_cache_apps = match pick(args.route_cache_apps, file.route_cache_apps) {
-            Some((0, span)) => bail!(
-                "{}: must be at least 1",
-                source.at(span, "route_cache_apps")
-            ),
-            Some((n, _)) => n,
-            None => 100_000,
-        };
+        let route_cache_apps = at_least_one(
+            &source,
+            "route_cache_apps",
+            args.route_cache_apps,
+            file.route_cache_apps,
+            100_000,
+        )?;
         Ok(Self {
             http,
-            https: Some(https),
+            https,
+            tls,
             admin,
             data_dir: args
                 .data_dir
@@ -214,6 +288,22 @@ fn pick<T>(
     }
 }
 
+fn at_least_one<T: PartialEq + From<u8>>(
+    source: &Source<'_>,
+    key: &str,
+    flag: Option<T>,
+    file: Option<Spanned<T>>,
+    default: T,
+) -> anyhow::Result<T> {
+    match pick(flag, file) {
+        Some((n, span)) if n == T::from(0) => {
+            bail!("{}: must be at least 1", source.at(span, key))
+        }
+        Some((n, _)) => Ok(n),
+        None => Ok(default),
+    }
+}
+
 fn address(
     source: &Source<'_>,
     key: &str,
@@ -221,7 +311,16 @@ fn address(
     file: Option<Spanned<String>>,
     default: &str,
 ) -> anyhow::Result<SocketAddr> {
-    let (text, span) = pick(flag, file).unwrap_or_else(|| (default.to_string(), None));
+    parse_address(source, key, pick(flag, file), default)
+}
+
+fn parse_address(
+    source: &Source<'_>,
+    key: &str,
+    given: Option<(String, Option<std::ops::Range<usize>>)>,
+    default: &str,
+) -> anyhow::Result<SocketAddr> {
+    let (text, span) = given.unwrap_or_else(|| (default.to_string(), None));
     text.parse().map_err(|_| {
         anyhow::anyhow!(
             "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
@@ -286,6 +385,19 @@ mod tests {
         assert!(err.to_string().contains("unknown field"), "{err}");
         let err = with_file("threads = 0\n").expect_err("zero threads");
         assert!(err.to_string().contains("line 1: threads"), "{err}");
+    }
+
+    #[test]
+    fn https_can_be_switched_off_and_redirects_follow_its_port() {
+        let config = with_file("https = \"off\"\n").expect("valid");
+        assert!(config.https.is_none());
+        assert_eq!(config.tls.redirect_port, None);
+        let config = with_file("https = \"127.0.0.1:9443\"\n").expect("valid");
+        assert_eq!(config.tls.redirect_port, Some(9443));
+        let err = with_file("default_cert = \"/x.pem\"\n").expect_err("key missing");
+        assert!(err.to_string().contains("default_key"), "{err}");
+        let err = with_file("\ncert_cache_size = 0\n").expect_err("zero cache");
+        assert!(err.to_string().contains("line 2: cert_cache_size"), "{err}");
     }
 
     #[test]

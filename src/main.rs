@@ -1,5 +1,5 @@
 //! The `switchyard` binary: command-line parsing and wiring only. `serve` runs the router;
-//! `apps` talks to a running router's admin API.
+//! `apps` and `certs` talk to a running router's admin API.
 
 mod admin_service;
 mod bench_seed;
@@ -30,6 +30,8 @@ enum Command {
     Serve(Box<config::ServeArgs>),
     /// Create, inspect, scale and delete apps through the admin API.
     Apps(cli::AppsArgs),
+    /// Upload, list and delete TLS certificates through the admin API.
+    Certs(cli::CertsArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
     #[command(hide = true)]
     BenchSeed(bench_seed::SeedArgs),
@@ -45,7 +47,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Apps(args) => cli::run(args),
+        Command::Apps(args) => cli::run_apps(args),
+        Command::Certs(args) => cli::run_certs(args),
         Command::BenchSeed(args) => match bench_seed::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -15,12 +15,19 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use switchyard_admin::AdminState;
 use switchyard_proxy::{
-    AccessLog, AccessLogTarget, ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router,
+    https_settings, AccessLog, AccessLogTarget, CertCache, CertCacheLimits, CertExpiryScan,
+    ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router, ServedCert,
+    TicketKeyRotation,
 };
 use switchyard_store::{EmbeddedStore, Store};
+use switchyard_tls_tickets::TicketKeys;
 
 use crate::admin_service::AdminService;
-use crate::config::{Config, StoreChoice};
+use crate::config::{Config, StoreChoice, TlsConfig};
+
+/// Ticket keys kept: the current one and the previous one, so a ticket stays usable for one
+/// to two rotation intervals.
+const TICKET_KEYS_KEPT: usize = 2;
 
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
@@ -35,6 +42,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // Listeners are checked before anything starts, so a taken port is a clear error at
     // start-up rather than a panic inside a service.
     ensure_bindable(config.http, "http")?;
+    if let Some(https) = config.https {
+        ensure_bindable(https, "https")?;
+    }
+    let default_cert = load_default_cert(&config.tls)?;
     let admin_listener = TcpListener::bind(config.admin)
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
     admin_listener.set_nonblocking(true)?;
@@ -56,25 +67,51 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
 
     let mut server_options = HttpServerOptions::default();
     server_options.h2c = true;
-    let mut http = ProxyServiceBuilder::new(
+    let https_port = config.https.and(config.tls.redirect_port);
+    // One service for both listeners, so they share one set of threads and one pool of
+    // backend connections; each request learns from its connection whether it came over TLS.
+    let mut proxy = ProxyServiceBuilder::new(
         &server.configuration,
-        Router::new(routes.clone(), access_log, "http"),
+        Router::new(routes.clone(), access_log, https_port),
     )
-    .name("switchyard http")
+    .name("switchyard proxy")
     .server_options(server_options)
     .build();
-    http.add_tcp(&config.http.to_string());
-    server.add_service(http);
+    proxy.add_tcp(&config.http.to_string());
 
-    if let Some(https) = config.https {
-        log::info!(
-            "HTTPS listener {https} is not started: TLS arrives with per-domain certificates"
-        );
-    }
+    let certs = match config.https {
+        Some(https) => {
+            let certs = Arc::new(CertCache::new(
+                store.clone(),
+                CertCacheLimits {
+                    certificates: config.tls.cert_cache_size,
+                    absent_names: config.tls.cert_cache_size.saturating_mul(10),
+                    ..CertCacheLimits::default()
+                },
+                default_cert,
+            ));
+            let tickets = TicketKeys::new(TICKET_KEYS_KEPT)
+                .context("cannot create TLS session-ticket keys")?;
+            let settings =
+                https_settings(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
+            proxy.add_tls_with_settings(&https.to_string(), None, settings);
+            server.add_service(background_service(
+                "tls ticket keys",
+                TicketKeyRotation::new(tickets, config.tls.ticket_rotation),
+            ));
+            server.add_service(background_service(
+                "certificate expiry",
+                CertExpiryScan::new(store.clone(), config.tls.expiry_scan),
+            ));
+            Some(certs)
+        }
+        None => None,
+    };
+    server.add_service(proxy);
 
     server.add_service(background_service(
-        "route changes",
-        ChangeFollower::new(routes.clone(), changes),
+        "store changes",
+        ChangeFollower::new(routes.clone(), certs, changes),
     ));
     server.add_service(background_service(
         "health checks",
@@ -89,8 +126,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     log::info!(
-        "switchyard serving http on {}, admin on {}, store {:?} in {}",
+        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}",
         config.http,
+        config
+            .https
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
         config.admin,
         config.store,
         config.data_dir.display()
@@ -119,6 +159,23 @@ fn server_conf(config: &Config) -> ServerConf {
     conf.pid_file = dir.join("switchyard.pid").display().to_string();
     conf.upgrade_sock = dir.join("switchyard-upgrade.sock").display().to_string();
     conf
+}
+
+fn load_default_cert(tls: &TlsConfig) -> anyhow::Result<Option<ServedCert>> {
+    let Some((cert_path, key_path)) = &tls.default_cert else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let cert = ServedCert::from_pem(&read(cert_path)?, &read(key_path)?).map_err(|e| {
+        anyhow::anyhow!(
+            "default certificate {} / {}: {e}",
+            cert_path.display(),
+            key_path.display()
+        )
+    })?;
+    Ok(Some(cert))
 }
 
 fn ensure_bindable(address: SocketAddr, name: &str) -> anyhow::Result<()> {

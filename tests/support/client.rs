@@ -61,15 +61,27 @@ pub fn request(addr: SocketAddr, raw: &str) -> std::io::Result<Response> {
     })
 }
 
-fn parse(bytes: &[u8]) -> Option<Response> {
-    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&bytes[..head_end]).ok()?;
+/// The status and headers of a response head (up to and including the blank line).
+pub(crate) fn parse_head(head: &[u8]) -> Option<Response> {
+    let head = std::str::from_utf8(head).ok()?.trim_end();
     let mut lines = head.split("\r\n");
     let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
+    Some(Response {
+        status,
+        headers,
+        body: Vec::new(),
+    })
+}
+
+fn parse(bytes: &[u8]) -> Option<Response> {
+    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let Response {
+        status, headers, ..
+    } = parse_head(&bytes[..head_end + 4])?;
     let raw_body = &bytes[head_end + 4..];
     let chunked = headers
         .iter()

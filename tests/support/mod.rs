@@ -6,7 +6,9 @@
 
 mod backend;
 mod client;
+pub mod pki;
 mod router;
+pub mod tls;
 
 pub use backend::Backend;
 pub use client::{get, request, Response};

@@ -12,6 +12,7 @@ use super::{client, free_port};
 pub struct RouterProcess {
     child: Option<Child>,
     pub http: SocketAddr,
+    pub https: SocketAddr,
     pub admin: SocketAddr,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
@@ -30,6 +31,7 @@ impl RouterProcess {
         let mut router = Self {
             child: None,
             http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            https: SocketAddr::from(([127, 0, 0, 1], free_port())),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir: tempfile::tempdir().expect("tempdir"),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
@@ -64,6 +66,7 @@ impl RouterProcess {
         let child = Command::new(Self::binary())
             .arg("serve")
             .args(["--http", &self.http.to_string()])
+            .args(["--https", &self.https.to_string()])
             .args(["--admin", &self.admin.to_string()])
             .args(["--data-dir", &self.data_dir().display().to_string()])
             .args(["--access-log", &self.access_log().display().to_string()])
@@ -90,7 +93,8 @@ impl RouterProcess {
         loop {
             let admin_up =
                 client::get(self.admin, "localhost", "/healthz").is_ok_and(|r| r.status == 200);
-            let http_up = std::net::TcpStream::connect(self.http).is_ok();
+            let http_up = std::net::TcpStream::connect(self.http).is_ok()
+                && std::net::TcpStream::connect(self.https).is_ok();
             if admin_up && http_up {
                 return;
             }

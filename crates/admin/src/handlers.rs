@@ -9,7 +9,11 @@ use axum::Json;
 use prometheus::{Encoder, TextEncoder};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use switchyard_model::{parse_app_spec, parse_backends_spec, AppName, ValidationError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use switchyard_model::{
+    parse_app_spec, parse_backends_spec, parse_certificate_spec, AppName, Domain, ValidationError,
+};
 
 use crate::{AdminState, ApiError};
 
@@ -86,13 +90,61 @@ pub(crate) async fn list_apps(
     State(state): State<AdminState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ValidationError::new("limit", format!("must be from 1 to {MAX_PAGE}")).into());
-    }
+    let limit = page_limit(&query)?;
     let page = state.store.list_apps(query.after.as_deref(), limit).await?;
     Ok(Json(
         json!({"apps": page.apps, "next_after": page.next_after}),
+    ))
+}
+
+pub(crate) async fn put_cert(
+    State(state): State<AdminState>,
+    Path(domain): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let cert = parse_certificate_spec(&domain, &parse_json(&body)?, now)?;
+    let info = state.store.put_cert(cert).await?;
+    Ok(Json(json!(info)))
+}
+
+pub(crate) async fn get_cert(
+    State(state): State<AdminState>,
+    Path(domain): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let domain = valid_domain(&domain)?;
+    match state.store.get_cert(domain.as_str()).await? {
+        Some(cert) => Ok(Json(json!(cert.info))),
+        None => Err(cert_not_found(&domain)),
+    }
+}
+
+pub(crate) async fn delete_cert(
+    State(state): State<AdminState>,
+    Path(domain): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let domain = valid_domain(&domain)?;
+    if state.store.delete_cert(domain.as_str()).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(cert_not_found(&domain))
+    }
+}
+
+pub(crate) async fn list_certs(
+    State(state): State<AdminState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(&query)?;
+    let page = state
+        .store
+        .list_certs(query.after.as_deref(), limit)
+        .await?;
+    Ok(Json(
+        json!({"certs": page.certs, "next_after": page.next_after}),
     ))
 }
 
@@ -103,6 +155,28 @@ pub(crate) async fn metrics() -> Response {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn page_limit(query: &ListQuery) -> Result<usize, ValidationError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ValidationError::new(
+            "limit",
+            format!("must be from 1 to {MAX_PAGE}"),
+        ));
+    }
+    Ok(limit)
+}
+
+fn valid_domain(domain: &str) -> Result<Domain, ValidationError> {
+    Domain::parse(domain).map_err(|m| ValidationError::new("domain", m))
+}
+
+fn cert_not_found(domain: &Domain) -> ApiError {
+    ApiError::NotFound {
+        what: format!("no certificate is stored for '{domain}'"),
+        field: "domain",
+    }
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ValidationError> {

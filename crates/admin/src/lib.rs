@@ -49,6 +49,13 @@ pub fn router(state: AdminState) -> Router {
                 .delete(handlers::delete_app),
         )
         .route("/v1/apps/{name}/backends", put(handlers::put_backends))
+        .route("/v1/certs", get(handlers::list_certs))
+        .route(
+            "/v1/certs/{domain}",
+            put(handlers::put_cert)
+                .get(handlers::get_cert)
+                .delete(handlers::delete_cert),
+        )
         .route("/metrics", get(handlers::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()

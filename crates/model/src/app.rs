@@ -153,6 +153,37 @@ pub struct App {
     /// How many other backends an idempotent request may be retried on after a failure.
     #[serde(default = "default_retries")]
     pub retries: u8,
+    /// Answer plain-HTTP requests with a 308 to the same URL over HTTPS.
+    #[serde(default)]
+    pub https_redirect: bool,
+    /// `Strict-Transport-Security` sent on HTTPS responses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hsts: Option<Hsts>,
+}
+
+/// HTTP Strict Transport Security for an app's HTTPS responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hsts {
+    /// How long browsers remember to use HTTPS only.
+    pub max_age_s: u64,
+    /// Whether subdomains are covered too.
+    pub include_subdomains: bool,
+    /// Whether the app asks to be on browsers' preload lists.
+    pub preload: bool,
+}
+
+impl Hsts {
+    /// The header value, e.g. `max-age=31536000; includeSubDomains`.
+    pub fn header_value(&self) -> String {
+        let mut value = format!("max-age={}", self.max_age_s);
+        if self.include_subdomains {
+            value.push_str("; includeSubDomains");
+        }
+        if self.preload {
+            value.push_str("; preload");
+        }
+        value
+    }
 }
 
 pub(crate) fn default_retries() -> u8 {

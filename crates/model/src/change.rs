@@ -13,6 +13,11 @@ pub enum Change {
         /// Domains whose routing may have changed.
         domains: Vec<String>,
     },
+    /// The certificate stored under `domain` (exact or `*.` wildcard) was put or deleted.
+    Cert {
+        /// The domain as stored.
+        domain: String,
+    },
     /// Changes may have been missed (a lagging subscriber, a reconnect): every cached entry
     /// must be revalidated against the store.
     Resync,

@@ -1,15 +1,17 @@
-//! Switchyard's domain model: apps, their domains and backends, per-app options, and the
-//! change events that tell every cache what moved. It sits under everything else — the
-//! store persists these types, the proxy routes by them, the admin API validates input
-//! with them — and it does no IO, so validation lives here once.
+//! Switchyard's domain model: apps, their domains and backends, per-app options, TLS
+//! certificates, and the change events that tell every cache what moved. It sits under
+//! everything else — the store persists these types, the proxy routes by them, the admin API
+//! validates input with them — and it does no IO, so validation lives here once.
 
 mod app;
+mod certificate;
 mod change;
 mod domain;
 mod error;
 mod spec;
 
-pub use app::{App, AppName, Backend, Balancer, HealthCheck, Timeouts};
+pub use app::{App, AppName, Backend, Balancer, HealthCheck, Hsts, Timeouts};
+pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use serde_json::{Map, Value};
 
 use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
-use crate::{App, AppName, Backend, Balancer, Domain, HealthCheck, Timeouts, ValidationError};
+use crate::{
+    App, AppName, Backend, Balancer, Domain, HealthCheck, Hsts, Timeouts, ValidationError,
+};
 
 type Fields<'a> = &'a Map<String, Value>;
 
@@ -30,6 +32,8 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "health_check",
             "timeouts",
             "retries",
+            "https_redirect",
+            "hsts",
         ],
         "",
     )?;
@@ -72,6 +76,20 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None => default_retries(),
         Some(v) => integer_in(v, 0, 10).map_err(|m| ValidationError::new("retries", m))? as u8,
     };
+    let https_redirect = match fields.get("https_redirect") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ValidationError::new(
+                "https_redirect",
+                "must be true or false",
+            ))
+        }
+    };
+    let hsts = match fields.get("hsts") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_hsts(v).map_err(|e| e.under("hsts"))?),
+    };
     Ok(App {
         name,
         domains,
@@ -80,6 +98,8 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         health_check,
         timeouts,
         retries,
+        https_redirect,
+        hsts,
     })
 }
 
@@ -231,6 +251,29 @@ fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
     })
 }
 
+fn parse_hsts(value: &Value) -> Result<Hsts, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(fields, &["max_age_s", "include_subdomains", "preload"], "")?;
+    let flag = |name: &str| match fields.get(name) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ValidationError::new(name, "must be true or false")),
+    };
+    let hsts = Hsts {
+        max_age_s: optional_integer(fields, "max_age_s", 0, 2 * 365 * 86_400, 365 * 86_400)?,
+        include_subdomains: flag("include_subdomains")?,
+        preload: flag("preload")?,
+    };
+    // Browsers' preload lists refuse entries that do not cover subdomains for a year.
+    if hsts.preload && (!hsts.include_subdomains || hsts.max_age_s < 365 * 86_400) {
+        return Err(ValidationError::new(
+            "preload",
+            "needs include_subdomains and max_age_s of at least 31536000",
+        ));
+    }
+    Ok(hsts)
+}
+
 fn parse_timeouts(value: &Value) -> Result<Timeouts, ValidationError> {
     let fields = as_object(value, "")?;
     refuse_unknown(fields, &["connect_ms", "read_ms", "write_ms"], "")?;
@@ -242,13 +285,17 @@ fn parse_timeouts(value: &Value) -> Result<Timeouts, ValidationError> {
     })
 }
 
-fn as_object<'a>(value: &'a Value, field: &str) -> Result<Fields<'a>, ValidationError> {
+pub(crate) fn as_object<'a>(value: &'a Value, field: &str) -> Result<Fields<'a>, ValidationError> {
     value
         .as_object()
         .ok_or_else(|| ValidationError::new(field, "must be a JSON object"))
 }
 
-fn refuse_unknown(fields: Fields<'_>, known: &[&str], prefix: &str) -> Result<(), ValidationError> {
+pub(crate) fn refuse_unknown(
+    fields: Fields<'_>,
+    known: &[&str],
+    prefix: &str,
+) -> Result<(), ValidationError> {
     match fields.keys().find(|k| !known.contains(&k.as_str())) {
         Some(unknown) => Err(ValidationError::new(
             format!("{prefix}{unknown}"),

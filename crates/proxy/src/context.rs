@@ -17,6 +17,8 @@ pub struct RequestCtx {
     pub started: Instant,
     /// Id passed to the backend and written in the access log.
     pub request_id: String,
+    /// Whether the client connection is TLS.
+    pub tls: bool,
     /// The normalised Host, when it had one.
     pub host: Option<String>,
     /// The app the Host resolved to.
@@ -45,6 +47,7 @@ impl RequestCtx {
         Self {
             started: Instant::now(),
             request_id: String::new(),
+            tls: false,
             host: None,
             route: None,
             tried: Vec::new(),

@@ -1,4 +1,5 @@
-//! Applies the store's change events to the route cache, in order, as they arrive.
+//! Applies the store's change events to the route and certificate caches, in order, as they
+//! arrive.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,23 +11,37 @@ use switchyard_model::Change;
 use tokio::sync::broadcast::{error::RecvError, Receiver};
 use tokio::sync::Mutex;
 
+use crate::cert_cache::CertCache;
 use crate::metrics;
 use crate::route_cache::RouteCache;
 
-/// The background service that keeps the route cache in step with the store.
+/// The background service that keeps the caches in step with the store.
 pub struct ChangeFollower {
     routes: Arc<RouteCache>,
+    certs: Option<Arc<CertCache>>,
     // Subscribed when the router is built, before any request fills the cache, so no change
     // can fall between a fill and the subscription.
     changes: Mutex<Receiver<Change>>,
 }
 
 impl ChangeFollower {
-    /// A follower applying `changes` to `routes`.
-    pub fn new(routes: Arc<RouteCache>, changes: Receiver<Change>) -> Self {
+    /// A follower applying `changes` to `routes` and, with an HTTPS listener, `certs`.
+    pub fn new(
+        routes: Arc<RouteCache>,
+        certs: Option<Arc<CertCache>>,
+        changes: Receiver<Change>,
+    ) -> Self {
         Self {
             routes,
+            certs,
             changes: Mutex::new(changes),
+        }
+    }
+
+    async fn apply(&self, change: &Change) {
+        self.routes.apply(change).await;
+        if let Some(certs) = &self.certs {
+            certs.apply(change).await;
         }
     }
 }
@@ -43,14 +58,14 @@ impl BackgroundService for ChangeFollower {
             match change {
                 Ok(change) => {
                     let started = Instant::now();
-                    self.routes.apply(&change).await;
+                    self.apply(&change).await;
                     metrics::ROUTE_CHANGES.inc();
                     log::debug!("applied {change:?} in {:?}", started.elapsed());
                 }
                 Err(RecvError::Lagged(missed)) => {
-                    log::warn!("missed {missed} change events; revalidating the route cache");
+                    log::warn!("missed {missed} change events; revalidating the caches");
                     metrics::ROUTE_RESYNCS.inc();
-                    self.routes.apply(&Change::Resync).await;
+                    self.apply(&Change::Resync).await;
                 }
                 Err(RecvError::Closed) => return,
             }

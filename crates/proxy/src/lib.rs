@@ -2,22 +2,30 @@
 //! stage module per phase (see `pipeline.rs` for the order); [`RouteCache`] is the
 //! in-process view of the store the stages read; [`ChangeFollower`] keeps that view current
 //! from the store's change events; [`HealthChecker`] probes backends of apps that ask for it.
+//! On the HTTPS listener, [`CertCache`] hands each handshake its certificate (see `tls.rs`).
 
 mod access_log;
 mod balancer;
+mod cert_cache;
+mod cert_expiry;
 mod context;
 mod drain;
 mod follower;
 mod health;
+mod https;
 mod metrics;
 mod pipeline;
 mod respond;
 mod route;
 mod route_cache;
+mod tls;
 mod upstream;
 
 pub use access_log::{AccessLog, AccessLogTarget, ACCESS_LOG_QUEUE_CAPACITY};
+pub use cert_cache::{CertCache, CertCacheLimits, ServedCert};
+pub use cert_expiry::CertExpiryScan;
 pub use follower::ChangeFollower;
 pub use health::HealthChecker;
 pub use pipeline::Router;
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
+pub use tls::{https_settings, TicketKeyRotation};

@@ -129,6 +129,57 @@ pub(crate) static ACCESS_LOG_QUEUE: LazyLock<IntGauge> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static TLS_HANDSHAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_tls_handshakes_total",
+        "TLS handshakes by result: full, resumed, no_certificate (refused: no certificate \
+         for the name and no default), store_error (refused: certificate lookup failed).",
+        &["result"]
+    ))
+});
+
+pub(crate) static CERT_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_cert_cache_hits_total",
+        "Certificate lookups answered from memory (including cached absences)."
+    ))
+});
+
+pub(crate) static CERT_CACHE_MISSES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_cert_cache_misses_total",
+        "Certificate lookups that read (and parsed from) the store."
+    ))
+});
+
+pub(crate) static CERT_CACHE_ENTRIES: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_cert_cache_entries",
+        "Names in the certificate cache (parsed certificates and cached absences)."
+    ))
+});
+
+pub(crate) static CERTS_STORED: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_certificates_stored",
+        "Certificates in the store, as of the last expiry scan."
+    ))
+});
+
+pub(crate) static CERTS_EXPIRING_SOON: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_certificates_expiring_soon",
+        "Stored certificates expiring within 14 days (or already expired), as of the last scan."
+    ))
+});
+
+pub(crate) static TICKET_KEY_ROTATIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_tls_ticket_key_rotations_total",
+        "TLS session-ticket key rotations."
+    ))
+});
+
 /// Registers every metric now, so each is exported (at zero) before its first event.
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
@@ -146,6 +197,13 @@ pub(crate) fn register_all() {
     LazyLock::force(&HEALTH_TRANSITIONS);
     LazyLock::force(&ACCESS_LOG_DROPPED);
     LazyLock::force(&ACCESS_LOG_QUEUE);
+    LazyLock::force(&TLS_HANDSHAKES);
+    LazyLock::force(&CERT_CACHE_HITS);
+    LazyLock::force(&CERT_CACHE_MISSES);
+    LazyLock::force(&CERT_CACHE_ENTRIES);
+    LazyLock::force(&CERTS_STORED);
+    LazyLock::force(&CERTS_EXPIRING_SOON);
+    LazyLock::force(&TICKET_KEY_ROTATIONS);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

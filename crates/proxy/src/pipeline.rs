@@ -1,12 +1,14 @@
 //! The life of a request, in order. Each Pingora phase below calls one stage module; reading
 //! this file top to bottom tells what happens to every request:
 //!
-//! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here).
+//! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
+//!    then **https** (308 to HTTPS for apps that ask).
 //! 2. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
 //! 3. `upstream_request_filter`: forwarded headers for the backend.
 //! 4. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
 //! 5. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
-//! 6. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id.
+//! 6. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id,
+//!    HSTS.
 //! 7. `fail_to_proxy`: a failure becomes a status code (`respond`).
 //! 8. `logging`: **log** — access-log line and metrics.
 
@@ -21,6 +23,7 @@ use pingora::Error;
 
 use crate::access_log::AccessLog;
 use crate::context::RequestCtx;
+use crate::https;
 use crate::metrics;
 use crate::respond;
 use crate::route;
@@ -31,17 +34,17 @@ use crate::upstream;
 pub struct Router {
     routes: Arc<RouteCache>,
     access_log: AccessLog,
-    scheme: &'static str,
+    https_port: Option<u16>,
 }
 
 impl Router {
-    /// A router for one listener; `scheme` (`http` / `https`) is what backends are told in
-    /// `X-Forwarded-Proto`.
-    pub fn new(routes: Arc<RouteCache>, access_log: AccessLog, scheme: &'static str) -> Self {
+    /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
+    /// redirects), `None` when there is no HTTPS listener.
+    pub fn new(routes: Arc<RouteCache>, access_log: AccessLog, https_port: Option<u16>) -> Self {
         Self {
             routes,
             access_log,
-            scheme,
+            https_port,
         }
     }
 }
@@ -60,8 +63,15 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         ctx.request_id = request_id(session);
+        ctx.tls = session
+            .digest()
+            .is_some_and(|digest| digest.ssl_digest.is_some());
         if let Err(answer) = route::route(session, ctx, &self.routes).await {
             respond::send(session, ctx, answer).await?;
+            return Ok(true);
+        }
+        if let Some(location) = https::redirect_location(session, ctx, self.https_port) {
+            respond::write_redirect(session, ctx, &location).await?;
             return Ok(true);
         }
         Ok(false)
@@ -82,7 +92,7 @@ impl ProxyHttp for Router {
         request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        upstream::set_forwarded_headers(session, request, ctx, self.scheme)
+        upstream::set_forwarded_headers(session, request, ctx)
     }
 
     async fn connected_to_upstream(
@@ -137,7 +147,7 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         response.insert_header("x-request-id", ctx.request_id.as_str())?;
-        Ok(())
+        https::add_hsts(response, ctx)
     }
 
     async fn fail_to_proxy(

@@ -91,6 +91,27 @@ pub(crate) fn text_for(status: u16) -> &'static str {
     }
 }
 
+/// Sends a permanent redirect that keeps the method and body (308).
+pub(crate) async fn write_redirect(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    location: &str,
+) -> pingora::Result<()> {
+    const STATUS: u16 = 308;
+    ctx.local_status = Some(STATUS);
+    let body = Bytes::from(format!("308 moved to {location}\n"));
+    let mut header = ResponseHeader::build(STATUS, Some(4))?;
+    header.insert_header("location", location)?;
+    header.insert_header("content-type", "text/plain; charset=utf-8")?;
+    header.insert_header("content-length", body.len().to_string())?;
+    header.insert_header("x-request-id", ctx.request_id.as_str())?;
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
 /// Sends a small plain-text error with the request id, unless a response already started.
 pub(crate) async fn write_error(
     session: &mut Session,

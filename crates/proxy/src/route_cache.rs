@@ -163,6 +163,7 @@ impl RouteCache {
                 self.refresh_app(name).await;
             }
             Change::Resync => self.resync().await,
+            Change::Cert { .. } => {}
         }
         self.publish_sizes();
     }

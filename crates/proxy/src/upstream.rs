@@ -57,7 +57,6 @@ pub(crate) fn set_forwarded_headers(
     session: &Session,
     request: &mut RequestHeader,
     ctx: &RequestCtx,
-    scheme: &'static str,
 ) -> pingora::Result<()> {
     if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
         let client_ip = client.ip().to_string();
@@ -71,7 +70,7 @@ pub(crate) fn set_forwarded_headers(
         };
         request.insert_header("x-forwarded-for", forwarded_for)?;
     }
-    request.insert_header("x-forwarded-proto", scheme)?;
+    request.insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
     request.insert_header("x-request-id", ctx.request_id.as_str())?;
     Ok(())
 }

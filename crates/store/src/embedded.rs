@@ -7,15 +7,21 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
-use switchyard_model::{App, Backend, Change};
+use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 use tokio::sync::broadcast;
 
-use crate::{AppPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
+use crate::{AppPage, CertPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
 
 /// App name → the app as JSON.
 const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
 /// Domain (as stored) → owning app name: the routing index.
 const DOMAINS: TableDefinition<&str, &str> = TableDefinition::new("domains");
+
+/// Domain → certificate with key, as JSON: read on a handshake's cache miss only.
+const CERTS: TableDefinition<&str, &[u8]> = TableDefinition::new("certs");
+/// Domain → certificate description, as JSON: listings and expiry scans read these small
+/// records without touching keys.
+const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info");
 
 /// redb's page cache; routes are cached above the store, so this only needs the hot index.
 const PAGE_CACHE_BYTES: usize = 16 * 1024 * 1024;
@@ -42,6 +48,8 @@ impl EmbeddedStore {
         let txn = db.begin_write().map_err(unavailable)?;
         txn.open_table(APPS).map_err(unavailable)?;
         txn.open_table(DOMAINS).map_err(unavailable)?;
+        txn.open_table(CERTS).map_err(unavailable)?;
+        txn.open_table(CERT_INFO).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
         Ok(Self {
@@ -73,6 +81,34 @@ impl EmbeddedStore {
             write_app_in(&txn, app)?;
         }
         txn.commit().map_err(unavailable)
+    }
+
+    /// Writes many certificates in one transaction, like [`EmbeddedStore::import_apps`].
+    pub fn import_certs(&self, certs: &[StoredCertificate]) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        for cert in certs {
+            write_cert_in(&txn, cert)?;
+        }
+        txn.commit().map_err(unavailable)
+    }
+
+    fn write_cert(&self, cert: &StoredCertificate) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        write_cert_in(&txn, cert)?;
+        txn.commit().map_err(unavailable)
+    }
+
+    fn remove_cert(&self, domain: &str) -> Result<bool, StoreError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        let existed = {
+            let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
+            let mut info = txn.open_table(CERT_INFO).map_err(unavailable)?;
+            info.remove(domain).map_err(unavailable)?;
+            let existed = certs.remove(domain).map_err(unavailable)?.is_some();
+            existed
+        };
+        txn.commit().map_err(unavailable)?;
+        Ok(existed)
     }
 
     fn remove_app(&self, name: &str) -> Result<Option<Change>, StoreError> {
@@ -138,28 +174,8 @@ impl Store for EmbeddedStore {
     async fn list_apps(&self, after: Option<&str>, limit: usize) -> Result<AppPage, StoreError> {
         let txn = self.db.begin_read().map_err(unavailable)?;
         let apps = txn.open_table(APPS).map_err(unavailable)?;
-        let mut range = match after {
-            Some(after) => {
-                apps.range::<&str>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-            }
-            None => apps.range::<&str>(..),
-        }
-        .map_err(unavailable)?;
-        let mut page = Vec::new();
-        for entry in range.by_ref().take(limit) {
-            let (key, value) = entry.map_err(unavailable)?;
-            page.push(decode_app(key.value(), value.value())?);
-        }
-        let more = range.next().is_some();
-        let next_after = if more {
-            page.last().map(|a| a.name.to_string())
-        } else {
-            None
-        };
-        Ok(AppPage {
-            apps: page,
-            next_after,
-        })
+        let (apps, next_after) = read_page(&apps, after, limit, decode_app)?;
+        Ok(AppPage { apps, next_after })
     }
 
     async fn put_app(&self, app: App) -> Result<App, StoreError> {
@@ -202,6 +218,47 @@ impl Store for EmbeddedStore {
             }
             None => Ok(false),
         }
+    }
+
+    async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let certs = txn.open_table(CERTS).map_err(unavailable)?;
+        let value = certs.get(domain).map_err(unavailable)?;
+        value.map(|v| decode(domain, v.value())).transpose()
+    }
+
+    async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let info = txn.open_table(CERT_INFO).map_err(unavailable)?;
+        let (certs, next_after) = read_page(&info, after, limit, |key, value| {
+            decode::<CertificateInfo>(key, value)
+        })?;
+        Ok(CertPage { certs, next_after })
+    }
+
+    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
+        let domain = cert.domain.to_string();
+        let info = self
+            .blocking(move |store| {
+                store.write_cert(&cert)?;
+                Ok(cert.info)
+            })
+            .await?;
+        self.announce(Change::Cert { domain });
+        Ok(info)
+    }
+
+    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
+        let owned = domain.to_string();
+        let existed = self
+            .blocking(move |store| store.remove_cert(&owned))
+            .await?;
+        if existed {
+            self.announce(Change::Cert {
+                domain: domain.to_string(),
+            });
+        }
+        Ok(existed)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {
@@ -256,7 +313,56 @@ fn write_app_in(txn: &WriteTransaction, app: &App) -> Result<Change, StoreError>
     })
 }
 
+fn write_cert_in(txn: &WriteTransaction, cert: &StoredCertificate) -> Result<(), StoreError> {
+    let domain = cert.domain.as_str();
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt {
+        key: domain.to_string(),
+        reason: e.to_string(),
+    };
+    let full = serde_json::to_vec(cert).map_err(corrupt)?;
+    let info = serde_json::to_vec(&cert.info).map_err(corrupt)?;
+    let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
+    let mut infos = txn.open_table(CERT_INFO).map_err(unavailable)?;
+    certs.insert(domain, full.as_slice()).map_err(unavailable)?;
+    infos.insert(domain, info.as_slice()).map_err(unavailable)?;
+    Ok(())
+}
+
+/// Up to `limit` records of `table` after the key `after`, decoded, and the key to continue
+/// from when more remain.
+fn read_page<T>(
+    table: &redb::ReadOnlyTable<&str, &[u8]>,
+    after: Option<&str>,
+    limit: usize,
+    decode_one: impl Fn(&str, &[u8]) -> Result<T, StoreError>,
+) -> Result<(Vec<T>, Option<String>), StoreError> {
+    let mut range = match after {
+        Some(after) => {
+            table.range::<&str>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        }
+        None => table.range::<&str>(..),
+    }
+    .map_err(unavailable)?;
+    let mut page = Vec::new();
+    let mut last_key = None;
+    for entry in range.by_ref().take(limit) {
+        let (key, value) = entry.map_err(unavailable)?;
+        page.push(decode_one(key.value(), value.value())?);
+        last_key = Some(key.value().to_string());
+    }
+    let next_after = if range.next().is_some() {
+        last_key
+    } else {
+        None
+    };
+    Ok((page, next_after))
+}
+
 fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {
+    decode(key, bytes)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_string(),
         reason: e.to_string(),
@@ -353,6 +459,64 @@ mod tests {
             .expect("read")
             .is_none());
         assert!(!store.delete_app("one").await.expect("delete"));
+    }
+
+    fn cert(domain: &str) -> StoredCertificate {
+        let info = CertificateInfo {
+            domain: domain.to_string(),
+            subject: format!("CN={domain}"),
+            issuer: "CN=Test".into(),
+            names: vec![domain.to_string()],
+            not_before: 0,
+            not_after: 1,
+            sha256: "00".into(),
+        };
+        StoredCertificate {
+            domain: switchyard_model::Domain::parse(domain).expect("domain"),
+            cert_pem: "CERT".into(),
+            key_pem: "KEY".into(),
+            info,
+        }
+    }
+
+    #[tokio::test]
+    async fn certificates_are_announced_listed_without_keys_and_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        let mut changes = store.subscribe();
+        for domain in ["b.test", "*.a.test", "c.test"] {
+            store.put_cert(cert(domain)).await.expect("put");
+        }
+        assert_eq!(
+            changes.recv().await.expect("change"),
+            Change::Cert {
+                domain: "b.test".into()
+            }
+        );
+        let first = store.list_certs(None, 2).await.expect("list");
+        let domains: Vec<_> = first.certs.iter().map(|c| c.domain.as_str()).collect();
+        assert_eq!(domains, ["*.a.test", "b.test"]);
+        let rest = store
+            .list_certs(first.next_after.as_deref(), 2)
+            .await
+            .expect("list");
+        assert_eq!(rest.certs.len(), 1);
+        assert!(rest.next_after.is_none());
+        assert_eq!(
+            store
+                .get_cert("*.a.test")
+                .await
+                .expect("get")
+                .map(|c| c.key_pem),
+            Some("KEY".to_string())
+        );
+        assert!(store.delete_cert("b.test").await.expect("delete"));
+        assert!(!store.delete_cert("b.test").await.expect("delete"));
+        assert!(store.get_cert("b.test").await.expect("get").is_none());
+        assert_eq!(
+            store.list_certs(None, 10).await.expect("list").certs.len(),
+            2
+        );
     }
 
     #[tokio::test]

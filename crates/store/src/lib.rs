@@ -6,7 +6,7 @@ mod embedded;
 mod error;
 
 use async_trait::async_trait;
-use switchyard_model::{App, Backend, Change};
+use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 use tokio::sync::broadcast;
 
 pub use embedded::EmbeddedStore;
@@ -24,7 +24,16 @@ pub struct AppPage {
     pub next_after: Option<String>,
 }
 
-/// Where apps live. Every write is durable when it returns and is announced to subscribers.
+/// A page of certificate descriptions (never keys), ordered by domain.
+#[derive(Debug, Clone)]
+pub struct CertPage {
+    /// Certificates in this page.
+    pub certs: Vec<CertificateInfo>,
+    /// Pass as `after` to get the next page; `None` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// Where apps and certificates live. Every write is durable when it returns and is announced to subscribers.
 #[async_trait]
 pub trait Store: Send + Sync {
     /// The app with this name.
@@ -45,6 +54,18 @@ pub trait Store: Send + Sync {
 
     /// Deletes an app; `false` when it did not exist.
     async fn delete_app(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// The certificate stored under exactly `domain` (`*.x.com` for a wildcard), with its key.
+    async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError>;
+
+    /// Descriptions of stored certificates ordered by domain, after `after`, at most `limit`.
+    async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError>;
+
+    /// Creates or replaces the certificate for its domain.
+    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError>;
+
+    /// Deletes the certificate of `domain`; `false` when there was none.
+    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
 
     /// Change events from now on. A subscriber that falls more than
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.

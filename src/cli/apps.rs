@@ -1,34 +1,17 @@
-//! `switchyard apps …`: a thin client of the admin API. Output is short and readable;
-//! any failure prints the API's error (with the field it names) and exits non-zero.
+//! `switchyard apps …`: create, inspect, scale and delete apps.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-/// Options shared by every admin command.
+use super::{joined, list_all, AdminClient, AdminOptions};
+
+/// `switchyard apps` and its subcommands.
 #[derive(Args)]
 pub(crate) struct AppsArgs {
-    /// Admin API address of the router (host:port or http://host:port).
-    #[arg(
-        long,
-        env = "SWITCHYARD_ADMIN",
-        default_value = "127.0.0.1:8081",
-        global = true
-    )]
-    admin: String,
-    /// Bearer token, when the router requires one.
-    #[arg(
-        long,
-        env = "SWITCHYARD_ADMIN_TOKEN",
-        hide_env_values = true,
-        global = true
-    )]
-    token: Option<String>,
-    /// Print the API's JSON answer instead of a summary.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    admin: AdminOptions,
     #[command(subcommand)]
     command: AppsCommand,
 }
@@ -51,6 +34,12 @@ enum AppsCommand {
         /// Path for active health checks (enables them).
         #[arg(long)]
         health_check: Option<String>,
+        /// Redirect plain-HTTP requests to HTTPS (308).
+        #[arg(long)]
+        https_redirect: bool,
+        /// Send Strict-Transport-Security with this max-age (seconds) on HTTPS responses.
+        #[arg(long, value_name = "MAX_AGE_S")]
+        hsts: Option<u64>,
     },
     /// Show one app.
     Get {
@@ -76,7 +65,7 @@ enum AppsCommand {
 
 /// Runs one admin command.
 pub(crate) fn run(args: AppsArgs) -> ExitCode {
-    let client = AdminClient::new(&args.admin, args.token.clone());
+    let client = AdminClient::new(&args.admin);
     let result = match &args.command {
         AppsCommand::Put {
             name,
@@ -84,6 +73,8 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             backends,
             balancer,
             health_check,
+            https_redirect,
+            hsts,
         } => {
             let mut body = json!({"domains": domains, "backends": backend_specs(backends)});
             if let Some(balancer) = balancer {
@@ -92,6 +83,12 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             if let Some(path) = health_check {
                 body["health_check"] = json!({"path": path});
             }
+            if *https_redirect {
+                body["https_redirect"] = json!(true);
+            }
+            if let Some(max_age) = hsts {
+                body["hsts"] = json!({"max_age_s": max_age});
+            }
             client
                 .call("PUT", &format!("/v1/apps/{name}"), Some(body))
                 .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
@@ -99,7 +96,7 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
         AppsCommand::Get { name } => client
             .call("GET", &format!("/v1/apps/{name}"), None)
             .map(|app| (describe(&app), app)),
-        AppsCommand::List => list_all(&client).map(|apps| {
+        AppsCommand::List => list_all(&client, "/v1/apps", "apps").map(|apps| {
             let mut text = format!("{:<32} {:<40} BACKENDS\n", "NAME", "DOMAINS");
             for app in &apps {
                 text.push_str(&format!(
@@ -123,20 +120,7 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             )
             .map(|app| (format!("app {name} scaled\n{}", describe(&app)), app)),
     };
-    match result {
-        Ok((summary, raw)) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&raw).unwrap_or_default());
-            } else {
-                println!("{summary}");
-            }
-            ExitCode::SUCCESS
-        }
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    args.admin.report(result)
 }
 
 /// `ip:port=3` → `{"address": "ip:port", "weight": 3}`; anything else is passed as given so
@@ -152,25 +136,6 @@ fn backend_specs(backends: &[String]) -> Vec<Value> {
             None => json!(b),
         })
         .collect()
-}
-
-fn list_all(client: &AdminClient) -> Result<Vec<Value>, String> {
-    let mut apps = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let path = match &after {
-            Some(after) => format!("/v1/apps?after={after}"),
-            None => "/v1/apps".to_string(),
-        };
-        let page = client.call("GET", &path, None)?;
-        if let Some(items) = page["apps"].as_array() {
-            apps.extend(items.iter().cloned());
-        }
-        match page["next_after"].as_str() {
-            Some(next) => after = Some(next.to_string()),
-            None => return Ok(apps),
-        }
-    }
 }
 
 fn describe(app: &Value) -> String {
@@ -198,62 +163,4 @@ fn describe(app: &Value) -> String {
         },
         app["balancer"].as_str().unwrap_or("round_robin")
     )
-}
-
-fn joined(list: &Value) -> String {
-    list.as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default()
-}
-
-struct AdminClient {
-    base: String,
-    token: Option<String>,
-    agent: ureq::Agent,
-}
-
-impl AdminClient {
-    fn new(admin: &str, token: Option<String>) -> Self {
-        let base = if admin.starts_with("http://") || admin.starts_with("https://") {
-            admin.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{admin}")
-        };
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(30))
-            .build();
-        Self { base, token, agent }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
-        let mut request = self.agent.request(method, &format!("{}{path}", self.base));
-        if let Some(token) = &self.token {
-            request = request.set("Authorization", &format!("Bearer {token}"));
-        }
-        let response = match body {
-            Some(body) => request.send_json(body),
-            None => request.call(),
-        };
-        match response {
-            Ok(response) if response.status() == 204 => Ok(Value::Null),
-            Ok(response) => response
-                .into_json()
-                .map_err(|e| format!("unreadable answer from {}: {e}", self.base)),
-            Err(ureq::Error::Status(status, response)) => {
-                let body: Value = response.into_json().unwrap_or(Value::Null);
-                let message = body["error"].as_str().unwrap_or("request refused");
-                Err(match body["field"].as_str() {
-                    Some(field) => format!("{field}: {message} (HTTP {status})"),
-                    None => format!("{message} (HTTP {status})"),
-                })
-            }
-            Err(e) => Err(format!("cannot reach the admin API at {}: {e}", self.base)),
-        }
-    }
 }

@@ -1,0 +1,139 @@
+//! `switchyard apps …` and `switchyard certs …`: thin clients of the admin API. Output is
+//! short and readable; any failure prints the API's error (with the field it names) and
+//! exits non-zero.
+
+mod apps;
+mod certs;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::Value;
+
+pub(crate) use apps::{run as run_apps, AppsArgs};
+pub(crate) use certs::{run as run_certs, CertsArgs};
+
+/// Options shared by every admin command.
+#[derive(Args)]
+pub(crate) struct AdminOptions {
+    /// Admin API address of the router (host:port or http://host:port).
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN",
+        default_value = "127.0.0.1:8081",
+        global = true
+    )]
+    admin: String,
+    /// Bearer token, when the router requires one.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+    /// Print the API's JSON answer instead of a summary.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+impl AdminOptions {
+    /// Prints a command's outcome (summary or JSON) and turns it into the exit code.
+    fn report(&self, result: Result<(String, Value), String>) -> ExitCode {
+        match result {
+            Ok((summary, raw)) => {
+                if self.json {
+                    println!("{}", serde_json::to_string_pretty(&raw).unwrap_or_default());
+                } else {
+                    println!("{summary}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Every item of a paged listing (`{"<key>": [...], "next_after": ...}`).
+fn list_all(client: &AdminClient, path: &str, key: &str) -> Result<Vec<Value>, String> {
+    let mut items = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page_path = match &after {
+            Some(after) => format!("{path}?after={after}"),
+            None => path.to_string(),
+        };
+        let page = client.call("GET", &page_path, None)?;
+        if let Some(page_items) = page[key].as_array() {
+            items.extend(page_items.iter().cloned());
+        }
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => return Ok(items),
+        }
+    }
+}
+
+fn joined(list: &Value) -> String {
+    list.as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+struct AdminClient {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl AdminClient {
+    fn new(options: &AdminOptions) -> Self {
+        let admin = &options.admin;
+        let token = options.token.clone();
+        let base = if admin.starts_with("http://") || admin.starts_with("https://") {
+            admin.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{admin}")
+        };
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(30))
+            .build();
+        Self { base, token, agent }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let mut request = self.agent.request(method, &format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        let response = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        match response {
+            Ok(response) if response.status() == 204 => Ok(Value::Null),
+            Ok(response) => response
+                .into_json()
+                .map_err(|e| format!("unreadable answer from {}: {e}", self.base)),
+            Err(ureq::Error::Status(status, response)) => {
+                let body: Value = response.into_json().unwrap_or(Value::Null);
+                let message = body["error"].as_str().unwrap_or("request refused");
+                Err(match body["field"].as_str() {
+                    Some(field) => format!("{field}: {message} (HTTP {status})"),
+                    None => format!("{message} (HTTP {status})"),
+                })
+            }
+            Err(e) => Err(format!("cannot reach the admin API at {}: {e}", self.base)),
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! HTTPS with per-domain certificates chosen by SNI from the store: real TLS handshakes
+//! against the real binary, with certificates generated here, checked by fingerprint.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::pki::{Ca, Issued};
+use support::tls::{self, TlsConnection};
+use support::{eventually, free_port, Backend, RouterProcess};
+
+fn put_cert(router: &RouterProcess, domain: &str, cert: &Issued) -> (u16, Value) {
+    router.admin_call(
+        "PUT",
+        &format!("/v1/certs/{domain}"),
+        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
+    )
+}
+
+fn store_cert(router: &RouterProcess, domain: &str, cert: &Issued) {
+    let (status, body) = put_cert(router, domain, cert);
+    assert_eq!(status, 200, "PUT cert {domain}: {body}");
+}
+
+fn handshake(router: &RouterProcess, server_name: &str) -> TlsConnection {
+    tls::connect(router.https, Some(server_name), &["http/1.1"])
+        .unwrap_or_else(|e| panic!("handshake for {server_name}: {e}\n{}", router.logs()))
+}
+
+fn metric(router: &RouterProcess, series: &str) -> f64 {
+    let (status, text) = router.admin_call("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let text = text.as_str().unwrap_or_default().to_string();
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_cleanly() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    let ca = Ca::root("Test Root");
+    let shop = ca.issue(&["shop.test"], -1, 30);
+    let wildcard = ca.issue(&["*.apps.test"], -1, 30);
+    store_cert(&router, "shop.test", &shop);
+    store_cert(&router, "*.apps.test", &wildcard);
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test", "*.apps.test"], "backends": [backend.addr.to_string()]}),
+    );
+    assert_eq!(
+        metric(&router, "switchyard_cert_cache_entries"),
+        0.0,
+        "nothing is parsed before a handshake needs it"
+    );
+
+    let mut exact = handshake(&router, "shop.test");
+    assert_eq!(exact.fingerprint, shop.fingerprint, "the exact certificate");
+    let response = exact
+        .get("shop.test", "/over-tls")
+        .expect("request over TLS");
+    assert_eq!(response.status, 200);
+    let seen = response.json();
+    assert_eq!(seen["headers"]["x-forwarded-proto"], "https");
+    assert!(metric(&router, "switchyard_cert_cache_misses_total") >= 1.0);
+
+    let misses = metric(&router, "switchyard_cert_cache_misses_total");
+    handshake(&router, "shop.test");
+    assert_eq!(
+        metric(&router, "switchyard_cert_cache_misses_total"),
+        misses,
+        "a warm certificate is served from the cache"
+    );
+
+    assert_eq!(
+        handshake(&router, "Blog.Apps.Test").fingerprint,
+        wildcard.fingerprint,
+        "a one-label wildcard match, case-insensitive"
+    );
+    for uncovered in ["deep.blog.apps.test", "unknown.test"] {
+        let refused = tls::connect(router.https, Some(uncovered), &[]);
+        assert!(refused.is_err(), "{uncovered} has no certificate");
+    }
+    assert!(
+        tls::connect(router.https, None, &[]).is_err(),
+        "no SNI and no default certificate"
+    );
+    assert!(
+        metric(
+            &router,
+            "switchyard_tls_handshakes_total{result=\"no_certificate\"}"
+        ) >= 3.0
+    );
+    // The refusals cost nothing to the others.
+    assert_eq!(
+        handshake(&router, "shop.test").fingerprint,
+        shop.fingerprint
+    );
+    assert_eq!(
+        router.get("shop.test", "/").status,
+        200,
+        "plain HTTP still serves"
+    );
+
+    let alpn = tls::connect(router.https, Some("shop.test"), &["h2", "http/1.1"])
+        .expect("handshake")
+        .alpn;
+    assert_eq!(alpn.as_deref(), Some("h2"), "HTTP/2 is offered by ALPN");
+}
+
+#[test]
+fn the_default_certificate_answers_names_without_their_own() {
+    let ca = Ca::root("Test Root");
+    let default = ca.issue(&["default.invalid"], -1, 30);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert_path = dir.path().join("default.pem");
+    let key_path = dir.path().join("default.key");
+    std::fs::write(&cert_path, &default.cert_pem).expect("write");
+    std::fs::write(&key_path, &default.key_pem).expect("write");
+    let router = RouterProcess::start_with(&[
+        "--default-cert",
+        cert_path.to_str().expect("path"),
+        "--default-key",
+        key_path.to_str().expect("path"),
+    ]);
+    let own = ca.issue(&["own.test"], -1, 30);
+    store_cert(&router, "own.test", &own);
+
+    assert_eq!(handshake(&router, "own.test").fingerprint, own.fingerprint);
+    assert_eq!(
+        handshake(&router, "stranger.test").fingerprint,
+        default.fingerprint
+    );
+    let no_sni = tls::connect(router.https, None, &[]).expect("handshake without SNI");
+    assert_eq!(no_sni.fingerprint, default.fingerprint);
+
+    // A default certificate whose key does not match refuses to start, with the reason.
+    let other = ca.issue(&["x.invalid"], -1, 30);
+    std::fs::write(&key_path, &other.key_pem).expect("write");
+    let (http, https) = (free_port().to_string(), free_port().to_string());
+    let output = Command::new(RouterProcess::binary())
+        .args(["serve", "--http", &format!("127.0.0.1:{http}")])
+        .args(["--https", &format!("127.0.0.1:{https}")])
+        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
+        .args(["--default-cert", cert_path.to_str().expect("path")])
+        .args(["--default-key", key_path.to_str().expect("path")])
+        .args(["--data-dir", dir.path().join("d").to_str().expect("path")])
+        .output()
+        .expect("run");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("does not match"), "{stderr}");
+}
+
+#[test]
+fn invalid_certificates_are_refused_naming_the_problem_and_nothing_is_stored() {
+    let router = RouterProcess::start();
+    let ca = Ca::root("Test Root");
+    let intermediate = ca.intermediate("Test Intermediate");
+    let good = ca.issue(&["good.test"], -1, 30);
+    let other = ca.issue(&["good.test"], -1, 30);
+    let expired = ca.issue(&["good.test"], -30, -1);
+    let future = ca.issue(&["good.test"], 2, 30);
+    let chained_in_order =
+        intermediate.issue_with_chain(&["good.test"], -1, 30, &[&intermediate.cert]);
+    let out_of_order = {
+        let leaf = intermediate.issue(&["good.test"], -1, 30);
+        Issued {
+            cert_pem: format!("{}{}", intermediate.pem(), leaf.cert_pem),
+            ..leaf
+        }
+    };
+    let wrong_issuer = intermediate.issue_with_chain(&["good.test"], -1, 30, &[&ca.cert]);
+
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "good.test",
+            json!({"cert_pem": "nope", "key_pem": good.key_pem}),
+            "cert_pem",
+            "no certificate",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": "nope"}),
+            "key_pem",
+            "private key",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": other.key_pem}),
+            "key_pem",
+            "does not match",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": expired.cert_pem, "key_pem": expired.key_pem}),
+            "cert_pem",
+            "expired",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": future.cert_pem, "key_pem": future.key_pem}),
+            "cert_pem",
+            "not valid before",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": out_of_order.cert_pem, "key_pem": out_of_order.key_pem}),
+            "cert_pem",
+            "out of order",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": wrong_issuer.cert_pem, "key_pem": wrong_issuer.key_pem}),
+            "cert_pem",
+            "out of order",
+        ),
+        (
+            "other.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": good.key_pem}),
+            "domain",
+            "does not cover",
+        ),
+        (
+            "*.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": good.key_pem}),
+            "domain",
+            "wildcard",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": good.cert_pem}),
+            "key_pem",
+            "required",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": good.key_pem, "force": true}),
+            "force",
+            "unknown field",
+        ),
+        (
+            "good.test",
+            json!({"cert_pem": good.cert_pem, "key_pem": good.key_pem, "allow_expired": "yes"}),
+            "allow_expired",
+            "true or false",
+        ),
+    ];
+    for (domain, body, field, words) in &cases {
+        let (status, answer) = router.admin_call(
+            "PUT",
+            &format!("/v1/certs/{domain}"),
+            Some(&body.to_string()),
+        );
+        assert_eq!(status, 400, "{domain} {field}: {answer}");
+        assert_eq!(answer["field"], *field, "{answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(words),
+            "{field}: expected '{words}' in '{error}'"
+        );
+    }
+    let (status, listing) = router.admin_call("GET", "/v1/certs", None);
+    assert_eq!(status, 200);
+    assert_eq!(listing["certs"], json!([]), "nothing refused was stored");
+
+    // A leaf followed by its issuer is accepted, and is what clients receive.
+    store_cert(&router, "good.test", &chained_in_order);
+    assert_eq!(
+        handshake(&router, "good.test").fingerprint,
+        chained_in_order.fingerprint
+    );
+    // An expired certificate is accepted when asked for explicitly.
+    let (status, info) = router.admin_call(
+        "PUT",
+        "/v1/certs/good.test",
+        Some(
+            &json!({"cert_pem": expired.cert_pem, "key_pem": expired.key_pem, "allow_expired": true})
+                .to_string(),
+        ),
+    );
+    assert_eq!(status, 200, "{info}");
+    let (_, listing) = router.admin_call("GET", "/v1/certs", None);
+    let listed = &listing["certs"][0];
+    assert_eq!(listed["domain"], "good.test");
+    assert_eq!(listed["issuer"], "CN=Test Root");
+    assert!(listed["not_after"].as_i64().is_some());
+    assert!(
+        !listing.to_string().contains("PRIVATE KEY"),
+        "listings never carry keys"
+    );
+    let (status, _) = router.admin_call("DELETE", "/v1/certs/good.test", None);
+    assert_eq!(status, 204);
+    assert!(
+        tls::connect(router.https, Some("good.test"), &[]).is_err(),
+        "a deleted certificate is no longer served"
+    );
+    let (status, answer) = router.admin_call("DELETE", "/v1/certs/good.test", None);
+    assert_eq!((status, answer["field"].as_str()), (404, Some("domain")));
+}
+
+#[test]
+fn a_new_certificate_serves_the_next_handshake_while_open_connections_keep_working() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("site");
+    router.put_app(
+        "site",
+        json!({"domains": ["site.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let ca = Ca::root("Test Root");
+    let old = ca.issue(&["site.test"], -1, 30);
+    let new = ca.issue(&["site.test"], -1, 90);
+    store_cert(&router, "site.test", &old);
+
+    let mut before = handshake(&router, "site.test");
+    assert_eq!(before.fingerprint, old.fingerprint);
+    assert_eq!(before.get("site.test", "/1").expect("request").status, 200);
+
+    store_cert(&router, "site.test", &new);
+    let took = eventually(Duration::from_secs(1), "the new certificate", || {
+        handshake(&router, "site.test").fingerprint == new.fingerprint
+    });
+    eprintln!("new certificate served {took:?} after the PUT returned");
+
+    for i in 0..3 {
+        let response = before
+            .get("site.test", &format!("/after-rotation-{i}"))
+            .expect("the connection opened before the swap still works");
+        assert_eq!(response.status, 200);
+    }
+}
+
+#[test]
+fn http_redirects_to_https_keeping_path_and_query_and_hsts_is_sent_over_tls_only() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("secure");
+    router.put_app(
+        "secure",
+        json!({
+            "domains": ["secure.test"],
+            "backends": [backend.addr.to_string()],
+            "https_redirect": true,
+            "hsts": {"max_age_s": 31536000, "include_subdomains": true}
+        }),
+    );
+    router.put_app(
+        "plain",
+        json!({"domains": ["plain.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let cert = Ca::root("Test Root").issue(&["secure.test"], -1, 30);
+    store_cert(&router, "secure.test", &cert);
+
+    let redirected = router.get("secure.test", "/cart/items?id=7&x=a%20b");
+    assert_eq!(redirected.status, 308);
+    assert_eq!(
+        redirected.header("location"),
+        Some(
+            format!(
+                "https://secure.test:{}/cart/items?id=7&x=a%20b",
+                router.https.port()
+            )
+            .as_str()
+        )
+    );
+    assert!(redirected.header("strict-transport-security").is_none());
+    let acme = router.get("secure.test", "/.well-known/acme-challenge/token");
+    assert_eq!(
+        acme.status, 200,
+        "ACME HTTP-01 challenges are not redirected"
+    );
+    assert_eq!(
+        router.get("plain.test", "/").status,
+        200,
+        "other apps are not redirected"
+    );
+
+    let mut conn = handshake(&router, "secure.test");
+    let response = conn.get("secure.test", "/cart").expect("request over TLS");
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        response.header("strict-transport-security"),
+        Some("max-age=31536000; includeSubDomains")
+    );
+
+    let (status, answer) = router.admin_call(
+        "PUT",
+        "/v1/apps/secure",
+        Some(&json!({"hsts": {"max_age_s": 10, "preload": true}}).to_string()),
+    );
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (400, Some("hsts.preload"))
+    );
+}
+
+#[test]
+fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("chat");
+    router.put_app(
+        "chat",
+        json!({"domains": ["chat.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let ca = Ca::root("Test Root");
+    let old = ca.issue(&["chat.test"], -1, 30);
+    let new = ca.issue(&["chat.test"], -1, 60);
+    store_cert(&router, "chat.test", &old);
+
+    let conn = handshake(&router, "chat.test");
+    assert_eq!(conn.fingerprint, old.fingerprint);
+    let url = format!("wss://chat.test:{}/chat", router.https.port());
+    let (mut socket, response) =
+        tungstenite::client(url.as_str(), conn.stream).expect("WebSocket handshake over TLS");
+    assert_eq!(response.status(), 101);
+    let mut exchange = |text: &str| -> String {
+        socket.send(tungstenite::Message::text(text)).expect("send");
+        socket
+            .read()
+            .expect("reply")
+            .into_text()
+            .expect("text")
+            .to_string()
+    };
+    assert_eq!(exchange("before"), "chat:before");
+
+    store_cert(&router, "chat.test", &new);
+    eventually(Duration::from_secs(1), "the new certificate", || {
+        handshake(&router, "chat.test").fingerprint == new.fingerprint
+    });
+    for i in 0..5 {
+        assert_eq!(exchange(&format!("after-{i}")), format!("chat:after-{i}"));
+    }
+}
+
+/// `openssl s_client`, saving the session to `save` and offering the one in `offer`;
+/// returns whether the session was resumed.
+fn s_client(
+    router: &RouterProcess,
+    save: &std::path::Path,
+    offer: Option<&std::path::Path>,
+) -> bool {
+    let mut command = Command::new("openssl");
+    command
+        .args(["s_client", "-tls1_3", "-connect", &router.https.to_string()])
+        .args(["-servername", "resume.test", "-sess_out"])
+        .arg(save)
+        .arg("-ign_eof")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(offer) = offer {
+        command.arg("-sess_in").arg(offer);
+    }
+    // A request that the router answers and then closes: TLS 1.3 tickets arrive after the
+    // handshake, so the client must stay until the server is done.
+    let mut child = command.spawn().expect("openssl s_client");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"GET / HTTP/1.0\r\nHost: resume.test\r\n\r\n")
+        .expect("write request");
+    let output = child.wait_with_output().expect("openssl s_client");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("New,") || text.contains("Reused,"),
+        "s_client did not complete a handshake:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text.contains("Reused,")
+}
+
+#[test]
+fn sessions_resume_with_tickets_until_their_key_rotates_out() {
+    let router = RouterProcess::start_with(&["--tls-ticket-rotation-s", "2"]);
+    let cert = Ca::root("Test Root").issue(&["resume.test"], -1, 30);
+    store_cert(&router, "resume.test", &cert);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = dir.path().join("first.pem");
+    let second = dir.path().join("second.pem");
+
+    assert!(
+        !s_client(&router, &first, None),
+        "the first handshake is full"
+    );
+    assert!(
+        s_client(&router, &second, Some(&first)),
+        "a returning client resumes"
+    );
+    assert!(
+        metric(
+            &router,
+            "switchyard_tls_handshakes_total{result=\"resumed\"}"
+        ) >= 1.0
+    );
+
+    // Two keys are kept: two rotations after the first ticket was sealed, its key is gone.
+    std::thread::sleep(Duration::from_millis(4_500));
+    assert!(
+        metric(&router, "switchyard_tls_ticket_key_rotations_total") >= 2.0,
+        "keys rotated"
+    );
+    assert!(
+        !s_client(&router, &dir.path().join("third.pem"), Some(&first)),
+        "a ticket sealed with a rotated-out key is refused (full handshake)"
+    );
+}
+
+#[test]
+fn certificates_expiring_soon_are_counted() {
+    let router = RouterProcess::start_with(&["--cert-expiry-scan-s", "1"]);
+    let ca = Ca::root("Test Root");
+    store_cert(&router, "soon.test", &ca.issue(&["soon.test"], -80, 5));
+    store_cert(&router, "later.test", &ca.issue(&["later.test"], -1, 60));
+    eventually(Duration::from_secs(5), "the expiry scan", || {
+        metric(&router, "switchyard_certificates_stored") == 2.0
+    });
+    assert_eq!(
+        metric(&router, "switchyard_certificates_expiring_soon"),
+        1.0
+    );
+    // The TCP listener is up even though nothing was parsed at start-up.
+    assert!(TcpStream::connect(router.https).is_ok());
+}
