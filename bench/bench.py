@@ -415,8 +415,56 @@ def write_report(results, path):
     lines += ["", "## Targets (issue 2)", ""]
     for t in results["targets"]:
         lines.append(f"- {t['name']}: measured {t['measured']} → **{'met' if t['met'] else 'NOT met'}**")
+    if results.get("https"):
+        lines += https_report(results["https"], results.get("https_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def https_report(h, date):
+    """The HTTPS section, from bench/bench_https.py's measurements."""
+    lines = ["", "# HTTPS (bench/bench_https.py)", "",
+             f"Measured on {date}, same machine. {h['apps']} apps, each with its own certificate "
+             "(EC P-256): Switchyard reads them from its store on first use; nginx has one server "
+             "block and certificate file per app. HTTP/1.1 over TLS; vegeta's Go client keeps no "
+             "session cache, so without keep-alive every request is a full TLS 1.3 handshake.",
+             "", "## Full-handshake rate (closed loop: vegeta max rate, 64 workers, no keep-alive)", "",
+             "| proxy | handshakes+requests/s | vs nginx | success |", "|---|---|---|---|"]
+    base = h["handshake_rate"]["nginx"]["achieved_rps"]
+    for name, r in h["handshake_rate"].items():
+        lines.append(f"| {name} | {r['achieved_rps']:.0f} | {r['achieved_rps'] / base:.2f}× | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Constant-rate HTTPS latency (vegeta, open loop)", "",
+              "| proxy | connections | rate | mean ms | p50 ms | p99 ms | max ms | success |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, runs in h["latency"].items():
+        for r in runs:
+            mode = "keep-alive" if r["keepalive"] else "new per request"
+            lines.append(f"| {name} | {mode} | {r['rate']} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
+                         f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Switchyard start-up and memory with certificates stored", "",
+              "From process start to the first HTTPS answer for the last stored domain (a cold "
+              "certificate), and resident memory then.", "",
+              "| certificates stored | start-up ms | RSS MiB |", "|---|---|---|"]
+    for r in h["startup"]:
+        lines.append(f"| {r['certs']} | {r['startup_s'] * 1000:.0f} | {r['rss_kib'] / 1024:.1f} |")
+    cw = h.get("cold_vs_warm")
+    if cw:
+        lines += ["", f"## Cold vs warm certificate ({cw['names']} names, handshake time)", "",
+                  "| certificate | p50 ms | p99 ms |", "|---|---|---|",
+                  f"| cold (first handshake: store read + parse) | {cw['cold']['p50_ms']:.2f} | {cw['cold']['p99_ms']:.2f} |",
+                  f"| warm (cached) | {cw['warm']['p50_ms']:.2f} | {cw['warm']['p99_ms']:.2f} |"]
+    lines += ["", "## Targets (issue 3)", ""]
+    ratio = h["handshake_rate"]["switchyard"]["achieved_rps"] / base
+    targets = [("full-handshake rate ≥ nginx's", f"{ratio:.2f}×", ratio >= 1.0)]
+    biggest = max(h["startup"], key=lambda r: r["certs"])
+    targets.append((f"start-up < 1 s with {biggest['certs']} certificates stored",
+                    f"{biggest['startup_s'] * 1000:.0f} ms", biggest["startup_s"] < 1.0))
+    if cw:
+        extra = cw["cold"]["p50_ms"] - cw["warm"]["p50_ms"]
+        targets.append(("cold certificate adds < 5 ms over a warm one (p50)", f"{extra:.2f} ms", extra < 5))
+    for name, measured, met in targets:
+        lines.append(f"- {name}: measured {measured} → **{'met' if met else 'NOT met'}**")
+    return lines
 
 
 def main():
