@@ -69,6 +69,9 @@ pub(crate) struct ServeArgs {
     /// Most apps kept in the in-process route cache.
     #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
     route_cache_apps: Option<usize>,
+    /// Deadline of one Redis call (and of connecting), in milliseconds.
+    #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT_MS")]
+    redis_timeout_ms: Option<u64>,
 }
 
 /// The same settings as read from the TOML file; spans locate bad values.
@@ -92,13 +95,37 @@ struct FileConfig {
     drain_grace_s: Option<u64>,
     shutdown_grace_s: Option<u64>,
     route_cache_apps: Option<Spanned<usize>>,
+    redis_timeout_ms: Option<Spanned<u64>>,
 }
 
 /// Which store holds the routes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum StoreChoice {
     /// The redb file in the data directory.
     Embedded,
+    /// A Redis shared by a fleet of routers.
+    Redis {
+        /// Connection URL, password included when one was given.
+        url: String,
+        /// Per-call deadline.
+        timeout: Duration,
+    },
+}
+
+impl std::fmt::Debug for StoreChoice {
+    // Never print a password into logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embedded => f.write_str("embedded"),
+            Self::Redis { url, .. } => match url.split_once('@') {
+                Some((scheme_and_auth, rest)) => {
+                    let scheme = scheme_and_auth.split("://").next().unwrap_or("redis");
+                    write!(f, "{scheme}://***@{rest}")
+                }
+                None => f.write_str(url),
+            },
+        }
+    }
 }
 
 /// Resolved, validated settings.
@@ -209,13 +236,18 @@ impl Config {
         let store = match pick(args.store, file.store) {
             None => StoreChoice::Embedded,
             Some((value, _)) if value == "embedded" => StoreChoice::Embedded,
-            Some((value, span))
-                if value.starts_with("redis://") || value.starts_with("rediss://") =>
-            {
-                bail!(
-                "{}: the Redis store ({value}) is not available in this build yet; use `embedded`",
-                source.at(span, "store")
-            )
+            Some((value, _)) if value.starts_with("redis://") || value.starts_with("rediss://") => {
+                let timeout = Duration::from_millis(at_least_one(
+                    &source,
+                    "redis_timeout_ms",
+                    args.redis_timeout_ms,
+                    file.redis_timeout_ms,
+                    500,
+                )?);
+                StoreChoice::Redis {
+                    url: with_password(&value, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
+                    timeout,
+                }
             }
             Some((value, span)) => bail!(
                 "{}: '{value}' is not a store; use `embedded` or `redis://HOST:PORT/DB`",
@@ -271,6 +303,34 @@ impl Config {
             route_cache_apps,
         })
     }
+}
+
+/// Puts `password` (from the environment) into a Redis URL that has none, so it need not
+/// appear in a config file or a process listing.
+fn with_password(url: &str, password: Option<String>) -> String {
+    let Some(password) = password.filter(|p| !p.is_empty()) else {
+        return url.to_string();
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    if rest
+        .split('/')
+        .next()
+        .is_some_and(|authority| authority.contains('@'))
+    {
+        return url.to_string();
+    }
+    let encoded: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    format!("{scheme}://:{encoded}@{rest}")
 }
 
 /// The flag/env value if given, else the file's value with its span.
@@ -398,6 +458,22 @@ mod tests {
         assert!(err.to_string().contains("default_key"), "{err}");
         let err = with_file("\ncert_cache_size = 0\n").expect_err("zero cache");
         assert!(err.to_string().contains("line 2: cert_cache_size"), "{err}");
+    }
+
+    #[test]
+    fn redis_urls_take_the_password_from_the_environment_and_never_print_it() {
+        assert_eq!(
+            with_password("redis://10.0.0.1:6379/2", Some("p@ss w".into())),
+            "redis://:p%40ss%20w@10.0.0.1:6379/2"
+        );
+        assert_eq!(
+            with_password("redis://:given@h:1/0", Some("env".into())),
+            "redis://:given@h:1/0"
+        );
+        let config = with_file("store = \"redis://:secret@127.0.0.1:6379/0\"\n").expect("valid");
+        let shown = format!("{:?}", config.store);
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("127.0.0.1:6379/0"), "{shown}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use switchyard_proxy::{
     ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router, ServedCert,
     TicketKeyRotation,
 };
-use switchyard_store::{EmbeddedStore, Store};
+use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
 
 use crate::admin_service::AdminService;
@@ -32,13 +32,29 @@ const TICKET_KEYS_KEPT: usize = 2;
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     init_logging();
-    let store: Arc<dyn Store> = match config.store {
+    let mut redis_follower = None;
+    let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
             Arc::new(EmbeddedStore::open(&config.data_dir).with_context(|| {
                 format!("cannot open the store in {}", config.data_dir.display())
             })?)
         }
+        StoreChoice::Redis { url, timeout } => {
+            // Not connected here: a router must come up (and serve what it can) while Redis
+            // is away, and connect when it returns.
+            let redis = RedisStore::new(
+                url,
+                RedisTimeouts {
+                    operation: *timeout,
+                    connect: *timeout,
+                },
+            )?;
+            redis_follower = Some(redis.clone());
+            Arc::new(redis)
+        }
     };
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
     // Listeners are checked before anything starts, so a taken port is a clear error at
     // start-up rather than a panic inside a service.
     ensure_bindable(config.http, "http")?;
@@ -113,6 +129,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "store changes",
         ChangeFollower::new(routes.clone(), certs, changes),
     ));
+    if let Some(redis) = redis_follower {
+        server.add_service(background_service(
+            "redis subscription",
+            RedisSubscription(redis),
+        ));
+    }
     server.add_service(background_service(
         "health checks",
         HealthChecker::new(routes),
@@ -159,6 +181,20 @@ fn server_conf(config: &Config) -> ServerConf {
     conf.pid_file = dir.join("switchyard.pid").display().to_string();
     conf.upgrade_sock = dir.join("switchyard-upgrade.sock").display().to_string();
     conf
+}
+
+/// Feeds the store's change events from Redis Pub/Sub.
+struct RedisSubscription(RedisStore);
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for RedisSubscription {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        self.0
+            .follow_changes(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await;
+    }
 }
 
 fn load_default_cert(tls: &TlsConfig) -> anyhow::Result<Option<ServedCert>> {

@@ -7,11 +7,13 @@
 mod backend;
 mod client;
 pub mod pki;
+mod redis;
 mod router;
 pub mod tls;
 
 pub use backend::Backend;
 pub use client::{get, request, Response};
+pub use redis::RedisServer;
 pub use router::RouterProcess;
 
 use std::time::{Duration, Instant};

@@ -212,12 +212,17 @@ impl CertCache {
             .map(|(key, cert)| (key, cert.sha256.clone()))
             .collect();
         for (key, sha256) in keys {
-            let unchanged = matches!(
-                self.store.get_cert(&key).await,
-                Ok(Some(stored)) if stored.info.sha256 == sha256
-            );
-            if !unchanged {
-                self.found.remove(&key);
+            match self.store.get_cert(&key).await {
+                Ok(Some(stored)) if stored.info.sha256 == sha256 => {}
+                Ok(_) => {
+                    self.found.remove(&key);
+                }
+                Err(e) => {
+                    // The store is away again: serving the certificates we have beats
+                    // failing handshakes; the next reconnection revalidates again.
+                    log::warn!("certificate revalidation interrupted, cache kept: {e}");
+                    return;
+                }
             }
         }
     }

@@ -57,6 +57,9 @@ impl BackgroundService for ChangeFollower {
             };
             match change {
                 Ok(change) => {
+                    if change == Change::Resync {
+                        metrics::ROUTE_RESYNCS.inc();
+                    }
                     let started = Instant::now();
                     self.apply(&change).await;
                     metrics::ROUTE_CHANGES.inc();

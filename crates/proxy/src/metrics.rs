@@ -86,6 +86,13 @@ pub(crate) static ROUTE_RESYNCS: LazyLock<IntCounter> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static STALE_SERVES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_stale_serves_total",
+        "Requests routed from the cache while the store was unreachable."
+    ))
+});
+
 pub(crate) static ACTIVE_REQUESTS: LazyLock<IntGauge> = LazyLock::new(|| {
     registered(register_int_gauge!(
         "switchyard_active_requests",
@@ -191,6 +198,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&ROUTE_CACHE_ENTRIES);
     LazyLock::force(&ROUTE_CHANGES);
     LazyLock::force(&ROUTE_RESYNCS);
+    LazyLock::force(&STALE_SERVES);
     LazyLock::force(&ACTIVE_REQUESTS);
     LazyLock::force(&OPEN_WEBSOCKETS);
     LazyLock::force(&DRAINED_CONNECTIONS);

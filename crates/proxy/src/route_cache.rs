@@ -97,6 +97,15 @@ impl RouteCache {
     /// The app serving `host` (already normalised): exact domain first, then the most
     /// specific wildcard. `Ok(None)` means no app owns it.
     pub async fn resolve(&self, host: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+        let resolved = self.resolve_through_cache(host).await;
+        if matches!(resolved, Ok(Some(_))) && !self.store.available() {
+            // Served from memory while the store is away: the known route keeps working.
+            metrics::STALE_SERVES.inc();
+        }
+        resolved
+    }
+
+    async fn resolve_through_cache(&self, host: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
         if let Some(name) = self.owner_of(host).await? {
             return self.app(&name).await;
         }
@@ -206,15 +215,17 @@ impl RouteCache {
             let cached = self.domains.get(&domain);
             match self.store.app_for_domain(&domain).await {
                 Ok(owner) if cached.as_ref().map(|c| c.as_deref()) == Some(owner.as_deref()) => {}
-                _ => self.invalidate(&domain, || {
+                Ok(_) => self.invalidate(&domain, || {
                     self.domains.remove(&domain);
                 }),
+                Err(e) => return log_interrupted_resync(&e),
             }
         }
         let names: Vec<String> = self.apps.iter().map(|(k, _)| k).collect();
         for name in names {
             let unchanged = match (self.apps.get(&name), self.store.get_app(&name).await) {
                 (Some(cached), Ok(Some(stored))) => cached.app == stored,
+                (_, Err(e)) => return log_interrupted_resync(&e),
                 _ => false,
             };
             if !unchanged {
@@ -283,6 +294,12 @@ impl RouteCache {
         *epoch += 1;
         apply();
     }
+}
+
+/// A store that fails mid-resync is away again: keep every entry (stale beats nothing) and
+/// let the next reconnection start another resync.
+fn log_interrupted_resync(e: &StoreError) {
+    log::warn!("route-cache revalidation interrupted, cached routes kept: {e}");
 }
 
 fn build_route(app: App, previous: Option<&AppRoute>) -> AppRoute {

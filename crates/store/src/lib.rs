@@ -1,9 +1,12 @@
 //! Switchyard's source of truth: the [`Store`] trait and its implementations. The admin API
 //! writes through it; the proxy's caches read through it and listen to its [`Change`] events.
-//! Nothing else holds routing state that outlives a cache entry.
+//! Nothing else holds routing state that outlives a cache entry. Two implementations: the
+//! embedded redb file (one router) and Redis (a fleet of routers sharing one store).
 
 mod embedded;
 mod error;
+mod metrics;
+mod redis_store;
 
 use async_trait::async_trait;
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
@@ -11,6 +14,7 @@ use tokio::sync::broadcast;
 
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
+pub use redis_store::{RedisStore, RedisTimeouts, CHANGES_CHANNEL, KEY_PREFIX};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -66,6 +70,12 @@ pub trait Store: Send + Sync {
 
     /// Deletes the certificate of `domain`; `false` when there was none.
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
+
+    /// Whether the store answered its last call. Caches use it to count what they serve
+    /// while the store is away; a store that cannot fail is always available.
+    fn available(&self) -> bool {
+        true
+    }
 
     /// Change events from now on. A subscriber that falls more than
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.

@@ -1,0 +1,602 @@
+//! The fleet store: apps, the domain index and certificates in one Redis shared by many
+//! routers (seed 000). Every write is one Lua script — the records, a revision counter and
+//! the Pub/Sub event change together or not at all — so no router ever reads half a change.
+//! The key layout is a contract (README, "Redis layout"): platform tooling may write it
+//! directly and publish the same event.
+//!
+//! Redis being away must never take routes down: callers (the route and certificate caches)
+//! keep what they have; here every call is bounded by a deadline and fails fast, and the
+//! connection is re-established lazily, at most once per back-off step.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
+use tokio::sync::{broadcast, Mutex};
+
+use crate::metrics;
+use crate::{AppPage, CertPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
+
+/// Prefix of every key; see the README's "Redis layout".
+pub const KEY_PREFIX: &str = "switchyard:";
+/// The Pub/Sub channel every change is announced on.
+pub const CHANGES_CHANNEL: &str = "switchyard:changes";
+const REVISION_KEY: &str = "switchyard:revision";
+
+/// After a failed connection attempt, calls fail at once for this long instead of each
+/// waiting for its own connect timeout.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+const PUBSUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const PUBSUB_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Optimistic retries of a read-modify-write (scale) racing other writers.
+const CAS_ATTEMPTS: usize = 8;
+
+/// Writes an app: refuses domains owned by another app, moves the domain index, bumps the
+/// revision and publishes the event. ARGV: name, app JSON, expected previous JSON or "" for
+/// "any", then the domains. Returns {"ok", event} | {"taken", domain, owner} | {"conflict"}.
+const PUT_APP: &str = r#"
+local p = 'switchyard:'
+local name, json, expected = ARGV[1], ARGV[2], ARGV[3]
+local prev = redis.call('GET', p .. 'app:' .. name)
+if expected ~= '' and prev ~= expected then return {'conflict'} end
+local wanted = {}
+for i = 4, #ARGV do
+  local owner = redis.call('GET', p .. 'domain:' .. ARGV[i])
+  if owner and owner ~= name then return {'taken', ARGV[i], owner} end
+  wanted[ARGV[i]] = true
+end
+local touched, seen = {}, {}
+if prev then
+  for _, d in ipairs(cjson.decode(prev).domains or {}) do
+    if not wanted[d] then redis.call('DEL', p .. 'domain:' .. d) end
+    table.insert(touched, d); seen[d] = true
+  end
+end
+for i = 4, #ARGV do
+  redis.call('SET', p .. 'domain:' .. ARGV[i], name)
+  if not seen[ARGV[i]] then table.insert(touched, ARGV[i]) end
+end
+redis.call('SET', p .. 'app:' .. name, json)
+redis.call('ZADD', p .. 'apps', 0, name)
+local rev = redis.call('INCR', p .. 'revision')
+local domains = '[]'
+if #touched > 0 then domains = cjson.encode(touched) end
+local event = '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}'
+redis.call('PUBLISH', p .. 'changes', event)
+return {'ok', event}
+"#;
+
+/// Deletes an app and its domain index entries. ARGV: name. Returns 1, or 0 when absent.
+const DELETE_APP: &str = r#"
+local p = 'switchyard:'
+local name = ARGV[1]
+local prev = redis.call('GET', p .. 'app:' .. name)
+if not prev then return 0 end
+local touched = {}
+for _, d in ipairs(cjson.decode(prev).domains or {}) do
+  redis.call('DEL', p .. 'domain:' .. d)
+  table.insert(touched, d)
+end
+redis.call('DEL', p .. 'app:' .. name)
+redis.call('ZREM', p .. 'apps', name)
+local rev = redis.call('INCR', p .. 'revision')
+local domains = '[]'
+if #touched > 0 then domains = cjson.encode(touched) end
+redis.call('PUBLISH', p .. 'changes', '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}')
+return 1
+"#;
+
+/// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON.
+/// Returns 1 when something was written or removed.
+const WRITE_CERT: &str = r#"
+local p = 'switchyard:'
+local domain, full, info = ARGV[1], ARGV[2], ARGV[3]
+if full == '' then
+  if redis.call('DEL', p .. 'cert:' .. domain) == 0 then return 0 end
+  redis.call('DEL', p .. 'certinfo:' .. domain)
+  redis.call('ZREM', p .. 'certs', domain)
+else
+  redis.call('SET', p .. 'cert:' .. domain, full)
+  redis.call('SET', p .. 'certinfo:' .. domain, info)
+  redis.call('ZADD', p .. 'certs', 0, domain)
+end
+local rev = redis.call('INCR', p .. 'revision')
+redis.call('PUBLISH', p .. 'changes', '{"kind":"cert","domain":' .. cjson.encode(domain) .. ',"rev":' .. rev .. '}')
+return 1
+"#;
+
+/// Deadlines of the Redis store.
+#[derive(Debug, Clone, Copy)]
+pub struct RedisTimeouts {
+    /// One command, including waiting for a connection being made.
+    pub operation: Duration,
+    /// Establishing a connection.
+    pub connect: Duration,
+}
+
+impl Default for RedisTimeouts {
+    fn default() -> Self {
+        Self {
+            operation: Duration::from_millis(500),
+            connect: Duration::from_millis(500),
+        }
+    }
+}
+
+struct Connection {
+    manager: Option<ConnectionManager>,
+    last_failure: Option<Instant>,
+}
+
+/// The Redis-backed store.
+#[derive(Clone)]
+pub struct RedisStore {
+    client: redis::Client,
+    connection: Arc<Mutex<Connection>>,
+    changes: broadcast::Sender<Change>,
+    timeouts: RedisTimeouts,
+    healthy: Arc<AtomicBool>,
+    unreachable_reported: Arc<AtomicBool>,
+    put_app: Arc<Script>,
+    delete_app: Arc<Script>,
+    write_cert: Arc<Script>,
+}
+
+impl RedisStore {
+    /// A store on `url` (`redis://[:password@]host:port/db`, or `rediss://` for TLS). Nothing
+    /// is connected yet: a router starts even while Redis is away.
+    pub fn new(url: &str, timeouts: RedisTimeouts) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
+        metrics::register_all();
+        Ok(Self {
+            client,
+            connection: Arc::new(Mutex::new(Connection {
+                manager: None,
+                last_failure: None,
+            })),
+            changes,
+            timeouts,
+            healthy: Arc::new(AtomicBool::new(false)),
+            unreachable_reported: Arc::new(AtomicBool::new(false)),
+            put_app: Arc::new(Script::new(PUT_APP)),
+            delete_app: Arc::new(Script::new(DELETE_APP)),
+            write_cert: Arc::new(Script::new(WRITE_CERT)),
+        })
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        let mut state = self.connection.lock().await;
+        if let Some(manager) = &state.manager {
+            return Ok(manager.clone());
+        }
+        if state
+            .last_failure
+            .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE)
+        {
+            return Err(StoreError::Unavailable("Redis is unreachable".into()));
+        }
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeouts.connect)
+            .set_response_timeout(self.timeouts.operation)
+            .set_number_of_retries(1)
+            .set_max_delay(200);
+        let attempt = tokio::time::timeout(
+            self.timeouts.connect * 2,
+            self.client.get_connection_manager_with_config(config),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(manager)) => {
+                state.manager = Some(manager.clone());
+                state.last_failure = None;
+                self.set_healthy(true);
+                log::info!("connected to Redis");
+                Ok(manager)
+            }
+            Ok(Err(e)) => Err(self.failed_connect(&mut state, e.to_string())),
+            Err(_) => Err(self.failed_connect(&mut state, "connect timed out".into())),
+        }
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+        metrics::STORE_AVAILABLE.set(i64::from(healthy));
+    }
+
+    fn failed_connect(&self, state: &mut Connection, reason: String) -> StoreError {
+        state.last_failure = Some(Instant::now());
+        self.set_healthy(false);
+        metrics::STORE_ERRORS.with_label_values(&["connect"]).inc();
+        StoreError::Unavailable(format!("cannot connect to Redis: {reason}"))
+    }
+
+    /// Runs one call against Redis within the operation deadline. A connection-level failure
+    /// drops the connection so the next call makes a new one (after the reconnect pause).
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let manager = self.connection().await?;
+        match tokio::time::timeout(self.timeouts.operation, op(manager)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::ResponseError => {
+                metrics::STORE_ERRORS.with_label_values(&["refused"]).inc();
+                Err(StoreError::Unavailable(format!("Redis refused: {e}")))
+            }
+            Ok(Err(e)) => Err(self.lost(e.to_string()).await),
+            Err(_) => Err(self.lost("no answer within the deadline".into()).await),
+        }
+    }
+
+    async fn lost(&self, reason: String) -> StoreError {
+        let mut state = self.connection.lock().await;
+        if state.manager.take().is_some() {
+            log::warn!("lost the Redis connection: {reason}");
+        }
+        state.last_failure = Some(Instant::now());
+        self.set_healthy(false);
+        metrics::STORE_ERRORS
+            .with_label_values(&["connection"])
+            .inc();
+        StoreError::Unavailable(format!("Redis: {reason}"))
+    }
+
+    async fn get_string(&self, key: String) -> Result<Option<String>, StoreError> {
+        self.call(|mut c| async move { c.get::<_, Option<String>>(key).await })
+            .await
+    }
+
+    /// Names in a sorted-set index after `after`, at most `limit`, and whether more follow.
+    async fn page_of(
+        &self,
+        index: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let min = match after {
+            Some(after) => format!("({after}"),
+            None => "-".to_string(),
+        };
+        let index = format!("{KEY_PREFIX}{index}");
+        let fetch = limit.saturating_add(1) as isize;
+        let mut names: Vec<String> = self
+            .call(|mut c| async move { c.zrangebylex_limit(index, min, "+", 0, fetch).await })
+            .await?;
+        let more = names.len() > limit;
+        names.truncate(limit);
+        Ok((names, more))
+    }
+
+    async fn get_many(&self, keys: Vec<String>) -> Result<Vec<Option<String>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|mut c| async move {
+            redis::cmd("MGET")
+                .arg(keys)
+                .query_async::<Vec<Option<String>>>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    async fn write_app(&self, app: &App, expected: Option<&str>) -> Result<PutOutcome, StoreError> {
+        let json = encode(app.name.as_str(), app)?;
+        let mut invocation = self.put_app.prepare_invoke();
+        invocation
+            .arg(app.name.as_str())
+            .arg(json)
+            .arg(expected.unwrap_or(""));
+        for domain in &app.domains {
+            invocation.arg(domain.as_str());
+        }
+        let reply: Vec<String> = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("ok") => Ok(PutOutcome::Done),
+            Some("taken") if reply.len() == 3 => Err(StoreError::DomainTaken {
+                domain: reply[1].clone(),
+                owner: reply[2].clone(),
+            }),
+            Some("conflict") => Ok(PutOutcome::Conflict),
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the write script: {reply:?}"
+            ))),
+        }
+    }
+
+    /// Follows the change channel until `shutdown` resolves, feeding [`Store::subscribe`]'s
+    /// receivers. After a reconnection the revision counter says whether events were missed
+    /// while unsubscribed; if so, subscribers get [`Change::Resync`] and revalidate their
+    /// caches entry by entry.
+    pub async fn follow_changes(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut last_revision: Option<i64> = None;
+        let mut backoff = PUBSUB_BACKOFF_MIN;
+        loop {
+            let session = self.follow_once(&mut last_revision);
+            tokio::select! {
+                ended = session => {
+                    if ended {
+                        backoff = PUBSUB_BACKOFF_MIN;
+                    }
+                }
+                _ = &mut shutdown => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = &mut shutdown => return,
+            }
+            backoff = (backoff * 2).min(PUBSUB_BACKOFF_MAX);
+        }
+    }
+
+    /// One subscription, until the connection drops. Returns whether it got subscribed.
+    async fn follow_once(&self, last_revision: &mut Option<i64>) -> bool {
+        let connect = tokio::time::timeout(self.timeouts.connect, self.client.get_async_pubsub());
+        let mut pubsub = match connect.await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(e)) => {
+                self.report_unreachable(&e.to_string());
+                return false;
+            }
+            Err(_) => {
+                self.report_unreachable("connect timed out");
+                return false;
+            }
+        };
+        self.unreachable_reported.store(false, Ordering::Relaxed);
+        if let Err(e) = pubsub.subscribe(CHANGES_CHANNEL).await {
+            log::warn!("cannot subscribe to {CHANGES_CHANNEL}: {e}");
+            return false;
+        }
+        // Subscribed first, then read the revision: a change after this read arrives as a
+        // message, one before it shows as a revision we have not seen.
+        let revision = match self.revision().await {
+            Ok(revision) => revision,
+            Err(e) => {
+                log::warn!("subscribed but cannot read the revision: {e}");
+                return false;
+            }
+        };
+        match *last_revision {
+            Some(seen) if seen == revision => {}
+            Some(seen) => {
+                log::warn!(
+                    "Redis revision moved from {seen} to {revision} while unsubscribed; \
+                     revalidating cached routes and certificates"
+                );
+                let _ = self.changes.send(Change::Resync);
+            }
+            None => {}
+        }
+        *last_revision = Some(revision);
+        metrics::PUBSUB_CONNECTED.set(1);
+        log::info!("following Redis changes on {CHANGES_CHANNEL} (revision {revision})");
+        let mut messages = pubsub.on_message();
+        while let Some(message) = messages.next().await {
+            let Ok(payload) = message.get_payload::<String>() else {
+                continue;
+            };
+            match parse_event(&payload) {
+                Some((change, revision)) => {
+                    if let (Some(rev), Some(seen)) = (revision, *last_revision) {
+                        if rev > seen + 1 {
+                            // Revisions skipped: a writer bumped it without announcing.
+                            let _ = self.changes.send(Change::Resync);
+                        }
+                    }
+                    if let Some(rev) = revision {
+                        *last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
+                    }
+                    let _ = self.changes.send(change);
+                }
+                None => log::warn!("ignoring a malformed change event: {payload:.200}"),
+            }
+        }
+        metrics::PUBSUB_CONNECTED.set(0);
+        metrics::PUBSUB_DISCONNECTS.inc();
+        log::warn!("the Redis change subscription ended; reconnecting");
+        true
+    }
+
+    /// Logs the first failed subscription attempt of an outage, not every retry.
+    fn report_unreachable(&self, reason: &str) {
+        if !self.unreachable_reported.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "Redis is unreachable ({reason}); serving cached routes and certificates, \
+                 retrying in the background"
+            );
+        }
+    }
+
+    async fn revision(&self) -> Result<i64, StoreError> {
+        self.call(|mut c| async move { c.get::<_, Option<i64>>(REVISION_KEY).await })
+            .await
+            .map(|r| r.unwrap_or(0))
+    }
+}
+
+enum PutOutcome {
+    Done,
+    Conflict,
+}
+
+/// A change event and its revision: `{"kind":"app","name":…,"domains":[…],"rev":N}`.
+fn parse_event(payload: &str) -> Option<(Change, Option<i64>)> {
+    let value: serde_json::Value = serde_json::from_str(payload).ok()?;
+    let revision = value.get("rev").and_then(serde_json::Value::as_i64);
+    let change: Change = serde_json::from_value(value).ok()?;
+    Some((change, revision))
+}
+
+fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn get_app(&self, name: &str) -> Result<Option<App>, StoreError> {
+        self.get_string(format!("{KEY_PREFIX}app:{name}"))
+            .await?
+            .map(|json| decode(name, &json))
+            .transpose()
+    }
+
+    async fn app_for_domain(&self, domain: &str) -> Result<Option<String>, StoreError> {
+        self.get_string(format!("{KEY_PREFIX}domain:{domain}"))
+            .await
+    }
+
+    async fn list_apps(&self, after: Option<&str>, limit: usize) -> Result<AppPage, StoreError> {
+        let (names, more) = self.page_of("apps", after, limit).await?;
+        let keys = names
+            .iter()
+            .map(|n| format!("{KEY_PREFIX}app:{n}"))
+            .collect();
+        let mut apps = Vec::with_capacity(names.len());
+        for (name, json) in names.iter().zip(self.get_many(keys).await?) {
+            // An index entry without its record was deleted between the two reads.
+            if let Some(json) = json {
+                apps.push(decode(name, &json)?);
+            }
+        }
+        Ok(AppPage {
+            apps,
+            next_after: if more { names.last().cloned() } else { None },
+        })
+    }
+
+    async fn put_app(&self, app: App) -> Result<App, StoreError> {
+        self.write_app(&app, None).await?;
+        Ok(app)
+    }
+
+    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let key = format!("{KEY_PREFIX}app:{name}");
+            let Some(current) = self.get_string(key).await? else {
+                return Err(StoreError::AppNotFound(name.to_string()));
+            };
+            let mut app: App = decode(name, &current)?;
+            app.backends = backends.clone();
+            if let PutOutcome::Done = self.write_app(&app, Some(&current)).await? {
+                return Ok(app);
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to scale it"
+        )))
+    }
+
+    async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
+        let mut invocation = self.delete_app.prepare_invoke();
+        invocation.arg(name);
+        let deleted: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
+        self.get_string(format!("{KEY_PREFIX}cert:{domain}"))
+            .await?
+            .map(|json| decode(domain, &json))
+            .transpose()
+    }
+
+    async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError> {
+        let (domains, more) = self.page_of("certs", after, limit).await?;
+        let keys = domains
+            .iter()
+            .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
+            .collect();
+        let mut certs = Vec::with_capacity(domains.len());
+        for (domain, json) in domains.iter().zip(self.get_many(keys).await?) {
+            if let Some(json) = json {
+                certs.push(decode::<CertificateInfo>(domain, &json)?);
+            }
+        }
+        Ok(CertPage {
+            certs,
+            next_after: if more { domains.last().cloned() } else { None },
+        })
+    }
+
+    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
+        let domain = cert.domain.to_string();
+        let full = encode(&domain, &cert)?;
+        let info = encode(&domain, &cert.info)?;
+        let mut invocation = self.write_cert.prepare_invoke();
+        invocation.arg(&domain).arg(full).arg(info);
+        let _: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        Ok(cert.info)
+    }
+
+    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
+        let mut invocation = self.write_cert.prepare_invoke();
+        invocation.arg(domain).arg("").arg("");
+        let removed: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        Ok(removed == 1)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    fn available(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_carry_the_change_and_its_revision() {
+        let (change, rev) =
+            parse_event(r#"{"kind":"app","name":"shop","domains":["shop.example.com"],"rev":42}"#)
+                .expect("valid event");
+        assert_eq!(
+            change,
+            Change::App {
+                name: "shop".into(),
+                domains: vec!["shop.example.com".into()]
+            }
+        );
+        assert_eq!(rev, Some(42));
+        let (change, rev) = parse_event(r#"{"kind":"cert","domain":"*.x.com"}"#).expect("valid");
+        assert_eq!(
+            change,
+            Change::Cert {
+                domain: "*.x.com".into()
+            }
+        );
+        assert_eq!(rev, None);
+        assert!(parse_event("nonsense").is_none());
+    }
+}

@@ -1,0 +1,297 @@
+//! Fleet mode: routers sharing one real Redis (started here on a free port). Changes reach
+//! every router through Pub/Sub; a Redis outage never takes known routes down.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::pki::Ca;
+use support::{eventually, tls, Backend, RedisServer, RouterProcess};
+
+fn router_on(redis: &RedisServer) -> RouterProcess {
+    RouterProcess::start_with(&["--store", &redis.url(), "--redis-timeout-ms", "300"])
+}
+
+fn backend_name(router: &RouterProcess, host: &str) -> Option<String> {
+    let response = support::get(router.http, host, "/").ok()?;
+    (response.status == 200).then(|| {
+        response.json()["backend"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    })
+}
+
+fn metric(router: &RouterProcess, series: &str) -> f64 {
+    let (_, text) = router.admin_call("GET", "/metrics", None);
+    let text = text.as_str().unwrap_or_default().to_string();
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_change_on_one_router_reaches_the_other_within_a_second() {
+    let redis = RedisServer::start();
+    let a = router_on(&redis);
+    let b = router_on(&redis);
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+
+    a.put_app(
+        "shop",
+        json!({"domains": ["shop.test"], "backends": [first.addr.to_string()]}),
+    );
+    let took = eventually(
+        Duration::from_secs(1),
+        "router B to serve the new app",
+        || backend_name(&b, "shop.test").as_deref() == Some("first"),
+    );
+    eprintln!("PUT on A answered on B after {took:?}");
+
+    a.scale("shop", &[second.addr]);
+    eventually(
+        Duration::from_secs(1),
+        "router B to follow the scale",
+        || backend_name(&b, "shop.test").as_deref() == Some("second"),
+    );
+
+    let (status, listing) = b.admin_call("GET", "/v1/apps", None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        listing["apps"][0]["name"], "shop",
+        "one store for the fleet"
+    );
+
+    let (status, conflict) = b.admin_call(
+        "PUT",
+        "/v1/apps/other",
+        Some(&json!({"domains": ["shop.test"]}).to_string()),
+    );
+    assert_eq!((status, conflict["field"].as_str()), (409, Some("domains")));
+
+    let cert = Ca::root("Test Root").issue(&["shop.test"], -1, 30);
+    let (status, _) = a.admin_call(
+        "PUT",
+        "/v1/certs/shop.test",
+        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
+    );
+    assert_eq!(status, 200);
+    eventually(
+        Duration::from_secs(1),
+        "router B to serve the certificate",
+        || {
+            tls::connect(b.https, Some("shop.test"), &[])
+                .is_ok_and(|c| c.fingerprint == cert.fingerprint)
+        },
+    );
+
+    let (status, _) = a.admin_call("DELETE", "/v1/apps/shop", None);
+    assert_eq!(status, 204);
+    eventually(Duration::from_secs(1), "router B to forget the app", || {
+        support::get(b.http, "shop.test", "/").is_ok_and(|r| r.status == 404)
+    });
+}
+
+#[test]
+fn tooling_writing_the_documented_layout_and_publishing_is_picked_up() {
+    let redis = RedisServer::start();
+    let router = router_on(&redis);
+    let backend = Backend::start("external");
+    assert_eq!(router.get("ext.test", "/").status, 404);
+
+    // What a platform's own deploy tool does (README, "Redis layout").
+    let app = json!({"name": "ext", "domains": ["ext.test"],
+                     "backends": [{"address": backend.addr.to_string(), "weight": 1}]});
+    let mut conn = redis.connection().expect("redis");
+    let (revision,): (i64,) = redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg("switchyard:app:ext")
+        .arg(app.to_string())
+        .ignore()
+        .cmd("SET")
+        .arg("switchyard:domain:ext.test")
+        .arg("ext")
+        .ignore()
+        .cmd("ZADD")
+        .arg("switchyard:apps")
+        .arg(0)
+        .arg("ext")
+        .ignore()
+        .cmd("INCR")
+        .arg("switchyard:revision")
+        .query(&mut conn)
+        .expect("write");
+    let event = json!({"kind": "app", "name": "ext", "domains": ["ext.test"], "rev": revision});
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("switchyard:changes")
+        .arg(event.to_string())
+        .query(&mut conn)
+        .expect("publish");
+
+    eventually(Duration::from_secs(1), "the externally written app", || {
+        backend_name(&router, "ext.test").as_deref() == Some("external")
+    });
+    let (status, stored) = router.admin_call("GET", "/v1/apps/ext", None);
+    assert_eq!((status, &stored["domains"]), (200, &json!(["ext.test"])));
+}
+
+#[test]
+fn a_redis_outage_keeps_known_routes_serving_and_missed_changes_are_recovered() {
+    let mut redis = RedisServer::start();
+    let router = router_on(&redis);
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+    router.put_app(
+        "steady",
+        json!({"domains": ["steady.test", "*.steady.test"], "backends": [first.addr.to_string()]}),
+    );
+    for host in ["steady.test", "a.steady.test"] {
+        eventually(Duration::from_secs(1), "the app to be served", || {
+            backend_name(&router, host).as_deref() == Some("first")
+        });
+    }
+
+    // Constant traffic to the cached hosts for the whole outage.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let traffic = {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        let http = router.http;
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let host = if n.is_multiple_of(2) {
+                    "steady.test"
+                } else {
+                    "a.steady.test"
+                };
+                n += 1;
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !support::get(http, host, "/").is_ok_and(|r| r.status == 200) {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
+    redis.stop();
+    let outage = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    let (status, answer) = router.admin_call(
+        "PUT",
+        "/v1/apps/newcomer",
+        Some(&json!({"domains": ["new.test"]}).to_string()),
+    );
+    assert_eq!(
+        status, 503,
+        "admin writes are refused while Redis is away: {answer}"
+    );
+    assert!(
+        answer["error"].as_str().unwrap_or("").contains("store"),
+        "{answer}"
+    );
+    let unknown = router.get("never-cached.test", "/");
+    assert_eq!(unknown.status, 503, "an uncached host fails clearly");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "failures are fast, not hangs: {:?}",
+        started.elapsed()
+    );
+    while outage.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(metric(&router, "switchyard_store_available"), 0.0);
+    assert!(metric(&router, "switchyard_stale_serves_total") > 0.0);
+
+    redis.spawn();
+    eventually(Duration::from_secs(10), "the router to resubscribe", || {
+        metric(&router, "switchyard_store_subscription_connected") == 1.0
+    });
+    stop.store(true, Ordering::Relaxed);
+    traffic.join().expect("traffic thread");
+    let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!("{sent} requests during a 30 s Redis outage, {failed} failed");
+    assert!(sent > 500, "traffic kept flowing: {sent}");
+    assert_eq!(failed, 0, "no request to a known host failed");
+
+    // A change whose event this router cannot receive: its subscription is killed in the
+    // same transaction that writes and announces the change. Only the revision check on
+    // resubscription can find it.
+    let resyncs = metric(&router, "switchyard_route_resyncs_total");
+    let (_, stored) = router.admin_call("GET", "/v1/apps/steady", None);
+    let mut changed: Value = stored.clone();
+    changed["backends"] = json!([{"address": second.addr.to_string(), "weight": 1}]);
+    let mut conn = redis.connection().expect("redis");
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .ignore()
+        .cmd("SET")
+        .arg("switchyard:app:steady")
+        .arg(changed.to_string())
+        .ignore()
+        .cmd("INCR")
+        .arg("switchyard:revision")
+        .ignore()
+        .cmd("PUBLISH")
+        .arg("switchyard:changes")
+        .arg(json!({"kind": "app", "name": "steady", "domains": []}).to_string())
+        .ignore()
+        .query(&mut conn)
+        .expect("missed change");
+    eventually(
+        Duration::from_secs(5),
+        "the missed change to be recovered",
+        || backend_name(&router, "steady.test").as_deref() == Some("second"),
+    );
+    assert!(metric(&router, "switchyard_route_resyncs_total") > resyncs);
+    assert_eq!(
+        router.put_app("newcomer", json!({"domains": ["new.test"]}))["name"],
+        "newcomer"
+    );
+}
+
+#[test]
+fn a_router_started_while_redis_is_down_comes_up_and_serves_when_it_appears() {
+    let mut redis = RedisServer::reserve();
+    let router = router_on(&redis);
+    let backend = Backend::start("late");
+    let started = Instant::now();
+    assert_eq!(router.get("late.test", "/").status, 503);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        router.logs().contains("Redis"),
+        "the outage is reported:\n{}",
+        router.logs()
+    );
+
+    redis.spawn();
+    eventually(Duration::from_secs(5), "admin writes to succeed", || {
+        router
+            .admin_call(
+                "PUT",
+                "/v1/apps/late",
+                Some(
+                    &json!({"domains": ["late.test"], "backends": [backend.addr.to_string()]})
+                        .to_string(),
+                ),
+            )
+            .0
+            == 200
+    });
+    eventually(Duration::from_secs(2), "the app to be served", || {
+        backend_name(&router, "late.test").as_deref() == Some("late")
+    });
+}
