@@ -577,6 +577,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn plain_and_tls_urls_are_accepted_without_connecting() {
+        for url in ["redis://127.0.0.1:1/0", "rediss://:secret@127.0.0.1:1/3"] {
+            assert!(RedisStore::new(url, RedisTimeouts::default()).is_ok(), "{url}");
+        }
+        assert!(RedisStore::new("http://x", RedisTimeouts::default()).is_err());
+    }
+
+    #[test]
     fn events_carry_the_change_and_its_revision() {
         let (change, rev) =
             parse_event(r#"{"kind":"app","name":"shop","domains":["shop.example.com"],"rev":42}"#)
