@@ -417,8 +417,38 @@ def write_report(results, path):
         lines.append(f"- {t['name']}: measured {t['measured']} → **{'met' if t['met'] else 'NOT met'}**")
     if results.get("https"):
         lines += https_report(results["https"], results.get("https_date", ""))
+    if results.get("fleet"):
+        lines += fleet_report(results["fleet"], results.get("fleet_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def fleet_report(f, date):
+    """The fleet-mode section, from bench/bench_fleet.py's measurements."""
+    lines = ["", "# Fleet mode: Redis store (bench/bench_fleet.py)", "",
+             f"Measured on {date}, same machine; Redis 7 on loopback, no persistence.", "",
+             "## Change propagation across two routers", "",
+             "From the start of a PUT of an app's backends on router A until a new connection to "
+             "router B is answered by the new backend.", "",
+             "| apps stored | changes | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
+    for r in f["propagation"]:
+        lines.append(f"| {r['apps']} | {r['n']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+    lines += ["", "## Throughput by store", "",
+              "| store | warm cache, one host (wrk -t2 -c64) req/s | cold cache, walking "
+              f"{f['cold']['redis']['apps']} hosts (wrk -t1 -c32) req/s |", "|---|---|---|"]
+    for store in ("embedded", "redis"):
+        lines.append(f"| {store} | {f['throughput'][store]['rps']:.0f} | {f['cold'][store]['rps']:.0f} |")
+    biggest = max(f["propagation"], key=lambda r: r["apps"])
+    warm = f["throughput"]["redis"]["rps"] / f["throughput"]["embedded"]["rps"]
+    targets = [(f"propagation p99 < 10 ms at {biggest['apps']} apps", f"{biggest['p99_ms']:.2f} ms",
+                biggest["p99_ms"] < 10),
+               ("warm-cache throughput within 5% of the embedded store", f"{warm:.3f}×", warm >= 0.95),
+               ("throughput ≥ 1.5× an nginx+Lua router reading Redis", "not measured: the nginx+Lua "
+                "peer is not built yet", False)]
+    lines += ["", "## Targets (issue 4)", ""]
+    for name, measured, met in targets:
+        lines.append(f"- {name}: measured {measured} → **{'met' if met else 'NOT met'}**")
+    return lines
 
 
 def https_report(h, date):

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Fleet mode: two Switchyard routers sharing one Redis on loopback, beside the embedded store.
+
+Measurements, added to bench/results/latest.json under "fleet" and to bench/RESULTS.md:
+- change propagation: time from the start of a PUT of an app's backends on router A until
+  router B answers a new connection from the new backend, 200 changes, at 1,000, 10,000
+  and 100,000 stored apps;
+- warm-cache throughput (wrk, one hot host) with the Redis store and with the embedded store;
+- cold-cache throughput: wrk walking 100,000 distinct hosts on a freshly started router, so
+  every request is a route-cache miss that reads the store.
+
+Apps are written to Redis with `redis-cli --pipe` following the README's "Redis layout",
+the way a platform's own tooling would.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench as common
+
+
+class Redis:
+    def __init__(self, work):
+        self.port = common.free_port()
+        self.proc = common.Process("redis", [
+            "redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            "--appendonly", "no", "--dir", str(work)], work)
+        common.wait_port(self.port)
+
+    def cli(self, *args, stdin=None):
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], input=stdin,
+                              check=True, capture_output=True).stdout
+
+    def flush_and_seed(self, apps, backend):
+        self.cli("FLUSHALL")
+        out = []
+        for i in range(apps):
+            name, domain = f"app{i}", f"app{i}.bench"
+            record = json.dumps({"name": name, "domains": [domain],
+                                 "backends": [{"address": f"127.0.0.1:{backend}", "weight": 1}]})
+            for command in (("SET", f"switchyard:app:{name}", record),
+                            ("SET", f"switchyard:domain:{domain}", name),
+                            ("ZADD", "switchyard:apps", "0", name)):
+                out.append(f"*{len(command)}\r\n")
+                for arg in command:
+                    out.append(f"${len(arg.encode())}\r\n{arg}\r\n")
+        self.cli("--pipe", stdin="".join(out).encode())
+
+    def stop(self):
+        self.proc.stop()
+
+
+def start_router(work, tag, store_args, data_dir=None):
+    http_port, admin_port = common.free_port(), common.free_port()
+    data_dir = data_dir or work / f"data-{tag}"
+    proc = common.Process(f"switchyard-{tag}", [
+        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(data_dir),
+        "--threads", str(common.THREADS), "--access-log", "off", "--shutdown-grace-s", "0",
+        *store_args], work, env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
+    common.wait_port(http_port)
+    common.wait_port(admin_port)
+    return proc, http_port, admin_port
+
+
+def cold_throughput(port, apps, seconds, work):
+    script = work / "walk.lua"
+    script.write_text(
+        "counter = 0\n"
+        "request = function()\n"
+        "  counter = counter + 1\n"
+        f"  return wrk.format('GET', '/', {{Host = 'app' .. (counter % {apps}) .. '.bench'}})\n"
+        "end\n")
+    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{seconds}s", "-s", str(script),
+                          f"http://127.0.0.1:{port}/"], check=True, capture_output=True, text=True).stdout
+    return float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    sizes = [1000] if args.quick else [1000, 10000, 100000]
+    changes = 20 if args.quick else 200
+    cold_apps = 10000 if args.quick else 100000
+
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-fleet-"))
+    procs = []
+    results = {"propagation": [], "throughput": {}, "cold": {}}
+    try:
+        origin, b1, b2 = common.start_origin(work)
+        procs.append(origin)
+        redis = Redis(work)
+        procs.append(redis)
+        redis_store = ["--store", f"redis://127.0.0.1:{redis.port}/0"]
+
+        for apps in sizes:
+            redis.flush_and_seed(apps, b1)
+            a, _, a_admin = start_router(work, f"a-{apps}", redis_store)
+            b, b_http, _ = start_router(work, f"b-{apps}", redis_store)
+            procs += [a, b]
+            r = common.switchyard_route_changes(b_http, a_admin, apps, b1, b2, changes)
+            results["propagation"].append({"apps": apps, **r})
+            print(f"propagation A→B at {apps} apps: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms", flush=True)
+            for p in (a, b):
+                p.stop()
+                procs.remove(p)
+
+        # Warm cache: the same 1,000 apps on either store, one hot host.
+        redis.flush_and_seed(1000, b1)
+        embedded_data = work / "data-embedded"
+        subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(embedded_data), "--apps", "1000",
+                        "--backend", f"127.0.0.1:{b1}"], check=True, stdout=subprocess.DEVNULL)
+        for store, store_args, data in (("redis", redis_store, None), ("embedded", [], embedded_data)):
+            proc, port, _ = start_router(work, f"warm-{store}", store_args, data)
+            procs.append(proc)
+            common.wrk_throughput(port, 2)
+            rps, errors = common.wrk_throughput(port, seconds)
+            results["throughput"][store] = {"rps": rps, "errors": errors}
+            print(f"warm throughput {store}: {rps:.0f} req/s {errors}", flush=True)
+            proc.stop()
+            procs.remove(proc)
+
+        # Cold cache: every request of the walk is a first visit.
+        redis.flush_and_seed(cold_apps, b1)
+        embedded_data = work / "data-cold-embedded"
+        subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(embedded_data), "--apps",
+                        str(cold_apps), "--backend", f"127.0.0.1:{b1}"], check=True, stdout=subprocess.DEVNULL)
+        for store, store_args, data in (("redis", redis_store, None), ("embedded", [], embedded_data)):
+            proc, port, _ = start_router(work, f"cold-{store}", store_args, data)
+            procs.append(proc)
+            rps = cold_throughput(port, cold_apps, seconds, work)
+            results["cold"][store] = {"rps": rps, "apps": cold_apps}
+            print(f"cold-cache throughput {store}: {rps:.0f} req/s", flush=True)
+            proc.stop()
+            procs.remove(proc)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+    results_dir = common.ROOT / "bench" / "results"
+    latest = results_dir / ("quick.json" if args.quick else "latest.json")
+    source = latest if latest.exists() else results_dir / "latest.json"
+    if not source.exists():
+        print("no earlier results to merge into; run bench/bench.py first", file=sys.stderr)
+        return 1
+    merged = json.loads(source.read_text())
+    merged["fleet"] = results
+    merged["fleet_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    latest.write_text(json.dumps(merged, indent=2))
+    out = common.ROOT / "bench" / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
+    common.write_report(merged, out)
+    print(f"wrote {out}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
