@@ -9,6 +9,11 @@ Measurements, added to bench/results/latest.json under "fleet" and to bench/RESU
 - cold-cache throughput: wrk walking 100,000 distinct hosts on a freshly started router, so
   every request is a route-cache miss that reads the store.
 
+The peer is an nginx+Lua router built the way seed 000 describes (bench/nginx-lua/): it reads
+the same Redis layout, caches routes in a per-worker LRU and drops entries on the same Pub/Sub
+events; it is measured for propagation (PUT on Switchyard A, answer on nginx+Lua) and
+throughput beside Switchyard.
+
 Apps are written to Redis with `redis-cli --pipe` following the README's "Redis layout",
 the way a platform's own tooling would.
 """
@@ -69,6 +74,50 @@ def start_router(work, tag, store_args, data_dir=None):
     return proc, http_port, admin_port
 
 
+LUA_DIR = common.ROOT / "bench" / "nginx-lua"
+
+
+def start_nginx_lua(work, tag, redis_port):
+    port = common.free_port()
+    conf = work / f"nginx-lua-{tag}.conf"
+    conf.write_text(f"""
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes {common.THREADS};
+daemon off;
+pid {work}/nginx-lua-{tag}.pid;
+error_log {work}/nginx-lua-{tag}-error.log;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    lua_package_path "{LUA_DIR}/?.lua;/usr/share/lua/5.1/?.lua;;";
+    init_by_lua_block {{ require("switchyard_lua_router").init("127.0.0.1", {redis_port}, 200000) }}
+    init_worker_by_lua_block {{ require("switchyard_lua_router").start_subscriber() }}
+    upstream dynamic {{
+        server 0.0.0.1;
+        balancer_by_lua_block {{ require("switchyard_lua_router").balance() }}
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            access_by_lua_block {{ require("switchyard_lua_router").route() }}
+            proxy_pass http://dynamic;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }}
+    }}
+}}
+""")
+    proc = common.Process(f"nginx-lua-{tag}", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    common.wait_port(port)
+    return proc, port
+
+
 def cold_throughput(port, apps, seconds, work):
     script = work / "walk.lua"
     script.write_text(
@@ -108,9 +157,15 @@ def main():
             b, b_http, _ = start_router(work, f"b-{apps}", redis_store)
             procs += [a, b]
             r = common.switchyard_route_changes(b_http, a_admin, apps, b1, b2, changes)
-            results["propagation"].append({"apps": apps, **r})
+            results["propagation"].append({"apps": apps, "router": "switchyard", **r})
             print(f"propagation A→B at {apps} apps: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms", flush=True)
-            for p in (a, b):
+            ng, ng_port = start_nginx_lua(work, f"prop-{apps}", redis.port)
+            procs.append(ng)
+            r = common.switchyard_route_changes(ng_port, a_admin, apps, b1, b2, changes)
+            results["propagation"].append({"apps": apps, "router": "nginx+lua", **r})
+            print(f"propagation A→nginx+Lua at {apps} apps: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms",
+                  flush=True)
+            for p in (a, b, ng):
                 p.stop()
                 procs.remove(p)
 
@@ -128,6 +183,14 @@ def main():
             print(f"warm throughput {store}: {rps:.0f} req/s {errors}", flush=True)
             proc.stop()
             procs.remove(proc)
+        ng, ng_port = start_nginx_lua(work, "warm", redis.port)
+        procs.append(ng)
+        common.wrk_throughput(ng_port, 2)
+        rps, errors = common.wrk_throughput(ng_port, seconds)
+        results["throughput"]["nginx+lua"] = {"rps": rps, "errors": errors}
+        print(f"warm throughput nginx+lua: {rps:.0f} req/s {errors}", flush=True)
+        ng.stop()
+        procs.remove(ng)
 
         # Cold cache: every request of the walk is a first visit.
         redis.flush_and_seed(cold_apps, b1)
@@ -142,6 +205,13 @@ def main():
             print(f"cold-cache throughput {store}: {rps:.0f} req/s", flush=True)
             proc.stop()
             procs.remove(proc)
+        ng, ng_port = start_nginx_lua(work, "cold", redis.port)
+        procs.append(ng)
+        rps = cold_throughput(ng_port, cold_apps, seconds, work)
+        results["cold"]["nginx+lua"] = {"rps": rps, "apps": cold_apps}
+        print(f"cold-cache throughput nginx+lua: {rps:.0f} req/s", flush=True)
+        ng.stop()
+        procs.remove(ng)
     finally:
         for p in reversed(procs):
             p.stop()
