@@ -423,6 +423,24 @@ def write_report(results, path):
     path.write_text("\n".join(lines))
 
 
+def merge_section(key, section, quick):
+    """Adds one script's results (`key`) to the last full results and rewrites the report."""
+    results_dir = ROOT / "bench" / "results"
+    latest = results_dir / ("quick.json" if quick else "latest.json")
+    source = latest if latest.exists() else results_dir / "latest.json"
+    if not source.exists():
+        print("no earlier results to merge into; run bench/bench.py first", file=sys.stderr)
+        return False
+    merged = json.loads(source.read_text())
+    merged[key] = section
+    merged[f"{key}_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    latest.write_text(json.dumps(merged, indent=2))
+    out = ROOT / "bench" / ("RESULTS-quick.md" if quick else "RESULTS.md")
+    write_report(merged, out)
+    print(f"wrote {out}")
+    return True
+
+
 def fleet_report(f, date):
     """The fleet-mode section, from bench/bench_fleet.py's measurements."""
     lines = ["", "# Fleet mode: Redis store (bench/bench_fleet.py)", "",

@@ -212,19 +212,8 @@ def main():
         for p in reversed(started_procs):
             p.stop()
 
-    results_dir = common.ROOT / "bench" / "results"
-    latest = results_dir / ("quick.json" if args.quick else "latest.json")
-    source = latest if latest.exists() else results_dir / "latest.json"
-    merged = json.loads(source.read_text()) if source.exists() else None
-    if merged is None:
-        print("no HTTP results to merge into; run bench/bench.py first", file=sys.stderr)
+    if not common.merge_section("https", results, args.quick):
         return 1
-    merged["https"] = results
-    merged["https_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    latest.write_text(json.dumps(merged, indent=2))
-    out = common.ROOT / "bench" / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
-    common.write_report(merged, out)
-    print(f"wrote {out}")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -31,17 +31,6 @@ fn handshake(router: &RouterProcess, server_name: &str) -> TlsConnection {
         .unwrap_or_else(|e| panic!("handshake for {server_name}: {e}\n{}", router.logs()))
 }
 
-fn metric(router: &RouterProcess, series: &str) -> f64 {
-    let (status, text) = router.admin_call("GET", "/metrics", None);
-    assert_eq!(status, 200);
-    let text = text.as_str().unwrap_or_default().to_string();
-    text.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[test]
 fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_cleanly() {
     let router = RouterProcess::start();
@@ -56,7 +45,7 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
         json!({"domains": ["shop.test", "*.apps.test"], "backends": [backend.addr.to_string()]}),
     );
     assert_eq!(
-        metric(&router, "switchyard_cert_cache_entries"),
+        router.metric("switchyard_cert_cache_entries"),
         0.0,
         "nothing is parsed before a handshake needs it"
     );
@@ -69,12 +58,12 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
     assert_eq!(response.status, 200);
     let seen = response.json();
     assert_eq!(seen["headers"]["x-forwarded-proto"], "https");
-    assert!(metric(&router, "switchyard_cert_cache_misses_total") >= 1.0);
+    assert!(router.metric("switchyard_cert_cache_misses_total") >= 1.0);
 
-    let misses = metric(&router, "switchyard_cert_cache_misses_total");
+    let misses = router.metric("switchyard_cert_cache_misses_total");
     handshake(&router, "shop.test");
     assert_eq!(
-        metric(&router, "switchyard_cert_cache_misses_total"),
+        router.metric("switchyard_cert_cache_misses_total"),
         misses,
         "a warm certificate is served from the cache"
     );
@@ -92,12 +81,7 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
         tls::connect(router.https, None, &[]).is_err(),
         "no SNI and no default certificate"
     );
-    assert!(
-        metric(
-            &router,
-            "switchyard_tls_handshakes_total{result=\"no_certificate\"}"
-        ) >= 3.0
-    );
+    assert!(router.metric("switchyard_tls_handshakes_total{result=\"no_certificate\"}") >= 3.0);
     // The refusals cost nothing to the others.
     assert_eq!(
         handshake(&router, "shop.test").fingerprint,
@@ -494,17 +478,12 @@ fn sessions_resume_with_tickets_until_their_key_rotates_out() {
         s_client(&router, &second, Some(&first)),
         "a returning client resumes"
     );
-    assert!(
-        metric(
-            &router,
-            "switchyard_tls_handshakes_total{result=\"resumed\"}"
-        ) >= 1.0
-    );
+    assert!(router.metric("switchyard_tls_handshakes_total{result=\"resumed\"}") >= 1.0);
 
     // Two keys are kept: two rotations after the first ticket was sealed, its key is gone.
     std::thread::sleep(Duration::from_millis(4_500));
     assert!(
-        metric(&router, "switchyard_tls_ticket_key_rotations_total") >= 2.0,
+        router.metric("switchyard_tls_ticket_key_rotations_total") >= 2.0,
         "keys rotated"
     );
     assert!(
@@ -520,12 +499,9 @@ fn certificates_expiring_soon_are_counted() {
     store_cert(&router, "soon.test", &ca.issue(&["soon.test"], -80, 5));
     store_cert(&router, "later.test", &ca.issue(&["later.test"], -1, 60));
     eventually(Duration::from_secs(5), "the expiry scan", || {
-        metric(&router, "switchyard_certificates_stored") == 2.0
+        router.metric("switchyard_certificates_stored") == 2.0
     });
-    assert_eq!(
-        metric(&router, "switchyard_certificates_expiring_soon"),
-        1.0
-    );
+    assert_eq!(router.metric("switchyard_certificates_expiring_soon"), 1.0);
     // The TCP listener is up even though nothing was parsed at start-up.
     assert!(TcpStream::connect(router.https).is_ok());
 }

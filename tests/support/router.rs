@@ -153,6 +153,18 @@ impl RouterProcess {
         (response.status, json)
     }
 
+    /// The value of one Prometheus series (name with labels, as exported); 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let (status, text) = self.admin_call("GET", "/metrics", None);
+        assert_eq!(status, 200, "metrics: {text}");
+        let text = text.as_str().unwrap_or_default().to_string();
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// PUTs an app and insists on success.
     pub fn put_app(&self, name: &str, spec: Value) -> Value {
         let (status, body) =

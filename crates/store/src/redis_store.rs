@@ -377,7 +377,11 @@ impl RedisStore {
                 );
                 let _ = self.changes.send(Change::Resync);
             }
-            None => {}
+            // The first subscription of this process: anything cached before it (a 404, a
+            // route read while subscribing) may have changed unannounced, so revalidate too.
+            None => {
+                let _ = self.changes.send(Change::Resync);
+            }
         }
         *last_revision = Some(revision);
         metrics::PUBSUB_CONNECTED.set(1);
@@ -579,7 +583,10 @@ mod tests {
     #[test]
     fn plain_and_tls_urls_are_accepted_without_connecting() {
         for url in ["redis://127.0.0.1:1/0", "rediss://:secret@127.0.0.1:1/3"] {
-            assert!(RedisStore::new(url, RedisTimeouts::default()).is_ok(), "{url}");
+            assert!(
+                RedisStore::new(url, RedisTimeouts::default()).is_ok(),
+                "{url}"
+            );
         }
         assert!(RedisStore::new("http://x", RedisTimeouts::default()).is_err());
     }
