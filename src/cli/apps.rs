@@ -53,6 +53,43 @@ enum AppsCommand {
         /// App name.
         name: String,
     },
+    /// Mirror a share of an app's requests to shadow backends, or stop (--off).
+    ///
+    /// The app is read, changed and written back whole; other options are kept.
+    Mirror {
+        /// App name.
+        name: String,
+        /// A shadow backend (repeatable): ip:port.
+        #[arg(long = "backend", short = 'b', required_unless_present = "off")]
+        backends: Vec<String>,
+        /// Share of requests mirrored, 0-100 (fractions allowed).
+        #[arg(long, default_value_t = 100.0)]
+        percent: f64,
+        /// random, client_ip, header:NAME, query:NAME or cookie:NAME.
+        #[arg(long, default_value = "random")]
+        key: String,
+        /// Only mirror this method (repeatable).
+        #[arg(long = "method")]
+        methods: Vec<String>,
+        /// Only mirror this path, or a prefix ending in '*' (repeatable).
+        #[arg(long = "path")]
+        paths: Vec<String>,
+        /// Deadline for each step of a copy, in milliseconds.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        /// Copies in progress at once; more are dropped.
+        #[arg(long)]
+        max_in_flight: Option<u64>,
+        /// Largest request body mirrored, in bytes.
+        #[arg(long)]
+        max_body_bytes: Option<u64>,
+        /// Speak TLS to the shadow backends.
+        #[arg(long)]
+        tls: bool,
+        /// Stop mirroring this app.
+        #[arg(long, conflicts_with = "backends")]
+        off: bool,
+    },
     /// Replace an app's backends (scale up, down, or redeploy).
     Scale {
         /// App name.
@@ -112,6 +149,46 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
         AppsCommand::Delete { name } => client
             .call("DELETE", &format!("/v1/apps/{name}"), None)
             .map(|_| (format!("app {name} deleted"), json!({"deleted": name}))),
+        AppsCommand::Mirror {
+            name,
+            backends,
+            percent,
+            key,
+            methods,
+            paths,
+            timeout_ms,
+            max_in_flight,
+            max_body_bytes,
+            tls,
+            off,
+        } => {
+            let mirror = if *off {
+                Value::Null
+            } else {
+                let mut mirror = json!({
+                    "backends": backends, "percent": percent, "key": key,
+                    "methods": methods, "paths": paths, "tls": tls,
+                });
+                for (field, value) in [
+                    ("timeout_ms", timeout_ms),
+                    ("max_in_flight", max_in_flight),
+                    ("max_body_bytes", max_body_bytes),
+                ] {
+                    if let Some(value) = value {
+                        mirror[field] = json!(value);
+                    }
+                }
+                mirror
+            };
+            let path = format!("/v1/apps/{name}");
+            client
+                .call("GET", &path, None)
+                .and_then(|mut app| {
+                    app["mirror"] = mirror;
+                    client.call("PUT", &path, Some(app))
+                })
+                .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
+        }
         AppsCommand::Scale { name, backends } => client
             .call(
                 "PUT",
@@ -153,8 +230,17 @@ fn describe(app: &Value) -> String {
                 .collect()
         })
         .unwrap_or_default();
+    let mirror = match &app["mirror"] {
+        Value::Object(m) => format!(
+            "\n  mirror:   {}% by {} to {}",
+            m.get("percent").and_then(Value::as_f64).unwrap_or(0.0),
+            m.get("key").and_then(Value::as_str).unwrap_or("?"),
+            m.get("backends").map_or_else(String::new, joined)
+        ),
+        _ => String::new(),
+    };
     format!(
-        "  domains:  {}\n  backends: {}\n  balancer: {}",
+        "  domains:  {}\n  backends: {}\n  balancer: {}{mirror}",
         joined(&app["domains"]),
         if backends.is_empty() {
             "(none)".to_string()

@@ -33,7 +33,36 @@ struct Shared {
     requests: AtomicUsize,
     health_status: AtomicU16,
     tasks: Mutex<Vec<AbortHandle>>,
+    behaviour: Mutex<Behaviour>,
+    recorded: Mutex<Vec<Recorded>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
 }
+
+/// How a backend treats every request (WebSocket upgrades aside).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Answers by path, as described at the top of this file.
+    Normal,
+    /// Waits this long, then answers normally.
+    Delay(Duration),
+    /// Answers this status with a short body.
+    Status(u16),
+    /// Resets the connection (RST) once the request is read.
+    Reset,
+}
+
+/// A request as the backend received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub target: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// Requests kept for inspection; later ones are counted but not kept.
+const MAX_RECORDED: usize = 100_000;
 
 /// A running backend; stopped (every socket closed) on `stop` or drop.
 pub struct Backend {
@@ -61,6 +90,10 @@ impl Backend {
             requests: AtomicUsize::new(0),
             health_status: AtomicU16::new(200),
             tasks: Mutex::new(Vec::new()),
+            behaviour: Mutex::new(Behaviour::Normal),
+            recorded: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
         });
         let accept_shared = shared.clone();
         let accept = RUNTIME.spawn(async move {
@@ -68,6 +101,7 @@ impl Backend {
                 return;
             };
             while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
                 let conn_shared = accept_shared.clone();
                 let task = tokio::spawn(serve_connection(stream, conn_shared));
                 accept_shared
@@ -88,6 +122,21 @@ impl Backend {
     /// Requests answered so far (WebSocket upgrades included).
     pub fn requests(&self) -> usize {
         self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// How every request is treated from now on.
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *self.shared.behaviour.lock().expect("behaviour") = behaviour;
+    }
+
+    /// Every request received so far (up to a bound), in arrival order.
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.shared.recorded.lock().expect("recorded").clone()
+    }
+
+    /// The most requests this backend was handling at once.
+    pub fn max_concurrent(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::Relaxed)
     }
 
     /// What `/health` answers from now on.
@@ -116,6 +165,17 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             return;
         };
         shared.requests.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut recorded = shared.recorded.lock().expect("recorded");
+            if recorded.len() < MAX_RECORDED {
+                recorded.push(Recorded {
+                    method: request.method.clone(),
+                    target: request.target.clone(),
+                    headers: request.headers.clone(),
+                    body: request.body.clone(),
+                });
+            }
+        }
         let is_websocket = request
             .headers
             .get("upgrade")
@@ -123,7 +183,25 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         if is_websocket {
             return serve_websocket(reader.into_inner(), &request, &shared.name).await;
         }
-        if respond(&mut reader, &request, &shared).await.is_err() {
+        let behaviour = *shared.behaviour.lock().expect("behaviour");
+        let now = shared.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        let answered = match behaviour {
+            Behaviour::Normal => respond(&mut reader, &request, &shared).await,
+            Behaviour::Delay(delay) => {
+                tokio::time::sleep(delay).await;
+                respond(&mut reader, &request, &shared).await
+            }
+            Behaviour::Status(status) => {
+                write_response(reader.get_mut(), status, "text/plain", b"failing").await
+            }
+            Behaviour::Reset => {
+                let _ = reader.get_ref().set_zero_linger();
+                Err(std::io::ErrorKind::ConnectionReset.into())
+            }
+        };
+        shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if answered.is_err() {
             return;
         }
     }
@@ -252,8 +330,11 @@ async fn write_response(
         "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await
+    // One write: a head and a body in two small segments would wait out the router's
+    // delayed ACK (Nagle), adding 40 ms to every request.
+    let mut response = head.into_bytes();
+    response.extend_from_slice(body);
+    stream.write_all(&response).await
 }
 
 /// Completes the handshake by hand (the request head is already read), then echoes every

@@ -11,7 +11,7 @@ mod redis;
 mod router;
 pub mod tls;
 
-pub use backend::Backend;
+pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, Response};
 pub use redis::RedisServer;
 pub use router::RouterProcess;

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Domain;
+use crate::{Domain, Mirror};
 
 /// An app's name: `[a-z0-9][a-z0-9-]{0,62}`, the key it is stored and addressed under.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -159,6 +159,9 @@ pub struct App {
     /// `Strict-Transport-Security` sent on HTTPS responses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hsts: Option<Hsts>,
+    /// Copy a share of the requests to shadow backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Mirror>,
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

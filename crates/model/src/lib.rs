@@ -8,6 +8,7 @@ mod certificate;
 mod change;
 mod domain;
 mod error;
+mod mirror;
 mod spec;
 
 pub use app::{App, AppName, Backend, Balancer, HealthCheck, Hsts, Timeouts};
@@ -15,4 +16,5 @@ pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCer
 pub use change::Change;
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
+pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use spec::{parse_app_spec, parse_backends_spec};

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use serde_json::{Map, Value};
 
 use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
+use crate::mirror::parse_mirror;
 use crate::{
     App, AppName, Backend, Balancer, Domain, HealthCheck, Hsts, Timeouts, ValidationError,
 };
@@ -34,6 +35,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "retries",
             "https_redirect",
             "hsts",
+            "mirror",
         ],
         "",
     )?;
@@ -90,6 +92,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_hsts(v).map_err(|e| e.under("hsts"))?),
     };
+    let mirror = match fields.get("mirror") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_mirror(v).map_err(|e| e.under("mirror"))?),
+    };
     Ok(App {
         name,
         domains,
@@ -100,6 +106,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         retries,
         https_redirect,
         hsts,
+        mirror,
     })
 }
 
@@ -192,7 +199,7 @@ fn parse_backend(value: &Value) -> Result<Backend, ValidationError> {
     }
 }
 
-fn parse_socket_addr(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_socket_addr(text: &str) -> Result<SocketAddr, String> {
     let address: SocketAddr = text
         .parse()
         .map_err(|_| format!("'{text}' is not an ip:port address (e.g. 10.0.0.5:8080)"))?;
@@ -305,7 +312,7 @@ pub(crate) fn refuse_unknown(
     }
 }
 
-fn optional_integer(
+pub(crate) fn optional_integer(
     fields: Fields<'_>,
     name: &str,
     min: u64,
@@ -318,7 +325,7 @@ fn optional_integer(
     }
 }
 
-fn integer_in(value: &Value, min: u64, max: u64) -> Result<u64, String> {
+pub(crate) fn integer_in(value: &Value, min: u64, max: u64) -> Result<u64, String> {
     match value.as_u64() {
         Some(n) if (min..=max).contains(&n) => Ok(n),
         _ => Err(format!("must be an integer from {min} to {max}")),
@@ -403,6 +410,11 @@ mod tests {
             ),
             ("ok", json!({"retries": 11}), "retries"),
             ("ok", json!({"name": "other"}), "name"),
+            (
+                "ok",
+                json!({"mirror": {"backends": ["127.0.0.1:9"], "key": "ip"}}),
+                "mirror.key",
+            ),
         ];
         for (name, body, field) in cases {
             let err = parse_app_spec(name, body).expect_err(&format!("{body} must be refused"));

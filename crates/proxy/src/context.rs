@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::balancer::InFlight;
 use crate::metrics;
+use crate::mirror::MirrorFeed;
 use crate::route_cache::AppRoute;
 
 /// What the pipeline knows about one request.
@@ -37,6 +38,8 @@ pub struct RequestCtx {
     pub upgraded: bool,
     /// Status sent by the router itself (not the backend), for the log.
     pub local_status: Option<u16>,
+    /// Where the request body goes when this request is being mirrored.
+    pub(crate) mirror: Option<MirrorFeed>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -57,6 +60,7 @@ impl RequestCtx {
             upstream_time: None,
             upgraded: false,
             local_status: None,
+            mirror: None,
             _active: ActiveRequest::start(),
         }
     }

@@ -188,6 +188,39 @@ pub(crate) static TICKET_KEY_ROTATIONS: LazyLock<IntCounter> = LazyLock::new(|| 
 });
 
 /// Registers every metric now, so each is exported (at zero) before its first event.
+pub(crate) static MIRROR_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_mirror_sent_total",
+        "Mirror copies delivered and answered by a shadow backend, by app and the shadow's status class.",
+        &["app", "class"]
+    ))
+});
+
+pub(crate) static MIRROR_DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_mirror_dropped_total",
+        "Mirror copies not sent or not completed, by app and reason (in_flight_limit, body_limit, aborted, error, timeout).",
+        &["app", "reason"]
+    ))
+});
+
+pub(crate) static MIRROR_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    registered(register_int_gauge_vec!(
+        "switchyard_mirror_in_flight",
+        "Mirror copies in progress, by app.",
+        &["app"]
+    ))
+});
+
+pub(crate) static MIRROR_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    registered(register_histogram_vec!(
+        "switchyard_mirror_duration_seconds",
+        "Time from the end of the request body to the shadow's response header, by app.",
+        &["app"],
+        vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
@@ -212,6 +245,10 @@ pub(crate) fn register_all() {
     LazyLock::force(&CERTS_STORED);
     LazyLock::force(&CERTS_EXPIRING_SOON);
     LazyLock::force(&TICKET_KEY_ROTATIONS);
+    LazyLock::force(&MIRROR_SENT);
+    LazyLock::force(&MIRROR_DROPPED);
+    LazyLock::force(&MIRROR_IN_FLIGHT);
+    LazyLock::force(&MIRROR_DURATION);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

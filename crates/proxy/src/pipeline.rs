@@ -2,19 +2,22 @@
 //! this file top to bottom tells what happens to every request:
 //!
 //! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
-//!    then **https** (308 to HTTPS for apps that ask).
-//! 2. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
-//! 3. `upstream_request_filter`: forwarded headers for the backend.
-//! 4. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
-//! 5. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
-//! 6. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id,
+//!    then **https** (308 to HTTPS for apps that ask), then **mirror** (a copy to the
+//!    shadow backends starts, fire-and-forget).
+//! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
+//! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
+//! 4. `upstream_request_filter`: forwarded headers for the backend.
+//! 5. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
+//! 6. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
+//! 7. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id,
 //!    HSTS.
-//! 7. `fail_to_proxy`: a failure becomes a status code (`respond`).
-//! 8. `logging`: **log** — access-log line and metrics.
+//! 8. `fail_to_proxy`: a failure becomes a status code (`respond`).
+//! 9. `logging`: **log** — access-log line and metrics.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::Digest;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -25,6 +28,7 @@ use crate::access_log::AccessLog;
 use crate::context::RequestCtx;
 use crate::https;
 use crate::metrics;
+use crate::mirror::{self, MirrorClient};
 use crate::respond;
 use crate::route;
 use crate::route_cache::RouteCache;
@@ -35,6 +39,7 @@ pub struct Router {
     routes: Arc<RouteCache>,
     access_log: AccessLog,
     https_port: Option<u16>,
+    mirrors: Arc<MirrorClient>,
 }
 
 impl Router {
@@ -45,6 +50,7 @@ impl Router {
             routes,
             access_log,
             https_port,
+            mirrors: Arc::new(MirrorClient::new()),
         }
     }
 }
@@ -74,7 +80,19 @@ impl ProxyHttp for Router {
             respond::write_redirect(session, ctx, &location).await?;
             return Ok(true);
         }
+        mirror::start(&self.mirrors, session, ctx);
         Ok(false)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        mirror::forward_body(ctx, body.as_ref(), end_of_stream);
+        Ok(())
     }
 
     async fn upstream_peer(
@@ -82,6 +100,7 @@ impl ProxyHttp for Router {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
+        mirror::on_new_attempt(ctx);
         upstream::choose_peer(session, ctx)
             .map_err(|answer| Error::new(pingora::ErrorType::HTTPStatus(answer.status())))
     }

@@ -21,6 +21,7 @@ use switchyard_store::{Store, StoreError};
 use crate::balancer::Upstream;
 use crate::drain;
 use crate::metrics;
+use crate::mirror::MirrorState;
 
 const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.
@@ -35,6 +36,8 @@ pub struct AppRoute {
     pub upstream: Upstream,
     /// When this version was built, for cache-age metrics.
     pub loaded_at: Instant,
+    /// Live state of its traffic mirroring, when it mirrors.
+    pub mirror: Option<MirrorState>,
 }
 
 /// Sizes of the route caches.
@@ -304,9 +307,14 @@ fn log_interrupted_resync(e: &StoreError) {
 
 fn build_route(app: App, previous: Option<&AppRoute>) -> AppRoute {
     let upstream = Upstream::new(&app.backends, app.balancer, previous.map(|p| &p.upstream));
+    let mirror = app
+        .mirror
+        .as_ref()
+        .map(|_| MirrorState::new(app.name.as_str(), previous.and_then(|p| p.mirror.as_ref())));
     AppRoute {
         app,
         upstream,
         loaded_at: Instant::now(),
+        mirror,
     }
 }
