@@ -382,3 +382,48 @@ fn mirror_options_are_validated_field_by_field() {
     let (status, _) = router.admin_call("GET", "/v1/apps/shop", None);
     assert_eq!(status, 404, "nothing was stored");
 }
+
+#[test]
+fn copies_can_go_to_a_shadow_over_tls() {
+    let router = RouterProcess::start();
+    let primary = Backend::start("primary");
+    let ca = support::pki::Ca::root("Shadow Test CA");
+    let shadow = support::tls::TlsBackend::start(&ca.issue(&["shadow.test"], -1, 30));
+    // The test CA is not in the system's trust store: with verification on, no copy goes out.
+    app_with_mirror(
+        &router,
+        &primary,
+        json!({"backends": [shadow.addr.to_string()], "tls": true, "sni": "shadow.test"}),
+    );
+    send(
+        &router,
+        "GET /verified HTTP/1.1\r\nHost: shop.test\r\nConnection: close\r\n\r\n",
+    );
+    copies_settled(&router, 1.0);
+    assert_eq!(
+        dropped(&router, "error"),
+        1.0,
+        "an untrusted shadow gets nothing"
+    );
+    assert!(shadow.recorded().is_empty());
+
+    app_with_mirror(
+        &router,
+        &primary,
+        json!({"backends": [shadow.addr.to_string()], "tls": true, "sni": "shadow.test",
+               "verify_tls": false}),
+    );
+    send(
+        &router,
+        "POST /tls HTTP/1.1\r\nHost: shop.test\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody",
+    );
+    copies_settled(&router, 2.0);
+    let received = shadow.recorded();
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert_eq!(received[0].sni.as_deref(), Some("shadow.test"));
+    assert_eq!(
+        (received[0].method.as_str(), received[0].target.as_str()),
+        ("POST", "/tls")
+    );
+    assert_eq!(received[0].body, b"body");
+}

@@ -102,3 +102,116 @@ fn read_response(stream: &mut impl Read) -> Result<Response, String> {
         bytes.extend_from_slice(&buf[..n]);
     }
 }
+
+/// A request as a [`TlsBackend`] received it, with the SNI name of its connection.
+#[derive(Debug, Clone)]
+pub struct TlsRecorded {
+    pub sni: Option<String>,
+    pub method: String,
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// A TLS HTTP/1.1 backend (OpenSSL, one thread per connection, keep-alive) that records
+/// every request and answers `200 ok`. Stopped with the test process.
+pub struct TlsBackend {
+    pub addr: SocketAddr,
+    recorded: std::sync::Arc<std::sync::Mutex<Vec<TlsRecorded>>>,
+}
+
+impl TlsBackend {
+    pub fn start(issued: &super::pki::Issued) -> Self {
+        use openssl::pkey::PKey;
+        use openssl::ssl::SslAcceptor;
+        use openssl::x509::X509;
+
+        let mut acceptor =
+            SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).expect("acceptor");
+        let chain = X509::stack_from_pem(issued.cert_pem.as_bytes()).expect("chain");
+        acceptor.set_certificate(&chain[0]).expect("certificate");
+        for extra in &chain[1..] {
+            acceptor.add_extra_chain_cert(extra.clone()).expect("chain");
+        }
+        let key = PKey::private_key_from_pem(issued.key_pem.as_bytes()).expect("key");
+        acceptor.set_private_key(&key).expect("key");
+        let acceptor = std::sync::Arc::new(acceptor.build());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let shared = recorded.clone();
+        std::thread::spawn(move || {
+            for tcp in listener.incoming().flatten() {
+                let acceptor = acceptor.clone();
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    if let Ok(stream) = acceptor.accept(tcp) {
+                        serve_tls(stream, &shared);
+                    }
+                });
+            }
+        });
+        Self { addr, recorded }
+    }
+
+    pub fn recorded(&self) -> Vec<TlsRecorded> {
+        self.recorded.lock().expect("recorded").clone()
+    }
+}
+
+fn serve_tls(stream: SslStream<TcpStream>, recorded: &std::sync::Mutex<Vec<TlsRecorded>>) {
+    use std::io::BufRead;
+    let sni = stream
+        .ssl()
+        .servername(openssl::ssl::NameType::HOST_NAME)
+        .map(str::to_string);
+    let mut reader = std::io::BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let (method, target) = (method.to_string(), target.to_string());
+        let mut headers = Vec::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+            }
+        }
+        let length = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        recorded.lock().expect("recorded").push(TlsRecorded {
+            sni: sni.clone(),
+            method,
+            target,
+            headers,
+            body,
+        });
+        let stream = reader.get_mut();
+        if stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .is_err()
+        {
+            return;
+        }
+    }
+}
