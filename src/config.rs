@@ -69,6 +69,10 @@ pub(crate) struct ServeArgs {
     /// Most apps kept in the in-process route cache.
     #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
     route_cache_apps: Option<usize>,
+    /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
+    /// reserved from it).
+    #[arg(long, env = "SWITCHYARD_CACHE_MEMORY_MB")]
+    cache_memory_mb: Option<u64>,
     /// Deadline of one Redis call (and of connecting), in milliseconds.
     #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
@@ -95,6 +99,7 @@ struct FileConfig {
     drain_grace_s: Option<u64>,
     shutdown_grace_s: Option<u64>,
     route_cache_apps: Option<Spanned<usize>>,
+    cache_memory_mb: Option<Spanned<u64>>,
     redis_timeout_ms: Option<Spanned<u64>>,
 }
 
@@ -143,6 +148,7 @@ pub(crate) struct Config {
     pub(crate) drain_grace: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) route_cache_apps: usize,
+    pub(crate) cache_memory_bytes: u64,
 }
 
 /// Settings of the HTTPS listener.
@@ -276,6 +282,13 @@ impl Config {
             file.route_cache_apps,
             100_000,
         )?;
+        let cache_memory_mb = at_least_one(
+            &source,
+            "cache_memory_mb",
+            args.cache_memory_mb,
+            file.cache_memory_mb,
+            256,
+        )?;
         Ok(Self {
             http,
             https,
@@ -301,6 +314,7 @@ impl Config {
                     .unwrap_or(10),
             ),
             route_cache_apps,
+            cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
         })
     }
 }

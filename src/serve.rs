@@ -74,6 +74,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         RouteCacheLimits {
             apps: config.route_cache_apps,
             domains: config.route_cache_apps.saturating_mul(4),
+            response_bytes: config.cache_memory_bytes,
         },
         config.drain_grace,
     ));

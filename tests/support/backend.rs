@@ -315,9 +315,29 @@ async fn respond(
                 "body_len": request.body.len(),
             });
             let body = serde_json::to_vec(&description).unwrap_or_default();
-            write_response(stream, 200, "application/json", &body).await
+            let extra = response_headers_asked(&request.target);
+            write_response_with(stream, 200, "application/json", &extra, &body).await
         }
     }
+}
+
+/// Response headers a request asks for in its query: `cc=` (Cache-Control), `vary=`,
+/// `cookie=` (a Set-Cookie), so tests can drive caching decisions.
+fn response_headers_asked(target: &str) -> String {
+    let Some((_, query)) = target.split_once('?') else {
+        return String::new();
+    };
+    let mut headers = String::new();
+    for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        let value = value.replace("%20", " ").replace("%2C", ",");
+        match key {
+            "cc" => headers.push_str(&format!("Cache-Control: {value}\r\n")),
+            "vary" => headers.push_str(&format!("Vary: {value}\r\n")),
+            "cookie" => headers.push_str(&format!("Set-Cookie: {value}\r\n")),
+            _ => {}
+        }
+    }
+    headers
 }
 
 async fn write_response(
@@ -326,8 +346,18 @@ async fn write_response(
     content_type: &str,
     body: &[u8],
 ) -> std::io::Result<()> {
+    write_response_with(stream, status, content_type, "", body).await
+}
+
+async fn write_response_with(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    extra_headers: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n{extra_headers}Content-Length: {}\r\n\r\n",
         body.len()
     );
     // One write: a head and a body in two small segments would wait out the router's

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Domain, Mirror};
+use crate::{Domain, Mirror, ResponseCache};
 
 /// An app's name: `[a-z0-9][a-z0-9-]{0,62}`, the key it is stored and addressed under.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -162,6 +162,9 @@ pub struct App {
     /// Copy a share of the requests to shadow backends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<Mirror>,
+    /// Keep and serve responses without asking the app.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<ResponseCache>,
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

@@ -4,6 +4,7 @@
 //! validates input with them — and it does no IO, so validation lives here once.
 
 mod app;
+mod cache;
 mod certificate;
 mod change;
 mod domain;
@@ -12,6 +13,7 @@ mod mirror;
 mod spec;
 
 pub use app::{App, AppName, Backend, Balancer, HealthCheck, Hsts, Timeouts};
+pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;
 pub use domain::{normalize_host, Domain};

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use serde_json::{Map, Value};
 
 use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
+use crate::cache::parse_cache;
 use crate::mirror::parse_mirror;
 use crate::{
     App, AppName, Backend, Balancer, Domain, HealthCheck, Hsts, Timeouts, ValidationError,
@@ -36,6 +37,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "https_redirect",
             "hsts",
             "mirror",
+            "cache",
         ],
         "",
     )?;
@@ -96,6 +98,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_mirror(v).map_err(|e| e.under("mirror"))?),
     };
+    let cache = match fields.get("cache") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_cache(v).map_err(|e| e.under("cache"))?),
+    };
     Ok(App {
         name,
         domains,
@@ -107,6 +113,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         https_redirect,
         hsts,
         mirror,
+        cache,
     })
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::balancer::InFlight;
+use crate::cache::CacheCtx;
 use crate::metrics;
 use crate::mirror::MirrorFeed;
 use crate::route_cache::AppRoute;
@@ -40,6 +41,8 @@ pub struct RequestCtx {
     pub local_status: Option<u16>,
     /// Where the request body goes when this request is being mirrored.
     pub(crate) mirror: Option<MirrorFeed>,
+    /// The response cache's state, for apps that cache.
+    pub(crate) cache: Option<CacheCtx>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -61,6 +64,7 @@ impl RequestCtx {
             upgraded: false,
             local_status: None,
             mirror: None,
+            cache: None,
             _active: ActiveRequest::start(),
         }
     }

@@ -6,6 +6,7 @@
 
 mod access_log;
 mod balancer;
+mod cache;
 mod cert_cache;
 mod cert_expiry;
 mod context;
@@ -17,6 +18,7 @@ mod metrics;
 mod mirror;
 mod pipeline;
 mod respond;
+mod response_store;
 mod route;
 mod route_cache;
 mod tls;
@@ -29,5 +31,6 @@ pub use follower::ChangeFollower;
 pub use health::HealthChecker;
 pub use mirror::MirrorState;
 pub use pipeline::Router;
+pub use response_store::{AppResponseCache, CacheBudget};
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
 pub use tls::{https_settings, TicketKeyRotation};

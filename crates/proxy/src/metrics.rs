@@ -221,6 +221,36 @@ pub(crate) static MIRROR_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static CACHE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_cache_requests_total",
+        "Requests of apps that cache, by app and X-Cache result (HIT, MISS, STALE, BYPASS).",
+        &["app", "result"]
+    ))
+});
+
+pub(crate) static CACHE_BYTES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    registered(register_int_gauge_vec!(
+        "switchyard_cache_bytes",
+        "Bytes of responses held in memory, by app.",
+        &["app"]
+    ))
+});
+
+pub(crate) static CACHE_STORES: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_cache_stores_total",
+        "Responses stored in the response cache."
+    ))
+});
+
+pub(crate) static CACHE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_cache_evictions_total",
+        "Responses evicted from the response cache to make room."
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
@@ -249,6 +279,10 @@ pub(crate) fn register_all() {
     LazyLock::force(&MIRROR_DROPPED);
     LazyLock::force(&MIRROR_IN_FLIGHT);
     LazyLock::force(&MIRROR_DURATION);
+    LazyLock::force(&CACHE_REQUESTS);
+    LazyLock::force(&CACHE_BYTES);
+    LazyLock::force(&CACHE_STORES);
+    LazyLock::force(&CACHE_EVICTIONS);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

@@ -2,16 +2,19 @@
 //! this file top to bottom tells what happens to every request:
 //!
 //! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
-//!    then **https** (308 to HTTPS for apps that ask), then **mirror** (a copy to the
-//!    shadow backends starts, fire-and-forget).
+//!    then **https** (308 to HTTPS for apps that ask), then **cache** (a fresh cached
+//!    response is sent here), then **mirror** (a copy to the shadow backends starts,
+//!    fire-and-forget).
 //! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
 //! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
 //! 4. `upstream_request_filter`: forwarded headers for the backend.
 //! 5. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
 //! 6. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
-//! 7. `upstream_response_filter` / `response_filter`: upstream timing, upgrades, request id,
-//!    HSTS.
-//! 8. `fail_to_proxy`: a failure becomes a status code (`respond`).
+//! 7. `upstream_response_filter` / `response_filter` / `response_body_filter`: upstream
+//!    timing, upgrades, the cache's decision to keep the response (or to swap an app error
+//!    for a stale copy), `X-Cache`, request id, HSTS.
+//! 8. `fail_to_proxy`: a stale copy stands in if the cache has one, otherwise the failure
+//!    becomes a status code (`respond`).
 //! 9. `logging`: **log** — access-log line and metrics.
 
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::Error;
 
 use crate::access_log::AccessLog;
+use crate::cache;
 use crate::context::RequestCtx;
 use crate::https;
 use crate::metrics;
@@ -78,6 +82,9 @@ impl ProxyHttp for Router {
         }
         if let Some(location) = https::redirect_location(session, ctx, self.https_port) {
             respond::write_redirect(session, ctx, &location).await?;
+            return Ok(true);
+        }
+        if cache::serve_or_prepare(session, ctx).await? {
             return Ok(true);
         }
         mirror::start(&self.mirrors, session, ctx);
@@ -151,11 +158,12 @@ impl ProxyHttp for Router {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         upstream::on_response_header(ctx, response.status.as_u16());
+        cache::on_upstream_response(session, ctx, response);
         Ok(())
     }
 
@@ -165,8 +173,20 @@ impl ProxyHttp for Router {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        cache::on_response_header(ctx, response)?;
         response.insert_header("x-request-id", ctx.request_id.as_str())?;
         https::add_hsts(response, ctx)
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<std::time::Duration>> {
+        cache::on_response_body(ctx, body, end_of_stream);
+        Ok(None)
     }
 
     async fn fail_to_proxy(
@@ -175,6 +195,12 @@ impl ProxyHttp for Router {
         error: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if let Some(status) = cache::serve_stale_on_failure(session, ctx).await {
+            return FailToProxy {
+                error_code: status,
+                can_reuse_downstream: false,
+            };
+        }
         let status = respond::status_for(error);
         if status > 0 {
             if let Err(e) =

@@ -22,6 +22,7 @@ use crate::balancer::Upstream;
 use crate::drain;
 use crate::metrics;
 use crate::mirror::MirrorState;
+use crate::response_store::{AppResponseCache, CacheBudget};
 
 const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.
@@ -38,6 +39,8 @@ pub struct AppRoute {
     pub loaded_at: Instant,
     /// Live state of its traffic mirroring, when it mirrors.
     pub mirror: Option<MirrorState>,
+    /// Its cached responses, when it caches.
+    pub response_cache: Option<Arc<AppResponseCache>>,
 }
 
 /// Sizes of the route caches.
@@ -47,6 +50,8 @@ pub struct RouteCacheLimits {
     pub apps: usize,
     /// Most domain → app answers (including "no such domain") kept.
     pub domains: usize,
+    /// Bytes of cached responses, over all apps.
+    pub response_bytes: u64,
 }
 
 impl Default for RouteCacheLimits {
@@ -54,6 +59,7 @@ impl Default for RouteCacheLimits {
         Self {
             apps: 100_000,
             domains: 400_000,
+            response_bytes: 256 << 20,
         }
     }
 }
@@ -71,6 +77,7 @@ pub struct RouteCache {
     /// Names of cached apps that have active health checks: the health checker walks this
     /// short list instead of every cached route.
     health_checked: Mutex<HashSet<String>>,
+    response_budget: Arc<CacheBudget>,
 }
 
 /// Why a host could not be resolved.
@@ -94,6 +101,7 @@ impl RouteCache {
             drain_grace,
             fills: AtomicU64::new(0),
             health_checked: Mutex::new(HashSet::new()),
+            response_budget: CacheBudget::new(limits.response_bytes),
         }
     }
 
@@ -140,7 +148,7 @@ impl RouteCache {
         let Some(app) = self.store.get_app(name).await? else {
             return Ok(None);
         };
-        let route = Arc::new(build_route(app, None));
+        let route = Arc::new(build_route(app, None, &self.response_budget));
         self.note_health_check(&route);
         self.fill(name, epoch, || {
             self.apps.insert(name.to_string(), route.clone())
@@ -188,7 +196,7 @@ impl RouteCache {
         };
         match self.store.get_app(name).await {
             Ok(Some(app)) => {
-                let route = Arc::new(build_route(app, Some(&previous)));
+                let route = Arc::new(build_route(app, Some(&previous), &self.response_budget));
                 self.note_health_check(&route);
                 self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
                 drain::retire_removed(&previous.upstream, &route.upstream, self.drain_grace);
@@ -305,16 +313,31 @@ fn log_interrupted_resync(e: &StoreError) {
     log::warn!("route-cache revalidation interrupted, cached routes kept: {e}");
 }
 
-fn build_route(app: App, previous: Option<&AppRoute>) -> AppRoute {
+fn build_route(app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>) -> AppRoute {
     let upstream = Upstream::new(&app.backends, app.balancer, previous.map(|p| &p.upstream));
     let mirror = app
         .mirror
         .as_ref()
         .map(|_| MirrorState::new(app.name.as_str(), previous.and_then(|p| p.mirror.as_ref())));
+    // A change that keeps the cache's size keeps its responses (a scale or deploy does not
+    // empty the cache); purges are explicit.
+    let response_cache = app.cache.as_ref().map(|policy| {
+        previous
+            .and_then(|p| p.response_cache.clone())
+            .filter(|cache| cache.sized_for(policy.max_bytes))
+            .unwrap_or_else(|| {
+                Arc::new(AppResponseCache::new(
+                    app.name.as_str(),
+                    policy.max_bytes,
+                    budget,
+                ))
+            })
+    });
     AppRoute {
         app,
         upstream,
         loaded_at: Instant::now(),
         mirror,
+        response_cache,
     }
 }

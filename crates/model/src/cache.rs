@@ -1,0 +1,177 @@
+//! Response caching: which of an app's responses the router keeps and serves without asking
+//! the app, for how long, and how long a stale copy may stand in when the app fails.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::spec::{as_object, optional_integer, refuse_unknown};
+use crate::{PathPattern, ValidationError};
+
+/// Largest per-app cache size.
+const MAX_CACHE_BYTES: u64 = 16 * 1024 * 1024 * 1024;
+/// Largest single response kept.
+const MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
+/// Most path patterns per app.
+const MAX_PATTERNS: usize = 64;
+
+/// Where cached responses live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheStore {
+    /// In this router's memory, bounded by bytes per app and in total.
+    Memory,
+}
+
+/// An app's response cache. Nothing is cached unless its path matches `paths`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseCache {
+    /// Where responses are kept.
+    pub store: CacheStore,
+    /// Paths whose GET and HEAD responses may be cached (`/exact` or `/prefix*`).
+    pub paths: Vec<PathPattern>,
+    /// Freshness when the response does not set `max-age` / `s-maxage`.
+    pub ttl_s: u64,
+    /// How long past freshness a copy may be served when the app fails or is down.
+    pub stale_if_error_s: u64,
+    /// Most bytes this app's cached responses take (bodies and headers).
+    pub max_bytes: u64,
+    /// Largest response kept; larger ones pass through uncached.
+    pub max_object_bytes: u64,
+    /// Cache responses that set cookies (the `Set-Cookie` header is not stored).
+    #[serde(default)]
+    pub cache_set_cookie: bool,
+    /// Serve and fill the cache for requests that carry `Authorization`.
+    #[serde(default)]
+    pub cache_authorized: bool,
+}
+
+impl ResponseCache {
+    /// Whether `path` is one the app opted in for.
+    pub fn covers(&self, path: &str) -> bool {
+        self.paths.iter().any(|p| p.matches(path))
+    }
+}
+
+/// Parses the `cache` option of an app spec; field names are relative to it.
+pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(
+        fields,
+        &[
+            "store",
+            "paths",
+            "ttl_s",
+            "stale_if_error_s",
+            "max_bytes",
+            "max_object_bytes",
+            "cache_set_cookie",
+            "cache_authorized",
+        ],
+        "",
+    )?;
+    let store = match fields.get("store") {
+        None => CacheStore::Memory,
+        Some(Value::String(s)) if s == "memory" => CacheStore::Memory,
+        Some(Value::String(s)) if s == "redis" || s == "redis-versioned" => {
+            return Err(ValidationError::new(
+                "store",
+                format!("\"{s}\" is not available in this version; use \"memory\""),
+            ))
+        }
+        Some(_) => return Err(ValidationError::new("store", "must be \"memory\"")),
+    };
+    let paths = fields
+        .get("paths")
+        .and_then(Value::as_array)
+        .filter(|items| !items.is_empty() && items.len() <= MAX_PATTERNS)
+        .ok_or_else(|| {
+            ValidationError::new(
+                "paths",
+                format!("is required: 1 to {MAX_PATTERNS} patterns such as \"/\" or \"/assets/*\""),
+            )
+        })?
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = format!("paths[{i}]");
+            let text = item
+                .as_str()
+                .ok_or_else(|| ValidationError::new(&field, "must be a string"))?;
+            PathPattern::parse(text).map_err(|m| ValidationError::new(&field, m))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let flag = |name: &str| match fields.get(name) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ValidationError::new(name, "must be true or false")),
+    };
+    let max_bytes = optional_integer(fields, "max_bytes", 1024, MAX_CACHE_BYTES, 64 << 20)?;
+    let max_object_bytes = optional_integer(
+        fields,
+        "max_object_bytes",
+        1,
+        MAX_OBJECT_BYTES,
+        (1 << 20).min(max_bytes),
+    )?;
+    if max_object_bytes > max_bytes {
+        return Err(ValidationError::new(
+            "max_object_bytes",
+            "must not exceed max_bytes",
+        ));
+    }
+    Ok(ResponseCache {
+        store,
+        paths,
+        ttl_s: optional_integer(fields, "ttl_s", 1, 365 * 86_400, 60)?,
+        stale_if_error_s: optional_integer(fields, "stale_if_error_s", 0, 30 * 86_400, 0)?,
+        max_bytes,
+        max_object_bytes,
+        cache_set_cookie: flag("cache_set_cookie")?,
+        cache_authorized: flag("cache_authorized")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_and_round_trip() {
+        let cache =
+            parse_cache(&json!({"paths": ["/", "/foo*"], "stale_if_error_s": 300})).expect("valid");
+        assert_eq!((cache.ttl_s, cache.stale_if_error_s), (60, 300));
+        assert!(cache.covers("/") && cache.covers("/foo/bar") && !cache.covers("/bar"));
+        let stored = serde_json::to_string(&cache).expect("serialise");
+        assert_eq!(
+            serde_json::from_str::<ResponseCache>(&stored).expect("back"),
+            cache
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases: &[(Value, &str)] = &[
+            (json!({}), "paths"),
+            (json!({"paths": []}), "paths"),
+            (json!({"paths": ["x"]}), "paths[0]"),
+            (json!({"paths": ["/"], "store": "disk"}), "store"),
+            (json!({"paths": ["/"], "store": "redis"}), "store"),
+            (json!({"paths": ["/"], "ttl_s": 0}), "ttl_s"),
+            (json!({"paths": ["/"], "max_bytes": 10}), "max_bytes"),
+            (
+                json!({"paths": ["/"], "max_bytes": 2048, "max_object_bytes": 4096}),
+                "max_object_bytes",
+            ),
+            (
+                json!({"paths": ["/"], "cache_set_cookie": 1}),
+                "cache_set_cookie",
+            ),
+            (json!({"paths": ["/"], "tll_s": 5}), "tll_s"),
+        ];
+        for (spec, field) in cases {
+            let err = parse_cache(spec).expect_err(&format!("{spec} must be refused"));
+            assert_eq!(&err.field, field, "{spec}: {err}");
+        }
+    }
+}

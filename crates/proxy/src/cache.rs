@@ -1,0 +1,532 @@
+//! Stage cache: answer from the app's response cache, or let the request through and keep
+//! its response when the app allows it; stand in with a stale copy when the app fails.
+//!
+//! Only opted-in paths are cached, GET and HEAD only. A response is kept when its status is
+//! cacheable, its `Cache-Control` has no `no-store`/`private`/`no-cache`, it sets no cookie
+//! (unless the app opts in, and then the cookie is not stored) and it is not `Vary: *`.
+//! Freshness: `s-maxage`, else `max-age`, else the app's `ttl_s`. Concurrent misses for one
+//! URL wait for the first one's response instead of all reaching the app.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderName, Method};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use switchyard_model::ResponseCache;
+
+use crate::context::RequestCtx;
+use crate::https;
+use crate::metrics;
+use crate::response_store::{AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket};
+
+/// Longest a miss waits for another request filling the same URL.
+const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
+/// Statuses kept (RFC 9111 heuristically cacheable ones a platform's apps send).
+const CACHEABLE_STATUSES: &[u16] = &[200, 203, 204, 300, 301, 308, 404, 410];
+/// Response headers never stored: they describe one connection or one client.
+const NOT_STORED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "set-cookie",
+    "age",
+    "x-request-id",
+];
+
+/// The `X-Cache` verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheStatus {
+    Hit,
+    Miss,
+    Stale,
+    Bypass,
+}
+
+impl CacheStatus {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Hit => "HIT",
+            Self::Miss => "MISS",
+            Self::Stale => "STALE",
+            Self::Bypass => "BYPASS",
+        }
+    }
+}
+
+/// What the cache stage knows about one request of an app that caches.
+pub(crate) struct CacheCtx {
+    status: CacheStatus,
+    cache: Arc<AppResponseCache>,
+    policy: ResponseCache,
+    key: String,
+    /// An expired copy that may still stand in if the app fails.
+    stale: Option<Arc<CachedResponse>>,
+    /// Set when this request's response replaces an upstream error with `stale`.
+    serving_stale: bool,
+    /// Set when this request may store its response.
+    fill: Option<Fill>,
+}
+
+impl std::fmt::Debug for CacheCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheCtx")
+            .field("status", &self.status)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Fill {
+    _guard: Option<FillGuard>,
+    vary: Option<Arc<[HeaderName]>>,
+    stored_key: String,
+    response: Option<PendingResponse>,
+    body: BytesMut,
+}
+
+struct PendingResponse {
+    status: u16,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    fresh_for: Duration,
+}
+
+/// Looks the request up. `Ok(true)`: answered from the cache; `Ok(false)`: go on to the app.
+pub(crate) async fn serve_or_prepare(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
+    let Some(route) = ctx.route.clone() else {
+        return Ok(false);
+    };
+    let (Some(policy), Some(cache)) = (route.app.cache.as_ref(), route.response_cache.as_ref())
+    else {
+        return Ok(false);
+    };
+    let request = session.req_header();
+    let method = request.method.clone();
+    let eligible = (method == Method::GET || method == Method::HEAD)
+        && policy.covers(request.uri.path())
+        && (policy.cache_authorized || request.headers.get(header::AUTHORIZATION).is_none());
+    let scheme = if ctx.tls { "https" } else { "http" };
+    let key = format!(
+        "{scheme}://{}{}",
+        ctx.host.as_deref().unwrap_or(""),
+        request.uri.path_and_query().map_or("/", |pq| pq.as_str())
+    );
+    let mut state = CacheCtx {
+        status: CacheStatus::Bypass,
+        cache: cache.clone(),
+        policy: policy.clone(),
+        key,
+        stale: None,
+        serving_stale: false,
+        fill: None,
+    };
+    if !eligible {
+        count(ctx, CacheStatus::Bypass);
+        ctx.cache = Some(state);
+        return Ok(false);
+    }
+    state.status = CacheStatus::Miss;
+    let mut looked = look_up(session, &state);
+    let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
+    if needs_fetch && method == Method::GET {
+        match cache.begin_fill(&state.key) {
+            FillTicket::Leader(guard) => state.fill = Some(Fill::new(Some(guard), &state.key)),
+            FillTicket::Uncoordinated => state.fill = Some(Fill::new(None, &state.key)),
+            FillTicket::Follower(done) => {
+                let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
+                let _ = tokio::time::timeout(wait, done).await;
+                looked = look_up(session, &state).or(looked);
+                if !matches!(looked, Some(Looked::Fresh(_))) {
+                    state.fill = Some(Fill::new(None, &state.key));
+                }
+            }
+        }
+    }
+    match looked {
+        Some(Looked::Fresh(response)) => {
+            count(ctx, CacheStatus::Hit);
+            state.status = CacheStatus::Hit;
+            ctx.cache = Some(state);
+            write_cached(session, ctx, &response, CacheStatus::Hit).await?;
+            Ok(true)
+        }
+        Some(Looked::Stale(response)) => {
+            state.stale = Some(response);
+            ctx.cache = Some(state);
+            Ok(false)
+        }
+        None => {
+            ctx.cache = Some(state);
+            Ok(false)
+        }
+    }
+}
+
+enum Looked {
+    Fresh(Arc<CachedResponse>),
+    /// Expired but within `stale_if_error_s`.
+    Stale(Arc<CachedResponse>),
+}
+
+fn look_up(session: &Session, state: &CacheCtx) -> Option<Looked> {
+    let (key, entry) = match state.cache.get(&state.key)? {
+        Entry::Varies(names) => {
+            let key = variant_key(&state.key, &names, session);
+            let entry = state.cache.get(&key)?;
+            (key, entry)
+        }
+        entry => (state.key.clone(), entry),
+    };
+    let Entry::Response(response) = entry else {
+        return None;
+    };
+    let now = Instant::now();
+    if now < response.fresh_until {
+        Some(Looked::Fresh(response))
+    } else if now < response.stale_until {
+        Some(Looked::Stale(response))
+    } else {
+        state.cache.remove(&key);
+        None
+    }
+}
+
+fn variant_key(key: &str, names: &[HeaderName], session: &Session) -> String {
+    let headers = &session.req_header().headers;
+    let mut variant = key.to_string();
+    for name in names {
+        variant.push('\n');
+        for (i, value) in headers.get_all(name).iter().enumerate() {
+            if i > 0 {
+                variant.push(',');
+            }
+            variant.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        }
+    }
+    variant
+}
+
+impl Fill {
+    fn new(guard: Option<FillGuard>, key: &str) -> Self {
+        Self {
+            _guard: guard,
+            vary: None,
+            stored_key: key.to_string(),
+            response: None,
+            body: BytesMut::new(),
+        }
+    }
+}
+
+/// The app answered: decide whether to keep this response, or to stand in with a stale copy
+/// for an error.
+pub(crate) fn on_upstream_response(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    response: &ResponseHeader,
+) {
+    let Some(state) = ctx.cache.as_mut() else {
+        return;
+    };
+    let status = response.status.as_u16();
+    if status >= 500 && state.stale.is_some() {
+        state.serving_stale = true;
+        state.fill = None;
+        return;
+    }
+    let Some(fill) = state.fill.as_mut() else {
+        return;
+    };
+    match storable(&state.policy, response) {
+        Some((fresh_for, vary)) => {
+            if let Some(names) = &vary {
+                fill.stored_key = variant_key(&state.key, names, session);
+            }
+            fill.vary = vary;
+            fill.response = Some(PendingResponse {
+                status,
+                headers: response
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| !NOT_STORED.contains(&name.as_str()))
+                    .map(|(name, value)| (name.clone(), value.clone()))
+                    .collect(),
+                fresh_for,
+            });
+        }
+        None => state.fill = None,
+    }
+}
+
+/// How long `response` may be served, and the headers it varies by; `None` if it must not
+/// be kept.
+fn storable(
+    policy: &ResponseCache,
+    response: &ResponseHeader,
+) -> Option<(Duration, Option<Arc<[HeaderName]>>)> {
+    if !CACHEABLE_STATUSES.contains(&response.status.as_u16()) {
+        return None;
+    }
+    let headers = &response.headers;
+    if headers.get(header::SET_COOKIE).is_some() && !policy.cache_set_cookie {
+        return None;
+    }
+    let declared_length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > policy.max_object_bytes) {
+        return None;
+    }
+    let mut max_age = None;
+    let mut shared_max_age = None;
+    for directive in headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+    {
+        let (name, value) = directive
+            .trim()
+            .split_once('=')
+            .unwrap_or((directive.trim(), ""));
+        let seconds = || value.trim_matches('"').parse::<u64>().ok();
+        match name.to_ascii_lowercase().as_str() {
+            "no-store" | "private" | "no-cache" => return None,
+            "max-age" => max_age = seconds(),
+            "s-maxage" => shared_max_age = seconds(),
+            _ => {}
+        }
+    }
+    let fresh_for = shared_max_age.or(max_age).unwrap_or(policy.ttl_s);
+    if fresh_for == 0 {
+        return None;
+    }
+    let mut vary = Vec::new();
+    for name in headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    {
+        if name == "*" {
+            return None;
+        }
+        vary.push(HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).ok()?);
+    }
+    vary.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    vary.dedup();
+    let vary = (!vary.is_empty()).then(|| Arc::from(vary));
+    Some((Duration::from_secs(fresh_for), vary))
+}
+
+/// Adds `X-Cache`, or swaps an upstream error for the stale copy's head.
+pub(crate) fn on_response_header(
+    ctx: &mut RequestCtx,
+    response: &mut ResponseHeader,
+) -> pingora::Result<()> {
+    let app = ctx.route.as_ref().map_or("", |r| r.app.name.as_str());
+    let Some(state) = ctx.cache.as_mut() else {
+        return Ok(());
+    };
+    if state.serving_stale {
+        if let Some(stale) = &state.stale {
+            *response = cached_head(stale, CacheStatus::Stale)?;
+            state.status = CacheStatus::Stale;
+            count_for(app, CacheStatus::Stale);
+        }
+        return Ok(());
+    }
+    if state.status == CacheStatus::Miss {
+        count_for(app, CacheStatus::Miss);
+    }
+    response.insert_header("x-cache", state.status.label())
+}
+
+/// Collects the body of a response being kept (storing it at its end), or replaces an
+/// upstream error's body with the stale copy's.
+pub(crate) fn on_response_body(
+    ctx: &mut RequestCtx,
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+) {
+    let Some(state) = ctx.cache.as_mut() else {
+        return;
+    };
+    if state.serving_stale {
+        // The stale body goes out in place of the first piece of the error's; the rest of
+        // the error's body is swallowed.
+        *body = state.stale.take().map(|stale| stale.body.clone());
+        return;
+    }
+    let Some(fill) = state.fill.as_mut() else {
+        return;
+    };
+    if fill.response.is_none() {
+        return;
+    }
+    if let Some(chunk) = body.as_ref() {
+        if (fill.body.len() + chunk.len()) as u64 > state.policy.max_object_bytes {
+            state.fill = None;
+            return;
+        }
+        fill.body.extend_from_slice(chunk);
+    }
+    if !end_of_stream {
+        return;
+    }
+    let Some(fill) = state.fill.take() else {
+        return;
+    };
+    let Some(pending) = fill.response else {
+        return;
+    };
+    let now = Instant::now();
+    let fresh_until = now + pending.fresh_for;
+    let stored = CachedResponse {
+        status: pending.status,
+        headers: pending.headers,
+        body: fill.body.freeze(),
+        stored_at: now,
+        fresh_until,
+        stale_until: fresh_until + Duration::from_secs(state.policy.stale_if_error_s),
+    };
+    if let Some(names) = fill.vary {
+        state.cache.insert(state.key.clone(), Entry::Varies(names));
+    }
+    state
+        .cache
+        .insert(fill.stored_key, Entry::Response(Arc::new(stored)));
+    metrics::CACHE_STORES.inc();
+}
+
+/// The app could not be reached (or failed before answering): serve the stale copy if one is
+/// allowed. Returns the status sent, or `None` when there is none to serve.
+pub(crate) async fn serve_stale_on_failure(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> Option<u16> {
+    if session.response_written().is_some() {
+        return None;
+    }
+    let app = ctx.route.as_ref().map_or("", |r| r.app.name.as_str());
+    let state = ctx.cache.as_mut()?;
+    let stale = state.stale.take()?;
+    state.status = CacheStatus::Stale;
+    state.fill = None;
+    count_for(app, CacheStatus::Stale);
+    match write_cached(session, ctx, &stale, CacheStatus::Stale).await {
+        Ok(()) => Some(stale.status),
+        Err(e) => {
+            log::debug!("request {}: stale copy not sent: {e}", ctx.request_id);
+            None
+        }
+    }
+}
+
+fn cached_head(response: &CachedResponse, status: CacheStatus) -> pingora::Result<ResponseHeader> {
+    let mut head = ResponseHeader::build(response.status, Some(response.headers.len() + 4))?;
+    for (name, value) in &response.headers {
+        head.append_header(name.clone(), value.clone())?;
+    }
+    head.insert_header(header::CONTENT_LENGTH, response.body.len().to_string())?;
+    head.insert_header(
+        header::AGE,
+        response.stored_at.elapsed().as_secs().to_string(),
+    )?;
+    head.insert_header("x-cache", status.label())?;
+    Ok(head)
+}
+
+async fn write_cached(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    response: &CachedResponse,
+    status: CacheStatus,
+) -> pingora::Result<()> {
+    let mut head = cached_head(response, status)?;
+    head.insert_header("x-request-id", ctx.request_id.as_str())?;
+    https::add_hsts(&mut head, ctx)?;
+    ctx.local_status = Some(response.status);
+    let head_only = session.req_header().method == Method::HEAD;
+    session
+        .write_response_header(Box::new(head), head_only)
+        .await?;
+    if !head_only {
+        session
+            .write_response_body(Some(response.body.clone()), true)
+            .await?;
+    }
+    Ok(())
+}
+
+fn count(ctx: &RequestCtx, status: CacheStatus) {
+    count_for(ctx.app_name(), status);
+}
+
+fn count_for(app: &str, status: CacheStatus) {
+    metrics::CACHE_REQUESTS
+        .with_label_values(&[app, status.label()])
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy() -> ResponseCache {
+        let app = switchyard_model::parse_app_spec(
+            "a",
+            &json!({"cache": {"paths": ["/"], "ttl_s": 60, "max_object_bytes": 100}}),
+        )
+        .expect("valid");
+        app.cache.expect("cache")
+    }
+
+    fn response(status: u16, headers: &[(&str, &str)]) -> ResponseHeader {
+        let mut head = ResponseHeader::build(status, None).expect("head");
+        for (name, value) in headers {
+            head.append_header(name.to_string(), *value)
+                .expect("header");
+        }
+        head
+    }
+
+    #[test]
+    fn cache_control_set_cookie_and_vary_decide_what_is_kept() {
+        let p = policy();
+        let fresh = |h: &[(&str, &str)]| storable(&p, &response(200, h)).map(|(d, _)| d.as_secs());
+        assert_eq!(fresh(&[]), Some(60));
+        assert_eq!(fresh(&[("cache-control", "public, max-age=5")]), Some(5));
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=5, s-maxage=9")]),
+            Some(9)
+        );
+        assert_eq!(fresh(&[("cache-control", "max-age=0")]), None);
+        for refused in ["no-store", "private", "no-cache", "private, max-age=60"] {
+            assert_eq!(fresh(&[("cache-control", refused)]), None, "{refused}");
+        }
+        assert_eq!(fresh(&[("set-cookie", "sid=1")]), None);
+        assert_eq!(fresh(&[("vary", "*")]), None);
+        assert_eq!(fresh(&[("content-length", "101")]), None);
+        assert_eq!(storable(&p, &response(500, &[])).map(|_| ()), None);
+        let (_, vary) = storable(
+            &p,
+            &response(200, &[("vary", "Accept-Encoding, accept-language")]),
+        )
+        .expect("kept");
+        let names: Vec<&str> = vary
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["accept-encoding", "accept-language"]);
+    }
+}

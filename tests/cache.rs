@@ -1,0 +1,214 @@
+//! The response cache end to end: the real router in front of a real backend that counts
+//! what reaches it and sets caching headers on demand.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{Backend, Behaviour, RouterProcess};
+
+fn cached_app(router: &RouterProcess, backend: &Backend, cache: Value) {
+    router.put_app(
+        "site",
+        json!({"domains": ["site.test"], "backends": [backend.addr.to_string()], "cache": cache}),
+    );
+}
+
+fn fetch(router: &RouterProcess, path: &str) -> (u16, String, String) {
+    let response = router.get("site.test", path);
+    (
+        response.status,
+        response.header("x-cache").unwrap_or("").to_string(),
+        response.text(),
+    )
+}
+
+fn request_with(
+    router: &RouterProcess,
+    method: &str,
+    path: &str,
+    extra: &str,
+) -> support::Response {
+    support::request(
+        router.http,
+        &format!("{method} {path} HTTP/1.1\r\nHost: site.test\r\n{extra}Connection: close\r\n\r\n"),
+    )
+    .expect("an answer")
+}
+
+#[test]
+fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    cached_app(
+        &router,
+        &backend,
+        json!({"paths": ["/", "/assets/*"], "ttl_s": 60}),
+    );
+
+    let (status, first, body) = fetch(&router, "/assets/app.js");
+    assert_eq!((status, first.as_str()), (200, "MISS"));
+    let (_, second, cached_body) = fetch(&router, "/assets/app.js");
+    assert_eq!(second, "HIT");
+    assert_eq!(cached_body, body, "the stored body is served");
+    assert_eq!(fetch(&router, "/").1, "MISS");
+    assert_eq!(fetch(&router, "/").1, "HIT");
+    assert_eq!(backend.requests(), 2, "hits never reached the app");
+
+    let head = request_with(&router, "HEAD", "/assets/app.js", "");
+    assert_eq!(head.header("x-cache"), Some("HIT"));
+    assert!(head.body.is_empty());
+
+    // Not opted in, not GET/HEAD, or with credentials: the app answers every time.
+    for _ in 0..2 {
+        assert_eq!(fetch(&router, "/account").1, "BYPASS");
+        let post = request_with(&router, "POST", "/assets/app.js", "Content-Length: 0\r\n");
+        assert_eq!(post.header("x-cache"), Some("BYPASS"));
+        let authorized = request_with(&router, "GET", "/", "Authorization: Bearer x\r\n");
+        assert_eq!(authorized.header("x-cache"), Some("BYPASS"));
+    }
+    assert_eq!(backend.requests(), 8);
+
+    // The app's own headers: no-store, private and Set-Cookie are never kept.
+    for path in [
+        "/assets/a?cc=no-store",
+        "/assets/b?cc=private",
+        "/assets/c?cookie=sid%3D1",
+        "/assets/d?cc=max-age=0",
+    ] {
+        let before = backend.requests();
+        assert_eq!(fetch(&router, path).1, "MISS", "{path}");
+        assert_eq!(fetch(&router, path).1, "MISS", "{path} was not kept");
+        assert_eq!(backend.requests(), before + 2, "{path}");
+    }
+    assert_eq!(fetch(&router, "/assets/e?cc=max-age=60").1, "MISS");
+    assert_eq!(fetch(&router, "/assets/e?cc=max-age=60").1, "HIT");
+}
+
+#[test]
+fn vary_keeps_one_copy_per_variant() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    cached_app(&router, &backend, json!({"paths": ["/*"]}));
+    let path = "/page?vary=Accept-Language";
+    let ask = |language: &str| {
+        let response = request_with(
+            &router,
+            "GET",
+            path,
+            &format!("Accept-Language: {language}\r\n"),
+        );
+        let body = response.json();
+        (
+            response.header("x-cache").unwrap_or("").to_string(),
+            body["headers"]["accept-language"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(ask("fr"), ("MISS".into(), "fr".into()));
+    assert_eq!(ask("de"), ("MISS".into(), "de".into()));
+    assert_eq!(ask("fr"), ("HIT".into(), "fr".into()), "the French copy");
+    assert_eq!(ask("de"), ("HIT".into(), "de".into()), "the German copy");
+    assert_eq!(backend.requests(), 2);
+}
+
+#[test]
+fn concurrent_misses_send_one_request_to_the_app() {
+    let router = Arc::new(RouterProcess::start());
+    let backend = Backend::start("app");
+    cached_app(&router, &backend, json!({"paths": ["/slow"]}));
+    let clients: Vec<_> = (0..100)
+        .map(|_| {
+            let router = router.clone();
+            std::thread::spawn(move || {
+                let response = router.get("site.test", "/slow?ms=500");
+                (response.status, response.text())
+            })
+        })
+        .collect();
+    for client in clients {
+        let (status, body) = client.join().expect("client");
+        assert_eq!((status, body.as_str()), (200, "app"));
+    }
+    assert_eq!(
+        backend.requests(),
+        1,
+        "100 concurrent misses, one request to the app"
+    );
+}
+
+#[test]
+fn stale_copies_stand_in_while_the_app_fails_then_expire() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    cached_app(
+        &router,
+        &backend,
+        json!({"paths": ["/*"], "ttl_s": 1, "stale_if_error_s": 3}),
+    );
+    let stored_at = Instant::now();
+    let (_, first, body) = fetch(&router, "/news");
+    assert_eq!(first, "MISS");
+    std::thread::sleep(Duration::from_millis(1200));
+
+    // Expired: the app is asked again; when it answers 500 the stale copy is served instead.
+    backend.set_behaviour(Behaviour::Status(500));
+    let (status, verdict, stale_body) = fetch(&router, "/news");
+    assert_eq!((status, verdict.as_str()), (200, "STALE"));
+    assert_eq!(stale_body, body);
+
+    // The app is gone altogether: still the stale copy.
+    backend.stop();
+    let (status, verdict, stale_body) = fetch(&router, "/news");
+    assert_eq!((status, verdict.as_str()), (200, "STALE"));
+    assert_eq!(stale_body, body);
+
+    // Past stale_if_error_s, the failure shows.
+    let stale_end = Duration::from_millis(4300);
+    if let Some(rest) = stale_end.checked_sub(stored_at.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let (status, _, _) = fetch(&router, "/news");
+    assert_eq!(status, 502, "no stale copy after its window");
+    assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 2.0);
+}
+
+#[test]
+fn memory_stays_within_the_apps_bound() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    cached_app(
+        &router,
+        &backend,
+        json!({"paths": ["/*"], "max_bytes": 32768}),
+    );
+    for i in 0..300 {
+        assert_eq!(fetch(&router, &format!("/item/{i}")).0, 200);
+    }
+    let held = router.metric("switchyard_cache_bytes{app=\"site\"}");
+    assert!(held > 0.0 && held <= 32768.0, "{held} bytes held");
+    assert!(router.metric("switchyard_cache_evictions_total") > 0.0);
+    assert!(router.metric("switchyard_cache_stores_total") >= 300.0);
+}
+
+#[test]
+fn cache_options_are_validated_field_by_field() {
+    let router = RouterProcess::start();
+    for (cache, field) in [
+        (json!({}), "cache.paths"),
+        (json!({"paths": ["nope"]}), "cache.paths[0]"),
+        (json!({"paths": ["/"], "ttl_s": 0}), "cache.ttl_s"),
+        (json!({"paths": ["/"], "store": "disk"}), "cache.store"),
+    ] {
+        let body = json!({"domains": ["site.test"], "cache": cache}).to_string();
+        let (status, error) = router.admin_call("PUT", "/v1/apps/site", Some(&body));
+        assert_eq!(status, 400, "{error}");
+        assert_eq!(error["field"], json!(field), "{error}");
+    }
+    let (status, _) = router.admin_call("GET", "/v1/apps/site", None);
+    assert_eq!(status, 404, "nothing was stored");
+}
