@@ -212,3 +212,59 @@ fn cache_options_are_validated_field_by_field() {
     let (status, _) = router.admin_call("GET", "/v1/apps/site", None);
     assert_eq!(status, 404, "nothing was stored");
 }
+
+#[test]
+fn a_purge_on_one_router_empties_the_entry_on_every_router() {
+    let redis = support::RedisServer::start();
+    let subscribed = || {
+        let router = RouterProcess::start_with(&["--store", &redis.url()]);
+        support::eventually(Duration::from_secs(5), "the change subscription", || {
+            router.metric("switchyard_store_subscription_connected") == 1.0
+        });
+        router
+    };
+    let (a, b) = (subscribed(), subscribed());
+    let backend = Backend::start("app");
+    cached_app(&a, &backend, json!({"paths": ["/*"]}));
+    for router in [&a, &b] {
+        support::eventually(Duration::from_secs(2), "the app on both routers", || {
+            router.get("site.test", "/news?page=1").status == 200
+        });
+        for path in ["/news?page=1", "/news/1", "/about"] {
+            router.get("site.test", path);
+            assert_eq!(fetch(router, path).1, "HIT", "{path} cached");
+        }
+    }
+
+    let (status, answer) = a.admin_call("DELETE", "/v1/apps/site/cache?path=/news", None);
+    assert_eq!(status, 200, "{answer}");
+    for router in [&a, &b] {
+        support::eventually(Duration::from_secs(1), "the purge on every router", || {
+            fetch(router, "/news?page=1").1 == "MISS"
+        });
+        assert_eq!(fetch(router, "/news/1").1, "HIT", "only /news itself");
+        assert_eq!(fetch(router, "/about").1, "HIT");
+    }
+    let (status, _) = b.admin_call("DELETE", "/v1/apps/site/cache?path=/&prefix=true", None);
+    assert_eq!(status, 200);
+    for router in [&a, &b] {
+        support::eventually(Duration::from_secs(1), "the prefix purge", || {
+            fetch(router, "/about").1 == "MISS"
+        });
+    }
+
+    for (query, field) in [
+        ("", "path"),
+        ("?path=news", "path"),
+        ("?path=/&prefix=yes", "prefix"),
+    ] {
+        let (status, error) = a.admin_call("DELETE", &format!("/v1/apps/site/cache{query}"), None);
+        assert_eq!(
+            (status, error["field"].as_str()),
+            (400, Some(field)),
+            "{error}"
+        );
+    }
+    let (status, _) = a.admin_call("DELETE", "/v1/apps/nope/cache?path=/", None);
+    assert_eq!(status, 404);
+}

@@ -1,6 +1,8 @@
 //! One function per admin route. Bodies are taken as raw bytes and parsed by the model, so
 //! malformed JSON and invalid fields get the same JSON error shape.
 
+use std::collections::HashMap;
+
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -78,6 +80,34 @@ pub(crate) async fn put_backends(
     let backends = parse_backends_spec(&parse_json(&body)?)?;
     let app = state.store.set_backends(name.as_str(), backends).await?;
     Ok(Json(json!(app)))
+}
+
+/// `DELETE /v1/apps/{name}/cache?path=/p[&prefix=true]`: every router sharing the store drops
+/// the app's cached responses for that path (or under that prefix).
+pub(crate) async fn purge_cache(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let name = valid_name(&name)?;
+    let path = query
+        .get("path")
+        .filter(|p| {
+            p.starts_with('/') && p.len() <= 1024 && p.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ValidationError::new("path", "is required: an absolute path such as /news")
+        })?;
+    let prefix = match query.get("prefix").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ValidationError::new("prefix", "must be true or false").into()),
+    };
+    if state.store.get_app(name.as_str()).await?.is_none() {
+        return Err(app_not_found(&name));
+    }
+    state.store.purge_cache(name.as_str(), path, prefix).await?;
+    Ok(Json(json!({"app": name, "purged": path, "prefix": prefix})))
 }
 
 #[derive(Deserialize)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{delete, get, put};
 use axum::Router;
 use switchyard_store::Store;
 use tokio::net::TcpListener;
@@ -49,6 +49,7 @@ pub fn router(state: AdminState) -> Router {
                 .delete(handlers::delete_app),
         )
         .route("/v1/apps/{name}/backends", put(handlers::put_backends))
+        .route("/v1/apps/{name}/cache", delete(handlers::purge_cache))
         .route("/v1/certs", get(handlers::list_certs))
         .route(
             "/v1/certs/{domain}",

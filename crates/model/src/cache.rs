@@ -4,15 +4,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, optional_integer, refuse_unknown};
+use crate::spec::{as_object, optional_integer, parse_list, refuse_unknown};
 use crate::{PathPattern, ValidationError};
 
 /// Largest per-app cache size.
 const MAX_CACHE_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// Largest single response kept.
 const MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
-/// Most path patterns per app.
-const MAX_PATTERNS: usize = 64;
 
 /// Where cached responses live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,26 +78,13 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
         }
         Some(_) => return Err(ValidationError::new("store", "must be \"memory\"")),
     };
-    let paths = fields
-        .get("paths")
-        .and_then(Value::as_array)
-        .filter(|items| !items.is_empty() && items.len() <= MAX_PATTERNS)
-        .ok_or_else(|| {
-            ValidationError::new(
-                "paths",
-                format!("is required: 1 to {MAX_PATTERNS} patterns such as \"/\" or \"/assets/*\""),
-            )
-        })?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let field = format!("paths[{i}]");
-            let text = item
-                .as_str()
-                .ok_or_else(|| ValidationError::new(&field, "must be a string"))?;
-            PathPattern::parse(text).map_err(|m| ValidationError::new(&field, m))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let paths = parse_list(fields.get("paths"), "paths", PathPattern::parse)?;
+    if paths.is_empty() {
+        return Err(ValidationError::new(
+            "paths",
+            "is required: patterns such as \"/\" or \"/assets/*\"",
+        ));
+    }
     let flag = |name: &str| match fields.get(name) {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),

@@ -18,6 +18,16 @@ pub enum Change {
         /// The domain as stored.
         domain: String,
     },
+    /// Cached responses of `app` under `path` (every query string of it; with `prefix`,
+    /// every path starting with it) must be dropped. Not a stored change: it only travels.
+    CachePurge {
+        /// The app's name.
+        app: String,
+        /// An absolute path.
+        path: String,
+        /// Whether `path` is a prefix.
+        prefix: bool,
+    },
     /// Changes may have been missed (a lagging subscriber, a reconnect): every cached entry
     /// must be revalidated against the store.
     Resync,

@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::spec::{as_object, integer_in, optional_integer, parse_socket_addr, refuse_unknown};
+use crate::spec::{
+    as_object, integer_in, optional_integer, parse_list, parse_socket_addr, refuse_unknown,
+};
 use crate::ValidationError;
 
 /// Parts of a whole the share is counted in: four decimal places of a percent.
@@ -19,7 +21,7 @@ const SHARE_SCALE: u64 = 1_000_000;
 /// Most shadow backends per app.
 const MAX_MIRROR_BACKENDS: usize = 16;
 /// Most method or path filters per app.
-const MAX_FILTERS: usize = 64;
+pub(crate) const MAX_FILTERS: usize = 64;
 /// Largest request body that may be mirrored.
 pub const MAX_MIRROR_BODY: u64 = 64 * 1024 * 1024;
 
@@ -360,36 +362,6 @@ fn parse_mirror_backends(value: Option<&Value>) -> Result<Vec<SocketAddr>, Valid
         backends.push(address);
     }
     Ok(backends)
-}
-
-fn parse_list<T>(
-    value: Option<&Value>,
-    field: &str,
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Vec<T>, ValidationError> {
-    let Some(value) = value else {
-        return Ok(Vec::new());
-    };
-    let items = value
-        .as_array()
-        .ok_or_else(|| ValidationError::new(field, "must be an array of strings"))?;
-    if items.len() > MAX_FILTERS {
-        return Err(ValidationError::new(
-            field,
-            format!("at most {MAX_FILTERS} entries"),
-        ));
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let field = format!("{field}[{i}]");
-            let text = item
-                .as_str()
-                .ok_or_else(|| ValidationError::new(&field, "must be a string"))?;
-            parse(text).map_err(|m| ValidationError::new(&field, m))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
 use crate::cache::parse_cache;
-use crate::mirror::parse_mirror;
+use crate::mirror::{parse_mirror, MAX_FILTERS};
 use crate::{
     App, AppName, Backend, Balancer, Domain, HealthCheck, Hsts, Timeouts, ValidationError,
 };
@@ -297,6 +297,37 @@ fn parse_timeouts(value: &Value) -> Result<Timeouts, ValidationError> {
         read_ms: optional_integer(fields, "read_ms", 10, 3_600_000, defaults.read_ms)?,
         write_ms: optional_integer(fields, "write_ms", 10, 3_600_000, defaults.write_ms)?,
     })
+}
+
+/// A list of strings parsed one by one, at most `MAX_FILTERS`; `[i]` names a bad entry.
+pub(crate) fn parse_list<T>(
+    value: Option<&Value>,
+    field: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, ValidationError> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let items = value
+        .as_array()
+        .ok_or_else(|| ValidationError::new(field, "must be an array of strings"))?;
+    if items.len() > MAX_FILTERS {
+        return Err(ValidationError::new(
+            field,
+            format!("at most {MAX_FILTERS} entries"),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = format!("{field}[{i}]");
+            let text = item
+                .as_str()
+                .ok_or_else(|| ValidationError::new(&field, "must be a string"))?;
+            parse(text).map_err(|m| ValidationError::new(&field, m))
+        })
+        .collect()
 }
 
 pub(crate) fn as_object<'a>(value: &'a Value, field: &str) -> Result<Fields<'a>, ValidationError> {

@@ -190,7 +190,7 @@ impl CertCache {
         match change {
             Change::Cert { domain } => self.invalidate(domain),
             Change::Resync => self.revalidate().await,
-            Change::App { .. } => {}
+            Change::App { .. } | Change::CachePurge { .. } => {}
         }
         self.publish_size();
     }

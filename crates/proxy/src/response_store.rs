@@ -214,6 +214,24 @@ impl AppResponseCache {
         }
     }
 
+    /// Drops every response stored for `path` (any scheme, host, query string or variant),
+    /// or for every path under it with `prefix`.
+    pub(crate) fn purge(&self, path: &str, prefix: bool) {
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        entries.retain(|key, _| {
+            let stored_path = key_path(key);
+            let hit = if prefix {
+                stored_path.starts_with(path)
+            } else {
+                stored_path == path
+            };
+            !hit
+        });
+        self.bytes_gauge.set(entries.weight() as i64);
+    }
+
     /// Claims the right to fill `key`, or a way to wait for whoever has it.
     pub(crate) fn begin_fill(self: &Arc<Self>, key: &str) -> FillTicket {
         let mut fills = self.fills.lock();
@@ -230,6 +248,16 @@ impl AppResponseCache {
             key: key.to_string(),
         })
     }
+}
+
+/// The path of a cache key (`scheme://host/path?query` plus `\nvariant…`), without query.
+fn key_path(key: &str) -> &str {
+    let url = key.split('\n').next().unwrap_or(key);
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path_and_query = after_scheme
+        .find('/')
+        .map_or("/", |start| &after_scheme[start..]);
+    path_and_query.split('?').next().unwrap_or(path_and_query)
 }
 
 impl Drop for AppResponseCache {
@@ -281,6 +309,27 @@ mod tests {
             .filter(|i| cache.get(&format!("/{i}")).is_some())
             .count();
         assert!(kept > 0 && kept < 64, "{kept} entries of 1 KiB in 64 KiB");
+    }
+
+    #[test]
+    fn purges_by_path_or_prefix_across_queries_and_variants() {
+        let cache = AppResponseCache::new("a", 1 << 20, &CacheBudget::new(1 << 20));
+        for key in [
+            "http://a.test/news?page=2",
+            "https://www.a.test/news",
+            "http://a.test/news\nfr",
+            "http://a.test/news/1",
+            "http://a.test/about",
+        ] {
+            cache.insert(key.to_string(), response(b"x"));
+        }
+        cache.purge("/news", false);
+        let left = |k: &str| cache.get(k).is_some();
+        assert!(!left("http://a.test/news?page=2") && !left("https://www.a.test/news"));
+        assert!(!left("http://a.test/news\nfr"));
+        assert!(left("http://a.test/news/1") && left("http://a.test/about"));
+        cache.purge("/news/", true);
+        assert!(!left("http://a.test/news/1") && left("http://a.test/about"));
     }
 
     #[tokio::test]

@@ -183,6 +183,11 @@ impl RouteCache {
                 self.refresh_app(name).await;
             }
             Change::Resync => self.resync().await,
+            Change::CachePurge { app, path, prefix } => {
+                if let Some(cache) = self.apps.get(app).and_then(|r| r.response_cache.clone()) {
+                    cache.purge(path, *prefix);
+                }
+            }
             Change::Cert { .. } => {}
         }
         self.publish_sizes();

@@ -248,6 +248,15 @@ impl Store for EmbeddedStore {
         Ok(info)
     }
 
+    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
+        self.announce(Change::CachePurge {
+            app: app.to_string(),
+            path: path.to_string(),
+            prefix,
+        });
+        Ok(())
+    }
+
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
         let owned = domain.to_string();
         let existed = self

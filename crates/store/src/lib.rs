@@ -71,6 +71,10 @@ pub trait Store: Send + Sync {
     /// Deletes the certificate of `domain`; `false` when there was none.
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
 
+    /// Tells every router sharing this store to drop cached responses of `app` under `path`
+    /// (a [`Change::CachePurge`]); nothing is stored.
+    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError>;
+
     /// Whether the store answered its last call. Caches use it to count what they serve
     /// while the store is away; a store that cannot fail is always available.
     fn available(&self) -> bool {

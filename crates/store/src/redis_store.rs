@@ -558,6 +558,20 @@ impl Store for RedisStore {
         Ok(cert.info)
     }
 
+    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
+        let event = encode(
+            app,
+            &Change::CachePurge {
+                app: app.to_string(),
+                path: path.to_string(),
+                prefix,
+            },
+        )?;
+        self.call(|mut c| async move { c.publish::<_, _, i64>(CHANGES_CHANNEL, event).await })
+            .await
+            .map(|_| ())
+    }
+
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
         let mut invocation = self.write_cert.prepare_invoke();
         invocation.arg(domain).arg("").arg("");
