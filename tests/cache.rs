@@ -268,3 +268,64 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router() {
     let (status, _) = a.admin_call("DELETE", "/v1/apps/nope/cache?path=/", None);
     assert_eq!(status, 404);
 }
+
+#[test]
+fn files_under_the_static_root_answer_before_the_cache_and_the_app() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    let root = tempfile::tempdir().expect("static root");
+    std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
+    std::fs::write(root.path().join("assets/site.css"), "body{}").expect("css");
+    std::fs::write(root.path().join("index.html"), "<h1>home</h1>").expect("index");
+    let big = "x".repeat(300_000);
+    std::fs::write(root.path().join("big.txt"), &big).expect("big file");
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("secret.txt"), "secret").expect("secret");
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        root.path().join("leak.txt"),
+    )
+    .expect("symlink");
+    router.put_app(
+        "site",
+        json!({
+            "domains": ["site.test"], "backends": [backend.addr.to_string()],
+            "static_root": root.path().to_str().expect("utf-8 path"),
+            "cache": {"paths": ["/*"]}
+        }),
+    );
+
+    let css = router.get("site.test", "/assets/site.css");
+    assert_eq!((css.status, css.text().as_str()), (200, "body{}"));
+    assert_eq!(css.header("content-type"), Some("text/css; charset=utf-8"));
+    let home = router.get("site.test", "/");
+    assert_eq!(
+        home.text(),
+        "<h1>home</h1>",
+        "a directory serves its index.html"
+    );
+    let large = router.get("site.test", "/big.txt");
+    assert_eq!(large.body.len(), big.len(), "sent whole, in chunks");
+    let head = request_with(&router, "HEAD", "/assets/site.css", "");
+    assert_eq!((head.status, head.body.len()), (200, 0));
+    assert_eq!(backend.requests(), 0, "the app was never asked");
+
+    // Not on disk, outside the root, or not GET/HEAD: the cache and the app take over.
+    let (_, verdict, body) = fetch(&router, "/assets/missing.css");
+    assert_eq!(verdict, "MISS");
+    assert!(body.contains("\"backend\":\"app\""), "{body}");
+    let leak = router.get("site.test", "/leak.txt");
+    assert!(
+        !leak.text().contains("secret"),
+        "a symlink out of the root is not followed"
+    );
+    let escape = request_with(&router, "GET", "/assets/%2e%2e/%2e%2e/etc/hostname", "");
+    assert!(
+        escape.text().contains("\"backend\":\"app\""),
+        "{}",
+        escape.text()
+    );
+    let post = request_with(&router, "POST", "/assets/site.css", "Content-Length: 0\r\n");
+    assert!(post.text().contains("\"backend\":\"app\""));
+    assert_eq!(backend.requests(), 4);
+}

@@ -165,6 +165,10 @@ pub struct App {
     /// Keep and serve responses without asking the app.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<ResponseCache>,
+    /// A directory served first, `try_files`-style: a file under it answers GET and HEAD
+    /// without the cache or the app.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_root: Option<String>,
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

@@ -38,6 +38,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "hsts",
             "mirror",
             "cache",
+            "static_root",
         ],
         "",
     )?;
@@ -102,6 +103,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_cache(v).map_err(|e| e.under("cache"))?),
     };
+    let static_root = match fields.get("static_root") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_static_root(v).map_err(|m| ValidationError::new("static_root", m))?),
+    };
     Ok(App {
         name,
         domains,
@@ -114,6 +119,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         hsts,
         mirror,
         cache,
+        static_root,
     })
 }
 
@@ -330,6 +336,20 @@ pub(crate) fn parse_list<T>(
         .collect()
 }
 
+fn parse_static_root(value: &Value) -> Result<String, &'static str> {
+    let dir = value
+        .as_str()
+        .map(|d| d.trim_end_matches('/'))
+        .filter(|d| {
+            d.starts_with('/')
+                && d.len() <= 4096
+                && !d.contains('\0')
+                && !d.split('/').any(|segment| segment == "..")
+        })
+        .ok_or("must be an absolute directory path without '..' (and not /)")?;
+    Ok(dir.to_string())
+}
+
 pub(crate) fn as_object<'a>(value: &'a Value, field: &str) -> Result<Fields<'a>, ValidationError> {
     value
         .as_object()
@@ -453,6 +473,9 @@ mod tests {
                 json!({"mirror": {"backends": ["127.0.0.1:9"], "key": "ip"}}),
                 "mirror.key",
             ),
+            ("ok", json!({"static_root": "srv/www"}), "static_root"),
+            ("ok", json!({"static_root": "/srv/../etc"}), "static_root"),
+            ("ok", json!({"static_root": "/"}), "static_root"),
         ];
         for (name, body, field) in cases {
             let err = parse_app_spec(name, body).expect_err(&format!("{body} must be refused"));

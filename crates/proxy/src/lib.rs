@@ -21,6 +21,7 @@ mod respond;
 mod response_store;
 mod route;
 mod route_cache;
+mod static_files;
 mod tls;
 mod upstream;
 

@@ -2,8 +2,8 @@
 //! this file top to bottom tells what happens to every request:
 //!
 //! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
-//!    then **https** (308 to HTTPS for apps that ask), then **cache** (a fresh cached
-//!    response is sent here), then **mirror** (a copy to the shadow backends starts,
+//!    then **https** (308 to HTTPS for apps that ask), then **static** (a file under the
+//!    app's static root answers), then **cache** (a fresh cached response is sent here), then **mirror** (a copy to the shadow backends starts,
 //!    fire-and-forget).
 //! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
 //! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
@@ -36,6 +36,7 @@ use crate::mirror::{self, MirrorClient};
 use crate::respond;
 use crate::route;
 use crate::route_cache::RouteCache;
+use crate::static_files;
 use crate::upstream;
 
 /// The router: Switchyard's implementation of Pingora's proxy phases.
@@ -82,6 +83,9 @@ impl ProxyHttp for Router {
         }
         if let Some(location) = https::redirect_location(session, ctx, self.https_port) {
             respond::write_redirect(session, ctx, &location).await?;
+            return Ok(true);
+        }
+        if static_files::serve(session, ctx).await? {
             return Ok(true);
         }
         if cache::serve_or_prepare(session, ctx).await? {
