@@ -63,8 +63,6 @@ pub(crate) struct CacheCtx {
     key: String,
     /// An expired copy that may still stand in if the app fails.
     stale: Option<Arc<CachedResponse>>,
-    /// Set when this request's response replaces an upstream error with `stale`.
-    serving_stale: bool,
     /// Set when this request may store its response.
     fill: Option<Fill>,
 }
@@ -121,7 +119,6 @@ pub(crate) async fn serve_or_prepare(
         policy: policy.clone(),
         key,
         stale: None,
-        serving_stale: false,
         fill: None,
     };
     if !eligible {
@@ -222,24 +219,27 @@ impl Fill {
     }
 }
 
-/// The app answered: decide whether to keep this response, or to stand in with a stale copy
-/// for an error.
+/// The app answered: decide whether to keep this response. An app error while a stale copy
+/// may stand in becomes a proxy failure, which `serve_stale_on_failure` answers with the
+/// copy (nothing of the error has reached the client yet).
 pub(crate) fn on_upstream_response(
     session: &Session,
     ctx: &mut RequestCtx,
     response: &ResponseHeader,
-) {
+) -> pingora::Result<()> {
     let Some(state) = ctx.cache.as_mut() else {
-        return;
+        return Ok(());
     };
     let status = response.status.as_u16();
     if status >= 500 && state.stale.is_some() {
-        state.serving_stale = true;
         state.fill = None;
-        return;
+        return pingora::Error::e_explain(
+            pingora::ErrorType::HTTPStatus(status),
+            "the app failed; a stale copy stands in",
+        );
     }
     let Some(fill) = state.fill.as_mut() else {
-        return;
+        return Ok(());
     };
     match storable(&state.policy, response) {
         Some((fresh_for, vary)) => {
@@ -260,6 +260,7 @@ pub(crate) fn on_upstream_response(
         }
         None => state.fill = None,
     }
+    Ok(())
 }
 
 /// How long `response` may be served, and the headers it varies by; `None` if it must not
@@ -326,45 +327,25 @@ fn storable(
     Some((Duration::from_secs(fresh_for), vary))
 }
 
-/// Adds `X-Cache`, or swaps an upstream error for the stale copy's head.
+/// Adds `X-Cache` to a response from the app.
 pub(crate) fn on_response_header(
     ctx: &mut RequestCtx,
     response: &mut ResponseHeader,
 ) -> pingora::Result<()> {
-    let app = ctx.route.as_ref().map_or("", |r| r.app.name.as_str());
-    let Some(state) = ctx.cache.as_mut() else {
+    let Some(state) = ctx.cache.as_ref() else {
         return Ok(());
     };
-    if state.serving_stale {
-        if let Some(stale) = &state.stale {
-            *response = cached_head(stale, CacheStatus::Stale)?;
-            state.status = CacheStatus::Stale;
-            count_for(app, CacheStatus::Stale);
-        }
-        return Ok(());
-    }
     if state.status == CacheStatus::Miss {
-        count_for(app, CacheStatus::Miss);
+        count(ctx, CacheStatus::Miss);
     }
     response.insert_header("x-cache", state.status.label())
 }
 
-/// Collects the body of a response being kept (storing it at its end), or replaces an
-/// upstream error's body with the stale copy's.
-pub(crate) fn on_response_body(
-    ctx: &mut RequestCtx,
-    body: &mut Option<Bytes>,
-    end_of_stream: bool,
-) {
+/// Collects the body of a response being kept, storing it at its end.
+pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stream: bool) {
     let Some(state) = ctx.cache.as_mut() else {
         return;
     };
-    if state.serving_stale {
-        // The stale body goes out in place of the first piece of the error's; the rest of
-        // the error's body is swallowed.
-        *body = state.stale.take().map(|stale| stale.body.clone());
-        return;
-    }
     let Some(fill) = state.fill.as_mut() else {
         return;
     };

@@ -11,8 +11,8 @@
 //! 5. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
 //! 6. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
 //! 7. `upstream_response_filter` / `response_filter` / `response_body_filter`: upstream
-//!    timing, upgrades, the cache's decision to keep the response (or to swap an app error
-//!    for a stale copy), `X-Cache`, request id, HSTS.
+//!    timing, upgrades, the cache's decision to keep the response (an app error with a
+//!    stale copy at hand becomes a failure, answered below), `X-Cache`, request id, HSTS.
 //! 8. `fail_to_proxy`: a stale copy stands in if the cache has one, otherwise the failure
 //!    becomes a status code (`respond`).
 //! 9. `logging`: **log** — access-log line and metrics.
@@ -167,8 +167,7 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         upstream::on_response_header(ctx, response.status.as_u16());
-        cache::on_upstream_response(session, ctx, response);
-        Ok(())
+        cache::on_upstream_response(session, ctx, response)
     }
 
     async fn response_filter(
