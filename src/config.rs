@@ -73,6 +73,13 @@ pub(crate) struct ServeArgs {
     /// reserved from it).
     #[arg(long, env = "SWITCHYARD_CACHE_MEMORY_MB")]
     cache_memory_mb: Option<u64>,
+    /// Redis of the response cache (redis://HOST:PORT/DB): apps with a Redis cache store.
+    /// Keep it apart from the route store: a cache Redis evicts (allkeys-lru).
+    #[arg(long, env = "SWITCHYARD_CACHE_REDIS")]
+    cache_redis: Option<String>,
+    /// Deadline of one cache Redis lookup, in milliseconds; slower is a miss.
+    #[arg(long, env = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS")]
+    cache_redis_timeout_ms: Option<u64>,
     /// Deadline of one Redis call (and of connecting), in milliseconds.
     #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
@@ -100,6 +107,8 @@ struct FileConfig {
     shutdown_grace_s: Option<u64>,
     route_cache_apps: Option<Spanned<usize>>,
     cache_memory_mb: Option<Spanned<u64>>,
+    cache_redis: Option<Spanned<String>>,
+    cache_redis_timeout_ms: Option<Spanned<u64>>,
     redis_timeout_ms: Option<Spanned<u64>>,
 }
 
@@ -149,6 +158,8 @@ pub(crate) struct Config {
     pub(crate) shutdown_grace: Duration,
     pub(crate) route_cache_apps: usize,
     pub(crate) cache_memory_bytes: u64,
+    /// The response cache's Redis URL and per-call deadline.
+    pub(crate) cache_redis: Option<(String, Duration)>,
 }
 
 /// Settings of the HTTPS listener.
@@ -289,6 +300,25 @@ impl Config {
             file.cache_memory_mb,
             256,
         )?;
+        let cache_redis_timeout = Duration::from_millis(at_least_one(
+            &source,
+            "cache_redis_timeout_ms",
+            args.cache_redis_timeout_ms,
+            file.cache_redis_timeout_ms,
+            50,
+        )?);
+        let cache_redis = match pick(args.cache_redis, file.cache_redis) {
+            Some((url, span)) => {
+                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                    bail!(
+                        "{}: must be a redis:// or rediss:// URL",
+                        source.at(span, "cache_redis")
+                    );
+                }
+                Some((url, cache_redis_timeout))
+            }
+            None => None,
+        };
         Ok(Self {
             http,
             https,
@@ -315,6 +345,7 @@ impl Config {
             ),
             route_cache_apps,
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
+            cache_redis,
         })
     }
 }

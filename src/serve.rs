@@ -15,9 +15,9 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use switchyard_admin::AdminState;
 use switchyard_proxy::{
-    https_settings, AccessLog, AccessLogTarget, CertCache, CertCacheLimits, CertExpiryScan,
-    ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router, ServedCert,
-    TicketKeyRotation,
+    https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
+    CertExpiryScan, ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router,
+    ServedCert, TicketKeyRotation,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -79,6 +79,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.drain_grace,
     ));
 
+    let cache_redis = match &config.cache_redis {
+        Some((url, timeout)) => Some(Arc::new(
+            CacheRedis::new(url, *timeout).map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
     let mut server = Server::new_with_opt_and_conf(None, server_conf(&config));
     server.bootstrap();
 
@@ -89,7 +95,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // backend connections; each request learns from its connection whether it came over TLS.
     let mut proxy = ProxyServiceBuilder::new(
         &server.configuration,
-        Router::new(routes.clone(), access_log, https_port),
+        Router::new(routes.clone(), access_log, https_port, cache_redis),
     )
     .name("switchyard proxy")
     .server_options(server_options)

@@ -329,3 +329,93 @@ fn files_under_the_static_root_answer_before_the_cache_and_the_app() {
     assert!(post.text().contains("\"backend\":\"app\""));
     assert_eq!(backend.requests(), 4);
 }
+
+/// Plays the app's side exactly as seed 004's Rails module does: after answering a
+/// cacheable GET it initialises the URL's version to 0 if absent and writes the body under
+/// `FULL_URL:version=N`; invalidation is `HINCRBY resource_versions FULL_URL 1`.
+fn rails_cache_response(redis: &support::RedisServer, full_url: &str, body: &str) {
+    let mut connection = redis.connection().expect("redis");
+    let version: Option<i64> = redis::cmd("HGET")
+        .arg("resource_versions")
+        .arg(full_url)
+        .query(&mut connection)
+        .expect("HGET");
+    let version = match version {
+        Some(v) => v,
+        None => {
+            let _: i64 = redis::cmd("HSET")
+                .arg("resource_versions")
+                .arg(full_url)
+                .arg(0)
+                .query(&mut connection)
+                .expect("HSET");
+            0
+        }
+    };
+    let _: () = redis::cmd("SET")
+        .arg(format!("{full_url}:version={version}"))
+        .arg(body)
+        .query(&mut connection)
+        .expect("SET");
+}
+
+#[test]
+fn the_redis_versioned_layout_written_by_the_app_is_served() {
+    let mut redis = support::RedisServer::start();
+    let router = RouterProcess::start_with(&["--cache-redis", &redis.url()]);
+    let backend = Backend::start("app");
+    cached_app(
+        &router,
+        &backend,
+        json!({"store": "redis-versioned", "paths": ["/", "/foo*"]}),
+    );
+    let url = "http://site.test/foo/123?page=2";
+
+    assert_eq!(fetch(&router, "/foo/123?page=2").1, "MISS");
+    rails_cache_response(&redis, url, "<html>foo 123, v0</html>");
+    let (status, verdict, body) = fetch(&router, "/foo/123?page=2");
+    assert_eq!((status, verdict.as_str()), (200, "HIT"));
+    assert_eq!(body, "<html>foo 123, v0</html>");
+    let page = router.get("site.test", "/foo/123?page=2");
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(backend.requests(), 1, "hits come from Redis");
+
+    // The app invalidates by bumping the version; the next request goes to the app, which
+    // writes the new version's body.
+    let mut connection = redis.connection().expect("redis");
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg("resource_versions")
+        .arg(url)
+        .arg(1)
+        .query(&mut connection)
+        .expect("HINCRBY");
+    assert_eq!(fetch(&router, "/foo/123?page=2").1, "MISS");
+    rails_cache_response(&redis, url, "<html>foo 123, v1</html>");
+    assert_eq!(
+        fetch(&router, "/foo/123?page=2").2,
+        "<html>foo 123, v1</html>"
+    );
+    assert_eq!(fetch(&router, "/bar").1, "BYPASS", "not opted in");
+
+    // Redis gone: every request is a miss answered by the app, never an error.
+    redis.stop();
+    let before = backend.requests();
+    for _ in 0..20 {
+        let (status, verdict, body) = fetch(&router, "/foo/123?page=2");
+        assert_eq!((status, verdict.as_str()), (200, "MISS"));
+        assert!(body.contains("\"backend\":\"app\""));
+    }
+    assert_eq!(backend.requests(), before + 20);
+    let errors: f64 = ["connect", "call", "timeout"]
+        .iter()
+        .map(|kind| {
+            router.metric(&format!(
+                "switchyard_cache_redis_errors_total{{kind=\"{kind}\"}}"
+            ))
+        })
+        .sum();
+    assert!(errors >= 1.0, "the outage is counted");
+}

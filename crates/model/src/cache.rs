@@ -18,6 +18,11 @@ const MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 pub enum CacheStore {
     /// In this router's memory, bounded by bytes per app and in total.
     Memory,
+    /// Seed 004's layout in the router's cache Redis, written by the app: the version of a
+    /// URL in the hash `resource_versions` (field: the full URL), its body under
+    /// `FULL_URL:version=N`. The router only reads.
+    #[serde(rename = "redis-versioned")]
+    RedisVersioned,
 }
 
 /// An app's response cache. Nothing is cached unless its path matches `paths`.
@@ -31,7 +36,7 @@ pub struct ResponseCache {
     pub ttl_s: u64,
     /// How long past freshness a copy may be served when the app fails or is down.
     pub stale_if_error_s: u64,
-    /// Most bytes this app's cached responses take (bodies and headers).
+    /// Most bytes this app's cached responses take in memory (bodies and headers).
     pub max_bytes: u64,
     /// Largest response kept; larger ones pass through uncached.
     pub max_object_bytes: u64,
@@ -70,13 +75,21 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
     let store = match fields.get("store") {
         None => CacheStore::Memory,
         Some(Value::String(s)) if s == "memory" => CacheStore::Memory,
-        Some(Value::String(s)) if s == "redis" || s == "redis-versioned" => {
+        Some(Value::String(s)) if s == "redis-versioned" => CacheStore::RedisVersioned,
+        Some(Value::String(s)) if s == "redis" => {
             return Err(ValidationError::new(
                 "store",
-                format!("\"{s}\" is not available in this version; use \"memory\""),
+                format!(
+                "\"{s}\" is not available in this version; use \"memory\" or \"redis-versioned\""
+            ),
             ))
         }
-        Some(_) => return Err(ValidationError::new("store", "must be \"memory\"")),
+        Some(_) => {
+            return Err(ValidationError::new(
+                "store",
+                "must be \"memory\" or \"redis-versioned\"",
+            ))
+        }
     };
     let paths = parse_list(fields.get("paths"), "paths", PathPattern::parse)?;
     if paths.is_empty() {

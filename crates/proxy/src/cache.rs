@@ -6,6 +6,9 @@
 //! (unless the app opts in, and then the cookie is not stored) and it is not `Vary: *`.
 //! Freshness: `s-maxage`, else `max-age`, else the app's `ttl_s`. Concurrent misses for one
 //! URL wait for the first one's response instead of all reaching the app.
+//!
+//! With the `redis-versioned` store the app owns the cache (seed 004): the router only
+//! reads the current version's body from Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,8 +17,9 @@ use bytes::{Bytes, BytesMut};
 use http::{header, HeaderName, Method};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
-use switchyard_model::ResponseCache;
+use switchyard_model::{CacheStore, ResponseCache};
 
+use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
 use crate::https;
 use crate::metrics;
@@ -94,6 +98,7 @@ struct PendingResponse {
 pub(crate) async fn serve_or_prepare(
     session: &mut Session,
     ctx: &mut RequestCtx,
+    redis: Option<&CacheRedis>,
 ) -> pingora::Result<bool> {
     let Some(route) = ctx.route.clone() else {
         return Ok(false);
@@ -127,6 +132,9 @@ pub(crate) async fn serve_or_prepare(
         return Ok(false);
     }
     state.status = CacheStatus::Miss;
+    if policy.store == CacheStore::RedisVersioned {
+        return serve_versioned(session, ctx, state, redis).await;
+    }
     let mut looked = look_up(session, &state);
     let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
     if needs_fetch && method == Method::GET {
@@ -162,6 +170,55 @@ pub(crate) async fn serve_or_prepare(
         }
     }
 }
+
+/// Seed 004's layout: the app wrote the body of this URL's current version; serve it, or
+/// let the app answer (and write it). The router never writes here.
+async fn serve_versioned(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    state: CacheCtx,
+    redis: Option<&CacheRedis>,
+) -> pingora::Result<bool> {
+    let body = match redis {
+        Some(redis) => redis.versioned_body(&state.key).await,
+        None => {
+            if !NO_CACHE_REDIS_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "app {}: cache store redis-versioned needs --cache-redis; its pages come \
+                     from the app",
+                    ctx.app_name()
+                );
+            }
+            None
+        }
+    };
+    let Some(body) = body else {
+        ctx.cache = Some(state);
+        return Ok(false);
+    };
+    count(ctx, CacheStatus::Hit);
+    ctx.cache = Some(CacheCtx {
+        status: CacheStatus::Hit,
+        ..state
+    });
+    let now = Instant::now();
+    let page = CachedResponse {
+        status: 200,
+        headers: vec![(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/html; charset=utf-8"),
+        )],
+        body,
+        stored_at: now,
+        fresh_until: now,
+        stale_until: now,
+    };
+    write_cached(session, ctx, &page, CacheStatus::Hit).await?;
+    Ok(true)
+}
+
+static NO_CACHE_REDIS_REPORTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 enum Looked {
     Fresh(Arc<CachedResponse>),

@@ -7,6 +7,7 @@
 mod access_log;
 mod balancer;
 mod cache;
+mod cache_redis;
 mod cert_cache;
 mod cert_expiry;
 mod context;
@@ -26,6 +27,7 @@ mod tls;
 mod upstream;
 
 pub use access_log::{AccessLog, AccessLogTarget, ACCESS_LOG_QUEUE_CAPACITY};
+pub use cache_redis::CacheRedis;
 pub use cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use cert_expiry::CertExpiryScan;
 pub use follower::ChangeFollower;

@@ -251,6 +251,14 @@ pub(crate) static CACHE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static CACHE_REDIS_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_cache_redis_errors_total",
+        "Cache Redis failures, each served as a miss, by kind (connect, call, timeout).",
+        &["kind"]
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
@@ -283,6 +291,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&CACHE_BYTES);
     LazyLock::force(&CACHE_STORES);
     LazyLock::force(&CACHE_EVICTIONS);
+    LazyLock::force(&CACHE_REDIS_ERRORS);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

@@ -29,6 +29,7 @@ use pingora::Error;
 
 use crate::access_log::AccessLog;
 use crate::cache;
+use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
 use crate::https;
 use crate::metrics;
@@ -45,17 +46,25 @@ pub struct Router {
     access_log: AccessLog,
     https_port: Option<u16>,
     mirrors: Arc<MirrorClient>,
+    cache_redis: Option<Arc<CacheRedis>>,
 }
 
 impl Router {
     /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
-    /// redirects), `None` when there is no HTTPS listener.
-    pub fn new(routes: Arc<RouteCache>, access_log: AccessLog, https_port: Option<u16>) -> Self {
+    /// redirects), `None` when there is no HTTPS listener; `cache_redis` serves apps whose
+    /// cache lives in Redis.
+    pub fn new(
+        routes: Arc<RouteCache>,
+        access_log: AccessLog,
+        https_port: Option<u16>,
+        cache_redis: Option<Arc<CacheRedis>>,
+    ) -> Self {
         Self {
             routes,
             access_log,
             https_port,
             mirrors: Arc::new(MirrorClient::new()),
+            cache_redis,
         }
     }
 }
@@ -88,7 +97,7 @@ impl ProxyHttp for Router {
         if static_files::serve(session, ctx).await? {
             return Ok(true);
         }
-        if cache::serve_or_prepare(session, ctx).await? {
+        if cache::serve_or_prepare(session, ctx, self.cache_redis.as_deref()).await? {
             return Ok(true);
         }
         mirror::start(&self.mirrors, session, ctx);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use quick_cache::sync::Cache;
-use switchyard_model::{App, Change};
+use switchyard_model::{App, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
 
 use crate::balancer::Upstream;
@@ -327,15 +327,16 @@ fn build_route(app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>)
     // A change that keeps the cache's size keeps its responses (a scale or deploy does not
     // empty the cache); purges are explicit.
     let response_cache = app.cache.as_ref().map(|policy| {
+        // Apps whose cache lives in Redis hold no response bytes here.
+        let in_memory = match policy.store {
+            CacheStore::Memory => policy.max_bytes,
+            CacheStore::RedisVersioned => 0,
+        };
         previous
             .and_then(|p| p.response_cache.clone())
-            .filter(|cache| cache.sized_for(policy.max_bytes))
+            .filter(|cache| cache.sized_for(in_memory))
             .unwrap_or_else(|| {
-                Arc::new(AppResponseCache::new(
-                    app.name.as_str(),
-                    policy.max_bytes,
-                    budget,
-                ))
+                Arc::new(AppResponseCache::new(app.name.as_str(), in_memory, budget))
             })
     });
     AppRoute {
