@@ -139,7 +139,14 @@ pub(crate) async fn serve_or_prepare(
     let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
     if needs_fetch && method == Method::GET {
         match cache.begin_fill(&state.key) {
-            FillTicket::Leader(guard) => state.fill = Some(Fill::new(Some(guard), &state.key)),
+            FillTicket::Leader(guard) => {
+                // Another leader may have stored the response between the look-up above and
+                // taking the lock: look once more before going to the app.
+                looked = look_up(session, &state).or(looked);
+                if !matches!(looked, Some(Looked::Fresh(_))) {
+                    state.fill = Some(Fill::new(Some(guard), &state.key));
+                }
+            }
             FillTicket::Uncoordinated => state.fill = Some(Fill::new(None, &state.key)),
             FillTicket::Follower(done) => {
                 let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
