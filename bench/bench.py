@@ -421,6 +421,8 @@ def write_report(results, path):
         lines += fleet_report(results["fleet"], results.get("fleet_date", ""))
     if results.get("mirror"):
         lines += mirror_report(results["mirror"], results.get("mirror_date", ""))
+    if results.get("cache"):
+        lines += cache_report(results["cache"], results.get("cache_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -553,6 +555,38 @@ def mirror_report(m, date):
             slow_vs_healthy = runs["slow"]["p99_ms"] / runs["healthy"]["p99_ms"]
             lines.append(f"  - what the mirror's slowness itself costs (1 s mirror vs healthy mirror): "
                          f"p99 {slow_vs_healthy:.3f}× (1,000 copies held open at once on the same 2 cores)")
+    return lines
+
+
+def cache_report(c, date):
+    """The response-cache section, from bench/bench_cache.py's measurements."""
+    lines = ["", "# Response cache (bench/bench_cache.py)", "",
+             f"Measured on {date}, same machine. Seed 004's experiment: a deliberately slow app "
+             "(one request at a time, 10 ms per 5 KB page, like a single Rails worker) behind Switchyard without a cache, with its memory "
+             "cache, with the `redis-versioned` store (the page written to Redis as the article's "
+             "Rails module writes it), and behind nginx `proxy_cache`. Closed loop: `wrk -t2 -c100` "
+             f"for {c['seconds']} s (the article's `ab -c 100`, time-bound); open loop: vegeta at "
+             f"{c['rate']} req/s.", "",
+             "| setup | closed-loop req/s | vs uncached | errors | open-loop achieved req/s | mean ms | p99 ms | success |",
+             "|---|---|---|---|---|---|---|---|"]
+    runs = {r["setup"]: r for r in c["runs"]}
+    base = runs["switchyard, no cache"]["rps"]
+    for r in c["runs"]:
+        open_loop = (f"{r['achieved_rps']:.0f} | {r['mean_ms']:.3f} | {r['p99_ms']:.3f} | {r['success'] * 100:.1f}%"
+                     if "achieved_rps" in r else "not run (the app alone serves ~100 req/s) | | |")
+        lines.append(f"| {r['setup']} | {r['rps']:.0f} | {r['rps'] / base:.1f}× | {'; '.join(r['errors']) or 'none'} | "
+                     f"{open_loop} |")
+    lines += ["", "## Targets (issue 6)", ""]
+    nginx = runs.get("nginx proxy_cache")
+    for name in ("switchyard, memory cache", "switchyard, redis-versioned"):
+        if name not in runs:
+            continue
+        hit = runs[name]["rps"]
+        lines.append(f"- {name}: hit throughput ≥ 10× uncached: measured {hit / base:.1f}× → "
+                     f"**{'met' if hit >= 10 * base else 'NOT met'}**")
+        if nginx:
+            lines.append(f"- {name}: hit throughput ≥ nginx proxy_cache: measured {hit / nginx['rps']:.2f}× → "
+                         f"**{'met' if hit >= nginx['rps'] else 'NOT met'}**")
     return lines
 
 

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Response cache: seed 004's experiment, Switchyard beside nginx `proxy_cache`.
+
+A deliberately slow app (one request at a time, 10 ms per 5 KB HTML page, like a single
+Rails worker) behind:
+- Switchyard without a cache,
+- Switchyard with its memory cache,
+- Switchyard with the `redis-versioned` store, the page written to Redis the way seed 004's
+  Rails module writes it (`resource_versions` hash + `FULL_URL:version=0`),
+- nginx with `proxy_cache` (a keys zone, 60 s validity).
+
+Load: closed loop with 100 connections (`wrk -t2 -c100`, the article's `ab -c 100` made
+time-bound) and a constant 2,000 req/s (vegeta) for latency. Results go to
+bench/results/latest.json under "cache" and to bench/RESULTS.md.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import bench as common
+
+HOST = "site.bench"
+PAGE_PATH = "/foo/1"
+RATE = 2000
+
+
+SLOW_APP = """
+import http.server, sys, time
+PAGE = b"<p>a slow page</p>" * 300
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(0.01)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(PAGE)))
+        self.end_headers()
+        self.wfile.write(PAGE)
+    def log_message(self, *args):
+        pass
+class Server(http.server.HTTPServer):
+    request_queue_size = 4096
+Server(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
+"""
+
+
+def start_slow_app(work, port=None):
+    """One request at a time, 10 ms each: a single app worker, as a Rails process is."""
+    port = port or common.free_port()
+    script = work / "slow_app.py"
+    script.write_text(SLOW_APP)
+    proc = common.Process("slow-app", [sys.executable, str(script), str(port)], work)
+    common.wait_port(port)
+    return proc, port
+
+
+def start_nginx_cache(work, app_port):
+    port = common.free_port()
+    conf = work / "nginx-cache.conf"
+    (work / "nginx-cache").mkdir(exist_ok=True)
+    conf.write_text(f"""
+user root;
+worker_processes {common.THREADS};
+daemon off;
+pid {work}/nginx-cache.pid;
+error_log {work}/nginx-cache-error.log;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    proxy_cache_path {work}/nginx-cache keys_zone=pages:10m max_size=256m;
+    upstream app {{ server 127.0.0.1:{app_port}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_cache pages;
+            proxy_cache_key $host$request_uri;
+            proxy_cache_valid 200 60s;
+            proxy_cache_lock on;
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+        }}
+    }}
+}}
+""")
+    proc = common.Process("nginx-cache", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    common.wait_port(port)
+    return proc, port
+
+
+def put_app(admin_port, app_port, cache):
+    spec = {"domains": [HOST], "backends": [f"127.0.0.1:{app_port}"]}
+    if cache:
+        spec["cache"] = cache
+    request = urllib.request.Request(f"http://127.0.0.1:{admin_port}/v1/apps/site", method="PUT",
+                                     data=json.dumps(spec).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def closed_loop(port, seconds):
+    out = subprocess.run(
+        ["wrk", "-t2", "-c100", f"-d{seconds}s", "-H", f"Host: {HOST}", f"http://127.0.0.1:{port}{PAGE_PATH}"],
+        check=True, capture_output=True, text=True).stdout
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
+    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    return rps, errors
+
+
+def constant_rate(port, seconds):
+    target = f"GET http://127.0.0.1:{port}{PAGE_PATH}\nHost: {HOST}\n"
+    out = subprocess.run([common.VEGETA, "attack", f"-rate={RATE}", f"-duration={seconds}s", "-timeout=5s"],
+                         input=target.encode(), check=True, capture_output=True).stdout
+    report = json.loads(subprocess.run([common.VEGETA, "report", "-type=json"], input=out,
+                                       check=True, capture_output=True).stdout)
+    lat = report["latencies"]
+    return {"achieved_rps": report["throughput"], "mean_ms": lat["mean"] / 1e6,
+            "p99_ms": lat["99th"] / 1e6, "success": report["success"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-cache-"))
+    results = {"seconds": seconds, "rate": RATE, "runs": []}
+    procs = []
+    try:
+        app, app_port = start_slow_app(work)
+        procs.append(app)
+        redis_port = common.free_port()
+        redis = common.Process("cache-redis", [
+            "redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
+            "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"], work)
+        procs.append(redis)
+        common.wait_port(redis_port)
+        url = f"http://{HOST}{PAGE_PATH}"
+        page = common.get(app_port, HOST, PAGE_PATH)[1]
+        # The app's side of seed 004: version 0, then the page under FULL_URL:version=0.
+        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "resource_versions", url, "0"],
+                       check=True, capture_output=True)
+        subprocess.run(["redis-cli", "-p", str(redis_port), "-x", "SET", f"{url}:version=0"],
+                       input=page, check=True, capture_output=True)
+
+        http_port, admin_port = common.free_port(), common.free_port()
+        sy = common.Process("switchyard-cache", [
+            str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+            "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+            "--threads", str(common.THREADS), "--access-log", "off", "--shutdown-grace-s", "0",
+            "--cache-redis", f"redis://127.0.0.1:{redis_port}/0"], work,
+            env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
+        procs.append(sy)
+        common.wait_port(http_port)
+        common.wait_port(admin_port)
+        setups = [
+            ("switchyard, no cache", None),
+            ("switchyard, memory cache", {"paths": ["/*"], "ttl_s": 60}),
+            ("switchyard, redis-versioned", {"store": "redis-versioned", "paths": ["/*"]}),
+        ]
+        def measure(name, port):
+            rps, errors = closed_loop(port, seconds)
+            # The uncached app serves ~100 req/s: an open-loop run far above that only
+            # measures its queue, so constant-rate latency is taken for cached setups.
+            latency = constant_rate(port, seconds) if name != "switchyard, no cache" else {}
+            results["runs"].append({"setup": name, "rps": rps, "errors": errors, **latency})
+            print(f"{name:32} {rps:9.0f} req/s {errors} | {latency}", flush=True)
+
+        for name, cache in setups:
+            put_app(admin_port, app_port, cache)
+            common.get(http_port, HOST, PAGE_PATH)
+            measure(name, http_port)
+            # A fresh app for the next setup: nothing left queued from this one.
+            app.stop()
+            procs.remove(app)
+            app, app_port = start_slow_app(work, app_port)
+            procs.append(app)
+        ng, ng_port = start_nginx_cache(work, app_port)
+        procs.append(ng)
+        common.get(ng_port, HOST, PAGE_PATH)
+        measure("nginx proxy_cache", ng_port)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    if not common.merge_section("cache", results, args.quick):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
