@@ -230,9 +230,10 @@ def start_haproxy(work, apps, backend):
 
 # ---------------------------------------------------------------- measurements
 
-def wrk_throughput(port, seconds):
+def wrk_throughput(port, seconds, host=HOT_HOST, path="/", connections=64):
     out = subprocess.run(
-        ["wrk", "-t2", "-c64", f"-d{seconds}s", "-H", f"Host: {HOT_HOST}", f"http://127.0.0.1:{port}/"],
+        ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-H", f"Host: {host}",
+         f"http://127.0.0.1:{port}{path}"],
         check=True, capture_output=True, text=True).stdout
     rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
     errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
@@ -244,17 +245,22 @@ def vegeta_latency(port, rate, seconds):
     attack = subprocess.run(
         [VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s", "-timeout=5s", "-keepalive=true"],
         input=target.encode(), check=True, capture_output=True).stdout
-    report = json.loads(subprocess.run([VEGETA, "report", "-type=json"], input=attack,
+    return {"rate": rate, **vegeta_summary(attack)}
+
+
+def vegeta_summary(attack_output):
+    """Rate, latencies (ms) and success of a `vegeta attack` output."""
+    report = json.loads(subprocess.run([VEGETA, "report", "-type=json"], input=attack_output,
                                        check=True, capture_output=True).stdout)
     lat = report["latencies"]
     return {
-        "rate": rate,
+        "achieved_rps": report["throughput"],
+        "requests": report["requests"],
         "mean_ms": lat["mean"] / 1e6,
         "p50_ms": lat["50th"] / 1e6,
         "p99_ms": lat["99th"] / 1e6,
         "max_ms": lat["max"] / 1e6,
         "success": report["success"],
-        "achieved_rps": report["throughput"],
     }
 
 

@@ -105,24 +105,11 @@ def put_app(admin_port, app_port, cache):
         assert response.status == 200
 
 
-def closed_loop(port, seconds):
-    out = subprocess.run(
-        ["wrk", "-t2", "-c100", f"-d{seconds}s", "-H", f"Host: {HOST}", f"http://127.0.0.1:{port}{PAGE_PATH}"],
-        check=True, capture_output=True, text=True).stdout
-    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
-    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
-    return rps, errors
-
-
 def constant_rate(port, seconds):
     target = f"GET http://127.0.0.1:{port}{PAGE_PATH}\nHost: {HOST}\n"
     out = subprocess.run([common.VEGETA, "attack", f"-rate={RATE}", f"-duration={seconds}s", "-timeout=5s"],
                          input=target.encode(), check=True, capture_output=True).stdout
-    report = json.loads(subprocess.run([common.VEGETA, "report", "-type=json"], input=out,
-                                       check=True, capture_output=True).stdout)
-    lat = report["latencies"]
-    return {"achieved_rps": report["throughput"], "mean_ms": lat["mean"] / 1e6,
-            "p99_ms": lat["99th"] / 1e6, "success": report["success"]}
+    return common.vegeta_summary(out)
 
 
 def main():
@@ -167,7 +154,7 @@ def main():
             ("switchyard, redis-versioned", {"store": "redis-versioned", "paths": ["/*"]}),
         ]
         def measure(name, port):
-            rps, errors = closed_loop(port, seconds)
+            rps, errors = common.wrk_throughput(port, seconds, host=HOST, path=PAGE_PATH, connections=100)
             # The uncached app serves ~100 req/s: an open-loop run far above that only
             # measures its queue, so constant-rate latency is taken for cached setups.
             latency = constant_rate(port, seconds) if name != "switchyard, no cache" else {}

@@ -138,17 +138,7 @@ def attack(port, seconds, one_connection):
     out = subprocess.run(
         [common.VEGETA, "attack", f"-rate={RATE}", f"-duration={seconds}s", "-keepalive=true", *flags],
         input=target.encode(), check=True, capture_output=True).stdout
-    report = json.loads(subprocess.run([common.VEGETA, "report", "-type=json"], input=out,
-                                       check=True, capture_output=True).stdout)
-    lat = report["latencies"]
-    return {
-        "achieved_rps": report["throughput"],
-        "mean_ms": lat["mean"] / 1e6,
-        "p50_ms": lat["50th"] / 1e6,
-        "p99_ms": lat["99th"] / 1e6,
-        "success": report["success"],
-        "requests": report["requests"],
-    }
+    return common.vegeta_summary(out)
 
 
 def mirror_counts(admin_port):
