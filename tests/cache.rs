@@ -161,6 +161,12 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     assert_eq!((status, verdict.as_str()), (200, "STALE"));
     assert_eq!(stale_body, body);
 
+    // An error without a body is replaced just as well.
+    backend.set_behaviour(Behaviour::BareStatus(503));
+    let (status, verdict, stale_body) = fetch(&router, "/news");
+    assert_eq!((status, verdict.as_str()), (200, "STALE"));
+    assert_eq!(stale_body, body);
+
     // The app is gone altogether: still the stale copy.
     backend.stop();
     let (status, verdict, stale_body) = fetch(&router, "/news");
@@ -174,7 +180,7 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     }
     let (status, _, _) = fetch(&router, "/news");
     assert_eq!(status, 502, "no stale copy after its window");
-    assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 2.0);
+    assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 3.0);
 }
 
 #[test]

@@ -48,6 +48,8 @@ pub enum Behaviour {
     Delay(Duration),
     /// Answers this status with a short body.
     Status(u16),
+    /// Answers this status with an empty body.
+    BareStatus(u16),
     /// Resets the connection (RST) once the request is read.
     Reset,
 }
@@ -194,6 +196,9 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             }
             Behaviour::Status(status) => {
                 write_response(reader.get_mut(), status, "text/plain", b"failing").await
+            }
+            Behaviour::BareStatus(status) => {
+                write_response(reader.get_mut(), status, "text/plain", b"").await
             }
             Behaviour::Reset => {
                 let _ = reader.get_ref().set_zero_linger();
