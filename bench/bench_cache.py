@@ -16,6 +16,7 @@ bench/results/latest.json under "cache" and to bench/RESULTS.md.
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,7 @@ def main():
             p.stop()
     if not common.merge_section("cache", results, args.quick):
         return 1
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

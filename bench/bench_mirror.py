@@ -21,6 +21,7 @@ the Lua module (`ngx.sleep`), which holds thousands of waiting requests cheaply.
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -196,6 +197,7 @@ def main():
             p.stop()
     if not common.merge_section("mirror", results, args.quick):
         return 1
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
