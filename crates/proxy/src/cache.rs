@@ -24,6 +24,7 @@ use crate::context::RequestCtx;
 use crate::https;
 use crate::metrics;
 use crate::response_store::{AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket};
+use crate::route_cache::AppRoute;
 
 /// Longest a miss waits for another request filling the same URL.
 const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
@@ -59,11 +60,11 @@ impl CacheStatus {
     }
 }
 
-/// What the cache stage knows about one request of an app that caches.
+/// What the cache stage knows about one request of an app that caches. The app's policy is
+/// read from the request's route, which is fixed for the request.
 pub(crate) struct CacheCtx {
     status: CacheStatus,
     cache: Arc<AppResponseCache>,
-    policy: ResponseCache,
     key: String,
     /// An expired copy that may still stand in if the app fails.
     stale: Option<Arc<CachedResponse>>,
@@ -121,7 +122,6 @@ pub(crate) async fn serve_or_prepare(
     let mut state = CacheCtx {
         status: CacheStatus::Bypass,
         cache: cache.clone(),
-        policy: policy.clone(),
         key,
         stale: None,
         fill: None,
@@ -291,7 +291,7 @@ pub(crate) fn on_upstream_response(
     ctx: &mut RequestCtx,
     response: &ResponseHeader,
 ) -> pingora::Result<()> {
-    let Some(state) = ctx.cache.as_mut() else {
+    let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
         return Ok(());
     };
     let status = response.status.as_u16();
@@ -305,7 +305,7 @@ pub(crate) fn on_upstream_response(
     let Some(fill) = state.fill.as_mut() else {
         return Ok(());
     };
-    match storable(&state.policy, response) {
+    match storable(policy, response) {
         Some((fresh_for, vary)) => {
             if let Some(names) = &vary {
                 fill.stored_key = variant_key(&state.key, names, session);
@@ -407,7 +407,7 @@ pub(crate) fn on_response_header(
 
 /// Collects the body of a response being kept, storing it at its end.
 pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stream: bool) {
-    let Some(state) = ctx.cache.as_mut() else {
+    let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
         return;
     };
     let Some(fill) = state.fill.as_mut() else {
@@ -417,7 +417,7 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
         return;
     }
     if let Some(chunk) = body.as_ref() {
-        if (fill.body.len() + chunk.len()) as u64 > state.policy.max_object_bytes {
+        if (fill.body.len() + chunk.len()) as u64 > policy.max_object_bytes {
             state.fill = None;
             return;
         }
@@ -440,7 +440,7 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
         body: fill.body.freeze(),
         stored_at: now,
         fresh_until,
-        stale_until: fresh_until + Duration::from_secs(state.policy.stale_if_error_s),
+        stale_until: fresh_until + Duration::from_secs(policy.stale_if_error_s),
     };
     if let Some(names) = fill.vary {
         state.cache.insert(state.key.clone(), Entry::Varies(names));
@@ -460,12 +460,11 @@ pub(crate) async fn serve_stale_on_failure(
     if session.response_written().is_some() {
         return None;
     }
-    let app = ctx.route.as_ref().map_or("", |r| r.app.name.as_str());
     let state = ctx.cache.as_mut()?;
     let stale = state.stale.take()?;
     state.status = CacheStatus::Stale;
     state.fill = None;
-    count_for(app, CacheStatus::Stale);
+    count(ctx, CacheStatus::Stale);
     match write_cached(session, ctx, &stale, CacheStatus::Stale).await {
         Ok(()) => Some(stale.status),
         Err(e) => {
@@ -512,13 +511,13 @@ async fn write_cached(
 }
 
 fn count(ctx: &RequestCtx, status: CacheStatus) {
-    count_for(ctx.app_name(), status);
+    metrics::CACHE_REQUESTS
+        .with_label_values(&[ctx.app_name(), status.label()])
+        .inc();
 }
 
-fn count_for(app: &str, status: CacheStatus) {
-    metrics::CACHE_REQUESTS
-        .with_label_values(&[app, status.label()])
-        .inc();
+fn cache_policy(route: &Option<Arc<AppRoute>>) -> Option<&ResponseCache> {
+    route.as_ref()?.app.cache.as_ref()
 }
 
 #[cfg(test)]

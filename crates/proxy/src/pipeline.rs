@@ -3,8 +3,8 @@
 //!
 //! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
 //!    then **https** (308 to HTTPS for apps that ask), then **static** (a file under the
-//!    app's static root answers), then **cache** (a fresh cached response is sent here), then **mirror** (a copy to the shadow backends starts,
-//!    fire-and-forget).
+//!    app's static root answers), then **cache** (a fresh cached response is sent here),
+//!    then **mirror** (a copy to the shadow backends starts, fire-and-forget).
 //! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
 //! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
 //! 4. `upstream_request_filter`: forwarded headers for the backend.

@@ -22,7 +22,10 @@ const CHUNK: usize = 64 * 1024;
 
 /// Serves the request from the app's static root when a file matches. `Ok(true)`: answered.
 pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
-    let Some(root) = ctx.route.as_ref().and_then(|r| r.app.static_root.clone()) else {
+    let Some(route) = ctx.route.clone() else {
+        return Ok(false);
+    };
+    let Some(root) = route.app.static_root.as_deref() else {
         return Ok(false);
     };
     let request = session.req_header();
@@ -33,7 +36,7 @@ pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingor
     let Some(relative) = relative_path(request.uri.path()) else {
         return Ok(false);
     };
-    let Some((mut file, length, path)) = open_under(Path::new(&root), &relative).await else {
+    let Some((mut file, length, path)) = open_under(Path::new(root), &relative).await else {
         return Ok(false);
     };
     let mut head = ResponseHeader::build(200, Some(4))?;
