@@ -18,8 +18,43 @@ pub use router::RouterProcess;
 
 use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A free port on 127.0.0.1 that no other part of this test process will be handed.
+///
+/// Ports come from just below the kernel's ephemeral range, so they never collide with the
+/// `bind(0)` ports of test backends or with the local ports of outgoing connections (a router
+/// told to listen on a port a backend took a moment earlier would fail to start, while the
+/// harness, seeing something answer, would talk to the backend instead).
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let Some((low, span)) = harness_port_range() else {
+        return kernel_chosen_port();
+    };
+    // Concurrent test binaries start at different offsets (cargo runs them one by one, other
+    // runners may not).
+    let origin = std::process::id() % span;
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = low + (origin + offset) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    kernel_chosen_port()
+}
+
+/// The ports below the ephemeral range the harness hands out, when there is room for them.
+fn harness_port_range() -> Option<(u32, u32)> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let ephemeral_low: u32 = range.split_whitespace().next()?.parse().ok()?;
+    let low = ephemeral_low.checked_sub(12_000)?.max(1_024);
+    let span = ephemeral_low - low;
+    (span >= 1_000).then_some((low, span))
+}
+
+fn kernel_chosen_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

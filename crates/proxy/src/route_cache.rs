@@ -148,11 +148,15 @@ impl RouteCache {
         let Some(app) = self.store.get_app(name).await? else {
             return Ok(None);
         };
-        let route = Arc::new(build_route(app, None, &self.response_budget));
-        self.note_health_check(&route);
-        self.fill(name, epoch, || {
-            self.apps.insert(name.to_string(), route.clone())
+        let mut route = Arc::new(build_route(app, None, &self.response_budget));
+        // Concurrent first requests each build a route; all must share one, or each would
+        // have its own backend state and response cache (and coalesce misses only among
+        // themselves). The first inserted wins: with the epoch unchanged it is as current.
+        self.fill(name, epoch, || match self.apps.get(name) {
+            Some(first) => route = first,
+            None => self.apps.insert(name.to_string(), route.clone()),
         });
+        self.note_health_check(&route);
         Ok(Some(route))
     }
 
@@ -330,7 +334,7 @@ fn build_route(app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>)
         // Apps whose cache lives in Redis hold no response bytes here.
         let in_memory = match policy.store {
             CacheStore::Memory => policy.max_bytes,
-            CacheStore::RedisVersioned => 0,
+            CacheStore::Redis | CacheStore::RedisVersioned => 0,
         };
         previous
             .and_then(|p| p.response_cache.clone())
