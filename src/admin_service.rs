@@ -1,12 +1,14 @@
 //! The admin API as a Pingora background service, so it starts and stops with the router.
 
 use std::net::TcpListener;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use switchyard_admin::AdminState;
+use switchyard_admin::{AdminState, SharedCache};
+use switchyard_proxy::CacheRedis;
 
 /// Serves the admin API on a listener bound at start-up.
 pub(crate) struct AdminService {
@@ -43,5 +45,21 @@ impl BackgroundService for AdminService {
         if let Err(e) = switchyard_admin::serve(listener, self.state.clone(), stop).await {
             log::error!("admin API stopped: {e}");
         }
+    }
+}
+
+/// Purges of apps whose responses live in the cache Redis, made by the router that receives
+/// the purge.
+pub(crate) struct CacheRedisPurge(pub(crate) Arc<CacheRedis>);
+
+#[async_trait]
+impl SharedCache for CacheRedisPurge {
+    async fn purge(&self, app: &str, path: &str, prefix: bool) -> Result<(u64, bool), String> {
+        let report = self
+            .0
+            .purge_shared(app, path, prefix)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((report.deleted, report.complete))
     }
 }

@@ -22,7 +22,7 @@ use switchyard_proxy::{
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
 
-use crate::admin_service::AdminService;
+use crate::admin_service::{AdminService, CacheRedisPurge};
 use crate::config::{Config, StoreChoice, TlsConfig};
 
 /// Ticket keys kept: the current one and the previous one, so a ticket stays usable for one
@@ -95,7 +95,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // backend connections; each request learns from its connection whether it came over TLS.
     let mut proxy = ProxyServiceBuilder::new(
         &server.configuration,
-        Router::new(routes.clone(), access_log, https_port, cache_redis),
+        Router::new(routes.clone(), access_log, https_port, cache_redis.clone()),
     )
     .name("switchyard proxy")
     .server_options(server_options)
@@ -146,12 +146,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "health checks",
         HealthChecker::new(routes),
     ));
+    let mut admin_state = AdminState::new(store, config.admin_token.clone());
+    if let Some(cache_redis) = cache_redis {
+        admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
+    }
     server.add_service(background_service(
         "admin api",
-        AdminService::new(
-            admin_listener,
-            AdminState::new(store, config.admin_token.clone()),
-        ),
+        AdminService::new(admin_listener, admin_state),
     ));
 
     log::info!(

@@ -35,7 +35,7 @@ fn request_with(
         router.http,
         &format!("{method} {path} HTTP/1.1\r\nHost: site.test\r\n{extra}Connection: close\r\n\r\n"),
     )
-    .expect("an answer")
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", router.logs()))
 }
 
 #[test]
@@ -415,7 +415,7 @@ fn the_redis_versioned_layout_written_by_the_app_is_served() {
         assert!(body.contains("\"backend\":\"app\""));
     }
     assert_eq!(backend.requests(), before + 20);
-    let errors: f64 = ["connect", "call", "timeout"]
+    let errors: f64 = ["connect", "connection", "timeout"]
         .iter()
         .map(|kind| {
             router.metric(&format!(
@@ -424,4 +424,160 @@ fn the_redis_versioned_layout_written_by_the_app_is_served() {
         })
         .sum();
     assert!(errors >= 1.0, "the outage is counted");
+}
+
+fn redis_keys(redis: &support::RedisServer, pattern: &str) -> Vec<String> {
+    let mut connection = redis.connection().expect("redis");
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut connection)
+        .expect("KEYS")
+}
+
+#[test]
+fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
+    let mut redis = support::RedisServer::start();
+    let start = || RouterProcess::start_with(&["--cache-redis", &redis.url()]);
+    let (a, b) = (start(), start());
+    let backend = Backend::start("app");
+    let policy = json!({"store": "redis", "paths": ["/*"], "ttl_s": 60});
+    for router in [&a, &b] {
+        cached_app(router, &backend, policy.clone());
+    }
+
+    // Kept by router A, served by router B without asking the app.
+    let (status, verdict, body) = fetch(&a, "/news");
+    assert_eq!((status, verdict.as_str()), (200, "MISS"));
+    support::eventually(Duration::from_secs(2), "router B serving A's copy", || {
+        fetch(&b, "/news").1 == "HIT"
+    });
+    let hit = b.get("site.test", "/news");
+    assert_eq!(hit.text(), body);
+    assert!(hit.header("age").is_some());
+    assert_eq!(backend.requests(), 1, "one request for the whole fleet");
+    let keys = redis_keys(&redis, "switchyard:cache:site:*");
+    assert_eq!(keys, ["switchyard:cache:site:http://site.test/news"]);
+    let mut connection = redis.connection().expect("redis");
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query(&mut connection)
+        .expect("PTTL");
+    assert!(
+        ttl_ms > 50_000 && ttl_ms <= 60_000,
+        "Redis expires it: {ttl_ms}"
+    );
+
+    // Variants travel too.
+    let ask = |router: &RouterProcess, language: &str| {
+        let response = request_with(
+            router,
+            "GET",
+            "/page?vary=Accept-Language",
+            &format!("Accept-Language: {language}\r\n"),
+        );
+        let seen = response.json()["headers"]["accept-language"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        (response.header("x-cache").unwrap_or("").to_string(), seen)
+    };
+    assert_eq!(ask(&a, "fr"), ("MISS".into(), "fr".into()));
+    support::eventually(Duration::from_secs(2), "the French copy on B", || {
+        ask(&b, "fr").0 == "HIT"
+    });
+    assert_eq!(ask(&b, "de"), ("MISS".into(), "de".into()));
+    support::eventually(Duration::from_secs(2), "the German copy on A", || {
+        ask(&a, "de") == ("HIT".into(), "de".into())
+    });
+    assert_eq!(ask(&a, "fr"), ("HIT".into(), "fr".into()));
+
+    // Concurrent misses on one router still make one request.
+    let before = backend.requests();
+    let a = Arc::new(a);
+    let clients: Vec<_> = (0..20)
+        .map(|_| {
+            let a = a.clone();
+            std::thread::spawn(move || fetch(&a, "/slow?ms=300").0)
+        })
+        .collect();
+    for client in clients {
+        assert_eq!(client.join().expect("client"), 200);
+    }
+    assert_eq!(backend.requests(), before + 1);
+
+    // A purge on A empties Redis once, for every router.
+    let (status, answer) = a.admin_call("DELETE", "/v1/apps/site/cache?path=/news", None);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        (answer["deleted"].as_u64(), answer["complete"].as_bool()),
+        (Some(1), Some(true)),
+        "{answer}"
+    );
+    assert_eq!(fetch(&b, "/news").1, "MISS");
+    assert_eq!(fetch(&b, "/slow?ms=300").1, "HIT", "other paths stay");
+
+    // Redis gone: misses answered by the app, never an error; purges say why they fail.
+    redis.stop();
+    let before = backend.requests();
+    for router in [&*a, &b] {
+        for _ in 0..10 {
+            let (status, verdict, _) = fetch(router, "/slow?ms=1");
+            assert_eq!((status, verdict.as_str()), (200, "MISS"));
+        }
+    }
+    assert_eq!(backend.requests(), before + 20);
+    let errors: f64 = ["connect", "connection", "timeout"]
+        .iter()
+        .map(|kind| {
+            a.metric(&format!(
+                "switchyard_cache_redis_errors_total{{kind=\"{kind}\"}}"
+            ))
+        })
+        .sum();
+    assert!(errors >= 1.0, "the outage is counted");
+    let (status, error) = a.admin_call("DELETE", "/v1/apps/site/cache?path=/news", None);
+    assert_eq!(status, 503, "{error}");
+    assert!(
+        error["error"].as_str().unwrap_or("").contains("purged"),
+        "{error}"
+    );
+
+    // Back: copies are kept and shared again.
+    redis.spawn();
+    support::eventually(
+        Duration::from_secs(5),
+        "the cache after Redis returns",
+        || fetch(&a, "/back").1 == "HIT",
+    );
+    assert!(a.metric("switchyard_cache_redis_writes_total{result=\"stored\"}") >= 3.0);
+}
+
+#[test]
+fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("app");
+    cached_app(
+        &router,
+        &backend,
+        json!({"store": "redis", "paths": ["/*"]}),
+    );
+    for _ in 0..2 {
+        let (status, verdict, _) = fetch(&router, "/news");
+        assert_eq!((status, verdict.as_str()), (200, "MISS"));
+    }
+    assert_eq!(backend.requests(), 2);
+    assert!(
+        router.logs().contains("needs --cache-redis"),
+        "{}",
+        router.logs()
+    );
+    let (status, error) = router.admin_call("DELETE", "/v1/apps/site/cache?path=/news", None);
+    assert_eq!(status, 503);
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no --cache-redis"),
+        "{error}"
+    );
 }

@@ -38,6 +38,8 @@ pub enum ApiError {
     },
     /// The store cannot be reached: 503; the write did not happen.
     Unavailable(String),
+    /// The cache Redis shared by the fleet cannot be reached or is not configured: 503.
+    SharedCacheUnavailable(String),
 }
 
 impl From<ValidationError> for ApiError {
@@ -89,6 +91,11 @@ impl IntoResponse for ApiError {
             Self::Unavailable(message) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("the store is unavailable, nothing was changed: {message}"),
+                String::new(),
+            ),
+            Self::SharedCacheUnavailable(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the shared response cache cannot be purged: {message}"),
                 String::new(),
             ),
         };

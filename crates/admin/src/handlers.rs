@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use switchyard_model::{
-    parse_app_spec, parse_backends_spec, parse_certificate_spec, AppName, Domain, ValidationError,
+    parse_app_spec, parse_backends_spec, parse_certificate_spec, AppName, CacheStore, Domain,
+    ValidationError,
 };
 
 use crate::{AdminState, ApiError};
@@ -103,8 +104,23 @@ pub(crate) async fn purge_cache(
         Some("true") => true,
         Some(_) => return Err(ValidationError::new("prefix", "must be true or false").into()),
     };
-    if state.store.get_app(name.as_str()).await?.is_none() {
+    let Some(app) = state.store.get_app(name.as_str()).await? else {
         return Err(app_not_found(&name));
+    };
+    if app.cache.as_ref().map(|c| c.store) == Some(CacheStore::Redis) {
+        let Some(shared) = &state.shared_cache else {
+            return Err(ApiError::SharedCacheUnavailable(
+                "this router has no --cache-redis".into(),
+            ));
+        };
+        let (deleted, complete) = shared
+            .purge(name.as_str(), path, prefix)
+            .await
+            .map_err(ApiError::SharedCacheUnavailable)?;
+        return Ok(Json(json!({
+            "app": name, "purged": path, "prefix": prefix,
+            "deleted": deleted, "complete": complete,
+        })));
     }
     state.store.purge_cache(name.as_str(), path, prefix).await?;
     Ok(Json(json!({"app": name, "purged": path, "prefix": prefix})))

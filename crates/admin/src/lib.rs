@@ -8,6 +8,7 @@ mod handlers;
 use std::future::Future;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,11 +22,21 @@ pub use error::ApiError;
 /// Largest request body accepted (an app with a thousand domains fits comfortably).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 
+/// The response cache a fleet shares (the cache Redis): purged once, by the router that
+/// receives the purge, rather than by every router on the change event.
+#[async_trait]
+pub trait SharedCache: Send + Sync {
+    /// Deletes `app`'s responses stored for `path` (or under it with `prefix`). Returns the
+    /// number deleted and whether the whole keyspace was scanned.
+    async fn purge(&self, app: &str, path: &str, prefix: bool) -> Result<(u64, bool), String>;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
     store: Arc<dyn Store>,
     token: Option<Arc<str>>,
+    shared_cache: Option<Arc<dyn SharedCache>>,
 }
 
 impl AdminState {
@@ -34,7 +45,14 @@ impl AdminState {
         Self {
             store,
             token: token.map(Arc::from),
+            shared_cache: None,
         }
+    }
+
+    /// Purges of apps whose cache store is `redis` go to `cache`.
+    pub fn with_shared_cache(mut self, cache: Arc<dyn SharedCache>) -> Self {
+        self.shared_cache = Some(cache);
+        self
     }
 }
 

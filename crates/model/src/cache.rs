@@ -18,6 +18,9 @@ const MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 pub enum CacheStore {
     /// In this router's memory, bounded by bytes per app and in total.
     Memory,
+    /// In the router's cache Redis (`--cache-redis`), shared by every router of a fleet; Redis's
+    /// own `maxmemory` policy evicts. Written by the router after a miss.
+    Redis,
     /// Seed 004's layout in the router's cache Redis, written by the app: the version of a
     /// URL in the hash `resource_versions` (field: the full URL), its body under
     /// `FULL_URL:version=N`. The router only reads.
@@ -36,7 +39,8 @@ pub struct ResponseCache {
     pub ttl_s: u64,
     /// How long past freshness a copy may be served when the app fails or is down.
     pub stale_if_error_s: u64,
-    /// Most bytes this app's cached responses take in memory (bodies and headers).
+    /// Most bytes this app's cached responses take in memory (bodies and headers); unused by
+    /// the Redis stores.
     pub max_bytes: u64,
     /// Largest response kept; larger ones pass through uncached.
     pub max_object_bytes: u64,
@@ -76,18 +80,11 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
         None => CacheStore::Memory,
         Some(Value::String(s)) if s == "memory" => CacheStore::Memory,
         Some(Value::String(s)) if s == "redis-versioned" => CacheStore::RedisVersioned,
-        Some(Value::String(s)) if s == "redis" => {
-            return Err(ValidationError::new(
-                "store",
-                format!(
-                "\"{s}\" is not available in this version; use \"memory\" or \"redis-versioned\""
-            ),
-            ))
-        }
+        Some(Value::String(s)) if s == "redis" => CacheStore::Redis,
         Some(_) => {
             return Err(ValidationError::new(
                 "store",
-                "must be \"memory\" or \"redis-versioned\"",
+                "must be \"memory\", \"redis\" or \"redis-versioned\"",
             ))
         }
     };
@@ -154,7 +151,6 @@ mod tests {
             (json!({"paths": []}), "paths"),
             (json!({"paths": ["x"]}), "paths[0]"),
             (json!({"paths": ["/"], "store": "disk"}), "store"),
-            (json!({"paths": ["/"], "store": "redis"}), "store"),
             (json!({"paths": ["/"], "ttl_s": 0}), "ttl_s"),
             (json!({"paths": ["/"], "max_bytes": 10}), "max_bytes"),
             (

@@ -7,8 +7,9 @@
 //! Freshness: `s-maxage`, else `max-age`, else the app's `ttl_s`. Concurrent misses for one
 //! URL wait for the first one's response instead of all reaching the app.
 //!
-//! With the `redis-versioned` store the app owns the cache (seed 004): the router only
-//! reads the current version's body from Redis.
+//! With the `redis` store, responses are kept in the cache Redis shared by the fleet (each
+//! router still coalesces its own misses). With `redis-versioned` the app owns the cache
+//! (seed 004): the router only reads the current version's body from Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +66,8 @@ impl CacheStatus {
 pub(crate) struct CacheCtx {
     status: CacheStatus,
     cache: Arc<AppResponseCache>,
+    /// The cache Redis, for apps whose responses are kept there (`redis` store).
+    shared: Option<Arc<CacheRedis>>,
     key: String,
     /// An expired copy that may still stand in if the app fails.
     stale: Option<Arc<CachedResponse>>,
@@ -82,7 +85,8 @@ impl std::fmt::Debug for CacheCtx {
 }
 
 struct Fill {
-    _guard: Option<FillGuard>,
+    /// Released once the response can be read back, waking the requests waiting for it.
+    guard: Option<FillGuard>,
     vary: Option<Arc<[HeaderName]>>,
     stored_key: String,
     response: Option<PendingResponse>,
@@ -99,7 +103,7 @@ struct PendingResponse {
 pub(crate) async fn serve_or_prepare(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    redis: Option<&CacheRedis>,
+    redis: Option<&Arc<CacheRedis>>,
 ) -> pingora::Result<bool> {
     let Some(route) = ctx.route.clone() else {
         return Ok(false);
@@ -122,6 +126,7 @@ pub(crate) async fn serve_or_prepare(
     let mut state = CacheCtx {
         status: CacheStatus::Bypass,
         cache: cache.clone(),
+        shared: None,
         key,
         stale: None,
         fill: None,
@@ -132,17 +137,27 @@ pub(crate) async fn serve_or_prepare(
         return Ok(false);
     }
     state.status = CacheStatus::Miss;
-    if policy.store == CacheStore::RedisVersioned {
-        return serve_versioned(session, ctx, state, redis).await;
+    match (policy.store, redis) {
+        (CacheStore::Memory, _) => {}
+        (_, None) => {
+            report_no_cache_redis(ctx.app_name());
+            ctx.cache = Some(state);
+            return Ok(false);
+        }
+        (CacheStore::RedisVersioned, Some(redis)) => {
+            return serve_versioned(session, ctx, state, redis).await;
+        }
+        (CacheStore::Redis, Some(redis)) => state.shared = Some(redis.clone()),
     }
-    let mut looked = look_up(session, &state);
+    let app = route.app.name.as_str();
+    let mut looked = look_up(session, &state, app).await;
     let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
     if needs_fetch && method == Method::GET {
         match cache.begin_fill(&state.key) {
             FillTicket::Leader(guard) => {
                 // Another leader may have stored the response between the look-up above and
                 // taking the lock: look once more before going to the app.
-                looked = look_up(session, &state).or(looked);
+                looked = look_up(session, &state, app).await.or(looked);
                 if !matches!(looked, Some(Looked::Fresh(_))) {
                     state.fill = Some(Fill::new(Some(guard), &state.key));
                 }
@@ -151,7 +166,7 @@ pub(crate) async fn serve_or_prepare(
             FillTicket::Follower(done) => {
                 let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
                 let _ = tokio::time::timeout(wait, done).await;
-                looked = look_up(session, &state).or(looked);
+                looked = look_up(session, &state, app).await.or(looked);
                 if !matches!(looked, Some(Looked::Fresh(_))) {
                     state.fill = Some(Fill::new(None, &state.key));
                 }
@@ -184,22 +199,9 @@ async fn serve_versioned(
     session: &mut Session,
     ctx: &mut RequestCtx,
     state: CacheCtx,
-    redis: Option<&CacheRedis>,
+    redis: &CacheRedis,
 ) -> pingora::Result<bool> {
-    let body = match redis {
-        Some(redis) => redis.versioned_body(&state.key).await,
-        None => {
-            if !NO_CACHE_REDIS_REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                log::warn!(
-                    "app {}: cache store redis-versioned needs --cache-redis; its pages come \
-                     from the app",
-                    ctx.app_name()
-                );
-            }
-            None
-        }
-    };
-    let Some(body) = body else {
+    let Some(body) = redis.versioned_body(&state.key).await else {
         ctx.cache = Some(state);
         return Ok(false);
     };
@@ -224,8 +226,17 @@ async fn serve_versioned(
     Ok(true)
 }
 
-static NO_CACHE_REDIS_REPORTED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// An app's cache lives in Redis but this router has none: its pages come from the app.
+/// Said once per process, not per request.
+fn report_no_cache_redis(app: &str) {
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "app {app}: its cache store is in Redis, which needs --cache-redis; its pages \
+             come from the app"
+        );
+    }
+}
 
 enum Looked {
     Fresh(Arc<CachedResponse>),
@@ -233,14 +244,13 @@ enum Looked {
     Stale(Arc<CachedResponse>),
 }
 
-fn look_up(session: &Session, state: &CacheCtx) -> Option<Looked> {
-    let (key, entry) = match state.cache.get(&state.key)? {
+async fn look_up(session: &Session, state: &CacheCtx, app: &str) -> Option<Looked> {
+    let (entry, variant) = match entry_at(state, app, &state.key).await? {
         Entry::Varies(names) => {
             let key = variant_key(&state.key, &names, session);
-            let entry = state.cache.get(&key)?;
-            (key, entry)
+            (entry_at(state, app, &key).await?, Some(key))
         }
-        entry => (state.key.clone(), entry),
+        entry => (entry, None),
     };
     let Entry::Response(response) = entry else {
         return None;
@@ -251,8 +261,18 @@ fn look_up(session: &Session, state: &CacheCtx) -> Option<Looked> {
     } else if now < response.stale_until {
         Some(Looked::Stale(response))
     } else {
-        state.cache.remove(&key);
+        // Redis expires its copies by itself.
+        if state.shared.is_none() {
+            state.cache.remove(variant.as_deref().unwrap_or(&state.key));
+        }
         None
+    }
+}
+
+async fn entry_at(state: &CacheCtx, app: &str, key: &str) -> Option<Entry> {
+    match &state.shared {
+        Some(redis) => redis.shared_entry(app, key).await,
+        None => state.cache.get(key),
     }
 }
 
@@ -274,7 +294,7 @@ fn variant_key(key: &str, names: &[HeaderName], session: &Session) -> String {
 impl Fill {
     fn new(guard: Option<FillGuard>, key: &str) -> Self {
         Self {
-            _guard: guard,
+            guard,
             vary: None,
             stored_key: key.to_string(),
             response: None,
@@ -442,13 +462,22 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
         fresh_until,
         stale_until: fresh_until + Duration::from_secs(policy.stale_if_error_s),
     };
+    let mut entries = Vec::with_capacity(2);
     if let Some(names) = fill.vary {
-        state.cache.insert(state.key.clone(), Entry::Varies(names));
+        entries.push((state.key.clone(), Entry::Varies(names)));
     }
-    state
-        .cache
-        .insert(fill.stored_key, Entry::Response(Arc::new(stored)));
+    entries.push((fill.stored_key, Entry::Response(Arc::new(stored))));
     metrics::CACHE_STORES.inc();
+    match (&state.shared, &ctx.route) {
+        (Some(redis), Some(route)) => {
+            redis.store_shared(route.app.name.as_str(), entries, fill.guard);
+        }
+        _ => {
+            for (key, entry) in entries {
+                state.cache.insert(key, entry);
+            }
+        }
+    }
 }
 
 /// The app could not be reached (or failed before answering): serve the stale copy if one is

@@ -27,7 +27,7 @@ mod tls;
 mod upstream;
 
 pub use access_log::{AccessLog, AccessLogTarget, ACCESS_LOG_QUEUE_CAPACITY};
-pub use cache_redis::CacheRedis;
+pub use cache_redis::{CacheRedis, PurgeReport};
 pub use cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use cert_expiry::CertExpiryScan;
 pub use follower::ChangeFollower;

@@ -254,8 +254,18 @@ pub(crate) static CACHE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
 pub(crate) static CACHE_REDIS_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     registered(register_int_counter_vec!(
         "switchyard_cache_redis_errors_total",
-        "Cache Redis failures, each served as a miss, by kind (connect, call, timeout).",
+        "Cache Redis failures, each served as a miss, by kind (connect, connection, \
+         refused, timeout).",
         &["kind"]
+    ))
+});
+
+pub(crate) static CACHE_REDIS_WRITES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_cache_redis_writes_total",
+        "Responses written to the shared cache Redis, by result (stored, failed, shed: \
+         dropped because too many writes were in flight).",
+        &["result"]
     ))
 });
 
@@ -292,6 +302,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&CACHE_STORES);
     LazyLock::force(&CACHE_EVICTIONS);
     LazyLock::force(&CACHE_REDIS_ERRORS);
+    LazyLock::force(&CACHE_REDIS_WRITES);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

@@ -97,7 +97,7 @@ impl ProxyHttp for Router {
         if static_files::serve(session, ctx).await? {
             return Ok(true);
         }
-        if cache::serve_or_prepare(session, ctx, self.cache_redis.as_deref()).await? {
+        if cache::serve_or_prepare(session, ctx, self.cache_redis.as_ref()).await? {
             return Ok(true);
         }
         mirror::start(&self.mirrors, session, ctx);

@@ -251,7 +251,7 @@ impl AppResponseCache {
 }
 
 /// The path of a cache key (`scheme://host/path?query` plus `\nvariant…`), without query.
-fn key_path(key: &str) -> &str {
+pub(crate) fn key_path(key: &str) -> &str {
     let url = key.split('\n').next().unwrap_or(key);
     let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
     let path_and_query = after_scheme

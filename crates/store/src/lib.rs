@@ -6,6 +6,7 @@
 mod embedded;
 mod error;
 mod metrics;
+mod redis_link;
 mod redis_store;
 
 use async_trait::async_trait;
@@ -14,7 +15,8 @@ use tokio::sync::broadcast;
 
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
-pub use redis_store::{RedisStore, RedisTimeouts, CHANGES_CHANNEL, KEY_PREFIX};
+pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
+pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;

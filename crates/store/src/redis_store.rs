@@ -10,16 +10,17 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
-use tokio::sync::{broadcast, Mutex};
+use tokio::sync::broadcast;
 
 use crate::metrics;
+use crate::redis_link::{RedisLink, RedisTimeouts};
 use crate::{AppPage, CertPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
 
 /// Prefix of every key; see the README's "Redis layout".
@@ -28,9 +29,6 @@ pub const KEY_PREFIX: &str = "switchyard:";
 pub const CHANGES_CHANNEL: &str = "switchyard:changes";
 const REVISION_KEY: &str = "switchyard:revision";
 
-/// After a failed connection attempt, calls fail at once for this long instead of each
-/// waiting for its own connect timeout.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 const PUBSUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const PUBSUB_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Optimistic retries of a read-modify-write (scale) racing other writers.
@@ -110,36 +108,11 @@ redis.call('PUBLISH', p .. 'changes', '{"kind":"cert","domain":' .. cjson.encode
 return 1
 "#;
 
-/// Deadlines of the Redis store.
-#[derive(Debug, Clone, Copy)]
-pub struct RedisTimeouts {
-    /// One command, including waiting for a connection being made.
-    pub operation: Duration,
-    /// Establishing a connection.
-    pub connect: Duration,
-}
-
-impl Default for RedisTimeouts {
-    fn default() -> Self {
-        Self {
-            operation: Duration::from_millis(500),
-            connect: Duration::from_millis(500),
-        }
-    }
-}
-
-struct Connection {
-    manager: Option<ConnectionManager>,
-    last_failure: Option<Instant>,
-}
-
 /// The Redis-backed store.
 #[derive(Clone)]
 pub struct RedisStore {
-    client: redis::Client,
-    connection: Arc<Mutex<Connection>>,
+    link: Arc<RedisLink>,
     changes: broadcast::Sender<Change>,
-    timeouts: RedisTimeouts,
     healthy: Arc<AtomicBool>,
     unreachable_reported: Arc<AtomicBool>,
     put_app: Arc<Script>,
@@ -151,18 +124,13 @@ impl RedisStore {
     /// A store on `url` (`redis://[:password@]host:port/db`, or `rediss://` for TLS). Nothing
     /// is connected yet: a router starts even while Redis is away.
     pub fn new(url: &str, timeouts: RedisTimeouts) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let link =
+            RedisLink::new(url, "route store", timeouts, 1).map_err(StoreError::Unavailable)?;
         let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
         metrics::register_all();
         Ok(Self {
-            client,
-            connection: Arc::new(Mutex::new(Connection {
-                manager: None,
-                last_failure: None,
-            })),
+            link: Arc::new(link),
             changes,
-            timeouts,
             healthy: Arc::new(AtomicBool::new(false)),
             unreachable_reported: Arc::new(AtomicBool::new(false)),
             put_app: Arc::new(Script::new(PUT_APP)),
@@ -171,82 +139,33 @@ impl RedisStore {
         })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        let mut state = self.connection.lock().await;
-        if let Some(manager) = &state.manager {
-            return Ok(manager.clone());
-        }
-        if state
-            .last_failure
-            .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE)
-        {
-            return Err(StoreError::Unavailable("Redis is unreachable".into()));
-        }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeouts.connect)
-            .set_response_timeout(self.timeouts.operation)
-            .set_number_of_retries(1)
-            .set_max_delay(200);
-        let attempt = tokio::time::timeout(
-            self.timeouts.connect * 2,
-            self.client.get_connection_manager_with_config(config),
-        )
-        .await;
-        match attempt {
-            Ok(Ok(manager)) => {
-                state.manager = Some(manager.clone());
-                state.last_failure = None;
-                self.set_healthy(true);
-                log::info!("connected to Redis");
-                Ok(manager)
-            }
-            Ok(Err(e)) => Err(self.failed_connect(&mut state, e.to_string())),
-            Err(_) => Err(self.failed_connect(&mut state, "connect timed out".into())),
-        }
-    }
-
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
         metrics::STORE_AVAILABLE.set(i64::from(healthy));
     }
 
-    fn failed_connect(&self, state: &mut Connection, reason: String) -> StoreError {
-        state.last_failure = Some(Instant::now());
-        self.set_healthy(false);
-        metrics::STORE_ERRORS.with_label_values(&["connect"]).inc();
-        StoreError::Unavailable(format!("cannot connect to Redis: {reason}"))
-    }
-
-    /// Runs one call against Redis within the operation deadline. A connection-level failure
-    /// drops the connection so the next call makes a new one (after the reconnect pause).
+    /// Runs one call against Redis within the operation deadline; failures are counted and
+    /// mark the store unavailable until a call succeeds again.
     async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let manager = self.connection().await?;
-        match tokio::time::timeout(self.timeouts.operation, op(manager)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.kind() == redis::ErrorKind::ResponseError => {
-                metrics::STORE_ERRORS.with_label_values(&["refused"]).inc();
-                Err(StoreError::Unavailable(format!("Redis refused: {e}")))
+        match self.link.call(op).await {
+            Ok(value) => {
+                self.set_healthy(true);
+                Ok(value)
             }
-            Ok(Err(e)) => Err(self.lost(e.to_string()).await),
-            Err(_) => Err(self.lost("no answer within the deadline".into()).await),
+            Err(e) => {
+                if let Some(kind) = e.kind() {
+                    metrics::STORE_ERRORS.with_label_values(&[kind]).inc();
+                }
+                if e.is_outage() {
+                    self.set_healthy(false);
+                }
+                Err(StoreError::Unavailable(e.to_string()))
+            }
         }
-    }
-
-    async fn lost(&self, reason: String) -> StoreError {
-        let mut state = self.connection.lock().await;
-        if state.manager.take().is_some() {
-            log::warn!("lost the Redis connection: {reason}");
-        }
-        state.last_failure = Some(Instant::now());
-        self.set_healthy(false);
-        metrics::STORE_ERRORS
-            .with_label_values(&["connection"])
-            .inc();
-        StoreError::Unavailable(format!("Redis: {reason}"))
     }
 
     async fn get_string(&self, key: String) -> Result<Option<String>, StoreError> {
@@ -342,7 +261,10 @@ impl RedisStore {
 
     /// One subscription, until the connection drops. Returns whether it got subscribed.
     async fn follow_once(&self, last_revision: &mut Option<i64>) -> bool {
-        let connect = tokio::time::timeout(self.timeouts.connect, self.client.get_async_pubsub());
+        let connect = tokio::time::timeout(
+            self.link.timeouts().connect,
+            self.link.client().get_async_pubsub(),
+        );
         let mut pubsub = match connect.await {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(e)) => {
