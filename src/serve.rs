@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use pingora::apps::HttpServerOptions;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
@@ -25,9 +26,21 @@ use switchyard_tls_tickets::TicketKeys;
 use crate::admin_service::{AdminService, CacheRedisPurge};
 use crate::config::{Config, StoreChoice, TlsConfig};
 
+/// Bytes a client connection buffers before a write reaches the socket. Pingora's default
+/// (one MSS, 1,460) sends a response head alone whenever the body is larger, so a typical
+/// page leaves in two segments and two syscalls; 8 KiB lets head and body of most pages go
+/// together (cache hits of a 5 KB page: about +25% throughput, `bench/bench_cache.py`).
+/// Chunked, upgraded and close-delimited bodies are still flushed on every write, so
+/// streaming is not delayed. Each connection also holds Pingora's 64 KiB read buffer.
+const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
+
 /// Ticket keys kept: the current one and the previous one, so a ticket stays usable for one
 /// to two rotation intervals.
 const TICKET_KEYS_KEPT: usize = 2;
+
+fn client_buffers() -> L4BufferSettings {
+    L4BufferSettings::default().write(CLIENT_WRITE_BUFFER)
+}
 
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
@@ -100,7 +113,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     .name("switchyard proxy")
     .server_options(server_options)
     .build();
-    proxy.add_tcp(&config.http.to_string());
+    proxy.add_listener(ListenerConfig::tcp(config.http.to_string()).l4_buffer(client_buffers()));
 
     let certs = match config.https {
         Some(https) => {
@@ -117,7 +130,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
                 .context("cannot create TLS session-ticket keys")?;
             let settings =
                 https_settings(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
-            proxy.add_tls_with_settings(&https.to_string(), None, settings);
+            proxy.add_listener(
+                ListenerConfig::tcp(https.to_string())
+                    .tls(settings)
+                    .l4_buffer(client_buffers()),
+            );
             server.add_service(background_service(
                 "tls ticket keys",
                 TicketKeyRotation::new(tickets, config.tls.ticket_rotation),
