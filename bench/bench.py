@@ -569,22 +569,27 @@ def cache_report(c, date):
     lines = ["", "# Response cache (bench/bench_cache.py)", "",
              f"Measured on {date}, same machine. Seed 004's experiment: a deliberately slow app "
              "(one request at a time, 10 ms per 5 KB page, like a single Rails worker) behind Switchyard without a cache, with its memory "
-             "cache, with the `redis-versioned` store (the page written to Redis as the article's "
+             "cache, with the shared `redis` store (copies kept in Redis by the router), with the "
+             "`redis-versioned` store (the page written to Redis as the article's "
              "Rails module writes it), and behind nginx `proxy_cache`. Closed loop: `wrk -t2 -c100` "
-             f"for {c['seconds']} s (the article's `ab -c 100`, time-bound); open loop: vegeta at "
+             f"for {c['seconds']} s (the article's `ab -c 100`, time-bound), each cached setup "
+             "measured three times, interleaved with the others, median reported (single runs "
+             "swing by ±20% on two shared cores); open loop: vegeta at "
              f"{c['rate']} req/s.", "",
-             "| setup | closed-loop req/s | vs uncached | errors | open-loop achieved req/s | mean ms | p99 ms | success |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| setup | closed-loop req/s (median) | runs | vs uncached | errors | open-loop achieved req/s | mean ms | p99 ms | success |",
+             "|---|---|---|---|---|---|---|---|---|"]
     runs = {r["setup"]: r for r in c["runs"]}
     base = runs["switchyard, no cache"]["rps"]
     for r in c["runs"]:
         open_loop = (f"{r['achieved_rps']:.0f} | {r['mean_ms']:.3f} | {r['p99_ms']:.3f} | {r['success'] * 100:.1f}%"
                      if "achieved_rps" in r else "not run (the app alone serves ~100 req/s) | | |")
-        lines.append(f"| {r['setup']} | {r['rps']:.0f} | {r['rps'] / base:.1f}× | {'; '.join(r['errors']) or 'none'} | "
+        runs_text = " / ".join(f"{x:.0f}" for x in r.get("rps_runs", [r["rps"]]))
+        lines.append(f"| {r['setup']} | {r['rps']:.0f} | {runs_text} | {r['rps'] / base:.1f}× | "
+                     f"{'; '.join(r['errors']) or 'none'} | "
                      f"{open_loop} |")
     lines += ["", "## Targets (issue 6)", ""]
     nginx = runs.get("nginx proxy_cache")
-    for name in ("switchyard, memory cache", "switchyard, redis-versioned"):
+    for name in ("switchyard, memory cache", "switchyard, redis (shared)", "switchyard, redis-versioned"):
         if name not in runs:
             continue
         hit = runs[name]["rps"]
