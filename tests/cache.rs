@@ -415,15 +415,19 @@ fn the_redis_versioned_layout_written_by_the_app_is_served() {
         assert!(body.contains("\"backend\":\"app\""));
     }
     assert_eq!(backend.requests(), before + 20);
-    let errors: f64 = ["connect", "connection", "timeout"]
+    assert!(cache_redis_errors(&router) >= 1.0, "the outage is counted");
+}
+
+/// Cache Redis failures of every kind that an outage produces.
+fn cache_redis_errors(router: &RouterProcess) -> f64 {
+    ["connect", "connection", "timeout"]
         .iter()
         .map(|kind| {
             router.metric(&format!(
                 "switchyard_cache_redis_errors_total{{kind=\"{kind}\"}}"
             ))
         })
-        .sum();
-    assert!(errors >= 1.0, "the outage is counted");
+        .sum()
 }
 
 fn redis_keys(redis: &support::RedisServer, pattern: &str) -> Vec<String> {
@@ -526,15 +530,7 @@ fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
         }
     }
     assert_eq!(backend.requests(), before + 20);
-    let errors: f64 = ["connect", "connection", "timeout"]
-        .iter()
-        .map(|kind| {
-            a.metric(&format!(
-                "switchyard_cache_redis_errors_total{{kind=\"{kind}\"}}"
-            ))
-        })
-        .sum();
-    assert!(errors >= 1.0, "the outage is counted");
+    assert!(cache_redis_errors(&a) >= 1.0, "the outage is counted");
     let (status, error) = a.admin_call("DELETE", "/v1/apps/site/cache?path=/news", None);
     assert_eq!(status, 503, "{error}");
     assert!(
