@@ -17,7 +17,10 @@ ensure_packages() {
 
 ensure_build_tools() {
   # libssl-dev: Pingora links the system OpenSSL (see .cargo/config.toml).
-  ensure_packages build-essential pkg-config libssl-dev ca-certificates
+  # libmodsecurity-dev and modsecurity-crs: the WAF (crates/waf) links libmodsecurity 3 and
+  # loads the OWASP Core Rule Set from Debian's paths.
+  ensure_packages build-essential pkg-config libssl-dev ca-certificates \
+    libmodsecurity-dev modsecurity-crs
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
   fi
