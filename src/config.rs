@@ -83,6 +83,16 @@ pub(crate) struct ServeArgs {
     /// Deadline of one Redis call (and of connecting), in milliseconds.
     #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
+    /// `on` (default): load the OWASP Core Rule Set for apps with a `waf` option, refusing to
+    /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
+    #[arg(long, env = "SWITCHYARD_WAF")]
+    waf: Option<String>,
+    /// Threads for CPU-bound stages such as the WAF (default: number of cores).
+    #[arg(long, env = "SWITCHYARD_POOL_THREADS")]
+    pool_threads: Option<usize>,
+    /// Most tasks waiting for those threads; more are refused at once.
+    #[arg(long, env = "SWITCHYARD_POOL_QUEUE")]
+    pool_queue: Option<usize>,
 }
 
 /// The same settings as read from the TOML file; spans locate bad values.
@@ -110,6 +120,9 @@ struct FileConfig {
     cache_redis: Option<Spanned<String>>,
     cache_redis_timeout_ms: Option<Spanned<u64>>,
     redis_timeout_ms: Option<Spanned<u64>>,
+    waf: Option<Spanned<String>>,
+    pool_threads: Option<Spanned<usize>>,
+    pool_queue: Option<Spanned<usize>>,
 }
 
 /// Which store holds the routes.
@@ -160,6 +173,10 @@ pub(crate) struct Config {
     pub(crate) cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
     pub(crate) cache_redis: Option<(String, Duration)>,
+    /// Whether the Core Rule Set is loaded.
+    pub(crate) waf: bool,
+    pub(crate) pool_threads: usize,
+    pub(crate) pool_queue: usize,
 }
 
 /// Settings of the HTTPS listener.
@@ -319,6 +336,28 @@ impl Config {
             }
             None => None,
         };
+        let waf = match pick(args.waf, file.waf) {
+            None => true,
+            Some((value, _)) if value == "on" => true,
+            Some((value, _)) if value == "off" => false,
+            Some((value, span)) => {
+                bail!("{}: '{value}' is not `on` or `off`", source.at(span, "waf"))
+            }
+        };
+        let pool_threads = at_least_one(
+            &source,
+            "pool_threads",
+            args.pool_threads,
+            file.pool_threads,
+            std::thread::available_parallelism().map_or(2, usize::from),
+        )?;
+        let pool_queue = at_least_one(
+            &source,
+            "pool_queue",
+            args.pool_queue,
+            file.pool_queue,
+            1024,
+        )?;
         Ok(Self {
             http,
             https,
@@ -346,6 +385,9 @@ impl Config {
             route_cache_apps,
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
             cache_redis,
+            waf,
+            pool_threads,
+            pool_queue,
         })
     }
 }

@@ -17,11 +17,12 @@ use pingora::services::background::background_service;
 use switchyard_admin::AdminState;
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, HealthChecker, RouteCache, RouteCacheLimits, Router,
-    ServedCert, TicketKeyRotation,
+    CertExpiryScan, ChangeFollower, HealthChecker, Inspector, RouteCache, RouteCacheLimits, Router,
+    ServedCert, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
+use switchyard_waf::{RuleFiles, Waf};
 
 use crate::admin_service::{AdminService, CacheRedisPurge};
 use crate::config::{Config, StoreChoice, TlsConfig};
@@ -106,13 +107,26 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let https_port = config.https.and(config.tls.redirect_port);
     // One service for both listeners, so they share one set of threads and one pool of
     // backend connections; each request learns from its connection whether it came over TLS.
-    let mut proxy = ProxyServiceBuilder::new(
-        &server.configuration,
-        Router::new(routes.clone(), access_log, https_port, cache_redis.clone()),
-    )
-    .name("switchyard proxy")
-    .server_options(server_options)
-    .build();
+    let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone());
+    if config.waf {
+        let started = std::time::Instant::now();
+        let waf = Waf::load(&RuleFiles::default()).with_context(|| {
+            "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
+             modsecurity-crs); install it or start with --waf off"
+        })?;
+        log::info!(
+            "WAF: OWASP Core Rule Set loaded in {:?}, rules per paranoia level {:?}",
+            started.elapsed(),
+            waf.rule_counts()
+        );
+        let pool = WorkerPool::new(config.pool_threads, config.pool_queue)
+            .context("cannot start the worker pool")?;
+        router = router.with_waf(Arc::new(Inspector::new(Arc::new(waf), Arc::new(pool))));
+    }
+    let mut proxy = ProxyServiceBuilder::new(&server.configuration, router)
+        .name("switchyard proxy")
+        .server_options(server_options)
+        .build();
     proxy.add_listener(ListenerConfig::tcp(config.http.to_string()).l4_buffer(client_buffers()));
 
     let certs = match config.https {

@@ -169,6 +169,9 @@ pub struct App {
     /// without the cache or the app.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_root: Option<String>,
+    /// Inspect requests with the OWASP Core Rule Set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<crate::Waf>,
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

@@ -11,6 +11,7 @@ mod domain;
 mod error;
 mod mirror;
 mod spec;
+mod waf;
 
 pub use app::{App, AppName, Backend, Balancer, HealthCheck, Hsts, Timeouts};
 pub use cache::{CacheStore, ResponseCache};
@@ -20,3 +21,4 @@ pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use spec::{parse_app_spec, parse_backends_spec};
+pub use waf::{Waf, WafMode, WafOverload, MAX_INSPECTED_BODY};

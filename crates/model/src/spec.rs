@@ -39,6 +39,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "mirror",
             "cache",
             "static_root",
+            "waf",
         ],
         "",
     )?;
@@ -107,6 +108,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_static_root(v).map_err(|m| ValidationError::new("static_root", m))?),
     };
+    let waf = match fields.get("waf") {
+        None | Some(Value::Null) => None,
+        Some(v) => crate::waf::parse_waf(v).map_err(|e| e.under("waf"))?,
+    };
     Ok(App {
         name,
         domains,
@@ -120,6 +125,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         mirror,
         cache,
         static_root,
+        waf,
     })
 }
 

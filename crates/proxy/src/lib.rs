@@ -25,6 +25,8 @@ mod route_cache;
 mod static_files;
 mod tls;
 mod upstream;
+mod waf;
+mod worker_pool;
 
 pub use access_log::{AccessLog, AccessLogTarget, ACCESS_LOG_QUEUE_CAPACITY};
 pub use cache_redis::{CacheRedis, PurgeReport};
@@ -37,3 +39,5 @@ pub use pipeline::Router;
 pub use response_store::{AppResponseCache, CacheBudget};
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
 pub use tls::{https_settings, TicketKeyRotation};
+pub use waf::Inspector;
+pub use worker_pool::WorkerPool;

@@ -269,6 +269,75 @@ pub(crate) static CACHE_REDIS_WRITES: LazyLock<IntCounterVec> = LazyLock::new(||
     ))
 });
 
+pub(crate) static POOL_THREADS: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_pool_threads",
+        "Worker threads for CPU-bound stages."
+    ))
+});
+
+pub(crate) static POOL_QUEUE_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_pool_queue_depth",
+        "Tasks waiting for a worker thread."
+    ))
+});
+
+const POOL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+pub(crate) static POOL_WAIT: LazyLock<HistogramVec> = LazyLock::new(|| {
+    registered(register_histogram_vec!(
+        "switchyard_pool_wait_seconds",
+        "Time tasks waited in the worker pool's queue, by stage.",
+        &["stage"],
+        POOL_BUCKETS.to_vec()
+    ))
+});
+
+pub(crate) static POOL_RUN: LazyLock<HistogramVec> = LazyLock::new(|| {
+    registered(register_histogram_vec!(
+        "switchyard_pool_run_seconds",
+        "Time tasks ran on a worker thread, by stage.",
+        &["stage"],
+        POOL_BUCKETS.to_vec()
+    ))
+});
+
+pub(crate) static POOL_REJECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_pool_rejected_total",
+        "Tasks refused because the worker pool's queue was full, by stage.",
+        &["stage"]
+    ))
+});
+
+pub(crate) static POOL_TIMEOUTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_pool_timeouts_total",
+        "Tasks whose deadline passed before they finished, by stage.",
+        &["stage"]
+    ))
+});
+
+pub(crate) static WAF_INSPECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_waf_requests_total",
+        "Requests of apps with a WAF, by app and result (pass, matched, blocked, \
+         overload_passed, overload_refused).",
+        &["app", "result"]
+    ))
+});
+
+pub(crate) static WAF_BODY_UNINSPECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_waf_body_uninspected_total",
+        "Requests whose body was too large (or of unknown length) to inspect, by app.",
+        &["app"]
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
@@ -303,6 +372,14 @@ pub(crate) fn register_all() {
     LazyLock::force(&CACHE_EVICTIONS);
     LazyLock::force(&CACHE_REDIS_ERRORS);
     LazyLock::force(&CACHE_REDIS_WRITES);
+    LazyLock::force(&POOL_THREADS);
+    LazyLock::force(&POOL_QUEUE_DEPTH);
+    LazyLock::force(&POOL_WAIT);
+    LazyLock::force(&POOL_RUN);
+    LazyLock::force(&POOL_REJECTED);
+    LazyLock::force(&POOL_TIMEOUTS);
+    LazyLock::force(&WAF_INSPECTIONS);
+    LazyLock::force(&WAF_BODY_UNINSPECTED);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

@@ -2,7 +2,9 @@
 //! this file top to bottom tells what happens to every request:
 //!
 //! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
-//!    then **https** (308 to HTTPS for apps that ask), then **static** (a file under the
+//!    then **https** (308 to HTTPS for apps that ask), then **waf** (the request, and a body
+//!    within the app's limit, inspected on the worker pool: 403 or 503 here), then
+//!    **static** (a file under the
 //!    app's static root answers), then **cache** (a fresh cached response is sent here),
 //!    then **mirror** (a copy to the shadow backends starts, fire-and-forget).
 //! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
@@ -39,6 +41,7 @@ use crate::route;
 use crate::route_cache::RouteCache;
 use crate::static_files;
 use crate::upstream;
+use crate::waf::{self, Inspector};
 
 /// The router: Switchyard's implementation of Pingora's proxy phases.
 pub struct Router {
@@ -47,6 +50,7 @@ pub struct Router {
     https_port: Option<u16>,
     mirrors: Arc<MirrorClient>,
     cache_redis: Option<Arc<CacheRedis>>,
+    waf: Option<Arc<Inspector>>,
 }
 
 impl Router {
@@ -65,7 +69,15 @@ impl Router {
             https_port,
             mirrors: Arc::new(MirrorClient::new()),
             cache_redis,
+            waf: None,
         }
+    }
+
+    /// Apps with a `waf` option are inspected by `inspector`; without one, their requests
+    /// follow their `on_overload` policy.
+    pub fn with_waf(mut self, inspector: Arc<Inspector>) -> Self {
+        self.waf = Some(inspector);
+        self
     }
 }
 
@@ -92,6 +104,10 @@ impl ProxyHttp for Router {
         }
         if let Some(location) = https::redirect_location(session, ctx, self.https_port) {
             respond::write_redirect(session, ctx, &location).await?;
+            return Ok(true);
+        }
+        if let Some(answer) = waf::inspect(session, ctx, self.waf.as_deref()).await? {
+            respond::send(session, ctx, answer).await?;
             return Ok(true);
         }
         if static_files::serve(session, ctx).await? {

@@ -23,6 +23,10 @@ pub(crate) enum LocalAnswer {
     RouteUnavailable,
     /// The request's headers exceed the router's budget: 431.
     HeadersTooLarge,
+    /// The app's WAF blocked the request: 403.
+    WafBlocked,
+    /// The app's WAF could not inspect in time and the app fails closed: 503.
+    WafOverloaded,
 }
 
 impl LocalAnswer {
@@ -31,7 +35,8 @@ impl LocalAnswer {
         match self {
             Self::UnknownHost => 404,
             Self::MissingHost => 400,
-            Self::NoBackends | Self::RouteUnavailable => 503,
+            Self::NoBackends | Self::RouteUnavailable | Self::WafOverloaded => 503,
+            Self::WafBlocked => 403,
             Self::NoHealthyBackend => 502,
             Self::HeadersTooLarge => 431,
         }
@@ -45,6 +50,8 @@ impl LocalAnswer {
             Self::NoHealthyBackend => "no container of this app is reachable",
             Self::RouteUnavailable => "routing is temporarily unavailable",
             Self::HeadersTooLarge => "request headers too large",
+            Self::WafBlocked => "request blocked by the web application firewall",
+            Self::WafOverloaded => "request inspection is overloaded, try again shortly",
         }
     }
 }

@@ -164,6 +164,9 @@ pub(crate) struct Intervention {
 /// One request's inspection. Not `Send`: it runs start to end on one thread.
 pub(crate) struct Transaction<'a> {
     tx: *mut c_void,
+    // Boxed for a fixed address: the library holds a pointer to the Vec itself while the
+    // Transaction value moves.
+    #[allow(clippy::box_collection)]
     log: Box<Vec<String>>,
     _rules: &'a Rules,
     _engine: &'a Engine,

@@ -173,7 +173,9 @@ impl Waf {
 }
 
 /// The directives for one paranoia level: the engine on, request bodies inspected as given
-/// (the caller bounds them), no audit log (matches come back in the verdict), then the CRS.
+/// (the caller bounds them) and parsed as JSON or XML by their content type (with a body
+/// that does not parse refused, as ModSecurity's recommended configuration does), no audit
+/// log (matches come back in the verdict), then the CRS.
 fn rule_text(files: &RuleFiles, paranoia: u8) -> String {
     format!(
         "SecRuleEngine On\n\
@@ -185,6 +187,12 @@ fn rule_text(files: &RuleFiles, paranoia: u8) -> String {
          SecAuditEngine Off\n\
          SecArgumentSeparator &\n\
          SecCookieFormat 0\n\
+         SecRule REQUEST_HEADERS:Content-Type \"^(?:application(?:/soap\\+|/)|text/)xml\" \
+           \"id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML\"\n\
+         SecRule REQUEST_HEADERS:Content-Type \"^application/json\" \
+           \"id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON\"\n\
+         SecRule REQBODY_ERROR \"!@eq 0\" \"id:200002,phase:2,t:none,log,deny,status:400,\
+           msg:'Failed to parse request body.',severity:2\"\n\
          SecAction \"id:900000,phase:1,nolog,pass,t:none,setvar:tx.paranoia_level={paranoia}\"\n\
          Include {}\n\
          Include {}\n",
@@ -273,6 +281,19 @@ mod tests {
         assert_eq!(shell.block_status, Some(403), "{:?}", shell.matches);
         let benign_form = get("/contact", &form, Some(b"name=Ada&message=Hello+there"));
         assert_eq!(benign_form.block_status, None, "{:?}", benign_form.matches);
+
+        let mut json: Vec<(&[u8], &[u8])> = BROWSER.to_vec();
+        json.push((b"Content-Type", b"application/json"));
+        let sqli_json = get("/api", &json, Some(br#"{"q": "1' OR '1'='1"}"#));
+        assert_eq!(sqli_json.block_status, Some(403), "{:?}", sqli_json.matches);
+        let api_call = get(
+            "/api",
+            &json,
+            Some(br#"{"name": "Ada", "tags": ["a", "b"], "n": 3}"#),
+        );
+        assert_eq!(api_call.block_status, None, "{:?}", api_call.matches);
+        let broken = get("/api", &json, Some(b"{not json"));
+        assert_eq!(broken.block_status, Some(400), "{:?}", broken.matches);
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! A fixed set of threads for CPU-bound work (WAF inspection), so the event loops never run
+//! it and never block waiting for it (seed 001: a WAF or an image resize on the event loop
+//! makes every other request on that loop wait).
+//!
+//! The queue is bounded: a task that finds it full is refused at once. Every task carries a
+//! deadline: a task still queued at its deadline is dropped unrun, and the waiting request
+//! stops waiting at the deadline whatever the task is doing. What a refusal or a missed
+//! deadline means is the calling stage's decision.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::oneshot;
+
+use crate::metrics;
+
+/// Why a task produced no result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PoolRefusal {
+    /// The queue was full: the task was never queued.
+    Full,
+    /// The deadline passed, queued or running.
+    TimedOut,
+}
+
+struct Task {
+    stage: &'static str,
+    queued_at: Instant,
+    deadline: Instant,
+    run: Box<dyn FnOnce() + Send>,
+}
+
+struct Queue {
+    tasks: Mutex<VecDeque<Task>>,
+    ready: Condvar,
+    capacity: usize,
+}
+
+/// The pool; cheap to share behind an `Arc`. Its threads live as long as the process.
+pub struct WorkerPool {
+    queue: Arc<Queue>,
+    threads: usize,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("threads", &self.threads)
+            .field("capacity", &self.queue.capacity)
+            .finish()
+    }
+}
+
+impl WorkerPool {
+    /// Starts `threads` workers sharing a queue of at most `capacity` tasks.
+    pub fn new(threads: usize, capacity: usize) -> std::io::Result<Self> {
+        metrics::register_all();
+        let queue = Arc::new(Queue {
+            tasks: Mutex::new(VecDeque::with_capacity(capacity)),
+            ready: Condvar::new(),
+            capacity: capacity.max(1),
+        });
+        let threads = threads.max(1);
+        for n in 0..threads {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("switchyard-worker-{n}"))
+                .spawn(move || work(&queue))?;
+        }
+        metrics::POOL_THREADS.set(threads as i64);
+        Ok(Self { queue, threads })
+    }
+
+    /// Runs `job` on a worker and waits (without blocking the event loop) for its result,
+    /// until `deadline` at the latest.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        stage: &'static str,
+        deadline: Instant,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, PoolRefusal> {
+        let (done, result) = oneshot::channel();
+        let task = Task {
+            stage,
+            queued_at: Instant::now(),
+            deadline,
+            run: Box::new(move || {
+                let _ = done.send(job());
+            }),
+        };
+        {
+            let mut tasks = self.queue.tasks.lock();
+            if tasks.len() >= self.queue.capacity {
+                drop(tasks);
+                metrics::POOL_REJECTED.with_label_values(&[stage]).inc();
+                return Err(PoolRefusal::Full);
+            }
+            tasks.push_back(task);
+            metrics::POOL_QUEUE_DEPTH.set(tasks.len() as i64);
+        }
+        self.queue.ready.notify_one();
+        match tokio::time::timeout_at(deadline.into(), result).await {
+            Ok(Ok(value)) => Ok(value),
+            // Dropped unrun by a worker because its deadline had passed, or cut short here.
+            Ok(Err(_)) | Err(_) => {
+                metrics::POOL_TIMEOUTS.with_label_values(&[stage]).inc();
+                Err(PoolRefusal::TimedOut)
+            }
+        }
+    }
+}
+
+fn work(queue: &Queue) {
+    loop {
+        let task = {
+            let mut tasks = queue.tasks.lock();
+            loop {
+                if let Some(task) = tasks.pop_front() {
+                    metrics::POOL_QUEUE_DEPTH.set(tasks.len() as i64);
+                    break task;
+                }
+                queue.ready.wait(&mut tasks);
+            }
+        };
+        let started = Instant::now();
+        metrics::POOL_WAIT
+            .with_label_values(&[task.stage])
+            .observe(started.duration_since(task.queued_at).as_secs_f64());
+        if started >= task.deadline {
+            // Nobody waits for it any more: dropping it tells the caller.
+            continue;
+        }
+        (task.run)();
+        metrics::POOL_RUN
+            .with_label_values(&[task.stage])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn results_come_back_and_overflow_and_deadlines_are_refusals() {
+        let pool = Arc::new(WorkerPool::new(1, 2).expect("pool"));
+        runtime().block_on(async {
+            let soon = || Instant::now() + Duration::from_secs(5);
+            assert_eq!(pool.run("test", soon(), || 6 * 7).await, Ok(42));
+
+            // One worker busy, two queued: the fourth is refused at once.
+            let block = || std::thread::sleep(Duration::from_millis(300));
+            let (started, running) = std::sync::mpsc::channel();
+            let first = {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let job = move || {
+                        let _ = started.send(());
+                        block()
+                    };
+                    pool.run("test", soon(), job).await
+                })
+            };
+            while running.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut busy: Vec<_> = (0..2)
+                .map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move { pool.run("test", soon(), block).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(
+                pool.run("test", soon(), || ()).await,
+                Err(PoolRefusal::Full)
+            );
+            busy.push(first);
+            for task in busy {
+                assert_eq!(task.await.expect("joined"), Ok(()));
+            }
+
+            // A deadline shorter than the work: the caller stops waiting at the deadline.
+            let started = Instant::now();
+            let late = pool
+                .run("test", Instant::now() + Duration::from_millis(50), block)
+                .await;
+            assert_eq!(late, Err(PoolRefusal::TimedOut));
+            assert!(started.elapsed() < Duration::from_millis(250));
+        });
+    }
+}

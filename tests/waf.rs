@@ -1,0 +1,258 @@
+//! The WAF end to end: the real router with libmodsecurity and Debian's OWASP Core Rule Set,
+//! in front of a real backend that records what reaches it.
+
+mod support;
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use support::{Backend, RouterProcess};
+
+fn protect(router: &RouterProcess, backend: &Backend, waf: Value) {
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test"], "backends": [backend.addr.to_string()], "waf": waf}),
+    );
+}
+
+fn send(router: &RouterProcess, raw_head: &str, body: &str) -> support::Response {
+    let request = format!(
+        "{raw_head}Host: shop.test\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64) Firefox/120.0\r\n\
+         Accept: */*\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    support::request(router.http, &request)
+        .unwrap_or_else(|e| panic!("{raw_head}: {e}\n{}", router.logs()))
+}
+
+fn get(router: &RouterProcess, target: &str, extra_headers: &str) -> support::Response {
+    send(
+        router,
+        &format!("GET {target} HTTP/1.1\r\n{extra_headers}"),
+        "",
+    )
+}
+
+fn post(router: &RouterProcess, target: &str, content_type: &str, body: &str) -> support::Response {
+    send(
+        router,
+        &format!("POST {target} HTTP/1.1\r\nContent-Type: {content_type}\r\n"),
+        body,
+    )
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+#[test]
+fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    protect(&router, &backend, json!({"mode": "block"}));
+
+    // Ordinary traffic: pages with queries, a form post, a JSON API call — all reach the app,
+    // bodies intact.
+    assert_eq!(get(&router, "/products?page=2&sort=price", "").status, 200);
+    assert_eq!(
+        get(&router, "/", "Cookie: session=abc123; theme=dark\r\n").status,
+        200
+    );
+    let form = post(
+        &router,
+        "/contact",
+        FORM,
+        "name=Ada+Lovelace&message=Hello%2C+world",
+    );
+    assert_eq!(form.status, 200, "{}", form.text());
+    let api_body = r#"{"name": "Ada", "tags": ["a", "b"], "quantity": 3}"#;
+    let api = post(&router, "/api/orders", "application/json", api_body);
+    assert_eq!(api.status, 200, "{}", api.text());
+    let recorded = backend.recorded();
+    assert_eq!(recorded.len(), 4);
+    assert_eq!(
+        recorded[3].body,
+        api_body.as_bytes(),
+        "the inspected body is forwarded whole"
+    );
+    let big_body = format!("data={}", "x".repeat(100_000));
+    assert_eq!(post(&router, "/upload", FORM, &big_body).status, 200);
+    assert_eq!(
+        backend.recorded()[4].body.len(),
+        big_body.len(),
+        "beyond the limit, passed"
+    );
+
+    // Probes in the query, a header, a form body, a JSON body and the path: 403, never the app.
+    let probes: Vec<(&str, support::Response)> = vec![
+        (
+            "sqli in query",
+            get(&router, "/products?id=1%27%20OR%20%271%27=%271", ""),
+        ),
+        (
+            "xss in query",
+            get(&router, "/search?q=%3Cscript%3Ealert(1)%3C/script%3E", ""),
+        ),
+        (
+            "xss in header",
+            get(
+                &router,
+                "/",
+                "Referer: <script>alert(document.cookie)</script>\r\n",
+            ),
+        ),
+        (
+            "shell in form",
+            post(&router, "/contact", FORM, "name=x&cmd=%3Bcat%20/etc/passwd"),
+        ),
+        (
+            "sqli in json",
+            post(
+                &router,
+                "/api",
+                "application/json",
+                r#"{"q": "1' OR '1'='1"}"#,
+            ),
+        ),
+        (
+            "path traversal",
+            get(&router, "/files?name=../../../../etc/passwd", ""),
+        ),
+    ];
+    for (probe, response) in &probes {
+        assert_eq!(response.status, 403, "{probe}: {}", response.text());
+        let id = response.header("x-request-id").unwrap_or("none");
+        assert!(
+            response.text().contains(id),
+            "{probe}: the body names the request id"
+        );
+    }
+    assert_eq!(backend.requests(), 5, "no probe reached the app");
+    assert_eq!(
+        router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"blocked\"}"),
+        probes.len() as f64
+    );
+    assert!(router.metric("switchyard_waf_body_uninspected_total{app=\"shop\"}") >= 1.0);
+    let logs = router.logs();
+    assert!(logs.contains("WAF rule 942100 matched"), "{logs}");
+    assert!(logs.contains("app shop"), "{logs}");
+}
+
+#[test]
+fn detect_mode_logs_matches_and_lets_them_through() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    protect(&router, &backend, json!({"mode": "detect", "paranoia": 2}));
+    let probe = get(&router, "/products?id=1%27%20OR%20%271%27=%271", "");
+    assert_eq!(probe.status, 200);
+    assert_eq!(backend.requests(), 1);
+    assert_eq!(
+        router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"matched\"}"),
+        1.0
+    );
+    assert!(
+        router.logs().contains("WAF rule 942100 matched"),
+        "{}",
+        router.logs()
+    );
+}
+
+/// Many concurrent inspections of large bodies on one worker with a queue of one and a short
+/// deadline: most cannot be inspected in time.
+fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<u16> {
+    let body = format!("comment={}", "lorem ipsum dolor sit amet ".repeat(2_000));
+    let request = format!(
+        "POST /comments HTTP/1.1\r\nHost: {host}\r\nContent-Type: {FORM}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let clients: Vec<_> = (0..40)
+        .map(|_| {
+            let (router, request) = (router.clone(), request.clone());
+            std::thread::spawn(move || {
+                support::request(router.http, &request)
+                    .map(|r| r.status)
+                    .unwrap_or_else(|e| panic!("{e}\n{}", router.logs()))
+            })
+        })
+        .collect();
+    clients
+        .into_iter()
+        .map(|c| c.join().expect("client"))
+        .collect()
+}
+
+#[test]
+fn an_overloaded_pool_fails_open_or_closed_as_configured() {
+    let args = ["--pool-threads", "1", "--pool-queue", "1"];
+    let router = Arc::new(RouterProcess::start_with(&args));
+    let (strict, lenient) = (Backend::start("strict"), Backend::start("lenient"));
+    for (name, backend, policy) in [("strict", &strict, "closed"), ("lenient", &lenient, "open")] {
+        router.put_app(
+            name,
+            json!({
+                "domains": [format!("{name}.test")], "backends": [backend.addr.to_string()],
+                "waf": {"mode": "block", "timeout_ms": 5, "on_overload": policy}
+            }),
+        );
+    }
+
+    let statuses = overload(&router, "strict.test");
+    let refused = statuses.iter().filter(|&&s| s == 503).count();
+    assert!(refused > 0, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 503),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        strict.requests(),
+        statuses.len() - refused,
+        "refused ones never reached it"
+    );
+
+    let statuses = overload(&router, "lenient.test");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(lenient.requests(), statuses.len());
+    let passed =
+        router.metric("switchyard_waf_requests_total{app=\"lenient\",result=\"overload_passed\"}");
+    assert!(passed > 0.0, "some passed uninspected");
+    let pool_refusals = router.metric("switchyard_pool_rejected_total{stage=\"waf\"}")
+        + router.metric("switchyard_pool_timeouts_total{stage=\"waf\"}");
+    assert!(
+        pool_refusals >= passed + refused as f64,
+        "every overload is counted by the pool"
+    );
+}
+
+#[test]
+fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
+    let router = RouterProcess::start_with(&["--waf", "off"]);
+    let backend = Backend::start("shop");
+    protect(
+        &router,
+        &backend,
+        json!({"mode": "block", "on_overload": "closed"}),
+    );
+    assert_eq!(get(&router, "/", "").status, 503);
+    router.put_app(
+        "blog",
+        json!({
+            "domains": ["blog.test"], "backends": [backend.addr.to_string()],
+            "waf": {"mode": "block", "on_overload": "open"}
+        }),
+    );
+    let probe = router.get("blog.test", "/posts?id=1%27%20OR%20%271%27=%271");
+    assert_eq!(probe.status, 200, "passed uninspected");
+    assert!(router.logs().contains("--waf off"), "{}", router.logs());
+
+    let (status, error) = router.admin_call(
+        "PUT",
+        "/v1/apps/shop",
+        Some(
+            &json!({"domains": ["shop.test"], "waf": {"mode": "block", "paranoia": 7}}).to_string(),
+        ),
+    );
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (400, Some("waf.paranoia")),
+        "{error}"
+    );
+}
