@@ -429,6 +429,8 @@ def write_report(results, path):
         lines += mirror_report(results["mirror"], results.get("mirror_date", ""))
     if results.get("cache"):
         lines += cache_report(results["cache"], results.get("cache_date", ""))
+    if results.get("waf"):
+        lines += waf_report(results["waf"], results.get("waf_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -598,6 +600,48 @@ def cache_report(c, date):
         if nginx:
             lines.append(f"- {name}: hit throughput ≥ nginx proxy_cache: measured {hit / nginx['rps']:.2f}× → "
                          f"**{'met' if hit >= nginx['rps'] else 'NOT met'}**")
+    return lines
+
+
+def waf_report(w, date):
+    """The WAF section, from bench/bench_waf.py's measurements."""
+    lines = ["", "# WAF and worker pool (bench/bench_waf.py)", "",
+             f"Measured on {date}, same machine. Both proxies inspect with libmodsecurity 3.0.9 and "
+             "Debian's OWASP CRS 3.3.4 (paranoia 1, request bodies inspected, block mode) in front of "
+             "the same origin (an nginx answering 200 at once). Switchyard runs inspections on its "
+             "worker pool (2 threads); nginx 1.22 uses libnginx-mod-http-modsecurity (2 workers). "
+             f"Benign form POSTs, `wrk -t2 -c64` for {w['seconds']} s.", "",
+             "| body | Switchyard req/s | nginx + ModSecurity req/s | ratio | errors (Switchyard; nginx) |",
+             "|---|---|---|---|---|"]
+    ratios = []
+    for r in w["throughput"]:
+        ratio = r["switchyard"]["rps"] / r["nginx"]["rps"]
+        ratios.append((r["body_bytes"], ratio))
+        lines.append(f"| {r['body_bytes'] // 1000} KB | {r['switchyard']['rps']:.0f} | {r['nginx']['rps']:.0f} | "
+                     f"{ratio:.2f}× | {'; '.join(r['switchyard']['errors']) or 'none'}; "
+                     f"{'; '.join(r['nginx']['errors']) or 'none'} |")
+    lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
+              f"{w['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N connections of "
+              "50 KB inspected POSTs going through the same router.", "",
+              "| heavy connections | light p50 ms | light p99 ms | light timeouts/errors | heavy req/s | heavy errors |",
+              "|---|---|---|---|---|---|"]
+    for r in w["isolation"]:
+        lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{(1 - r['success']) * 100:.2f}% | {r['heavy_rps']:.0f} | {'; '.join(r['heavy_errors']) or 'none'} |")
+    lines += ["", "## Targets (issue 7)", ""]
+    alone = w["isolation"][0]["p99_ms"]
+    for r in w["isolation"][1:]:
+        ratio = r["p99_ms"] / alone
+        lines.append(f"- light p99 with {r['connections']} heavy connections ≤ 1.5× alone: measured "
+                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
+    last = w["isolation"][-1]
+    lines.append(f"- 0% light timeouts at {last['connections']} heavy connections: measured "
+                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    for size, ratio in ratios:
+        lines.append(f"- WAF-inspected req/s ≥ 3× nginx + ModSecurity ({size // 1000} KB bodies): measured "
+                     f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
+    lines.append("- Not measured yet: the same runs with inspection forced inline on the event loop "
+                 "(seed 001's comparison), and image resizing.")
     return lines
 
 

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""WAF and worker pool: Switchyard beside nginx + ModSecurity, and seed 001's question.
+
+Both proxies inspect with libmodsecurity 3.0.9 and the same OWASP Core Rule Set (Debian's
+modsecurity-crs, paranoia 1, request bodies inspected) in front of the same fast origin (an
+nginx answering 200 at once):
+- Switchyard: the app's `waf` in block mode, inspections on its worker pool;
+- nginx 1.22 with libnginx-mod-http-modsecurity, the same directives.
+
+Part 1, WAF throughput: benign form POSTs with 10 KB and 50 KB bodies, closed loop
+(`wrk -t2 -c64`).
+Part 2, light beside heavy (seed 001): a light GET route (an app without the WAF) at a
+constant 500 req/s (vegeta, 1 s timeout), alone and while wrk keeps 100, 200 and 400
+connections of 50 KB inspected POSTs going; light p50/p99 and timeouts.
+Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import bench as common
+
+
+WAF_HOST = "shop.bench"
+LIGHT_HOST = "light.bench"
+BODY_SIZES = [10_000, 50_000]
+LIGHT_RATE = 500
+HEAVY_CONNECTIONS = [100, 200, 400]
+MODSEC_MODULE = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so"
+
+# The directives Switchyard loads (crates/waf/src/lib.rs, rule_text) at paranoia 1.
+MODSEC_RULES = r"""
+SecRuleEngine On
+SecRequestBodyAccess On
+SecRequestBodyLimit 67108864
+SecRequestBodyNoFilesLimit 67108864
+SecRequestBodyLimitAction ProcessPartial
+SecResponseBodyAccess Off
+SecAuditEngine Off
+SecArgumentSeparator &
+SecCookieFormat 0
+SecRule REQUEST_HEADERS:Content-Type "^(?:application(?:/soap\+|/)|text/)xml" "id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML"
+SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
+SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',severity:2"
+SecAction "id:900000,phase:1,nolog,pass,t:none,setvar:tx.paranoia_level=1"
+Include /etc/modsecurity/crs/crs-setup.conf
+Include /usr/share/modsecurity-crs/rules/*.conf
+"""
+
+
+def start_origin(work):
+    port = common.free_port()
+    conf = work / "origin.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {work}/origin.pid;
+error_log {work}/origin-error.log;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_max_body_size 1m;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "ok\\n"; }}
+    }}
+}}
+""")
+    proc = common.Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    common.wait_port(port)
+    return proc, port
+
+
+def start_nginx_modsecurity(work, origin_port):
+    port = common.free_port()
+    (work / "modsec.conf").write_text(MODSEC_RULES)
+    conf = work / "nginx-waf.conf"
+    conf.write_text(f"""
+load_module {MODSEC_MODULE};
+user root;
+worker_processes {common.THREADS};
+daemon off;
+pid {work}/nginx-waf.pid;
+error_log {work}/nginx-waf-error.log;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_max_body_size 1m;
+    client_body_buffer_size 128k;
+    upstream origin {{ server 127.0.0.1:{origin_port}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            modsecurity on;
+            modsecurity_rules_file {work}/modsec.conf;
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+        }}
+    }}
+}}
+""")
+    proc = common.Process("nginx-waf", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    common.wait_port(port, timeout=120)
+    return proc, port
+
+
+def start_switchyard(work, origin_port):
+    http_port, admin_port = common.free_port(), common.free_port()
+    proc = common.Process("switchyard-waf", [
+        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+        "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
+        "--access-log", "off", "--shutdown-grace-s", "0"], work,
+        env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
+    common.wait_port(http_port)
+    common.wait_port(admin_port)
+    # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
+    waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
+    for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:
+        spec = {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{admin_port}/v1/apps/{name}", method="PUT",
+            data=json.dumps(spec).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+    return proc, http_port
+
+
+def post_script(work, size):
+    """A wrk script posting a benign form of `size` bytes (words, as a comment would be)."""
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
+    body = "name=Ada&comment=" + (words * (size // len(words) + 1)).replace(" ", "+")[:size - 17]
+    script = work / f"post-{size}.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f'wrk.body = "{body}"\n'
+        'wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
+        f'wrk.headers["Host"] = "{WAF_HOST}"\n')
+    return script
+
+
+def wrk_post(port, script, seconds, connections):
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
+         f"http://127.0.0.1:{port}/comments"],
+        check=True, capture_output=True, text=True).stdout
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
+    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    return rps, errors
+
+
+def check_blocks(port):
+    """Both proxies must really inspect: an SQL injection probe gets 403."""
+    status, _ = common.get(port, WAF_HOST, "/products?id=1%27%20OR%20%271%27=%271")
+    if status != 403:
+        raise SystemExit(f"the WAF on port {port} answered {status} to an SQL injection probe")
+
+
+def light_latency(port, seconds):
+    target = f"GET http://127.0.0.1:{port}/\nHost: {LIGHT_HOST}\n"
+    out = subprocess.run([common.VEGETA, "attack", f"-rate={LIGHT_RATE}", f"-duration={seconds}s",
+                          "-timeout=1s"], input=target.encode(), check=True,
+                         capture_output=True).stdout
+    return common.vegeta_summary(out)
+
+
+def light_beside_heavy(port, script, seconds, connections):
+    """Light latency while `connections` heavy clients keep the WAF busy."""
+    heavy = subprocess.Popen(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2}s", "-s", str(script), "--timeout", "5s",
+         f"http://127.0.0.1:{port}/comments"], stdout=subprocess.PIPE, text=True)
+    try:
+        light = light_latency(port, seconds)
+    finally:
+        out, _ = heavy.communicate(timeout=seconds + 30)
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
+    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors, **light}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    if not Path(MODSEC_MODULE).exists():
+        raise SystemExit("nginx's ModSecurity module is missing: apt install libnginx-mod-http-modsecurity")
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-waf-"))
+    results = {"seconds": seconds, "light_rate": LIGHT_RATE, "throughput": [], "isolation": []}
+    procs = []
+    try:
+        origin, origin_port = start_origin(work)
+        procs.append(origin)
+        sy, sy_port = start_switchyard(work, origin_port)
+        procs.append(sy)
+        ng, ng_port = start_nginx_modsecurity(work, origin_port)
+        procs.append(ng)
+        for port in (sy_port, ng_port):
+            check_blocks(port)
+
+        for size in BODY_SIZES:
+            script = post_script(work, size)
+            row = {"body_bytes": size}
+            for name, port in (("switchyard", sy_port), ("nginx", ng_port)):
+                rps, errors = wrk_post(port, script, seconds, 64)
+                row[name] = {"rps": rps, "errors": errors}
+                print(f"{size:6} B {name:10} {rps:9.0f} req/s {errors}", flush=True)
+            results["throughput"].append(row)
+
+        script = post_script(work, 50_000)
+        # The light route through Switchyard: alone, then beside heavy inspected POSTs.
+        alone = light_latency(sy_port, seconds)
+        results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [], **alone})
+        print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms "
+              f"success {alone['success']:.4f}", flush=True)
+        for connections in HEAVY_CONNECTIONS:
+            row = light_beside_heavy(sy_port, script, seconds, connections)
+            results["isolation"].append(row)
+            print(f"heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+                  f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s {row['heavy_errors']}",
+                  flush=True)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    if not common.merge_section("waf", results, args.quick):
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
