@@ -12,9 +12,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
+use thread_priority::{set_current_thread_priority, ThreadPriority, ThreadPriorityValue};
 use tokio::sync::oneshot;
 
 use crate::metrics;
+
+/// Niceness of worker threads (on the `thread-priority` crate's 0–99 scale, 22 is nice 10):
+/// when every core is busy the scheduler gives the event loops about ten times the CPU of a
+/// worker, so light requests stay fast while heavy ones use what is left (seed 001).
+const WORKER_PRIORITY: u8 = 22;
 
 /// Why a task produced no result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +119,15 @@ impl WorkerPool {
 }
 
 fn work(queue: &Queue) {
+    let lowered = ThreadPriorityValue::try_from(WORKER_PRIORITY)
+        .map_err(|e| e.to_string())
+        .and_then(|value| {
+            set_current_thread_priority(ThreadPriority::Crossplatform(value))
+                .map_err(|e| format!("{e:?}"))
+        });
+    if let Err(e) = lowered {
+        log::warn!("worker thread keeps the normal priority: {e}");
+    }
     loop {
         let task = {
             let mut tasks = queue.tasks.lock();
@@ -144,6 +159,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Field 19 of `/proc/thread-self/stat`: this thread's nice value.
+    fn own_niceness() -> Option<i32> {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+        let after_name = &stat[stat.rfind(')')? + 1..];
+        after_name.split_whitespace().nth(16)?.parse().ok()
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -157,6 +179,8 @@ mod tests {
         runtime().block_on(async {
             let soon = || Instant::now() + Duration::from_secs(5);
             assert_eq!(pool.run("test", soon(), || 6 * 7).await, Ok(42));
+            let nice = pool.run("test", soon(), own_niceness).await;
+            assert_eq!(nice, Ok(Some(10)), "workers yield to the event loops");
 
             // One worker busy, two queued: the fourth is refused at once.
             let block = || std::thread::sleep(Duration::from_millis(300));
