@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use switchyard_admin::{AdminState, SharedCache};
-use switchyard_proxy::CacheRedis;
+use switchyard_admin::{AdminState, SharedCache, WafControl};
+use switchyard_proxy::{CacheRedis, Inspector};
 
 /// Serves the admin API on a listener bound at start-up.
 pub(crate) struct AdminService {
@@ -61,5 +61,14 @@ impl SharedCache for CacheRedisPurge {
             .await
             .map_err(|e| e.to_string())?;
         Ok((report.deleted, report.complete))
+    }
+}
+
+/// `POST /v1/waf/reload` through the router's WAF.
+pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
+
+impl WafControl for WafReload {
+    fn reload(&self) -> Result<Vec<usize>, String> {
+        self.0.reload().map_err(|e| e.to_string())
     }
 }

@@ -87,6 +87,10 @@ pub(crate) struct ServeArgs {
     /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
     #[arg(long, env = "SWITCHYARD_WAF")]
     waf: Option<String>,
+    /// The platform's own ModSecurity rules and CRS exclusions, included after the CRS
+    /// (reloaded with `POST /v1/waf/reload`).
+    #[arg(long, env = "SWITCHYARD_WAF_RULES")]
+    waf_rules: Option<String>,
     /// Threads for CPU-bound stages such as the WAF (default: number of cores).
     #[arg(long, env = "SWITCHYARD_POOL_THREADS")]
     pool_threads: Option<usize>,
@@ -121,6 +125,7 @@ struct FileConfig {
     cache_redis_timeout_ms: Option<Spanned<u64>>,
     redis_timeout_ms: Option<Spanned<u64>>,
     waf: Option<Spanned<String>>,
+    waf_rules: Option<String>,
     pool_threads: Option<Spanned<usize>>,
     pool_queue: Option<Spanned<usize>>,
 }
@@ -175,6 +180,8 @@ pub(crate) struct Config {
     pub(crate) cache_redis: Option<(String, Duration)>,
     /// Whether the Core Rule Set is loaded.
     pub(crate) waf: bool,
+    /// Extra rules file included after the CRS.
+    pub(crate) waf_rules: Option<String>,
     pub(crate) pool_threads: usize,
     pub(crate) pool_queue: usize,
 }
@@ -386,6 +393,7 @@ impl Config {
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
             cache_redis,
             waf,
+            waf_rules: args.waf_rules.or(file.waf_rules),
             pool_threads,
             pool_queue,
         })

@@ -22,9 +22,9 @@ use switchyard_proxy::{
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
-use switchyard_waf::{RuleFiles, Waf};
+use switchyard_waf::RuleFiles;
 
-use crate::admin_service::{AdminService, CacheRedisPurge};
+use crate::admin_service::{AdminService, CacheRedisPurge, WafReload};
 use crate::config::{Config, StoreChoice, TlsConfig};
 
 /// Bytes a client connection buffers before a write reaches the socket. Pingora's default
@@ -108,21 +108,29 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // One service for both listeners, so they share one set of threads and one pool of
     // backend connections; each request learns from its connection whether it came over TLS.
     let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone());
-    if config.waf {
+    let inspector = if config.waf {
         let started = std::time::Instant::now();
-        let waf = Waf::load(&RuleFiles::default()).with_context(|| {
+        let pool = WorkerPool::new(config.pool_threads, config.pool_queue)
+            .context("cannot start the worker pool")?;
+        let files = RuleFiles {
+            extra: config.waf_rules.clone(),
+            ..RuleFiles::default()
+        };
+        let inspector = Inspector::load(files, Arc::new(pool)).with_context(|| {
             "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
-             modsecurity-crs); install it or start with --waf off"
+             modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
         })?;
         log::info!(
             "WAF: OWASP Core Rule Set loaded in {:?}, rules per paranoia level {:?}",
             started.elapsed(),
-            waf.rule_counts()
+            inspector.rule_counts()
         );
-        let pool = WorkerPool::new(config.pool_threads, config.pool_queue)
-            .context("cannot start the worker pool")?;
-        router = router.with_waf(Arc::new(Inspector::new(Arc::new(waf), Arc::new(pool))));
-    }
+        let inspector = Arc::new(inspector);
+        router = router.with_waf(inspector.clone());
+        Some(inspector)
+    } else {
+        None
+    };
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, router)
         .name("switchyard proxy")
         .server_options(server_options)
@@ -180,6 +188,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let mut admin_state = AdminState::new(store, config.admin_token.clone());
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
+    }
+    if let Some(inspector) = inspector {
+        admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
     }
     server.add_service(background_service(
         "admin api",

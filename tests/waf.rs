@@ -242,6 +242,12 @@ fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
     let probe = router.get("blog.test", "/posts?id=1%27%20OR%20%271%27=%271");
     assert_eq!(probe.status, 200, "passed uninspected");
     assert!(router.logs().contains("--waf off"), "{}", router.logs());
+    let (status, error) = router.admin_call("POST", "/v1/waf/reload", None);
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (409, Some("waf")),
+        "{error}"
+    );
 
     let (status, error) = router.admin_call(
         "PUT",
@@ -255,4 +261,61 @@ fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
         (400, Some("waf.paranoia")),
         "{error}"
     );
+}
+
+#[test]
+fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("custom.conf");
+    std::fs::write(&rules, "# the platform's own rules\n").expect("rules");
+    let router = RouterProcess::start_with(&["--waf-rules", rules.to_str().expect("utf-8 path")]);
+    let backend = Backend::start("shop");
+    protect(&router, &backend, json!({"mode": "block"}));
+    assert_eq!(get(&router, "/internal/debug", "").status, 200);
+
+    std::fs::write(
+        &rules,
+        "SecRule REQUEST_URI \"@beginsWith /internal/\" \
+         \"id:10001,phase:1,deny,status:403,log,msg:'internal paths are closed'\"\n",
+    )
+    .expect("rules");
+    let (status, answer) = router.admin_call("POST", "/v1/waf/reload", None);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["rules_per_paranoia_level"].as_array().map(Vec::len),
+        Some(4)
+    );
+    assert_eq!(get(&router, "/internal/debug", "").status, 403);
+    assert!(
+        router
+            .logs()
+            .contains("WAF rule 10001 matched: internal paths are closed"),
+        "{}",
+        router.logs()
+    );
+
+    std::fs::write(
+        &rules,
+        "SecRule NO_SUCH_VARIABLE \"@rx x\" \"id:10002,deny\"\n",
+    )
+    .expect("rules");
+    let (status, error) = router.admin_call("POST", "/v1/waf/reload", None);
+    assert_eq!(
+        (status, error["field"].as_str()),
+        (400, Some("rules")),
+        "{error}"
+    );
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("custom.conf"),
+        "{error}"
+    );
+    assert_eq!(
+        get(&router, "/internal/debug", "").status,
+        403,
+        "the rules in use stay"
+    );
+    assert_eq!(get(&router, "/products?page=2", "").status, 200);
 }

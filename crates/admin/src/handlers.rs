@@ -126,6 +126,24 @@ pub(crate) async fn purge_cache(
     Ok(Json(json!({"app": name, "purged": path, "prefix": prefix})))
 }
 
+/// `POST /v1/waf/reload`: loads the WAF's rule files again and swaps them in; on an error
+/// (400 naming `rules`, with libmodsecurity's file, line and reason) the rules in use stay.
+pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<Value>, ApiError> {
+    let Some(waf) = state.waf.clone() else {
+        return Err(ApiError::Conflict {
+            message: "this router runs without the WAF (--waf off)".into(),
+            field: "waf",
+        });
+    };
+    let reloaded = tokio::task::spawn_blocking(move || waf.reload())
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the reload did not finish: {e}")))?;
+    match reloaded {
+        Ok(counts) => Ok(Json(json!({"rules_per_paranoia_level": counts}))),
+        Err(reason) => Err(ValidationError::new("rules", reason).into()),
+    }
+}
+
 #[derive(Deserialize)]
 pub(crate) struct ListQuery {
     after: Option<String>,

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use switchyard_store::Store;
 use tokio::net::TcpListener;
@@ -31,12 +31,20 @@ pub trait SharedCache: Send + Sync {
     async fn purge(&self, app: &str, path: &str, prefix: bool) -> Result<(u64, bool), String>;
 }
 
+/// The router's WAF, for reloading its rules without a restart.
+pub trait WafControl: Send + Sync {
+    /// Loads the rule files again and swaps them in; blocking. Returns the rules loaded per
+    /// paranoia level, or why they did not load (the rules in use stay).
+    fn reload(&self) -> Result<Vec<usize>, String>;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
     store: Arc<dyn Store>,
     token: Option<Arc<str>>,
     shared_cache: Option<Arc<dyn SharedCache>>,
+    waf: Option<Arc<dyn WafControl>>,
 }
 
 impl AdminState {
@@ -46,7 +54,14 @@ impl AdminState {
             store,
             token: token.map(Arc::from),
             shared_cache: None,
+            waf: None,
         }
+    }
+
+    /// `POST /v1/waf/reload` reloads `waf`'s rules.
+    pub fn with_waf(mut self, waf: Arc<dyn WafControl>) -> Self {
+        self.waf = Some(waf);
+        self
     }
 
     /// Purges of apps whose cache store is `redis` go to `cache`.
@@ -68,6 +83,7 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/apps/{name}/backends", put(handlers::put_backends))
         .route("/v1/apps/{name}/cache", delete(handlers::purge_cache))
+        .route("/v1/waf/reload", post(handlers::reload_waf))
         .route("/v1/certs", get(handlers::list_certs))
         .route(
             "/v1/certs/{domain}",

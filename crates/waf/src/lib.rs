@@ -38,6 +38,8 @@ pub struct RuleFiles {
     pub setup: String,
     /// The rule files, a path or a glob (`…/rules/*.conf`).
     pub rules: String,
+    /// The platform's own rules and CRS exclusions, included after the CRS.
+    pub extra: Option<String>,
 }
 
 impl Default for RuleFiles {
@@ -45,6 +47,7 @@ impl Default for RuleFiles {
         Self {
             setup: DEBIAN_CRS_SETUP.into(),
             rules: DEBIAN_CRS_RULES.into(),
+            extra: None,
         }
     }
 }
@@ -195,8 +198,14 @@ fn rule_text(files: &RuleFiles, paranoia: u8) -> String {
            msg:'Failed to parse request body.',severity:2\"\n\
          SecAction \"id:900000,phase:1,nolog,pass,t:none,setvar:tx.paranoia_level={paranoia}\"\n\
          Include {}\n\
-         Include {}\n",
-        files.setup, files.rules
+         Include {}\n\
+         {}",
+        files.setup,
+        files.rules,
+        files
+            .extra
+            .as_ref()
+            .map_or_else(String::new, |extra| format!("Include {extra}\n"))
     )
 }
 
@@ -332,6 +341,7 @@ mod tests {
         let err = Waf::load(&RuleFiles {
             setup: "/nonexistent/crs-setup.conf".into(),
             rules: DEBIAN_CRS_RULES.into(),
+            extra: None,
         })
         .expect_err("a missing file is refused");
         assert!(err.to_string().contains("crs-setup.conf"), "{err}");
