@@ -235,9 +235,37 @@ def wrk_throughput(port, seconds, host=HOT_HOST, path="/", connections=64):
         ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-H", f"Host: {host}",
          f"http://127.0.0.1:{port}{path}"],
         check=True, capture_output=True, text=True).stdout
+    return parse_wrk(out)
+
+
+def parse_wrk(out):
+    """Requests per second and error lines of a wrk run's output."""
     rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
     errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
     return rps, errors
+
+
+def run_section(key, doc, measure):
+    """The life every section script shares: `--seconds`/`--quick`, a work directory,
+    `measure(work, seconds, procs)` returning the results (every process it starts goes in
+    `procs` and is stopped, newest first, whatever happens), then the results merged under
+    `key` into bench/results and the report. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="length of each load run")
+    parser.add_argument("--quick", action="store_true", help="3 s runs (smoke test)")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    work = Path(tempfile.mkdtemp(prefix=f"switchyard-bench-{key}-"))
+    procs = []
+    try:
+        results = measure(work, seconds, procs)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    if not merge_section(key, results, args.quick):
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 def vegeta_latency(port, rate, seconds):

@@ -16,14 +16,10 @@ time-bound; each setup three times, interleaved, median reported) and a constant
 bench/results/latest.json under "cache" and to bench/RESULTS.md.
 """
 
-import argparse
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
-from pathlib import Path
 
 import bench as common
 
@@ -116,99 +112,85 @@ def constant_rate(port, seconds):
     return common.vegeta_summary(out)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    seconds = 3 if args.quick else args.seconds
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-cache-"))
+def measure(work, seconds, procs):
     results = {"seconds": seconds, "rate": RATE, "runs": []}
-    procs = []
-    try:
-        app, app_port = start_slow_app(work)
-        procs.append(app)
-        redis_port = common.free_port()
-        redis = common.Process("cache-redis", [
-            "redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
-            "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"], work)
-        procs.append(redis)
-        common.wait_port(redis_port)
-        url = f"http://{HOST}{PAGE_PATH}"
-        page = common.get(app_port, HOST, PAGE_PATH)[1]
-        # The app's side of seed 004: version 0, then the page under FULL_URL:version=0.
-        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "resource_versions", url, "0"],
-                       check=True, capture_output=True)
-        subprocess.run(["redis-cli", "-p", str(redis_port), "-x", "SET", f"{url}:version=0"],
-                       input=page, check=True, capture_output=True)
+    app, app_port = start_slow_app(work)
+    procs.append(app)
+    redis_port = common.free_port()
+    redis = common.Process("cache-redis", [
+        "redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
+        "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"], work)
+    procs.append(redis)
+    common.wait_port(redis_port)
+    url = f"http://{HOST}{PAGE_PATH}"
+    page = common.get(app_port, HOST, PAGE_PATH)[1]
+    # The app's side of seed 004: version 0, then the page under FULL_URL:version=0.
+    subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "resource_versions", url, "0"],
+                   check=True, capture_output=True)
+    subprocess.run(["redis-cli", "-p", str(redis_port), "-x", "SET", f"{url}:version=0"],
+                   input=page, check=True, capture_output=True)
 
-        http_port, admin_port = common.free_port(), common.free_port()
-        sy = common.Process("switchyard-cache", [
-            str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
-            "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
-            "--threads", str(common.THREADS), "--access-log", "off", "--shutdown-grace-s", "0",
-            "--cache-redis", f"redis://127.0.0.1:{redis_port}/0"], work,
-            env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
-        procs.append(sy)
-        common.wait_port(http_port)
-        common.wait_port(admin_port)
-        setups = [
-            ("switchyard, memory cache", {"paths": ["/*"], "ttl_s": 60}),
-            ("switchyard, redis (shared)", {"store": "redis", "paths": ["/*"], "ttl_s": 60}),
-            ("switchyard, redis-versioned", {"store": "redis-versioned", "paths": ["/*"]}),
-        ]
+    http_port, admin_port = common.free_port(), common.free_port()
+    sy = common.Process("switchyard-cache", [
+        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+        "--threads", str(common.THREADS), "--access-log", "off", "--shutdown-grace-s", "0",
+        "--cache-redis", f"redis://127.0.0.1:{redis_port}/0"], work,
+        env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
+    procs.append(sy)
+    common.wait_port(http_port)
+    common.wait_port(admin_port)
+    setups = [
+        ("switchyard, memory cache", {"paths": ["/*"], "ttl_s": 60}),
+        ("switchyard, redis (shared)", {"store": "redis", "paths": ["/*"], "ttl_s": 60}),
+        ("switchyard, redis-versioned", {"store": "redis-versioned", "paths": ["/*"]}),
+    ]
 
-        # Uncached: the app's own queue is what is measured, once.
-        put_app(admin_port, app_port, None)
-        common.get(http_port, HOST, PAGE_PATH)
-        rps, errors = common.wrk_throughput(http_port, seconds, host=HOST, path=PAGE_PATH, connections=100)
-        results["runs"].append({"setup": "switchyard, no cache", "rps": rps, "errors": errors})
-        print(f"{'switchyard, no cache':32} {rps:9.0f} req/s {errors}", flush=True)
-        # A fresh app: nothing left queued from the uncached run.
-        app.stop()
-        procs.remove(app)
-        app, app_port = start_slow_app(work, app_port)
-        procs.append(app)
-        ng, ng_port = start_nginx_cache(work, app_port)
-        procs.append(ng)
+    # Uncached: the app's own queue is what is measured, once.
+    put_app(admin_port, app_port, None)
+    common.get(http_port, HOST, PAGE_PATH)
+    rps, errors = common.wrk_throughput(http_port, seconds, host=HOST, path=PAGE_PATH, connections=100)
+    results["runs"].append({"setup": "switchyard, no cache", "rps": rps, "errors": errors})
+    print(f"{'switchyard, no cache':32} {rps:9.0f} req/s {errors}", flush=True)
+    # A fresh app: nothing left queued from the uncached run.
+    app.stop()
+    procs.remove(app)
+    app, app_port = start_slow_app(work, app_port)
+    procs.append(app)
+    ng, ng_port = start_nginx_cache(work, app_port)
+    procs.append(ng)
 
-        def select(name):
-            """Points traffic at one setup and returns its port, warmed."""
-            if name == "nginx proxy_cache":
-                port = ng_port
-            else:
-                put_app(admin_port, app_port, dict(setups)[name])
-                port = http_port
-            for _ in range(2):
-                common.get(port, HOST, PAGE_PATH)
-            return port
+    def select(name):
+        """Points traffic at one setup and returns its port, warmed."""
+        if name == "nginx proxy_cache":
+            port = ng_port
+        else:
+            put_app(admin_port, app_port, dict(setups)[name])
+            port = http_port
+        for _ in range(2):
+            common.get(port, HOST, PAGE_PATH)
+        return port
 
-        # Two processes share two cores with the load generator, so one run swings by ±20%:
-        # every setup is measured ROUNDS times, interleaved, and the median reported.
-        names = [name for name, _ in setups] + ["nginx proxy_cache"]
-        samples = {name: [] for name in names}
-        for round_number in range(ROUNDS):
-            for name in names:
-                port = select(name)
-                samples[name].append(common.wrk_throughput(port, seconds, host=HOST, path=PAGE_PATH,
-                                                           connections=100))
-                print(f"round {round_number + 1}: {name:32} {samples[name][-1][0]:9.0f} req/s",
-                      flush=True)
+    # Two processes share two cores with the load generator, so one run swings by ±20%:
+    # every setup is measured ROUNDS times, interleaved, and the median reported.
+    names = [name for name, _ in setups] + ["nginx proxy_cache"]
+    samples = {name: [] for name in names}
+    for round_number in range(ROUNDS):
         for name in names:
-            runs = sorted(rps for rps, _ in samples[name])
-            errors = sorted({e for _, errs in samples[name] for e in errs})
-            latency = constant_rate(select(name), seconds)
-            results["runs"].append({"setup": name, "rps": runs[len(runs) // 2], "rps_runs": runs,
-                                    "errors": errors, **latency})
-            print(f"{name:32} median {runs[len(runs) // 2]:9.0f} req/s {errors} | {latency}", flush=True)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-    if not common.merge_section("cache", results, args.quick):
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+            port = select(name)
+            samples[name].append(common.wrk_throughput(port, seconds, host=HOST, path=PAGE_PATH,
+                                                       connections=100))
+            print(f"round {round_number + 1}: {name:32} {samples[name][-1][0]:9.0f} req/s",
+                  flush=True)
+    for name in names:
+        runs = sorted(rps for rps, _ in samples[name])
+        errors = sorted({e for _, errs in samples[name] for e in errs})
+        latency = constant_rate(select(name), seconds)
+        results["runs"].append({"setup": name, "rps": runs[len(runs) // 2], "rps_runs": runs,
+                                "errors": errors, **latency})
+        print(f"{name:32} median {runs[len(runs) // 2]:9.0f} req/s {errors} | {latency}", flush=True)
+    return results
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_section("cache", __doc__, measure))

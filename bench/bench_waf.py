@@ -15,12 +15,9 @@ connections of 50 KB inspected POSTs going; light p50/p99 and timeouts.
 Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
 """
 
-import argparse
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -154,9 +151,7 @@ def wrk_post(port, script, seconds, connections):
         ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
          f"http://127.0.0.1:{port}/comments"],
         check=True, capture_output=True, text=True).stdout
-    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
-    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
-    return rps, errors
+    return common.parse_wrk(out)
 
 
 def check_blocks(port):
@@ -183,61 +178,46 @@ def light_beside_heavy(port, script, seconds, connections):
         light = light_latency(port, seconds)
     finally:
         out, _ = heavy.communicate(timeout=seconds + 30)
-    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec:")).split()[1])
-    errors = [l.strip() for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    rps, errors = common.parse_wrk(out)
     return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors, **light}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    seconds = 3 if args.quick else args.seconds
+def measure(work, seconds, procs):
     if not Path(MODSEC_MODULE).exists():
         raise SystemExit("nginx's ModSecurity module is missing: apt install libnginx-mod-http-modsecurity")
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-waf-"))
     results = {"seconds": seconds, "light_rate": LIGHT_RATE, "throughput": [], "isolation": []}
-    procs = []
-    try:
-        origin, origin_port = start_origin(work)
-        procs.append(origin)
-        sy, sy_port = start_switchyard(work, origin_port)
-        procs.append(sy)
-        ng, ng_port = start_nginx_modsecurity(work, origin_port)
-        procs.append(ng)
-        for port in (sy_port, ng_port):
-            check_blocks(port)
+    origin, origin_port = start_origin(work)
+    procs.append(origin)
+    sy, sy_port = start_switchyard(work, origin_port)
+    procs.append(sy)
+    ng, ng_port = start_nginx_modsecurity(work, origin_port)
+    procs.append(ng)
+    for port in (sy_port, ng_port):
+        check_blocks(port)
 
-        for size in BODY_SIZES:
-            script = post_script(work, size)
-            row = {"body_bytes": size}
-            for name, port in (("switchyard", sy_port), ("nginx", ng_port)):
-                rps, errors = wrk_post(port, script, seconds, 64)
-                row[name] = {"rps": rps, "errors": errors}
-                print(f"{size:6} B {name:10} {rps:9.0f} req/s {errors}", flush=True)
-            results["throughput"].append(row)
+    for size in BODY_SIZES:
+        script = post_script(work, size)
+        row = {"body_bytes": size}
+        for name, port in (("switchyard", sy_port), ("nginx", ng_port)):
+            rps, errors = wrk_post(port, script, seconds, 64)
+            row[name] = {"rps": rps, "errors": errors}
+            print(f"{size:6} B {name:10} {rps:9.0f} req/s {errors}", flush=True)
+        results["throughput"].append(row)
 
-        script = post_script(work, 50_000)
-        # The light route through Switchyard: alone, then beside heavy inspected POSTs.
-        alone = light_latency(sy_port, seconds)
-        results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [], **alone})
-        print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms "
-              f"success {alone['success']:.4f}", flush=True)
-        for connections in HEAVY_CONNECTIONS:
-            row = light_beside_heavy(sy_port, script, seconds, connections)
-            results["isolation"].append(row)
-            print(f"heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
-                  f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s {row['heavy_errors']}",
-                  flush=True)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-    if not common.merge_section("waf", results, args.quick):
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    script = post_script(work, 50_000)
+    # The light route through Switchyard: alone, then beside heavy inspected POSTs.
+    alone = light_latency(sy_port, seconds)
+    results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [], **alone})
+    print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms "
+          f"success {alone['success']:.4f}", flush=True)
+    for connections in HEAVY_CONNECTIONS:
+        row = light_beside_heavy(sy_port, script, seconds, connections)
+        results["isolation"].append(row)
+        print(f"heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+              f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s {row['heavy_errors']}",
+              flush=True)
+    return results
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_section("waf", __doc__, measure))
