@@ -68,7 +68,7 @@ impl SharedCache for CacheRedisPurge {
 pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 
 impl WafControl for WafReload {
-    fn reload(&self) -> Result<Vec<usize>, String> {
+    fn reload(&self) -> Result<usize, String> {
         self.0.reload().map_err(|e| e.to_string())
     }
 }

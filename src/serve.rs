@@ -121,9 +121,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
              modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
         })?;
         log::info!(
-            "WAF: OWASP Core Rule Set loaded in {:?}, rules per paranoia level {:?}",
+            "WAF: OWASP Core Rule Set loaded in {:?}, {} rules",
             started.elapsed(),
-            inspector.rule_counts()
+            inspector.rule_count()
         );
         let inspector = Arc::new(inspector);
         router = router.with_waf(inspector.clone());

@@ -139,7 +139,7 @@ pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<V
         .await
         .map_err(|e| ApiError::Unavailable(format!("the reload did not finish: {e}")))?;
     match reloaded {
-        Ok(counts) => Ok(Json(json!({"rules_per_paranoia_level": counts}))),
+        Ok(count) => Ok(Json(json!({"rules": count}))),
         Err(reason) => Err(ValidationError::new("rules", reason).into()),
     }
 }

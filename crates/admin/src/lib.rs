@@ -33,9 +33,9 @@ pub trait SharedCache: Send + Sync {
 
 /// The router's WAF, for reloading its rules without a restart.
 pub trait WafControl: Send + Sync {
-    /// Loads the rule files again and swaps them in; blocking. Returns the rules loaded per
-    /// paranoia level, or why they did not load (the rules in use stay).
-    fn reload(&self) -> Result<Vec<usize>, String>;
+    /// Loads the rule files again and swaps them in; blocking. Returns how many rules were
+    /// loaded, or why they did not load (the rules in use stay).
+    fn reload(&self) -> Result<usize, String>;
 }
 
 /// What the handlers share.

@@ -1,5 +1,7 @@
 //! The web application firewall: ModSecurity v3 (Debian's libmodsecurity 3.0.9) with the
-//! OWASP Core Rule Set, loaded once per paranoia level and shared by every inspection.
+//! OWASP Core Rule Set, loaded once and shared by every inspection. One rule set serves every
+//! paranoia level: the CRS reads the level from a transaction variable, which each
+//! inspection sets through a header only the WAF sees (a client's copy is dropped).
 //!
 //! Inspection is CPU-bound (milliseconds with the full CRS) and synchronous: callers run it
 //! on a worker pool, never on the event loop.
@@ -14,6 +16,8 @@ pub const DEBIAN_CRS_SETUP: &str = "/etc/modsecurity/crs/crs-setup.conf";
 pub const DEBIAN_CRS_RULES: &str = "/usr/share/modsecurity-crs/rules/*.conf";
 /// Highest CRS paranoia level.
 pub const MAX_PARANOIA: u8 = 4;
+/// Carries the paranoia level into the transaction; never forwarded, never taken from a client.
+const PARANOIA_HEADER: &str = "x-switchyard-paranoia";
 
 /// Why the WAF could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -22,10 +26,8 @@ pub enum WafError {
     #[error("libmodsecurity failed to initialise")]
     Engine,
     /// A rule file was refused.
-    #[error("cannot load the rules for paranoia level {level}: {reason}")]
+    #[error("cannot load the rules: {reason}")]
     Rules {
-        /// The paranoia level being loaded.
-        level: u8,
         /// libmodsecurity's message (file, line and reason).
         reason: String,
     },
@@ -91,54 +93,44 @@ pub struct Verdict {
     pub matches: Vec<RuleMatch>,
 }
 
-/// The rule sets, one per paranoia level, over one engine.
+/// The rule set over its engine.
 pub struct Waf {
-    // Rule sets before the engine: they are dropped first.
-    levels: Vec<ffi::Rules>,
+    // The rule set before the engine: it is dropped first.
+    rules: ffi::Rules,
     engine: Arc<ffi::Engine>,
-    rule_counts: Vec<usize>,
+    rule_count: usize,
 }
 
 impl std::fmt::Debug for Waf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waf")
-            .field("rule_counts", &self.rule_counts)
+            .field("rule_count", &self.rule_count)
             .finish_non_exhaustive()
     }
 }
 
 impl Waf {
-    /// Loads the CRS once per paranoia level 1..=`MAX_PARANOIA`. Takes about a second per
-    /// level; call it at start-up.
+    /// Loads the CRS (about a tenth of a second here); call it at start-up.
     pub fn load(files: &RuleFiles) -> Result<Self, WafError> {
         let engine = Arc::new(ffi::Engine::new("switchyard").ok_or(WafError::Engine)?);
-        let mut levels = Vec::new();
-        let mut rule_counts = Vec::new();
-        for level in 1..=MAX_PARANOIA {
-            let (rules, count) = ffi::Rules::load(&rule_text(files, level))
-                .map_err(|reason| WafError::Rules { level, reason })?;
-            levels.push(rules);
-            rule_counts.push(count);
-        }
+        let (rules, rule_count) =
+            ffi::Rules::load(&rule_text(files)).map_err(|reason| WafError::Rules { reason })?;
         Ok(Self {
-            levels,
+            rules,
             engine,
-            rule_counts,
+            rule_count,
         })
     }
 
-    /// Rules loaded at each paranoia level.
-    pub fn rule_counts(&self) -> &[usize] {
-        &self.rule_counts
+    /// Rules loaded.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
     }
 
     /// Inspects `request` at `paranoia` (clamped to 1..=4). Blocking, CPU-bound.
     pub fn inspect(&self, request: &Request<'_>, paranoia: u8) -> Verdict {
-        let index = usize::from(paranoia.clamp(1, MAX_PARANOIA) - 1);
-        let Some(rules) = self.levels.get(index) else {
-            return Verdict::default();
-        };
-        let Some(mut tx) = ffi::Transaction::new(&self.engine, rules) else {
+        let level = [b'0' + paranoia.clamp(1, MAX_PARANOIA)];
+        let Some(mut tx) = ffi::Transaction::new(&self.engine, &self.rules) else {
             log::warn!("libmodsecurity could not start a transaction");
             return Verdict::default();
         };
@@ -147,8 +139,11 @@ impl Waf {
         let mut decided = tx.intervention();
         if decided.is_none() {
             for (name, value) in request.headers {
-                tx.header(name, value);
+                if !name.eq_ignore_ascii_case(PARANOIA_HEADER.as_bytes()) {
+                    tx.header(name, value);
+                }
             }
+            tx.header(PARANOIA_HEADER.as_bytes(), &level);
             tx.end_of_headers();
             decided = tx.intervention();
         }
@@ -179,7 +174,7 @@ impl Waf {
 /// (the caller bounds them) and parsed as JSON or XML by their content type (with a body
 /// that does not parse refused, as ModSecurity's recommended configuration does), no audit
 /// log (matches come back in the verdict), then the CRS.
-fn rule_text(files: &RuleFiles, paranoia: u8) -> String {
+fn rule_text(files: &RuleFiles) -> String {
     format!(
         "SecRuleEngine On\n\
          SecRequestBodyAccess On\n\
@@ -196,7 +191,8 @@ fn rule_text(files: &RuleFiles, paranoia: u8) -> String {
            \"id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON\"\n\
          SecRule REQBODY_ERROR \"!@eq 0\" \"id:200002,phase:2,t:none,log,deny,status:400,\
            msg:'Failed to parse request body.',severity:2\"\n\
-         SecAction \"id:900000,phase:1,nolog,pass,t:none,setvar:tx.paranoia_level={paranoia}\"\n\
+         SecRule REQUEST_HEADERS:{PARANOIA_HEADER} \"@rx ^([1-4])$\" \
+           \"id:900000,phase:1,pass,nolog,t:none,capture,setvar:tx.paranoia_level=%{{TX.1}}\"\n\
          Include {}\n\
          Include {}\n\
          {}",
@@ -259,11 +255,7 @@ mod tests {
 
     #[test]
     fn the_crs_blocks_attacks_and_passes_ordinary_requests() {
-        assert!(
-            waf().rule_counts().iter().all(|&n| n > 100),
-            "{:?}",
-            waf().rule_counts()
-        );
+        assert!(waf().rule_count() > 100, "{}", waf().rule_count());
         let ordinary = get("/products?page=2&sort=price", BROWSER, None);
         assert_eq!(ordinary.block_status, None, "{:?}", ordinary.matches);
 
@@ -303,6 +295,34 @@ mod tests {
         assert_eq!(api_call.block_status, None, "{:?}", api_call.matches);
         let broken = get("/api", &json, Some(b"{not json"));
         assert_eq!(broken.block_status, Some(400), "{:?}", broken.matches);
+    }
+
+    #[test]
+    fn the_paranoia_level_decides_which_rules_run() {
+        // 920300 (a request without Accept) is a paranoia-level-2 rule.
+        let no_accept: &[(&[u8], &[u8])] =
+            &[(b"Host", b"shop.example.com"), (b"User-Agent", b"curl/8")];
+        let at = |level: u8, headers: &[(&[u8], &[u8])]| {
+            let request = Request {
+                client_ip: "192.0.2.10",
+                client_port: 40000,
+                server_port: 80,
+                method: "GET",
+                uri: "/",
+                http_version: "1.1",
+                headers,
+                body: None,
+            };
+            let verdict = waf().inspect(&request, level);
+            verdict.matches.iter().any(|m| m.id == 920300)
+        };
+        assert!(!at(1, no_accept));
+        assert!(at(2, no_accept));
+        assert!(at(4, no_accept));
+        // A client cannot choose its own level.
+        let mut forged = no_accept.to_vec();
+        forged.push((b"X-Switchyard-Paranoia", b"1"));
+        assert!(at(2, &forged), "a forged level header is ignored");
     }
 
     #[test]
