@@ -2,13 +2,15 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use switchyard_admin::{AdminState, SharedCache, WafControl};
+use switchyard_admin::{AdminState, LocalCaches, SharedCache, WafControl};
 use switchyard_proxy::{CacheRedis, Inspector};
+use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up.
 pub(crate) struct AdminService {
@@ -70,5 +72,30 @@ pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 impl WafControl for WafReload {
     fn reload(&self) -> Result<usize, String> {
         self.0.reload().map_err(|e| e.to_string())
+    }
+}
+
+/// Longest an admin write waits for this router's caches to apply it. Applying reads the
+/// store; past this the write (already durable) is answered anyway and lands moments later.
+const LOCAL_APPLY_WAIT: Duration = Duration::from_secs(2);
+
+/// How far this router's change follower has got, for admin writes to wait on.
+pub(crate) struct FollowerProgress(pub(crate) watch::Receiver<u64>);
+
+#[async_trait]
+impl LocalCaches for FollowerProgress {
+    async fn caught_up(&self, announced: u64) {
+        let mut applied = self.0.clone();
+        let waited = tokio::time::timeout(
+            LOCAL_APPLY_WAIT,
+            applied.wait_for(|applied| *applied >= announced),
+        )
+        .await;
+        if !matches!(waited, Ok(Ok(_))) {
+            log::warn!(
+                "a write was answered before this router applied it (change {announced} not \
+                 applied within {LOCAL_APPLY_WAIT:?})"
+            );
+        }
     }
 }

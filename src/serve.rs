@@ -24,7 +24,7 @@ use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
 use switchyard_waf::RuleFiles;
 
-use crate::admin_service::{AdminService, CacheRedisPurge, WafReload};
+use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafReload};
 use crate::config::{Config, StoreChoice, TlsConfig};
 
 /// Bytes a client connection buffers before a write reaches the socket. Pingora's default
@@ -171,10 +171,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     };
     server.add_service(proxy);
 
-    server.add_service(background_service(
-        "store changes",
-        ChangeFollower::new(routes.clone(), certs, changes),
-    ));
+    let follower = ChangeFollower::new(routes.clone(), certs, changes);
+    let follower_progress = FollowerProgress(follower.applied());
+    server.add_service(background_service("store changes", follower));
     if let Some(redis) = redis_follower {
         server.add_service(background_service(
             "redis subscription",
@@ -185,7 +184,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "health checks",
         HealthChecker::new(routes),
     ));
-    let mut admin_state = AdminState::new(store, config.admin_token.clone());
+    let mut admin_state = AdminState::new(store, config.admin_token.clone())
+        .with_local_caches(Arc::new(follower_progress));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

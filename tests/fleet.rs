@@ -52,8 +52,14 @@ fn a_change_on_one_router_reaches_the_other_within_a_second() {
         || backend_name(&b, "shop.test").as_deref() == Some("first"),
     );
     eprintln!("PUT on A answered on B after {took:?}");
+    assert_eq!(backend_name(&a, "shop.test").as_deref(), Some("first"));
 
     a.scale("shop", &[second.addr]);
+    assert_eq!(
+        backend_name(&a, "shop.test").as_deref(),
+        Some("second"),
+        "the router that took the write routes by it as soon as it answers"
+    );
     eventually(
         Duration::from_secs(1),
         "router B to follow the scale",
@@ -81,6 +87,8 @@ fn a_change_on_one_router_reaches_the_other_within_a_second() {
         Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
     );
     assert_eq!(status, 200);
+    assert!(tls::connect(a.https, Some("shop.test"), &[])
+        .is_ok_and(|c| c.fingerprint == cert.fingerprint));
     eventually(
         Duration::from_secs(1),
         "router B to serve the certificate",
@@ -92,6 +100,12 @@ fn a_change_on_one_router_reaches_the_other_within_a_second() {
 
     let (status, _) = a.admin_call("DELETE", "/v1/apps/shop", None);
     assert_eq!(status, 204);
+    assert_eq!(
+        support::get(a.http, "shop.test", "/")
+            .map(|r| r.status)
+            .ok(),
+        Some(404)
+    );
     eventually(Duration::from_secs(1), "router B to forget the app", || {
         support::get(b.http, "shop.test", "/").is_ok_and(|r| r.status == 404)
     });

@@ -90,6 +90,54 @@ fn a_new_app_and_a_new_backend_answer_within_a_second_of_the_put() {
     );
 }
 
+/// The router that takes a write routes by it as soon as the write is answered: no window
+/// in which a deploy script's next request still reaches the old backends.
+#[test]
+fn the_router_that_takes_a_write_routes_by_it_when_it_answers() {
+    let router = RouterProcess::start();
+    let names = ["blue", "green"];
+    let backends = names.map(Backend::start);
+    router.put_app(
+        "deploy",
+        json!({"domains": ["deploy.test"], "backends": [backends[0].addr.to_string()]}),
+    );
+    // Busy cores make the gap, if there is one, wide enough to see.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    for round in 0..40 {
+        let (live, name) = (&backends[round % 2], names[round % 2]);
+        if round % 4 < 2 {
+            router.scale("deploy", &[live.addr]);
+        } else {
+            router.put_app(
+                "deploy",
+                json!({"domains": ["deploy.test"], "backends": [live.addr.to_string()]}),
+            );
+        }
+        let answer = router.get("deploy.test", "/");
+        assert_eq!(
+            answer.json()["backend"],
+            json!(name),
+            "round {round}: the first request after the write"
+        );
+    }
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/deploy", None).0, 204);
+    assert_eq!(router.get("deploy.test", "/").status, 404);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().expect("spinner");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_survives_100_route_changes_and_10_scale_operations() {
     let router = RouterProcess::start();

@@ -46,6 +46,7 @@ pub(crate) async fn put_app(
     let spec = parse_json(&body)?;
     let app = parse_app_spec(&name, &spec)?;
     let stored = state.store.put_app(app).await?;
+    state.applied_locally().await;
     Ok(Json(json!(stored)))
 }
 
@@ -66,6 +67,7 @@ pub(crate) async fn delete_app(
 ) -> Result<StatusCode, ApiError> {
     let name = valid_name(&name)?;
     if state.store.delete_app(name.as_str()).await? {
+        state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(app_not_found(&name))
@@ -80,6 +82,7 @@ pub(crate) async fn put_backends(
     let name = valid_name(&name)?;
     let backends = parse_backends_spec(&parse_json(&body)?)?;
     let app = state.store.set_backends(name.as_str(), backends).await?;
+    state.applied_locally().await;
     Ok(Json(json!(app)))
 }
 
@@ -123,6 +126,7 @@ pub(crate) async fn purge_cache(
         })));
     }
     state.store.purge_cache(name.as_str(), path, prefix).await?;
+    state.applied_locally().await;
     Ok(Json(json!({"app": name, "purged": path, "prefix": prefix})))
 }
 
@@ -172,6 +176,7 @@ pub(crate) async fn put_cert(
         .unwrap_or(0);
     let cert = parse_certificate_spec(&domain, &parse_json(&body)?, now)?;
     let info = state.store.put_cert(cert).await?;
+    state.applied_locally().await;
     Ok(Json(json!(info)))
 }
 
@@ -192,6 +197,7 @@ pub(crate) async fn delete_cert(
 ) -> Result<StatusCode, ApiError> {
     let domain = valid_domain(&domain)?;
     if state.store.delete_cert(domain.as_str()).await? {
+        state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(cert_not_found(&domain))

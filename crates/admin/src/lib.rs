@@ -38,6 +38,15 @@ pub trait WafControl: Send + Sync {
     fn reload(&self) -> Result<usize, String>;
 }
 
+/// The caches of the router serving this API. A write answers once they have applied it, so
+/// the caller's next request through this router is routed by what it just wrote.
+#[async_trait]
+pub trait LocalCaches: Send + Sync {
+    /// Waits, within a bound of its own, until the caches have applied the store's first
+    /// `announced` change events.
+    async fn caught_up(&self, announced: u64);
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
@@ -45,6 +54,7 @@ pub struct AdminState {
     token: Option<Arc<str>>,
     shared_cache: Option<Arc<dyn SharedCache>>,
     waf: Option<Arc<dyn WafControl>>,
+    local_caches: Option<Arc<dyn LocalCaches>>,
 }
 
 impl AdminState {
@@ -55,6 +65,20 @@ impl AdminState {
             token: token.map(Arc::from),
             shared_cache: None,
             waf: None,
+            local_caches: None,
+        }
+    }
+
+    /// Writes answer once `caches` have applied them.
+    pub fn with_local_caches(mut self, caches: Arc<dyn LocalCaches>) -> Self {
+        self.local_caches = Some(caches);
+        self
+    }
+
+    /// Called after a successful write: its change event is announced by now.
+    async fn applied_locally(&self) {
+        if let Some(caches) = &self.local_caches {
+            caches.caught_up(self.store.announced()).await;
         }
     }
 

@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use switchyard_model::Change;
+use switchyard_store::Subscription;
 use tokio::sync::broadcast::{error::RecvError, Receiver};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 
 use crate::cert_cache::CertCache;
 use crate::metrics;
@@ -22,6 +23,8 @@ pub struct ChangeFollower {
     // Subscribed when the router is built, before any request fills the cache, so no change
     // can fall between a fill and the subscription.
     changes: Mutex<Receiver<Change>>,
+    // How many of the store's events (counted from its first) the caches have applied.
+    applied: watch::Sender<u64>,
 }
 
 impl ChangeFollower {
@@ -29,13 +32,21 @@ impl ChangeFollower {
     pub fn new(
         routes: Arc<RouteCache>,
         certs: Option<Arc<CertCache>>,
-        changes: Receiver<Change>,
+        changes: Subscription,
     ) -> Self {
         Self {
             routes,
             certs,
-            changes: Mutex::new(changes),
+            changes: Mutex::new(changes.changes),
+            applied: watch::Sender::new(changes.position),
         }
+    }
+
+    /// Watches how many store events (the store's [`announced`] count) have been applied.
+    ///
+    /// [`announced`]: switchyard_store::Store::announced
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     async fn apply(&self, change: &Change) {
@@ -62,6 +73,7 @@ impl BackgroundService for ChangeFollower {
                     }
                     let started = Instant::now();
                     self.apply(&change).await;
+                    self.applied.send_modify(|applied| *applied += 1);
                     metrics::ROUTE_CHANGES.inc();
                     log::debug!("applied {change:?} in {:?}", started.elapsed());
                 }
@@ -69,6 +81,8 @@ impl BackgroundService for ChangeFollower {
                     log::warn!("missed {missed} change events; revalidating the caches");
                     metrics::ROUTE_RESYNCS.inc();
                     self.apply(&Change::Resync).await;
+                    // The resync read the store after every missed event was announced.
+                    self.applied.send_modify(|applied| *applied += missed);
                 }
                 Err(RecvError::Closed) => return,
             }

@@ -8,9 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
-use tokio::sync::broadcast;
 
-use crate::{AppPage, CertPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
+use crate::{AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
 
 /// App name → the app as JSON.
 const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
@@ -31,7 +30,7 @@ const FILE_NAME: &str = "switchyard.redb";
 #[derive(Clone)]
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    changes: broadcast::Sender<Change>,
+    changes: Arc<ChangeFeed>,
 }
 
 impl EmbeddedStore {
@@ -51,10 +50,9 @@ impl EmbeddedStore {
         txn.open_table(CERTS).map_err(unavailable)?;
         txn.open_table(CERT_INFO).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
-        let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
         Ok(Self {
             db: Arc::new(db),
-            changes,
+            changes: Arc::default(),
         })
     }
 
@@ -139,8 +137,7 @@ impl EmbeddedStore {
     }
 
     fn announce(&self, change: Change) {
-        // No subscriber is fine: nothing is cached yet.
-        let _ = self.changes.send(change);
+        self.changes.announce(change);
     }
 
     /// Runs a blocking store operation (a write that fsyncs) off the async runtime.
@@ -270,8 +267,12 @@ impl Store for EmbeddedStore {
         Ok(existed)
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<Change> {
+    fn subscribe(&self) -> Subscription {
         self.changes.subscribe()
+    }
+
+    fn announced(&self) -> u64 {
+        self.changes.announced()
     }
 }
 
@@ -439,7 +440,7 @@ mod tests {
     async fn changes_name_old_and_new_domains() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = EmbeddedStore::open(dir.path()).expect("open");
-        let mut changes = store.subscribe();
+        let mut changes = store.subscribe().changes;
         store
             .put_app(app("one", &["a.test", "b.test"]))
             .await
@@ -492,7 +493,7 @@ mod tests {
     async fn certificates_are_announced_listed_without_keys_and_deleted() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = EmbeddedStore::open(dir.path()).expect("open");
-        let mut changes = store.subscribe();
+        let mut changes = store.subscribe().changes;
         for domain in ["b.test", "*.a.test", "c.test"] {
             store.put_cert(cert(domain)).await.expect("put");
         }

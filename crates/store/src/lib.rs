@@ -1,22 +1,23 @@
 //! Switchyard's source of truth: the [`Store`] trait and its implementations. The admin API
-//! writes through it; the proxy's caches read through it and listen to its [`Change`] events.
+//! writes through it; the proxy's caches read through it and listen to its
+//! [`Change`](switchyard_model::Change) events.
 //! Nothing else holds routing state that outlives a cache entry. Two implementations: the
 //! embedded redb file (one router) and Redis (a fleet of routers sharing one store).
 
 mod embedded;
 mod error;
+mod feed;
 mod metrics;
 mod redis_link;
 mod redis_store;
 
 use async_trait::async_trait;
-use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
-use tokio::sync::broadcast;
-
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
+pub use feed::{ChangeFeed, Subscription};
 pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
+use switchyard_model::{App, Backend, CertificateInfo, StoredCertificate};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -74,7 +75,7 @@ pub trait Store: Send + Sync {
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
 
     /// Tells every router sharing this store to drop cached responses of `app` under `path`
-    /// (a [`Change::CachePurge`]); nothing is stored.
+    /// (a [`Change::CachePurge`](switchyard_model::Change::CachePurge)); nothing is stored.
     async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError>;
 
     /// Whether the store answered its last call. Caches use it to count what they serve
@@ -85,5 +86,10 @@ pub trait Store: Send + Sync {
 
     /// Change events from now on. A subscriber that falls more than
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.
-    fn subscribe(&self) -> broadcast::Receiver<Change>;
+    fn subscribe(&self) -> Subscription;
+
+    /// How many change events this process has announced so far. Once a write returns, its
+    /// own event is among them (a Redis store announces its writes locally too), so a
+    /// subscriber that has applied this many events has applied the write.
+    fn announced(&self) -> u64;
 }

@@ -17,11 +17,10 @@ use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
-use tokio::sync::broadcast;
 
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
-use crate::{AppPage, CertPage, Store, StoreError, CHANGE_CHANNEL_CAPACITY};
+use crate::{AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
 
 /// Prefix of every key; see the README's "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
@@ -69,12 +68,13 @@ redis.call('PUBLISH', p .. 'changes', event)
 return {'ok', event}
 "#;
 
-/// Deletes an app and its domain index entries. ARGV: name. Returns 1, or 0 when absent.
+/// Deletes an app and its domain index entries. ARGV: name. Returns the event, or nil when
+/// the app was absent.
 const DELETE_APP: &str = r#"
 local p = 'switchyard:'
 local name = ARGV[1]
 local prev = redis.call('GET', p .. 'app:' .. name)
-if not prev then return 0 end
+if not prev then return false end
 local touched = {}
 for _, d in ipairs(cjson.decode(prev).domains or {}) do
   redis.call('DEL', p .. 'domain:' .. d)
@@ -85,8 +85,9 @@ redis.call('ZREM', p .. 'apps', name)
 local rev = redis.call('INCR', p .. 'revision')
 local domains = '[]'
 if #touched > 0 then domains = cjson.encode(touched) end
-redis.call('PUBLISH', p .. 'changes', '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}')
-return 1
+local event = '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}'
+redis.call('PUBLISH', p .. 'changes', event)
+return event
 "#;
 
 /// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON.
@@ -112,7 +113,7 @@ return 1
 #[derive(Clone)]
 pub struct RedisStore {
     link: Arc<RedisLink>,
-    changes: broadcast::Sender<Change>,
+    changes: Arc<ChangeFeed>,
     healthy: Arc<AtomicBool>,
     unreachable_reported: Arc<AtomicBool>,
     put_app: Arc<Script>,
@@ -126,11 +127,10 @@ impl RedisStore {
     pub fn new(url: &str, timeouts: RedisTimeouts) -> Result<Self, StoreError> {
         let link =
             RedisLink::new(url, "route store", timeouts, 1).map_err(StoreError::Unavailable)?;
-        let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
         metrics::register_all();
         Ok(Self {
             link: Arc::new(link),
-            changes,
+            changes: Arc::default(),
             healthy: Arc::new(AtomicBool::new(false)),
             unreachable_reported: Arc::new(AtomicBool::new(false)),
             put_app: Arc::new(Script::new(PUT_APP)),
@@ -221,7 +221,10 @@ impl RedisStore {
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
         match reply.first().map(String::as_str) {
-            Some("ok") => Ok(PutOutcome::Done),
+            Some("ok") => {
+                self.announce_own(reply.get(1).map(String::as_str));
+                Ok(PutOutcome::Done)
+            }
             Some("taken") if reply.len() == 3 => Err(StoreError::DomainTaken {
                 domain: reply[1].clone(),
                 owner: reply[2].clone(),
@@ -230,6 +233,16 @@ impl RedisStore {
             _ => Err(StoreError::Unavailable(format!(
                 "unexpected reply from the write script: {reply:?}"
             ))),
+        }
+    }
+
+    /// Announces a write of this process to its own subscribers at once, rather than only
+    /// when the event comes back over Pub/Sub (applying it twice is harmless), so the router
+    /// that took a write routes by it as soon as the write returns, even with Pub/Sub down.
+    fn announce_own(&self, event: Option<&str>) {
+        match event.and_then(parse_event) {
+            Some((change, _)) => self.changes.announce(change),
+            None => log::warn!("a write script returned no readable event: {event:?}"),
         }
     }
 
@@ -297,12 +310,12 @@ impl RedisStore {
                     "Redis revision moved from {seen} to {revision} while unsubscribed; \
                      revalidating cached routes and certificates"
                 );
-                let _ = self.changes.send(Change::Resync);
+                self.changes.announce(Change::Resync);
             }
             // The first subscription of this process: anything cached before it (a 404, a
             // route read while subscribing) may have changed unannounced, so revalidate too.
             None => {
-                let _ = self.changes.send(Change::Resync);
+                self.changes.announce(Change::Resync);
             }
         }
         *last_revision = Some(revision);
@@ -318,13 +331,13 @@ impl RedisStore {
                     if let (Some(rev), Some(seen)) = (revision, *last_revision) {
                         if rev > seen + 1 {
                             // Revisions skipped: a writer bumped it without announcing.
-                            let _ = self.changes.send(Change::Resync);
+                            self.changes.announce(Change::Resync);
                         }
                     }
                     if let Some(rev) = revision {
                         *last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
                     }
-                    let _ = self.changes.send(change);
+                    self.changes.announce(change);
                 }
                 None => log::warn!("ignoring a malformed change event: {payload:.200}"),
             }
@@ -437,10 +450,13 @@ impl Store for RedisStore {
     async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut invocation = self.delete_app.prepare_invoke();
         invocation.arg(name);
-        let deleted: i64 = self
+        let event: Option<String> = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
-        Ok(deleted == 1)
+        if event.is_some() {
+            self.announce_own(event.as_deref());
+        }
+        Ok(event.is_some())
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
@@ -477,21 +493,21 @@ impl Store for RedisStore {
         let _: i64 = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
+        self.changes.announce(Change::Cert { domain });
         Ok(cert.info)
     }
 
     async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
-        let event = encode(
-            app,
-            &Change::CachePurge {
-                app: app.to_string(),
-                path: path.to_string(),
-                prefix,
-            },
-        )?;
+        let change = Change::CachePurge {
+            app: app.to_string(),
+            path: path.to_string(),
+            prefix,
+        };
+        let event = encode(app, &change)?;
         self.call(|mut c| async move { c.publish::<_, _, i64>(CHANGES_CHANNEL, event).await })
-            .await
-            .map(|_| ())
+            .await?;
+        self.changes.announce(change);
+        Ok(())
     }
 
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
@@ -500,11 +516,20 @@ impl Store for RedisStore {
         let removed: i64 = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
+        if removed == 1 {
+            self.changes.announce(Change::Cert {
+                domain: domain.to_string(),
+            });
+        }
         Ok(removed == 1)
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<Change> {
+    fn subscribe(&self) -> Subscription {
         self.changes.subscribe()
+    }
+
+    fn announced(&self) -> u64 {
+        self.changes.announced()
     }
 
     fn available(&self) -> bool {
