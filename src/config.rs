@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
+use switchyard_logs::ShipConfig;
 use toml::Spanned;
 
 /// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the file.
@@ -97,6 +98,25 @@ pub(crate) struct ServeArgs {
     /// Most tasks waiting for those threads; more are refused at once.
     #[arg(long, env = "SWITCHYARD_POOL_QUEUE")]
     pool_queue: Option<usize>,
+    /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat for
+    /// fallbacks, tried in order. Replaces the local access log.
+    #[arg(long = "log-to", env = "SWITCHYARD_LOG_TO", value_delimiter = ',')]
+    log_to: Vec<String>,
+    /// Largest access-log batch in KiB (at most 64).
+    #[arg(long, env = "SWITCHYARD_LOG_BATCH_KB")]
+    log_batch_kb: Option<usize>,
+    /// Longest a record waits for its batch to fill, in milliseconds.
+    #[arg(long, env = "SWITCHYARD_LOG_BATCH_DELAY_MS")]
+    log_batch_delay_ms: Option<u64>,
+    /// Memory for batches waiting for the log service, in MiB; past it they spool to disk.
+    #[arg(long, env = "SWITCHYARD_LOG_BUFFER_MB")]
+    log_buffer_mb: Option<usize>,
+    /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
+    #[arg(long, env = "SWITCHYARD_LOG_SPOOL_DIR")]
+    log_spool_dir: Option<PathBuf>,
+    /// Most disk the spool may use, in MiB; past it records are dropped and counted.
+    #[arg(long, env = "SWITCHYARD_LOG_SPOOL_MB")]
+    log_spool_mb: Option<u64>,
 }
 
 /// The same settings as read from the TOML file; spans locate bad values.
@@ -128,6 +148,12 @@ struct FileConfig {
     waf_rules: Option<String>,
     pool_threads: Option<Spanned<usize>>,
     pool_queue: Option<Spanned<usize>>,
+    log_to: Option<Spanned<Vec<String>>>,
+    log_batch_kb: Option<Spanned<usize>>,
+    log_batch_delay_ms: Option<Spanned<u64>>,
+    log_buffer_mb: Option<Spanned<usize>>,
+    log_spool_dir: Option<PathBuf>,
+    log_spool_mb: Option<Spanned<u64>>,
 }
 
 /// Which store holds the routes.
@@ -170,7 +196,7 @@ pub(crate) struct Config {
     pub(crate) data_dir: PathBuf,
     pub(crate) store: StoreChoice,
     pub(crate) admin_token: Option<String>,
-    pub(crate) access_log: String,
+    pub(crate) access_log: AccessLogChoice,
     pub(crate) threads: usize,
     pub(crate) drain_grace: Duration,
     pub(crate) shutdown_grace: Duration,
@@ -184,6 +210,15 @@ pub(crate) struct Config {
     pub(crate) waf_rules: Option<String>,
     pub(crate) pool_threads: usize,
     pub(crate) pool_queue: usize,
+}
+
+/// Where access-log records go.
+#[derive(Debug)]
+pub(crate) enum AccessLogChoice {
+    /// `stdout`, `off` or a file path.
+    Local(String),
+    /// Batched to log services.
+    Ship(ShipConfig),
 }
 
 /// Settings of the HTTPS listener.
@@ -232,6 +267,13 @@ impl Config {
         let source = Source {
             file: args.config.as_deref().zip(text.as_deref()),
         };
+        // Read before the fields below are taken out of `args` and `file`.
+        let data_dir = args
+            .data_dir
+            .clone()
+            .or(file.data_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("./switchyard-data"));
+        let access_log = access_log_choice(&source, &args, &file, &data_dir)?;
 
         let http = address(&source, "http", args.http, file.http, "0.0.0.0:8080")?;
         let admin = address(&source, "admin", args.admin, file.admin, "127.0.0.1:8081")?;
@@ -370,16 +412,10 @@ impl Config {
             https,
             tls,
             admin,
-            data_dir: args
-                .data_dir
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from("./switchyard-data")),
+            data_dir,
             store,
             admin_token,
-            access_log: args
-                .access_log
-                .or(file.access_log)
-                .unwrap_or_else(|| "stdout".into()),
+            access_log,
             threads,
             drain_grace: Duration::from_secs(
                 args.drain_grace_s.or(file.drain_grace_s).unwrap_or(30),
@@ -398,6 +434,88 @@ impl Config {
             pool_queue,
         })
     }
+}
+
+/// A local access log, or shipping to log services: one or the other, so that where lines
+/// end up is never ambiguous.
+fn access_log_choice(
+    source: &Source<'_>,
+    args: &ServeArgs,
+    file: &FileConfig,
+    data_dir: &Path,
+) -> anyhow::Result<AccessLogChoice> {
+    let local = args.access_log.clone().or(file.access_log.clone());
+    let services = if args.log_to.is_empty() {
+        pick(None, file.log_to.clone())
+    } else {
+        Some((args.log_to.clone(), None))
+    };
+    let Some((services, span)) = services.filter(|(s, _)| !s.is_empty()) else {
+        return Ok(AccessLogChoice::Local(
+            local.unwrap_or_else(|| "stdout".into()),
+        ));
+    };
+    if local.is_some() {
+        bail!(
+            "{}: access logs go either to log services or to access_log; remove one",
+            source.at(span, "log_to")
+        );
+    }
+    for service in &services {
+        let port = service.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+        if !matches!(port, Some(Ok(p)) if p > 0) {
+            bail!(
+                "{}: '{service}' is not HOST:PORT",
+                source.at(span.clone(), "log_to")
+            );
+        }
+    }
+    let batch_kb = at_least_one(
+        source,
+        "log_batch_kb",
+        args.log_batch_kb,
+        file.log_batch_kb.clone(),
+        64,
+    )?;
+    if batch_kb > 64 {
+        let span = file.log_batch_kb.as_ref().map(Spanned::span);
+        bail!(
+            "{}: at most 64 (KiB per batch)",
+            source.at(span.filter(|_| args.log_batch_kb.is_none()), "log_batch_kb")
+        );
+    }
+    Ok(AccessLogChoice::Ship(ShipConfig {
+        services,
+        batch_bytes: batch_kb * 1024,
+        batch_delay: Duration::from_millis(at_least_one(
+            source,
+            "log_batch_delay_ms",
+            args.log_batch_delay_ms,
+            file.log_batch_delay_ms.clone(),
+            200,
+        )?),
+        buffer_bytes: at_least_one(
+            source,
+            "log_buffer_mb",
+            args.log_buffer_mb,
+            file.log_buffer_mb.clone(),
+            16,
+        )?
+        .saturating_mul(1 << 20),
+        spool_dir: args
+            .log_spool_dir
+            .clone()
+            .or(file.log_spool_dir.clone())
+            .unwrap_or_else(|| data_dir.join("log-spool")),
+        spool_bytes: at_least_one(
+            source,
+            "log_spool_mb",
+            args.log_spool_mb,
+            file.log_spool_mb.clone(),
+            1024,
+        )?
+        .saturating_mul(1 << 20),
+    }))
 }
 
 /// Puts `password` (from the environment) into a Redis URL that has none, so it need not

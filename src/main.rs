@@ -1,10 +1,11 @@
 //! The `switchyard` binary: command-line parsing and wiring only. `serve` runs the router;
-//! `apps` and `certs` talk to a running router's admin API.
+//! `logd` runs the log service; `apps` and `certs` talk to a running router's admin API.
 
 mod admin_service;
 mod bench_seed;
 mod cli;
 mod config;
+mod logd;
 mod serve;
 
 use std::process::ExitCode;
@@ -32,6 +33,8 @@ enum Command {
     Apps(cli::AppsArgs),
     /// Upload, list and delete TLS certificates through the admin API.
     Certs(cli::CertsArgs),
+    /// Run the log service: receives routers' access-log batches, writes one file per app.
+    Logd(logd::LogdArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
     #[command(hide = true)]
     BenchSeed(bench_seed::SeedArgs),
@@ -44,6 +47,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("switchyard: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Logd(args) => match logd::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("switchyard logd: {e:#}");
                 ExitCode::from(2)
             }
         },

@@ -12,7 +12,7 @@ use pingora::apps::HttpServerOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::configuration::ServerConf;
-use pingora::server::Server;
+use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
 use switchyard_admin::AdminState;
 use switchyard_proxy::{
@@ -25,7 +25,7 @@ use switchyard_tls_tickets::TicketKeys;
 use switchyard_waf::RuleFiles;
 
 use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafReload};
-use crate::config::{Config, StoreChoice, TlsConfig};
+use crate::config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 
 /// Bytes a client connection buffers before a write reaches the socket. Pingora's default
 /// (one MSS, 1,460) sends a response head alone whenever the body is larger, so a typical
@@ -34,6 +34,10 @@ use crate::config::{Config, StoreChoice, TlsConfig};
 /// Chunked, upgraded and close-delimited bodies are still flushed on every write, so
 /// streaming is not delayed. Each connection also holds Pingora's 64 KiB read buffer.
 const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
+
+/// At shutdown, how long undelivered access-log batches may take to reach the log service
+/// before they are left in the spool for the next start.
+const LOG_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Ticket keys kept: the current one and the previous one, so a ticket stays usable for one
 /// to two rotation intervals.
@@ -80,8 +84,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
     admin_listener.set_nonblocking(true)?;
 
-    let access_log = AccessLog::start(access_log_target(&config.access_log))
-        .with_context(|| format!("cannot open the access log '{}'", config.access_log))?;
+    let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
     let routes = Arc::new(RouteCache::new(
         store.clone(),
@@ -107,6 +110,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let https_port = config.https.and(config.tls.redirect_port);
     // One service for both listeners, so they share one set of threads and one pool of
     // backend connections; each request learns from its connection whether it came over TLS.
+    let shutdown_log = access_log.clone();
     let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone());
     let inspector = if config.waf {
         let started = std::time::Instant::now();
@@ -207,7 +211,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.store,
         config.data_dir.display()
     );
-    server.run_forever();
+    server.run(RunArgs::default());
+    // Every request has finished: what the access log still holds is delivered or spooled.
+    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
+    Ok(())
 }
 
 fn server_conf(config: &Config) -> ServerConf {
@@ -270,12 +277,19 @@ fn ensure_bindable(address: SocketAddr, name: &str) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on the {name} address {address}"))
 }
 
-fn access_log_target(setting: &str) -> AccessLogTarget {
-    match setting {
-        "off" => AccessLogTarget::Off,
-        "stdout" | "-" => AccessLogTarget::Stdout,
-        path => AccessLogTarget::File(PathBuf::from(path)),
-    }
+fn start_access_log(choice: &AccessLogChoice) -> anyhow::Result<AccessLog> {
+    let target = match choice {
+        AccessLogChoice::Local(setting) => match setting.as_str() {
+            "off" => AccessLogTarget::Off,
+            "stdout" | "-" => AccessLogTarget::Stdout,
+            path => AccessLogTarget::File(PathBuf::from(path)),
+        },
+        AccessLogChoice::Ship(config) => AccessLogTarget::Ship(config.clone()),
+    };
+    AccessLog::start(target).with_context(|| match choice {
+        AccessLogChoice::Local(setting) => format!("cannot open the access log '{setting}'"),
+        AccessLogChoice::Ship(_) => "cannot start shipping access logs".to_string(),
+    })
 }
 
 fn init_logging() {

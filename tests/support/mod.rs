@@ -6,6 +6,7 @@
 
 mod backend;
 mod client;
+pub mod logd;
 pub mod pki;
 mod redis;
 mod router;
@@ -13,6 +14,7 @@ pub mod tls;
 
 pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, Response};
+pub use logd::LogdProcess;
 pub use redis::RedisServer;
 pub use router::RouterProcess;
 
@@ -74,4 +76,22 @@ pub fn eventually(deadline: Duration, what: &str, mut check: impl FnMut() -> boo
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Everything a child process wrote to `stderr-1.log`, `stderr-2.log`… in `dir`, one file
+/// per start.
+pub fn stderr_of_starts(dir: &std::path::Path, starts: usize) -> String {
+    (1..=starts)
+        .map(|n| std::fs::read_to_string(dir.join(format!("stderr-{n}.log"))).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n--- restart ---\n")
+}
+
+/// The value of one series (name with labels, as exported) in Prometheus text; 0 if absent.
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }

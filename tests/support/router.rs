@@ -63,13 +63,22 @@ impl RouterProcess {
         let stderr =
             std::fs::File::create(self.dir.path().join(format!("stderr-{}.log", self.starts)))
                 .expect("stderr file");
+        // Shipping to a log service replaces the local access log.
+        let access_log = if self.extra_args.iter().any(|a| a == "--log-to") {
+            vec![]
+        } else {
+            vec![
+                "--access-log".to_string(),
+                self.access_log().display().to_string(),
+            ]
+        };
         let child = Command::new(Self::binary())
             .arg("serve")
             .args(["--http", &self.http.to_string()])
             .args(["--https", &self.https.to_string()])
             .args(["--admin", &self.admin.to_string()])
             .args(["--data-dir", &self.data_dir().display().to_string()])
-            .args(["--access-log", &self.access_log().display().to_string()])
+            .args(&access_log)
             .args([
                 "--drain-grace-s",
                 "1",
@@ -119,13 +128,7 @@ impl RouterProcess {
 
     /// Everything the router wrote on stderr, across restarts.
     pub fn logs(&self) -> String {
-        (1..=self.starts)
-            .map(|n| {
-                std::fs::read_to_string(self.dir.path().join(format!("stderr-{n}.log")))
-                    .unwrap_or_default()
-            })
-            .collect::<Vec<_>>()
-            .join("\n--- restart ---\n")
+        super::stderr_of_starts(self.dir.path(), self.starts)
     }
 
     pub fn pid(&self) -> u32 {
@@ -157,12 +160,7 @@ impl RouterProcess {
     pub fn metric(&self, series: &str) -> f64 {
         let (status, text) = self.admin_call("GET", "/metrics", None);
         assert_eq!(status, 200, "metrics: {text}");
-        let text = text.as_str().unwrap_or_default().to_string();
-        text.lines()
-            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+        super::metric_in(text.as_str().unwrap_or_default(), series)
     }
 
     /// PUTs an app and insists on success.

@@ -1,15 +1,17 @@
 //! Stage last, log: one JSON line per request. Lines go through a bounded queue to a writer
-//! thread, so a slow disk or a blocked stdout never slows the proxy: when the queue is full
-//! the record is dropped and counted.
+//! thread, so a slow disk, a blocked stdout or an unreachable log service never slows the
+//! proxy: when the queue is full the record is dropped and counted.
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pingora::proxy::Session;
 use serde::Serialize;
+use switchyard_logs::{Batcher, ShipConfig, Shipper};
 
 use crate::context::RequestCtx;
 use crate::metrics;
@@ -17,8 +19,11 @@ use crate::metrics;
 /// Records waiting for the writer before new ones are dropped.
 pub const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
 
+/// How often the writer flushes a local sink when records trickle in.
+const WRITER_TICK: Duration = Duration::from_millis(200);
+
 /// Where access-log lines go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum AccessLogTarget {
     /// Nowhere.
     Off,
@@ -26,30 +31,58 @@ pub enum AccessLogTarget {
     Stdout,
     /// Appended to a file.
     File(PathBuf),
+    /// Batched to log services (`switchyard logd`).
+    Ship(ShipConfig),
+}
+
+enum Entry {
+    Record {
+        app: Box<str>,
+        line: String,
+    },
+    /// Ship what is batched now and answer; sent at shutdown.
+    Flush(SyncSender<()>),
 }
 
 /// Hands access-log lines to the writer thread.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AccessLog {
-    queue: Option<SyncSender<String>>,
+    queue: Option<SyncSender<Entry>>,
+    shipper: Option<Arc<Shipper>>,
 }
 
 impl AccessLog {
-    /// Starts the writer for `target`. Fails if the file cannot be opened, so a bad path is
-    /// reported at start-up rather than by silently missing logs.
+    /// Starts the writer for `target`. Fails if the file cannot be opened or the shipping
+    /// spool cannot be used, so a bad setting is reported at start-up rather than by
+    /// silently missing logs.
     pub fn start(target: AccessLogTarget) -> std::io::Result<Self> {
-        let sink: Box<dyn Write + Send> = match target {
-            AccessLogTarget::Off => return Ok(Self { queue: None }),
-            AccessLogTarget::Stdout => Box::new(std::io::stdout()),
-            AccessLogTarget::File(path) => {
-                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
+        let (sink, shipper) = match target {
+            AccessLogTarget::Off => {
+                return Ok(Self {
+                    queue: None,
+                    shipper: None,
+                })
+            }
+            AccessLogTarget::Stdout => (Sink::Local(local(std::io::stdout())), None),
+            AccessLogTarget::File(path) => (
+                Sink::Local(local(
+                    OpenOptions::new().create(true).append(true).open(path)?,
+                )),
+                None,
+            ),
+            AccessLogTarget::Ship(config) => {
+                let (shipper, batcher) = Shipper::start(&config)?;
+                (Sink::Ship(batcher), Some(Arc::new(shipper)))
             }
         };
-        let (queue, lines) = sync_channel(ACCESS_LOG_QUEUE_CAPACITY);
+        let (queue, entries) = sync_channel(ACCESS_LOG_QUEUE_CAPACITY);
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_lines(lines, sink))?;
-        Ok(Self { queue: Some(queue) })
+            .spawn(move || write_entries(entries, sink))?;
+        Ok(Self {
+            queue: Some(queue),
+            shipper,
+        })
     }
 
     /// Queues one request's record.
@@ -58,10 +91,11 @@ impl AccessLog {
             return;
         };
         let request = session.req_header();
+        let app = ctx.app_name();
         let record = Record {
             time: rfc3339_now(),
             request_id: &ctx.request_id,
-            app: ctx.app_name(),
+            app,
             host: ctx.host.as_deref().unwrap_or(""),
             method: request.method.as_str(),
             path: request.uri.path_and_query().map_or("/", |p| p.as_str()),
@@ -82,11 +116,38 @@ impl AccessLog {
         let Ok(line) = serde_json::to_string(&record) else {
             return;
         };
-        match queue.try_send(line) {
+        let entry = Entry::Record {
+            app: app.into(),
+            line,
+        };
+        match queue.try_send(entry) {
             Ok(()) => metrics::ACCESS_LOG_QUEUE.inc(),
             Err(TrySendError::Full(_)) => metrics::ACCESS_LOG_DROPPED.inc(),
             Err(TrySendError::Disconnected(_)) => metrics::ACCESS_LOG_DROPPED.inc(),
         }
+    }
+
+    /// At shutdown, once no request is left: ships what is batched, delivers what it can
+    /// within `grace` and keeps the rest in the spool for the next start. Local sinks are
+    /// flushed as records arrive and need nothing.
+    pub fn finish(&self, grace: Duration) {
+        let (Some(queue), Some(shipper)) = (&self.queue, &self.shipper) else {
+            return;
+        };
+        let (done, flushed) = sync_channel(1);
+        if queue.send(Entry::Flush(done)).is_ok() {
+            let _ = flushed.recv_timeout(grace);
+        }
+        shipper.finish(grace);
+    }
+}
+
+impl std::fmt::Debug for AccessLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessLog")
+            .field("enabled", &self.queue.is_some())
+            .field("shipping", &self.shipper.is_some())
+            .finish()
     }
 }
 
@@ -110,31 +171,79 @@ struct Record<'a> {
     upgraded: bool,
 }
 
-fn write_lines(lines: Receiver<String>, sink: Box<dyn Write + Send>) {
-    let mut out = BufWriter::with_capacity(64 * 1024, sink);
-    loop {
-        match lines.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) => {
-                write_line(&mut out, &line);
-                // Write the rest of the burst, then flush once so lines appear promptly.
-                while let Ok(line) = lines.try_recv() {
-                    write_line(&mut out, &line);
+enum Sink {
+    Local(BufWriter<Box<dyn Write + Send>>),
+    Ship(Batcher),
+}
+
+fn local(out: impl Write + Send + 'static) -> BufWriter<Box<dyn Write + Send>> {
+    BufWriter::with_capacity(64 * 1024, Box::new(out))
+}
+
+impl Sink {
+    fn write(&mut self, app: &str, line: &str) {
+        metrics::ACCESS_LOG_QUEUE.dec();
+        match self {
+            Self::Local(out) => {
+                if writeln!(out, "{line}").is_err() {
+                    metrics::ACCESS_LOG_DROPPED.inc();
                 }
+            }
+            Self::Ship(batcher) => batcher.add(app, line.as_bytes()),
+        }
+    }
+
+    /// After a burst: local lines appear promptly; a batch ships when full or due.
+    fn burst_done(&mut self) {
+        match self {
+            Self::Local(out) => {
                 let _ = out.flush();
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
+            Self::Ship(batcher) => batcher.tick(),
+        }
+    }
+
+    fn flush(&mut self) {
+        match self {
+            Self::Local(out) => {
                 let _ = out.flush();
-                return;
             }
+            Self::Ship(batcher) => batcher.flush(),
+        }
+    }
+
+    fn wait(&self) -> Duration {
+        match self {
+            Self::Local(_) => WRITER_TICK,
+            Self::Ship(batcher) => batcher.next_tick().max(Duration::from_millis(1)),
         }
     }
 }
 
-fn write_line(out: &mut impl Write, line: &str) {
-    metrics::ACCESS_LOG_QUEUE.dec();
-    if writeln!(out, "{line}").is_err() {
-        metrics::ACCESS_LOG_DROPPED.inc();
+fn write_entries(entries: Receiver<Entry>, mut sink: Sink) {
+    loop {
+        match entries.recv_timeout(sink.wait()) {
+            Ok(entry) => {
+                let mut next = Some(entry);
+                // Write the rest of the burst, then flush once.
+                while let Some(entry) = next.take() {
+                    match entry {
+                        Entry::Record { app, line } => sink.write(&app, &line),
+                        Entry::Flush(done) => {
+                            sink.flush();
+                            let _ = done.try_send(());
+                        }
+                    }
+                    next = entries.try_recv().ok();
+                }
+                sink.burst_done();
+            }
+            Err(RecvTimeoutError::Timeout) => sink.burst_done(),
+            Err(RecvTimeoutError::Disconnected) => {
+                sink.flush();
+                return;
+            }
+        }
     }
 }
 

@@ -1,0 +1,252 @@
+//! Access-log shipping end to end: the real router batching to the real `switchyard logd`,
+//! which writes one file per app. Every request is one line in its app's file, through a
+//! `kill -9` of logd, an outage of it, rotation and an external logrotate.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::logd::count_by;
+use support::{eventually, Backend, LogdProcess, RouterProcess};
+
+const DELIVERY: Duration = Duration::from_secs(20);
+
+fn shipping_router(logd: &LogdProcess) -> RouterProcess {
+    RouterProcess::start_with(&[
+        "--log-to",
+        &logd.addr.to_string(),
+        "--log-batch-delay-ms",
+        "50",
+    ])
+}
+
+fn app(router: &RouterProcess, name: &str, backend: &Backend) {
+    router.put_app(
+        name,
+        json!({"domains": [format!("{name}.test")], "backends": [backend.addr.to_string()]}),
+    );
+}
+
+/// Sends `GET /{tag}/{n}` to `host` for each n; every request must be answered.
+fn send(router: &RouterProcess, host: &str, tag: &str, count: usize) {
+    for n in 0..count {
+        let response = router.get(host, &format!("/{tag}/{n}"));
+        assert!(response.status == 200 || response.status == 404, "{n}");
+    }
+}
+
+/// Paths logged for `app_dir`, with how often each appears.
+fn logged_paths(logd: &LogdProcess, app_dir: &str) -> std::collections::HashMap<String, usize> {
+    count_by(&logd.lines_of(app_dir), "path")
+}
+
+/// `GET /{tag}/{n}` to `shop.test`, n = 0, 1, 2…, one after the other until stopped.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Traffic {
+    fn start(router: &Arc<RouterProcess>, tag: &str) -> Self {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (router, sent, stop, tag) =
+                (router.clone(), sent.clone(), stop.clone(), tag.to_string());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let n = sent.load(Ordering::Relaxed);
+                    assert_eq!(router.get("shop.test", &format!("/{tag}/{n}")).status, 200);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        Self { stop, sent, thread }
+    }
+
+    /// Stops and returns how many requests were sent (each was answered with 200).
+    fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("every request answered");
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+fn wait_for_lines(logd: &LogdProcess, app_dir: &str, expected: usize) {
+    eventually(DELIVERY, &format!("{expected} lines for {app_dir}"), || {
+        logd.lines_of(app_dir).len() >= expected
+    });
+}
+
+#[test]
+fn every_request_is_exactly_one_line_in_its_apps_file() {
+    let logd = LogdProcess::start_with(&[]);
+    let router = shipping_router(&logd);
+    let backend = Backend::start("web");
+    app(&router, "shop", &backend);
+    app(&router, "blog", &backend);
+
+    send(&router, "shop.test", "s", 150);
+    send(&router, "blog.test", "b", 100);
+    send(&router, "nobody.test", "n", 20);
+    wait_for_lines(&logd, "shop", 150);
+    wait_for_lines(&logd, "blog", 100);
+    wait_for_lines(&logd, "_unrouted", 20);
+    // Anything late would show up now.
+    std::thread::sleep(Duration::from_millis(300));
+
+    for (dir, tag, count, app) in [
+        ("shop", "s", 150, "shop"),
+        ("blog", "b", 100, "blog"),
+        ("_unrouted", "n", 20, ""),
+    ] {
+        let lines = logd.lines_of(dir);
+        assert_eq!(lines.len(), count, "{dir}");
+        let paths = count_by(&lines, "path");
+        let expected: HashSet<String> = (0..count).map(|n| format!("/{tag}/{n}")).collect();
+        assert_eq!(paths.keys().cloned().collect::<HashSet<_>>(), expected);
+        assert_eq!(count_by(&lines, "app").get(app), Some(&count), "{dir}");
+    }
+    assert_eq!(
+        router.metric("switchyard_log_ship_acknowledged_records_total"),
+        270.0
+    );
+    assert_eq!(
+        logd.metric("switchyard_logd_lines_total{app=\"shop\"}"),
+        150.0
+    );
+    assert_eq!(
+        router.metric("switchyard_log_ship_dropped_records_total{reason=\"spool_full\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn logd_killed_mid_traffic_loses_no_line() {
+    let mut logd = LogdProcess::start_with(&[]);
+    let router = Arc::new(shipping_router(&logd));
+    let backend = Backend::start("web");
+    app(&router, "shop", &backend);
+
+    let traffic = Traffic::start(&router, "k");
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(700));
+        logd.kill9();
+        std::thread::sleep(Duration::from_millis(700));
+        logd.spawn();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let total = traffic.stop();
+    assert!(total > 100, "traffic ran ({total} requests)");
+
+    let expected: HashSet<String> = (0..total).map(|n| format!("/k/{n}")).collect();
+    eventually(DELIVERY, "every line after the restarts", || {
+        logged_paths(&logd, "shop").len() == expected.len()
+    });
+    let paths = logged_paths(&logd, "shop");
+    assert_eq!(paths.keys().cloned().collect::<HashSet<_>>(), expected);
+    // At least once: a batch written just before a kill may be written again, never more.
+    let duplicated = paths.values().filter(|&&n| n > 1).count();
+    assert!(paths.values().all(|&n| n <= 2), "a line written 3 times");
+    eprintln!(
+        "{total} requests, 2 kills of logd: 0 lost, {duplicated} duplicated; resent batches: {}",
+        router.metric("switchyard_log_ship_resent_batches_total")
+    );
+}
+
+#[test]
+fn with_the_log_service_down_the_router_serves_spools_across_a_restart_and_delivers() {
+    let mut logd = LogdProcess::unstarted_with(&[]);
+    let mut router = shipping_router(&logd);
+    let backend = Backend::start("web");
+    app(&router, "shop", &backend);
+
+    send(&router, "shop.test", "a", 200);
+    eventually(Duration::from_secs(5), "batches to wait in memory", || {
+        router.metric("switchyard_log_ship_buffer_bytes") > 0.0
+    });
+    assert_eq!(router.metric("switchyard_log_ship_connected"), 0.0);
+    // Stopped while the service is away: what memory held goes to the spool.
+    assert!(router.terminate().success());
+    let spool = router.data_dir().join("log-spool");
+    let spooled: u64 = std::fs::read_dir(&spool)
+        .expect("a spool directory")
+        .flatten()
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum();
+    assert!(spooled > 0, "the backlog is on disk");
+
+    router.restart();
+    send(&router, "shop.test", "b", 50);
+    logd.spawn();
+    wait_for_lines(&logd, "shop", 250);
+    let paths = logged_paths(&logd, "shop");
+    assert_eq!(paths.len(), 250);
+    assert!(paths.contains_key("/a/0") && paths.contains_key("/b/49"));
+    eventually(Duration::from_secs(5), "the spool to be emptied", || {
+        std::fs::read_dir(&spool).map_or(0, |d| d.count()) == 0
+    });
+}
+
+#[test]
+fn rotation_and_an_external_logrotate_during_traffic_lose_nothing() {
+    let logd = LogdProcess::start_with(&["--rotate-interval-s", "1", "--keep", "50", "--gzip"]);
+    let router = Arc::new(shipping_router(&logd));
+    let backend = Backend::start("web");
+    app(&router, "shop", &backend);
+
+    let traffic = Traffic::start(&router, "r");
+    std::thread::sleep(Duration::from_millis(1500));
+    // What logrotate does with `postrotate kill -HUP`: move the file, then signal.
+    let shop = logd.logs_dir().join("shop");
+    std::fs::rename(shop.join("access.log"), shop.join("moved-by-logrotate")).expect("rename");
+    logd.signal("HUP");
+    std::thread::sleep(Duration::from_millis(2000));
+    let total = traffic.stop();
+
+    let expected: HashSet<String> = (0..total).map(|n| format!("/r/{n}")).collect();
+    eventually(DELIVERY, "every line", || {
+        logged_paths(&logd, "shop").len() == total
+    });
+    let paths = logged_paths(&logd, "shop");
+    assert_eq!(paths.keys().cloned().collect::<HashSet<_>>(), expected);
+    assert!(paths.values().all(|&n| n == 1), "no line twice");
+    assert!(
+        logd.metric("switchyard_logd_rotations_total{reason=\"time\"}") >= 2.0,
+        "rotated by age during the run"
+    );
+    assert!(
+        shop.join("access.log.1.gz").exists(),
+        "rotated files are gzipped"
+    );
+    assert!(
+        !std::fs::read_to_string(shop.join("moved-by-logrotate"))
+            .expect("the moved file")
+            .is_empty(),
+        "lines before the move stay in the moved file"
+    );
+}
+
+#[test]
+fn conflicting_or_bad_shipping_settings_refuse_to_start() {
+    let output = std::process::Command::new(RouterProcess::binary())
+        .args(["serve", "--log-to", "no-port", "--access-log", "off"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--log-to"), "{stderr}");
+
+    let output = std::process::Command::new(RouterProcess::binary())
+        .args(["serve", "--log-to", "127.0.0.1:9", "--log-batch-kb", "65"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("log-batch-kb"), "{stderr}");
+}
