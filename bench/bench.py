@@ -459,6 +459,8 @@ def write_report(results, path):
         lines += cache_report(results["cache"], results.get("cache_date", ""))
     if results.get("waf"):
         lines += waf_report(results["waf"], results.get("waf_date", ""))
+    if results.get("logd"):
+        lines += logd_report(results["logd"], results.get("logd_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -670,6 +672,38 @@ def waf_report(w, date):
                      f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
     lines.append("- Not measured yet: the same runs with inspection forced inline on the event loop "
                  "(seed 001's comparison), and image resizing.")
+    return lines
+
+
+def logd_report(l, date):
+    """The log-service section, from bench/bench_logd.py's measurements."""
+    rows = l["rows"]
+    lines = ["", "# Log service (bench/bench_logd.py)", "",
+             f"Measured on {date}, same machine. Seed 000's experiment: a sender of 64 KiB packets "
+             f"(~{l['lines_per_packet']:.0f} lines of 250 bytes, 50 apps) at each rate for "
+             f"{rows[0]['seconds']} s, open loop with at most 256 unacknowledged, into `switchyard logd "
+             "--fsync always --rotate-interval-s 20` (every group synced before its acks). Backlog: lines "
+             "due by the end of the run and not acknowledged 1 s later. Raw disk: `dd bs=1M count=1024 "
+             f"conv=fsync` into the same directory, **{l['disk_mb_s']:.0f} MB/s**.", "",
+             "| packets/s | offered MB/s | acknowledged MB/s | vs disk | backlog lines at end | drain s | "
+             "lines in files / sent | rotated files |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rate']} | {r['offered_mb_s']:.1f} | {r['mb_s']:.1f} | "
+                     f"{r['mb_s'] / l['disk_mb_s'] * 100:.0f}% | {r['backlog_lines']} | {r['drain_s']:.1f} | "
+                     f"{r['lines_in_files']} / {r['lines_sent']} | {r['rotations']} |")
+    packet_mb = l["packet_bytes"] / 1e6
+    threshold = min(2500, 0.7 * l["disk_mb_s"] / packet_mb)
+    tested = [r for r in rows if r["rate"] >= threshold]
+    lines += ["", "## Targets (issue 8)", ""]
+    if tested:
+        r = tested[0]
+        met = r["backlog_lines"] == 0
+        lines.append(f"- 0 remaining lines at ≥ {threshold:.0f} packets/s (the lower of 2,500/s and 70% of "
+                     f"the disk's {l['disk_mb_s']:.0f} MB/s): at {r['rate']}/s measured {r['backlog_lines']} "
+                     f"→ **{'met' if met else 'NOT met'}**")
+    complete = all(r["lines_in_files"] == r["lines_sent"] for r in rows)
+    lines.append(f"- every line sent is in the files at the end of each run: "
+                 f"**{'yes' if complete else 'NO'}**")
     return lines
 
 

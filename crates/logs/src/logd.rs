@@ -27,7 +27,7 @@ use crate::metrics;
 /// Batches read and waiting for the writer; past it, connections wait.
 const QUEUE_BATCHES: usize = 1024;
 /// Batches one connection may have in the queue before it is no longer read.
-const PER_CONNECTION_IN_FLIGHT: usize = 64;
+const PER_CONNECTION_IN_FLIGHT: usize = 256;
 /// Most batches written between two syncs.
 const GROUP_BATCHES: usize = 256;
 const MAX_CONNECTIONS: usize = 1024;
@@ -239,6 +239,19 @@ fn write_batches(
     sync: SyncPolicy,
     reopen: &AtomicBool,
 ) {
+    // While the syncer makes group N durable, this thread writes group N+1: the disk is
+    // never idle waiting for writes, nor writes for the disk. One group waits at most.
+    let (to_syncer, synced) = std::sync::mpsc::sync_channel::<Durable>(1);
+    let syncer = std::thread::Builder::new()
+        .name("logd-sync".into())
+        .spawn(move || make_durable(synced));
+    let syncer = match syncer {
+        Ok(thread) => thread,
+        Err(e) => {
+            log::error!("cannot start the sync thread: {e}");
+            return;
+        }
+    };
     let mut group = Vec::with_capacity(GROUP_BATCHES);
     // Ends when every sender is gone: the acceptor, the ticker and each connection.
     while let Some(work) = queue.blocking_recv() {
@@ -265,27 +278,81 @@ fn write_batches(
         }
         metrics::LOGD_QUEUE.sub(group.len() as i64);
         let started = Instant::now();
-        if let Err(e) = store_group(&mut files, &mut watermarks, &mut group, sync) {
-            // Nothing of the group is acknowledged: routers send it again.
-            log::error!("cannot write a group of {} batches: {e}", group.len());
-            group.clear();
-            std::thread::sleep(Duration::from_millis(200));
-            continue;
+        let acks = match write_group(&mut files, &mut watermarks, &mut group) {
+            Ok(acks) => acks,
+            Err(e) => {
+                // Nothing of the group is acknowledged: routers send it again.
+                log::error!("cannot write a group of {} batches: {e}", group.len());
+                group.clear();
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        let durable = Durable {
+            files: match sync {
+                SyncPolicy::Always => match files.take_unsynced() {
+                    Ok(handles) => handles,
+                    Err(e) => fatal(&format!("cannot hand files to the sync thread: {e}")),
+                },
+                SyncPolicy::Never => Vec::new(),
+            },
+            state: watermarks.snapshot(),
+            sync,
+            acks,
+            started,
+        };
+        if to_syncer.send(durable).is_err() {
+            return;
         }
-        metrics::LOGD_WRITE_SECONDS.observe(started.elapsed().as_secs_f64());
     }
+    drop(to_syncer);
+    let _ = syncer.join();
     if let Err(e) = files.sync() {
         log::error!("cannot sync files at shutdown: {e}");
     }
 }
 
-/// Writes a group, syncs as the policy says, records the watermarks, then acknowledges.
-fn store_group(
+/// A written group on its way to the disk: the files it touched, the watermarks after it,
+/// and the acks to send once both are durable.
+struct Durable {
+    files: Vec<std::fs::File>,
+    state: Option<(PathBuf, String)>,
+    sync: SyncPolicy,
+    acks: Vec<(mpsc::OwnedPermit<Ack>, Ack)>,
+    started: Instant,
+}
+
+fn make_durable(groups: std::sync::mpsc::Receiver<Durable>) {
+    for group in groups {
+        if let Err(e) = crate::files::sync_concurrently(group.files) {
+            fatal(&format!("cannot sync written lines: {e}"));
+        }
+        if let Some((path, text)) = &group.state {
+            if let Err(e) = write_state(path, text, group.sync == SyncPolicy::Always) {
+                fatal(&format!("cannot save {}: {e}", path.display()));
+            }
+        }
+        for (reply, ack) in group.acks {
+            reply.send(ack);
+        }
+        metrics::LOGD_WRITE_SECONDS.observe(group.started.elapsed().as_secs_f64());
+    }
+}
+
+/// A failed sync leaves it unknown what reached the disk, and the in-memory watermarks may
+/// already count batches that did not: the only safe course is to stop, unacknowledged, and
+/// let a restart (watermarks from the last durable state) take the batches again.
+fn fatal(reason: &str) -> ! {
+    log::error!("{reason}; stopping without acknowledging, routers will send again");
+    std::process::exit(1)
+}
+
+/// Writes a group and returns its acks (sent once it is durable).
+fn write_group(
     files: &mut AppFiles,
     watermarks: &mut Watermarks,
     group: &mut Vec<Job>,
-    sync: SyncPolicy,
-) -> io::Result<()> {
+) -> io::Result<Vec<(mpsc::OwnedPermit<Ack>, Ack)>> {
     let mut statuses = Vec::with_capacity(group.len());
     for job in group.iter() {
         let status = match &job.payload {
@@ -316,14 +383,11 @@ fn store_group(
         };
         statuses.push(status);
     }
-    if sync == SyncPolicy::Always {
-        files.sync()?;
-    }
-    watermarks.save(sync == SyncPolicy::Always)?;
-    for (job, status) in group.drain(..).zip(statuses) {
-        job.reply.send(Ack { id: job.id, status });
-    }
-    Ok(())
+    Ok(group
+        .drain(..)
+        .zip(statuses)
+        .map(|(job, status)| (job.reply, Ack { id: job.id, status }))
+        .collect())
 }
 
 /// The highest batch stored per sender; a router sends a sender's batches in order.
@@ -382,27 +446,31 @@ impl Watermarks {
         }
     }
 
-    /// Replaces the state file atomically (write, sync, rename).
-    fn save(&mut self, durable: bool) -> io::Result<()> {
+    /// The state file's path and text, if anything changed since the last snapshot.
+    fn snapshot(&mut self) -> Option<(PathBuf, String)> {
         if !self.changed {
-            return Ok(());
+            return None;
         }
+        self.changed = false;
         let mut text = String::with_capacity(self.highest.len() * 48);
         for (sender, (seq, seen)) in &self.highest {
             text.push_str(&format!("{sender} {seq} {seen}\n"));
         }
-        let partial = self.path.with_extension("partial");
-        {
-            let mut file = std::fs::File::create(&partial)?;
-            io::Write::write_all(&mut file, text.as_bytes())?;
-            if durable {
-                file.sync_data()?;
-            }
-        }
-        std::fs::rename(&partial, &self.path)?;
-        self.changed = false;
-        Ok(())
+        Some((self.path.clone(), text))
     }
+}
+
+/// Replaces the state file atomically (write, sync, rename).
+fn write_state(path: &Path, text: &str, durable: bool) -> io::Result<()> {
+    let partial = path.with_extension("partial");
+    {
+        let mut file = std::fs::File::create(&partial)?;
+        io::Write::write_all(&mut file, text.as_bytes())?;
+        if durable {
+            file.sync_data()?;
+        }
+    }
+    std::fs::rename(&partial, path)
 }
 
 async fn serve_metrics(listener: TcpListener) {
@@ -437,7 +505,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut marks = Watermarks::load(dir.path()).expect("load");
         marks.stored(BatchId { sender: 1, seq: 5 });
-        marks.save(true).expect("save");
+        let (path, text) = marks.snapshot().expect("changed");
+        write_state(&path, &text, true).expect("save");
+        assert!(marks.snapshot().is_none(), "nothing new");
         let mut marks = Watermarks::load(dir.path()).expect("reload");
         assert!(marks.already_stored(BatchId { sender: 1, seq: 5 }));
         assert!(marks.already_stored(BatchId { sender: 1, seq: 2 }));

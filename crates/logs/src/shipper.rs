@@ -21,7 +21,7 @@ use crate::outbox::{Outbox, Outgoing};
 use crate::spool::Spool;
 
 /// Batches sent and not yet acknowledged, per connection.
-const WINDOW: usize = 32;
+const WINDOW: usize = 64;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A log service that neither acknowledges nor fails for this long is given up on.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
