@@ -67,6 +67,9 @@ pub(crate) struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_S")]
     shutdown_grace_s: Option<u64>,
+    /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
+    #[arg(long, env = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S")]
+    client_idle_timeout_s: Option<u64>,
     /// Most apps kept in the in-process route cache.
     #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
     route_cache_apps: Option<usize>,
@@ -139,6 +142,7 @@ struct FileConfig {
     threads: Option<Spanned<usize>>,
     drain_grace_s: Option<u64>,
     shutdown_grace_s: Option<u64>,
+    client_idle_timeout_s: Option<Spanned<u64>>,
     route_cache_apps: Option<Spanned<usize>>,
     cache_memory_mb: Option<Spanned<u64>>,
     cache_redis: Option<Spanned<String>>,
@@ -200,6 +204,7 @@ pub(crate) struct Config {
     pub(crate) threads: usize,
     pub(crate) drain_grace: Duration,
     pub(crate) shutdown_grace: Duration,
+    pub(crate) client_idle_timeout: Duration,
     pub(crate) route_cache_apps: usize,
     pub(crate) cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
@@ -425,6 +430,13 @@ impl Config {
                     .or(file.shutdown_grace_s)
                     .unwrap_or(10),
             ),
+            client_idle_timeout: Duration::from_secs(at_least_one(
+                &source,
+                "client_idle_timeout_s",
+                args.client_idle_timeout_s,
+                file.client_idle_timeout_s.clone(),
+                switchyard_proxy::DEFAULT_CLIENT_IDLE_TIMEOUT_S,
+            )?),
             route_cache_apps,
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
             cache_redis,

@@ -4,7 +4,7 @@ mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::{eventually, Backend, RouterProcess};
@@ -422,5 +422,56 @@ fn malformed_requests_get_a_4xx_and_never_reach_a_backend() {
         router.get("guarded.test", "/").status,
         200,
         "the router still serves"
+    );
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    use std::io::{Read, Write};
+    let router = RouterProcess::start_with(&["--client-idle-timeout-s", "1"]);
+    let backend = Backend::start("idle");
+    router.put_app(
+        "idle",
+        json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    // The client asks to be kept for an hour; the router's limit wins.
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: idle.test\r\nKeep-Alive: timeout=3600\r\n\r\n")
+        .expect("request");
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let answered = loop {
+        let n = stream.read(&mut buf).expect("response");
+        assert!(n > 0, "closed before answering");
+        received.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&received);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().expect("length"))
+                })
+                .expect("a Content-Length");
+            if body.len() >= length {
+                break Instant::now();
+            }
+        }
+    };
+    assert!(String::from_utf8_lossy(&received).starts_with("HTTP/1.1 200"));
+    // Idle now: the router closes the connection after about a second.
+    let n = stream
+        .read(&mut buf)
+        .expect("the router closes, not a read timeout");
+    assert_eq!(n, 0, "nothing more is sent before the close");
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(900) && idle < Duration::from_secs(5),
+        "closed after {idle:?} idle"
     );
 }

@@ -6,11 +6,13 @@
 
 mod backend;
 mod client;
+pub mod h2_raw;
 pub mod logd;
 pub mod pki;
 mod redis;
 mod router;
 pub mod tls;
+pub mod wiretap;
 
 pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, Response};

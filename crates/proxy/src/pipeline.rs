@@ -1,7 +1,9 @@
 //! The life of a request, in order. Each Pingora phase below calls one stage module; reading
 //! this file top to bottom tells what happens to every request:
 //!
-//! 1. `request_filter`: request id, then **route** (Host → app; 404/400/503 answered here),
+//! 1. `request_filter`: request id, then **framing** (a body framing that no backend could
+//!    read unambiguously is refused with 400; an upgrade other than WebSocket is dropped),
+//!    then **route** (Host → app; 404/400/503 answered here),
 //!    then **https** (308 to HTTPS for apps that ask), then **waf** (the request, and a body
 //!    within the app's limit, inspected on the worker pool: 403 or 503 here), then
 //!    **static** (a file under the
@@ -9,7 +11,8 @@
 //!    then **mirror** (a copy to the shadow backends starts, fire-and-forget).
 //! 2. `request_body_filter`: each piece of the body is also handed to the mirror copy.
 //! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
-//! 4. `upstream_request_filter`: forwarded headers for the backend.
+//! 4. `upstream_request_filter`: **framing** (one canonical Transfer-Encoding or
+//!    Content-Length line) and forwarded headers for the backend.
 //! 5. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
 //! 6. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
 //! 7. `upstream_response_filter` / `response_filter` / `response_body_filter`: upstream
@@ -20,6 +23,7 @@
 //! 9. `logging`: **log** — access-log line and metrics.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -33,6 +37,7 @@ use crate::access_log::AccessLog;
 use crate::cache;
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
+use crate::framing;
 use crate::https;
 use crate::metrics;
 use crate::mirror::{self, MirrorClient};
@@ -51,7 +56,11 @@ pub struct Router {
     mirrors: Arc<MirrorClient>,
     cache_redis: Option<Arc<CacheRedis>>,
     waf: Option<Arc<Inspector>>,
+    client_idle_timeout_s: u64,
 }
+
+/// Seconds an idle HTTP/1.1 client connection is kept unless configured otherwise.
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT_S: u64 = 60;
 
 impl Router {
     /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
@@ -70,7 +79,16 @@ impl Router {
             mirrors: Arc::new(MirrorClient::new()),
             cache_redis,
             waf: None,
+            client_idle_timeout_s: DEFAULT_CLIENT_IDLE_TIMEOUT_S,
         }
+    }
+
+    /// Closes an HTTP/1.1 client connection idle this long between requests. Pingora would
+    /// otherwise keep it forever (or as long as the client's own `Keep-Alive` header asks),
+    /// and wait for the next request's head without any deadline.
+    pub fn with_client_idle_timeout(mut self, idle: Duration) -> Self {
+        self.client_idle_timeout_s = idle.as_secs().max(1);
+        self
     }
 
     /// Apps with a `waf` option are inspected by `inspector`; without one, their requests
@@ -95,9 +113,16 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         ctx.request_id = request_id(session);
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.client_idle_timeout_s));
+        }
         ctx.tls = session
             .digest()
             .is_some_and(|digest| digest.ssl_digest.is_some());
+        if let Err(answer) = framing::check_request(session.req_header_mut()) {
+            respond::send(session, ctx, answer).await?;
+            return Ok(true);
+        }
         if let Err(answer) = route::route(session, ctx, &self.routes).await {
             respond::send(session, ctx, answer).await?;
             return Ok(true);
@@ -147,6 +172,7 @@ impl ProxyHttp for Router {
         request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        framing::normalise_for_backend(request)?;
         upstream::set_forwarded_headers(session, request, ctx)
     }
 

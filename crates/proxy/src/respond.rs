@@ -23,6 +23,8 @@ pub(crate) enum LocalAnswer {
     RouteUnavailable,
     /// The request's headers exceed the router's budget: 431.
     HeadersTooLarge,
+    /// The request's body framing cannot be forwarded unambiguously: 400.
+    AmbiguousFraming,
     /// The app's WAF blocked the request: 403.
     WafBlocked,
     /// The app's WAF could not inspect in time and the app fails closed: 503.
@@ -34,7 +36,7 @@ impl LocalAnswer {
     pub(crate) fn status(self) -> u16 {
         match self {
             Self::UnknownHost => 404,
-            Self::MissingHost => 400,
+            Self::MissingHost | Self::AmbiguousFraming => 400,
             Self::NoBackends | Self::RouteUnavailable | Self::WafOverloaded => 503,
             Self::WafBlocked => 403,
             Self::NoHealthyBackend => 502,
@@ -50,6 +52,7 @@ impl LocalAnswer {
             Self::NoHealthyBackend => "no container of this app is reachable",
             Self::RouteUnavailable => "routing is temporarily unavailable",
             Self::HeadersTooLarge => "request headers too large",
+            Self::AmbiguousFraming => "the request body's framing is ambiguous",
             Self::WafBlocked => "request blocked by the web application firewall",
             Self::WafOverloaded => "request inspection is overloaded, try again shortly",
         }
