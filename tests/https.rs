@@ -505,3 +505,64 @@ fn certificates_expiring_soon_are_counted() {
     // The TCP listener is up even though nothing was parsed at start-up.
     assert!(TcpStream::connect(router.https).is_ok());
 }
+
+/// What `openssl s_client` negotiated with these extra arguments: the `Cipher is` line, or
+/// None when the handshake failed.
+fn negotiated_cipher(router: &RouterProcess, extra: &[&str]) -> Option<String> {
+    let output = Command::new("openssl")
+        .args(["s_client", "-connect", &router.https.to_string()])
+        .args(["-servername", "params.test"])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|line| {
+            line.split_once("Cipher is ")
+                .map(|(_, c)| c.trim().to_string())
+        })
+        .filter(|cipher| cipher != "(NONE)")
+}
+
+#[test]
+fn tls_parameters_follow_mozillas_intermediate_profile() {
+    let router = RouterProcess::start();
+    let cert = Ca::root("Test Root").issue(&["params.test"], -1, 30);
+    store_cert(&router, "params.test", &cert);
+
+    // Key exchange: X25519, P-256 and P-384 only.
+    for group in ["X25519", "P-256", "P-384"] {
+        assert!(
+            negotiated_cipher(&router, &["-groups", group]).is_some(),
+            "{group} is offered"
+        );
+    }
+    for group in ["X448", "P-521"] {
+        assert_eq!(
+            negotiated_cipher(&router, &["-groups", group]),
+            None,
+            "{group} is refused"
+        );
+    }
+    // TLS 1.2 picks by the server's order: a client listing AES-256 first still gets the
+    // server's first choice, and one listing ChaCha20 first (no AES hardware) gets ChaCha20.
+    let tls12 = |ciphers: &str| negotiated_cipher(&router, &["-tls1_2", "-cipher", ciphers]);
+    assert_eq!(
+        tls12("ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
+        Some("ECDHE-ECDSA-AES128-GCM-SHA256")
+    );
+    assert_eq!(
+        tls12("ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
+        Some("ECDHE-ECDSA-CHACHA20-POLY1305")
+    );
+    // No TLS 1.1 and no suite without forward secrecy, even for a client willing to use them.
+    assert_eq!(
+        negotiated_cipher(&router, &["-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0"]),
+        None
+    );
+    assert_eq!(
+        tls12("AES128-GCM-SHA256:AES128-SHA:ECDHE-ECDSA-AES128-SHA@SECLEVEL=0"),
+        None
+    );
+}

@@ -13,7 +13,7 @@ use pingora::protocols::tls::TlsRef;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use pingora::tls::ext;
-use pingora::tls::ssl::NameType;
+use pingora::tls::ssl::{NameType, SslOptions};
 use switchyard_tls_tickets::TicketKeys;
 
 use crate::cert_cache::{CertCache, Selected, ServedCert};
@@ -103,6 +103,9 @@ fn use_certificate(ssl: &mut TlsRef, cert: &ServedCert) -> Result<(), openssl::e
     Ok(())
 }
 
+/// Key-exchange groups offered, in order of preference (Mozilla intermediate, v5.7).
+const KEY_EXCHANGE_GROUPS: &str = "X25519:P-256:P-384";
+
 /// TLS settings for the HTTPS listener: certificates from `certs`, tickets under `tickets`.
 pub fn https_settings(
     certs: Arc<CertCache>,
@@ -111,6 +114,15 @@ pub fn https_settings(
     let mut settings = TlsSettings::with_callbacks(Box::new(CertSelector::new(certs)))
         .map_err(|e| format!("cannot set up TLS: {e}"))?;
     settings.enable_h2();
+    // Mozilla's intermediate profile lists these groups; OpenSSL's default also offers
+    // X448 and P-521, which no mainstream client needs and which scanners flag.
+    settings
+        .set_groups_list(KEY_EXCHANGE_GROUPS)
+        .map_err(|e| format!("cannot set the TLS key-exchange groups: {e}"))?;
+    // The server picks from its own (Mozilla-ordered, all strong) list so a client cannot
+    // steer a TLS 1.2 handshake to its weakest common cipher; a client that puts ChaCha20
+    // first (no AES hardware: phones) still gets it.
+    settings.set_options(SslOptions::CIPHER_SERVER_PREFERENCE | SslOptions::PRIORITIZE_CHACHA);
     switchyard_tls_tickets::install(&mut settings, tickets)
         .map_err(|e| format!("cannot install session-ticket keys: {e}"))?;
     Ok(settings)
