@@ -50,6 +50,7 @@ pub(crate) fn run(args: LogdArgs) -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Stderr)
         .init();
+    crate::limits::raise_open_file_limit();
     let sync = match args.fsync.as_str() {
         "always" => SyncPolicy::Always,
         "never" => SyncPolicy::Never,

@@ -5,6 +5,7 @@ mod admin_service;
 mod bench_seed;
 mod cli;
 mod config;
+mod limits;
 mod logd;
 mod serve;
 

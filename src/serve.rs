@@ -50,6 +50,7 @@ fn client_buffers() -> L4BufferSettings {
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     init_logging();
+    crate::limits::raise_open_file_limit();
     let mut redis_follower = None;
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
@@ -111,7 +112,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // One service for both listeners, so they share one set of threads and one pool of
     // backend connections; each request learns from its connection whether it came over TLS.
     let shutdown_log = access_log.clone();
-    let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone());
+    let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone())
+        .with_client_idle_timeout(config.client_idle_timeout);
     let inspector = if config.waf {
         let started = std::time::Instant::now();
         let pool = WorkerPool::new(config.pool_threads, config.pool_queue)
