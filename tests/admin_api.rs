@@ -209,14 +209,15 @@ fn a_configured_token_guards_everything_but_healthz() {
 #[test]
 fn start_up_refuses_unsafe_or_invalid_configuration() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let public_admin = Command::new(RouterProcess::binary())
-        .args(["serve", "--admin", "0.0.0.0:0", "--http", "127.0.0.1:0"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .output()
-        .expect("run switchyard");
-    assert!(!public_admin.status.success());
-    let stderr = String::from_utf8_lossy(&public_admin.stderr);
+    let (public_admin, stderr) = RouterProcess::refused_start([
+        "--admin".as_ref(),
+        "0.0.0.0:0".as_ref(),
+        "--http".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--data-dir".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(!public_admin.success());
     assert!(stderr.contains("token"), "{stderr}");
 
     let config = dir.path().join("switchyard.toml");
@@ -225,13 +226,9 @@ fn start_up_refuses_unsafe_or_invalid_configuration() {
         "http = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nthreads = \"many\"\n",
     )
     .expect("write config");
-    let bad_config = Command::new(RouterProcess::binary())
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .expect("run switchyard");
-    assert!(!bad_config.status.success());
-    let stderr = String::from_utf8_lossy(&bad_config.stderr);
+    let (bad_config, stderr) =
+        RouterProcess::refused_start(["--config".as_ref(), config.as_os_str()]);
+    assert!(!bad_config.success());
     assert!(
         stderr.contains("line 3"),
         "the error names the line: {stderr}"

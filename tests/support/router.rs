@@ -50,6 +50,20 @@ impl RouterProcess {
         env!("CARGO_BIN_EXE_switchyard")
     }
 
+    /// Runs `switchyard serve ARGS`, which must refuse to start; its exit status and stderr.
+    pub fn refused_start<S: AsRef<std::ffi::OsStr>>(
+        args: impl IntoIterator<Item = S>,
+    ) -> (ExitStatus, String) {
+        let output = Command::new(Self::binary())
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("run switchyard");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(!output.status.success(), "switchyard started:\n{stderr}");
+        (output.status, stderr)
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
