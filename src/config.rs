@@ -70,6 +70,10 @@ pub(crate) struct ServeArgs {
     /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
     #[arg(long, env = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S")]
     client_idle_timeout_s: Option<u64>,
+    /// Take over the listening sockets of the router running with the same data directory
+    /// (send it SIGQUIT once this one is started); it drains and exits.
+    #[arg(long)]
+    upgrade: bool,
     /// Most apps kept in the in-process route cache.
     #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
     route_cache_apps: Option<usize>,
@@ -205,6 +209,8 @@ pub(crate) struct Config {
     pub(crate) drain_grace: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) client_idle_timeout: Duration,
+    /// Started to replace a running router (listener hand-off).
+    pub(crate) upgrade: bool,
     pub(crate) route_cache_apps: usize,
     pub(crate) cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
@@ -437,6 +443,7 @@ impl Config {
                 file.client_idle_timeout_s.clone(),
                 switchyard_proxy::DEFAULT_CLIENT_IDLE_TIMEOUT_S,
             )?),
+            upgrade: args.upgrade,
             route_cache_apps,
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
             cache_redis,

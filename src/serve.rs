@@ -5,7 +5,9 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use pingora::apps::HttpServerOptions;
@@ -37,7 +39,7 @@ const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
-const LOG_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+const LOG_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Ticket keys kept: the current one and the previous one, so a ticket stays usable for one
 /// to two rotation intervals.
@@ -47,16 +49,48 @@ fn client_buffers() -> L4BufferSettings {
     L4BufferSettings::default().write(CLIENT_WRITE_BUFFER)
 }
 
+/// How long a router started with `--upgrade` waits for the one it replaces to let go of
+/// the embedded store and the admin port. The old router does so when it stops accepting,
+/// which Pingora schedules 5 s after it has sent its listeners.
+const HANDOVER_WAIT: Duration = Duration::from_secs(30);
+const HANDOVER_POLL: Duration = Duration::from_millis(10);
+
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     init_logging();
     crate::limits::raise_open_file_limit();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
+    let handover_wait = if config.upgrade {
+        HANDOVER_WAIT
+    } else {
+        // Listeners are checked before anything starts, so a taken port is a clear error
+        // at start-up rather than a panic inside a service.
+        ensure_bindable(config.http, "http")?;
+        if let Some(https) = config.https {
+            ensure_bindable(https, "https")?;
+        }
+        Duration::ZERO
+    };
+    let options = pingora::server::configuration::Opt {
+        upgrade: config.upgrade,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(options), server_conf(&config));
+    // With --upgrade this waits for the running router's listening sockets (it sends them
+    // on SIGQUIT): from here on no connection is refused, they queue until this one accepts.
+    server.bootstrap();
+
     let mut redis_follower = None;
+    let mut embedded = None;
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
-            Arc::new(EmbeddedStore::open(&config.data_dir).with_context(|| {
-                format!("cannot open the store in {}", config.data_dir.display())
-            })?)
+            let store = EmbeddedStore::open_when_released(&config.data_dir, handover_wait)
+                .with_context(|| {
+                    format!("cannot open the store in {}", config.data_dir.display())
+                })?;
+            embedded = Some(store.clone());
+            Arc::new(store)
         }
         StoreChoice::Redis { url, timeout } => {
             // Not connected here: a router must come up (and serve what it can) while Redis
@@ -72,16 +106,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             Arc::new(redis)
         }
     };
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
-    // Listeners are checked before anything starts, so a taken port is a clear error at
-    // start-up rather than a panic inside a service.
-    ensure_bindable(config.http, "http")?;
-    if let Some(https) = config.https {
-        ensure_bindable(https, "https")?;
-    }
     let default_cert = load_default_cert(&config.tls)?;
-    let admin_listener = TcpListener::bind(config.admin)
+    let admin_listener = bind_when_released(config.admin, handover_wait)
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
     admin_listener.set_nonblocking(true)?;
 
@@ -103,9 +129,6 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let mut server = Server::new_with_opt_and_conf(None, server_conf(&config));
-    server.bootstrap();
-
     let mut server_options = HttpServerOptions::default();
     server_options.h2c = true;
     let https_port = config.https.and(config.tls.redirect_port);
@@ -114,15 +137,20 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let shutdown_log = access_log.clone();
     let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone())
         .with_client_idle_timeout(config.client_idle_timeout);
+    let stopping = router.stopping();
+    // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
+    let pool = Arc::new(
+        WorkerPool::new(config.pool_threads, config.pool_queue)
+            .context("cannot start the worker pool")?,
+    );
+    router = router.with_worker_pool(pool.clone());
     let inspector = if config.waf {
         let started = std::time::Instant::now();
-        let pool = WorkerPool::new(config.pool_threads, config.pool_queue)
-            .context("cannot start the worker pool")?;
         let files = RuleFiles {
             extra: config.waf_rules.clone(),
             ..RuleFiles::default()
         };
-        let inspector = Inspector::load(files, Arc::new(pool)).with_context(|| {
+        let inspector = Inspector::load(files, pool).with_context(|| {
             "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
              modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
         })?;
@@ -190,6 +218,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "health checks",
         HealthChecker::new(routes),
     ));
+    server.add_service(background_service(
+        "stop",
+        AtShutdown {
+            stopping,
+            store: embedded,
+        },
+    ));
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress));
     if let Some(cache_redis) = cache_redis {
@@ -242,6 +277,27 @@ fn server_conf(config: &Config) -> ServerConf {
     conf
 }
 
+/// When this router stops accepting (SIGTERM, or SIGQUIT once the listeners are handed
+/// over): answers stop offering keep-alive, and the embedded store is let go of so a router
+/// taking over (`--upgrade`) can open it while this one finishes its requests.
+struct AtShutdown {
+    stopping: Arc<AtomicBool>,
+    store: Option<EmbeddedStore>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for AtShutdown {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let _ = shutdown.changed().await;
+        self.stopping.store(true, Ordering::Relaxed);
+        if let Some(store) = self.store.clone() {
+            // Closing writes redb's allocator state and syncs: not on the event loop.
+            let _ = tokio::task::spawn_blocking(move || store.release()).await;
+            log::info!("store released for the next router process");
+        }
+    }
+}
+
 /// Feeds the store's change events from Redis Pub/Sub.
 struct RedisSubscription(RedisStore);
 
@@ -271,6 +327,20 @@ fn load_default_cert(tls: &TlsConfig) -> anyhow::Result<Option<ServedCert>> {
         )
     })?;
     Ok(Some(cert))
+}
+
+/// Binds `address`, waiting up to `wait` while another process (the router this one
+/// replaces) still holds it.
+fn bind_when_released(address: SocketAddr, wait: Duration) -> std::io::Result<TcpListener> {
+    let started = Instant::now();
+    loop {
+        match TcpListener::bind(address) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < wait => {
+                std::thread::sleep(HANDOVER_POLL);
+            }
+            bound => return bound,
+        }
+    }
 }
 
 fn ensure_bindable(address: SocketAddr, name: &str) -> anyhow::Result<()> {

@@ -73,6 +73,11 @@ impl RouterProcess {
     }
 
     fn spawn(&mut self) {
+        self.spawn_process(&[]);
+        self.wait_ready();
+    }
+
+    fn spawn_process(&mut self, more_args: &[&str]) {
         self.starts += 1;
         let stderr =
             std::fs::File::create(self.dir.path().join(format!("stderr-{}.log", self.starts)))
@@ -102,13 +107,39 @@ impl RouterProcess {
                 "2",
             ])
             .args(&self.extra_args)
+            .args(more_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
             .expect("start switchyard");
         self.child = Some(child);
-        self.wait_ready();
+    }
+
+    /// A graceful binary upgrade, as an operator does it: a new process started with
+    /// `--upgrade` on the same ports and data directory, then SIGQUIT to the running one,
+    /// which hands over its listening sockets. Returns the old process (draining, then
+    /// exiting); this handle now drives the new one.
+    pub fn upgrade(&mut self) -> Child {
+        let old = self.child.take().expect("running");
+        let handover = self.data_dir().join("switchyard-upgrade.sock");
+        let _ = std::fs::remove_file(&handover);
+        self.spawn_process(&["--upgrade"]);
+        let start = Instant::now();
+        while !handover.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the new process never waited for the sockets:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let status = Command::new("kill")
+            .args(["-QUIT", &old.id().to_string()])
+            .status()
+            .expect("kill -QUIT");
+        assert!(status.success());
+        old
     }
 
     fn wait_ready(&mut self) {

@@ -16,6 +16,12 @@ const SEGMENT_BYTES: u64 = 4 * 1024 * 1024;
 /// front of the queue (at shutdown, for batches that were only in memory).
 const FIRST_SEGMENT: u64 = 1 << 40;
 const SUFFIX: &str = ".spool";
+/// Held (flock) by the router using a spool directory, for as long as it runs.
+const LOCK_FILE: &str = ".lock";
+/// While another router holds a spool directory (the one this router replaces in a binary
+/// upgrade is still draining), this router spools in `DIR/handover-PID` instead; a later
+/// router owning `DIR` takes those segments over once their writer is gone.
+const HANDOVER_PREFIX: &str = "handover-";
 
 struct Segment {
     number: u64,
@@ -42,31 +48,42 @@ pub(crate) struct Spool {
     appending: Option<File>,
     /// Read handle and the segment it reads.
     reading: Option<(u64, BufReader<File>)>,
+    /// The directory's lock, held until this spool is dropped.
+    _lock: File,
 }
 
 impl Spool {
-    /// Opens the spool in `dir` (created if missing), keeping what an earlier run left.
+    /// Opens the spool in `dir` (created if missing), keeping what an earlier run left. If
+    /// another live router holds `dir`, a hand-over directory inside it is used instead.
     pub(crate) fn open(dir: &Path, limit_bytes: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let mut segments = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(number) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(SUFFIX))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            let bytes = entry.metadata()?.len();
-            segments.push(Segment {
+        if let Some(lock) = try_lock(dir)? {
+            adopt_handovers(dir)?;
+            return Self::open_locked(dir, lock, limit_bytes);
+        }
+        let own = dir.join(format!("{HANDOVER_PREFIX}{}", std::process::id()));
+        std::fs::create_dir_all(&own)?;
+        let lock = try_lock(&own)?.ok_or_else(|| {
+            io::Error::other(format!("{} is locked by another process", own.display()))
+        })?;
+        log::info!(
+            "log spool {} is held by the router this one replaces; spooling in {}",
+            dir.display(),
+            own.display()
+        );
+        Self::open_locked(&own, lock, limit_bytes)
+    }
+
+    fn open_locked(dir: &Path, lock: File, limit_bytes: u64) -> io::Result<Self> {
+        let mut segments: Vec<Segment> = segment_files(dir)?
+            .into_iter()
+            .map(|(number, bytes)| Segment {
                 number,
                 bytes,
                 read_offset: 0,
                 in_flight: 0,
-            });
-        }
+            })
+            .collect();
         segments.sort_by_key(|s| s.number);
         let bytes = segments.iter().map(|s| s.bytes).sum();
         Ok(Self {
@@ -76,6 +93,7 @@ impl Spool {
             bytes,
             appending: None,
             reading: None,
+            _lock: lock,
         })
     }
 
@@ -251,6 +269,72 @@ impl Spool {
     }
 }
 
+/// The directory's lock file, locked; `None` while another process holds it.
+fn try_lock(dir: &Path) -> io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Segment numbers and sizes in `dir`.
+fn segment_files(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(SUFFIX))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found.push((number, entry.metadata()?.len()));
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Moves the segments of hand-over directories whose router has exited behind the
+/// segments of `dir` (their order kept; batches carry their sender, so logd tells the
+/// routers apart), then removes those directories.
+fn adopt_handovers(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let is_handover = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(HANDOVER_PREFIX));
+        if !is_handover || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let handover = entry.path();
+        // Still held: its router is running and will finish with it.
+        let Some(_lock) = try_lock(&handover)? else {
+            continue;
+        };
+        let first_free = segment_files(dir)?
+            .last()
+            .map_or(FIRST_SEGMENT, |(n, _)| n.max(&FIRST_SEGMENT) + 1);
+        for (new_number, (number, _)) in (first_free..).zip(segment_files(&handover)?) {
+            std::fs::rename(
+                handover.join(format!("{number:020}{SUFFIX}")),
+                dir.join(format!("{new_number:020}{SUFFIX}")),
+            )?;
+        }
+        std::fs::remove_dir_all(&handover)?;
+        log::info!("log spool: took over {}", handover.display());
+    }
+    Ok(())
+}
+
 /// Frames of a batch id, for tests across modules.
 #[cfg(test)]
 pub(crate) fn test_frame(seq: u64, app: &str, line: &str) -> Frame {
@@ -296,11 +380,39 @@ mod tests {
         let seqs = drain(&mut spool);
         assert_eq!(seqs, (0..=100).collect::<Vec<_>>());
         assert_eq!(spool.bytes(), 0);
-        assert_eq!(
-            std::fs::read_dir(dir.path()).expect("list").count(),
-            0,
+        assert!(
+            segment_files(dir.path()).expect("list").is_empty(),
             "delivered segments are deleted"
         );
+    }
+
+    #[test]
+    fn a_router_starting_beside_a_running_one_spools_apart_and_the_next_start_takes_it_over() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut old = Spool::open(dir.path(), 1 << 30).expect("open");
+        let mut new = Spool::open(dir.path(), 1 << 30).expect("open beside");
+        assert_ne!(new.dir, old.dir, "the held directory is not shared");
+        assert!(old.append(&test_frame(1, "shop", "old")).expect("append"));
+        assert!(new.append(&test_frame(2, "shop", "new")).expect("append"));
+        // The new router is still running: a restart of the old one does not take its files.
+        drop(old);
+        let mut again = Spool::open(dir.path(), 1 << 30).expect("reopen");
+        assert_eq!(drain(&mut again), vec![1]);
+        drop(again);
+        assert!(new.append(&test_frame(3, "shop", "new")).expect("append"));
+        drop(new);
+        let mut next = Spool::open(dir.path(), 1 << 30).expect("next start");
+        assert_eq!(
+            drain(&mut next),
+            vec![2, 3],
+            "what the hand-over spooled is delivered"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .collect();
+        assert!(leftovers.is_empty(), "the hand-over directory is removed");
     }
 
     #[test]
@@ -316,12 +428,8 @@ mod tests {
         assert!(!spool.append(&test_frame(3, "shop", "line")).expect("full"));
         drop(spool);
         // Cut the second frame in half, as a crash mid-write would.
-        let segment = std::fs::read_dir(dir.path())
-            .expect("list")
-            .next()
-            .expect("a segment")
-            .expect("entry")
-            .path();
+        let (number, _) = segment_files(dir.path()).expect("list")[0];
+        let segment = dir.path().join(format!("{number:020}{SUFFIX}"));
         let file = OpenOptions::new().write(true).open(&segment).expect("open");
         file.set_len(size + size / 2).expect("truncate");
         let mut spool = Spool::open(dir.path(), size * 2).expect("reopen");

@@ -172,6 +172,9 @@ pub struct App {
     /// Inspect requests with the OWASP Core Rule Set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waf: Option<crate::Waf>,
+    /// Originals resized on request under a path prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<crate::Images>,
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

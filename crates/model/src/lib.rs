@@ -9,6 +9,7 @@ mod certificate;
 mod change;
 mod domain;
 mod error;
+mod images;
 mod mirror;
 mod spec;
 mod waf;
@@ -19,6 +20,7 @@ pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCer
 pub use change::Change;
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
+pub use images::{Images, DEFAULT_MAX_SOURCE_BYTES};
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use waf::{Waf, WafMode, WafOverload, MAX_INSPECTED_BODY};

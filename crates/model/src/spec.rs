@@ -40,6 +40,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "cache",
             "static_root",
             "waf",
+            "images",
         ],
         "",
     )?;
@@ -112,6 +113,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => crate::waf::parse_waf(v).map_err(|e| e.under("waf"))?,
     };
+    let images = match fields.get("images") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(crate::images::parse_images(v).map_err(|e| e.under("images"))?),
+    };
     Ok(App {
         name,
         domains,
@@ -126,6 +131,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         cache,
         static_root,
         waf,
+        images,
     })
 }
 

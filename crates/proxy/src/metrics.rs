@@ -338,6 +338,15 @@ pub(crate) static WAF_BODY_UNINSPECTED: LazyLock<IntCounterVec> = LazyLock::new(
     ))
 });
 
+pub(crate) static IMAGE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
+        "switchyard_image_requests_total",
+        "Image resize requests, by app and result (resized, bad_request, unprocessable, \
+         fetch_failed, overloaded).",
+        &["app", "result"]
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
@@ -380,6 +389,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&POOL_TIMEOUTS);
     LazyLock::force(&WAF_INSPECTIONS);
     LazyLock::force(&WAF_BODY_UNINSPECTED);
+    LazyLock::force(&IMAGE_REQUESTS);
 }
 
 /// `2xx`-style class of a status code; `none` when nothing was sent.

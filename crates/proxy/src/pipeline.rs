@@ -6,6 +6,7 @@
 //!    then **route** (Host → app; 404/400/503 answered here),
 //!    then **https** (308 to HTTPS for apps that ask), then **waf** (the request, and a body
 //!    within the app's limit, inspected on the worker pool: 403 or 503 here), then
+//!    **images** (`/_img/WxH/…` resized on the worker pool: 400/422/503 here), then
 //!    **static** (a file under the
 //!    app's static root answers), then **cache** (a fresh cached response is sent here),
 //!    then **mirror** (a copy to the shadow backends starts, fire-and-forget).
@@ -22,6 +23,7 @@
 //!    becomes a status code (`respond`).
 //! 9. `logging`: **log** — access-log line and metrics.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +41,7 @@ use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
 use crate::framing;
 use crate::https;
+use crate::images::{self, ImageStage};
 use crate::metrics;
 use crate::mirror::{self, MirrorClient};
 use crate::respond;
@@ -47,6 +50,7 @@ use crate::route_cache::RouteCache;
 use crate::static_files;
 use crate::upstream;
 use crate::waf::{self, Inspector};
+use crate::worker_pool::WorkerPool;
 
 /// The router: Switchyard's implementation of Pingora's proxy phases.
 pub struct Router {
@@ -56,7 +60,10 @@ pub struct Router {
     mirrors: Arc<MirrorClient>,
     cache_redis: Option<Arc<CacheRedis>>,
     waf: Option<Arc<Inspector>>,
+    images: ImageStage,
     client_idle_timeout_s: u64,
+    /// Set when the server stops accepting (shutdown or upgrade hand-over).
+    stopping: Arc<AtomicBool>,
 }
 
 /// Seconds an idle HTTP/1.1 client connection is kept unless configured otherwise.
@@ -79,7 +86,9 @@ impl Router {
             mirrors: Arc::new(MirrorClient::new()),
             cache_redis,
             waf: None,
+            images: ImageStage::new(None),
             client_idle_timeout_s: DEFAULT_CLIENT_IDLE_TIMEOUT_S,
+            stopping: Arc::default(),
         }
     }
 
@@ -95,6 +104,20 @@ impl Router {
     /// follow their `on_overload` policy.
     pub fn with_waf(mut self, inspector: Arc<Inspector>) -> Self {
         self.waf = Some(inspector);
+        self
+    }
+
+    /// The flag to set when the server stops accepting. From then on answers carry
+    /// `Connection: close`: a client would otherwise send its next request on a connection
+    /// Pingora closes as soon as the answer is out (and see it reset).
+    pub fn stopping(&self) -> Arc<AtomicBool> {
+        self.stopping.clone()
+    }
+
+    /// CPU-heavy stages other than the WAF (image resizing) run on `pool`; without one,
+    /// resize requests are answered 503.
+    pub fn with_worker_pool(mut self, pool: Arc<WorkerPool>) -> Self {
+        self.images = ImageStage::new(Some(pool));
         self
     }
 }
@@ -113,7 +136,9 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         ctx.request_id = request_id(session);
-        if session.get_keepalive().is_some() {
+        if self.stopping.load(Ordering::Relaxed) {
+            session.set_keepalive(None);
+        } else if session.get_keepalive().is_some() {
             session.set_keepalive(Some(self.client_idle_timeout_s));
         }
         ctx.tls = session
@@ -133,6 +158,9 @@ impl ProxyHttp for Router {
         }
         if let Some(answer) = waf::inspect(session, ctx, self.waf.as_deref()).await? {
             respond::send(session, ctx, answer).await?;
+            return Ok(true);
+        }
+        if images::serve(&self.images, session, ctx).await? {
             return Ok(true);
         }
         if static_files::serve(session, ctx).await? {

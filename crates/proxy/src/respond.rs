@@ -129,6 +129,17 @@ pub(crate) async fn write_error(
     status: u16,
     text: &str,
 ) -> pingora::Result<()> {
+    write_error_with(session, ctx, status, text, &[]).await
+}
+
+/// [`write_error`] with extra response headers (e.g. `Retry-After`).
+pub(crate) async fn write_error_with(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    status: u16,
+    text: &str,
+    extra: &[(&'static str, &str)],
+) -> pingora::Result<()> {
     ctx.local_status = Some(status);
     if session.response_written().is_some() {
         return Ok(());
@@ -139,6 +150,9 @@ pub(crate) async fn write_error(
     header.insert_header("content-length", body.len().to_string())?;
     header.insert_header("x-request-id", ctx.request_id.as_str())?;
     header.insert_header("cache-control", "no-store")?;
+    for (name, value) in extra {
+        header.insert_header(*name, *value)?;
+    }
     session
         .write_response_header(Box::new(header), false)
         .await?;

@@ -74,7 +74,7 @@ pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingor
 
 /// The request path as a relative file path: percent-decoded, `index.html` for a
 /// directory, and `None` for anything that could step outside the root.
-fn relative_path(uri_path: &str) -> Option<PathBuf> {
+pub(crate) fn relative_path(uri_path: &str) -> Option<PathBuf> {
     let decoded = percent_decode(uri_path)?;
     let mut relative = PathBuf::new();
     for segment in decoded.split('/') {
@@ -109,7 +109,10 @@ fn percent_decode(text: &str) -> Option<String> {
 }
 
 /// Opens `relative` under `root` if it is a regular file that really lies under the root.
-async fn open_under(root: &Path, relative: &Path) -> Option<(tokio::fs::File, u64, PathBuf)> {
+pub(crate) async fn open_under(
+    root: &Path,
+    relative: &Path,
+) -> Option<(tokio::fs::File, u64, PathBuf)> {
     let root = tokio::fs::canonicalize(root).await.ok()?;
     let path = tokio::fs::canonicalize(root.join(relative)).await.ok()?;
     if !path.starts_with(&root) {

@@ -4,9 +4,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
+use parking_lot::RwLock;
+use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransaction};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 
 use crate::{AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
@@ -25,25 +27,56 @@ const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info"
 /// redb's page cache; routes are cached above the store, so this only needs the hot index.
 const PAGE_CACHE_BYTES: usize = 16 * 1024 * 1024;
 const FILE_NAME: &str = "switchyard.redb";
+/// How often a router taking over from another (binary upgrade) tries the file again.
+const HANDOVER_POLL: Duration = Duration::from_millis(10);
 
 /// The embedded, file-backed store.
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    /// `None` once released: redb locks its file to one process, and a router handing over
+    /// to its successor must let go of it.
+    db: Arc<RwLock<Option<Arc<Database>>>>,
     changes: Arc<ChangeFeed>,
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) the store in `data_dir`, creating the directory if needed.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        Self::open_when_released(data_dir, Duration::ZERO)
+    }
+
+    /// Like [`EmbeddedStore::open`], waiting up to `wait` for another process (the router
+    /// this one replaces) to release the file.
+    pub fn open_when_released(data_dir: &Path, wait: Duration) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
             StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
         })?;
         let path = data_dir.join(FILE_NAME);
-        let db = Database::builder()
-            .set_cache_size(PAGE_CACHE_BYTES)
-            .create(&path)
-            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let started = Instant::now();
+        let db = loop {
+            match Database::builder()
+                .set_cache_size(PAGE_CACHE_BYTES)
+                .create(&path)
+            {
+                Ok(db) => break db,
+                Err(DatabaseError::DatabaseAlreadyOpen) if started.elapsed() < wait => {
+                    std::thread::sleep(HANDOVER_POLL);
+                }
+                Err(DatabaseError::DatabaseAlreadyOpen) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "{} is in use by another router process (a running router, or one \
+                         that has not released it within {wait:?} of an upgrade)",
+                        path.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "cannot open {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        };
         let txn = db.begin_write().map_err(unavailable)?;
         txn.open_table(APPS).map_err(unavailable)?;
         txn.open_table(DOMAINS).map_err(unavailable)?;
@@ -51,20 +84,33 @@ impl EmbeddedStore {
         txn.open_table(CERT_INFO).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
-            db: Arc::new(db),
+            db: Arc::new(RwLock::new(Some(Arc::new(db)))),
             changes: Arc::default(),
         })
     }
 
+    /// Closes the file for the router process that replaces this one; every later
+    /// operation fails as unavailable (routes already cached keep serving). The file is
+    /// unlocked once transactions under way have finished.
+    pub fn release(&self) {
+        self.db.write().take();
+    }
+
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.db.read().clone().ok_or_else(|| {
+            StoreError::Unavailable("the store was handed over to a new router process".into())
+        })
+    }
+
     fn read_app(&self, name: &str) -> Result<Option<App>, StoreError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
         let apps = txn.open_table(APPS).map_err(unavailable)?;
         let value = apps.get(name).map_err(unavailable)?;
         value.map(|v| decode_app(name, v.value())).transpose()
     }
 
     fn write_app(&self, app: &App) -> Result<Change, StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         let change = write_app_in(&txn, app)?;
         // The transaction is aborted on drop if `write_app_in` failed: nothing half-written.
         txn.commit().map_err(unavailable)?;
@@ -74,7 +120,7 @@ impl EmbeddedStore {
     /// Writes many apps in one transaction, for bulk imports and benchmarks. No change events
     /// are sent: use it on a store no running router is serving from.
     pub fn import_apps(&self, apps: &[App]) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         for app in apps {
             write_app_in(&txn, app)?;
         }
@@ -83,7 +129,7 @@ impl EmbeddedStore {
 
     /// Writes many certificates in one transaction, like [`EmbeddedStore::import_apps`].
     pub fn import_certs(&self, certs: &[StoredCertificate]) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         for cert in certs {
             write_cert_in(&txn, cert)?;
         }
@@ -91,13 +137,13 @@ impl EmbeddedStore {
     }
 
     fn write_cert(&self, cert: &StoredCertificate) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         write_cert_in(&txn, cert)?;
         txn.commit().map_err(unavailable)
     }
 
     fn remove_cert(&self, domain: &str) -> Result<bool, StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         let existed = {
             let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
             let mut info = txn.open_table(CERT_INFO).map_err(unavailable)?;
@@ -110,7 +156,7 @@ impl EmbeddedStore {
     }
 
     fn remove_app(&self, name: &str) -> Result<Option<Change>, StoreError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
         let removed = {
             let mut apps = txn.open_table(APPS).map_err(unavailable)?;
             let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
@@ -162,14 +208,14 @@ impl Store for EmbeddedStore {
     }
 
     async fn app_for_domain(&self, domain: &str) -> Result<Option<String>, StoreError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
         let domains = txn.open_table(DOMAINS).map_err(unavailable)?;
         let owner = domains.get(domain).map_err(unavailable)?;
         Ok(owner.map(|o| o.value().to_string()))
     }
 
     async fn list_apps(&self, after: Option<&str>, limit: usize) -> Result<AppPage, StoreError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
         let apps = txn.open_table(APPS).map_err(unavailable)?;
         let (apps, next_after) = read_page(&apps, after, limit, decode_app)?;
         Ok(AppPage { apps, next_after })
@@ -218,14 +264,14 @@ impl Store for EmbeddedStore {
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
         let certs = txn.open_table(CERTS).map_err(unavailable)?;
         let value = certs.get(domain).map_err(unavailable)?;
         value.map(|v| decode(domain, v.value())).transpose()
     }
 
     async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
         let info = txn.open_table(CERT_INFO).map_err(unavailable)?;
         let (certs, next_after) = read_page(&info, after, limit, |key, value| {
             decode::<CertificateInfo>(key, value)

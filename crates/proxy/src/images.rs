@@ -1,0 +1,430 @@
+//! Stage images: `GET {prefix}{width}x{height}/{path}` of an app with the `images` option
+//! answers the original at `/{path}` resized. The original comes from the app's static root
+//! when a file is there, else from one of its backends (over a connection pool of its
+//! own); the resize runs on the worker pool under the app's deadline. Query: `fit=contain`
+//! (default) or `cover`, `format=jpeg|png|webp` (default: the original's).
+//!
+//! Outcomes: a malformed or over-limit request is 400; an original that is not a usable
+//! image (or over `max_source_bytes`) 422; an original the app does not answer with 200 keeps
+//! the app's status; a pool that is full or too slow 503 with `Retry-After`.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use pingora::connectors::http::v1::Connector;
+use pingora::connectors::ConnectorOptions;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::Session;
+use switchyard_model::Images;
+use tokio::io::AsyncReadExt;
+
+use crate::context::RequestCtx;
+use crate::metrics;
+use crate::respond;
+use crate::static_files;
+use crate::thumbnail::{self, Encoding, Fit, Resize};
+use crate::upstream;
+use crate::worker_pool::{PoolRefusal, WorkerPool};
+
+/// Idle connections kept to backends for fetching originals, all apps together.
+const FETCH_POOL_SIZE: usize = 256;
+/// Seconds a client is asked to wait after the pool refused a resize.
+const RETRY_AFTER_S: &str = "1";
+
+/// What the images stage needs from the router: the worker pool and its own connections.
+pub(crate) struct ImageStage {
+    pool: Option<std::sync::Arc<WorkerPool>>,
+    connector: Connector,
+}
+
+impl ImageStage {
+    pub(crate) fn new(pool: Option<std::sync::Arc<WorkerPool>>) -> Self {
+        Self {
+            pool,
+            connector: Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE))),
+        }
+    }
+}
+
+/// A resize request, parsed from the path and query.
+#[derive(Debug, PartialEq, Eq)]
+struct Asked {
+    resize: Resize,
+    original_path: String,
+}
+
+/// Answers resize requests. `Ok(true)`: answered.
+pub(crate) async fn serve(
+    stage: &ImageStage,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
+    let Some(route) = ctx.route.clone() else {
+        return Ok(false);
+    };
+    let Some(images) = route.app.images.as_ref() else {
+        return Ok(false);
+    };
+    let request = session.req_header();
+    let head_only = request.method == Method::HEAD;
+    if (request.method != Method::GET && !head_only)
+        || !request.uri.path().starts_with(&images.prefix)
+    {
+        return Ok(false);
+    }
+    let app = route.app.name.as_str();
+    let asked = match parse(images, request.uri.path(), request.uri.query()) {
+        Ok(asked) => asked,
+        Err(reason) => {
+            count(app, "bad_request");
+            respond::write_error(session, ctx, 400, &reason).await?;
+            return Ok(true);
+        }
+    };
+    let original = match fetch_original(stage, session, ctx, images, &asked.original_path).await {
+        Ok(original) => original,
+        Err(failure) => {
+            count(app, failure.label);
+            respond::write_error(session, ctx, failure.status, &failure.text).await?;
+            return Ok(true);
+        }
+    };
+    let Some(pool) = stage.pool.as_ref() else {
+        count(app, "overloaded");
+        respond::write_error(session, ctx, 503, "image resizing is not available").await?;
+        return Ok(true);
+    };
+    let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
+    let resize = asked.resize;
+    let body = original.body;
+    let outcome = pool
+        .run("images", deadline, move || thumbnail::resize(&body, resize))
+        .await;
+    let resized = match outcome {
+        Ok(Ok(resized)) => resized,
+        Ok(Err(unprocessable)) => {
+            count(app, "unprocessable");
+            log::info!(
+                "request {}: app {app}: image {} not resized: {unprocessable}",
+                ctx.request_id,
+                asked.original_path
+            );
+            respond::write_error(session, ctx, 422, &unprocessable.to_string()).await?;
+            return Ok(true);
+        }
+        Err(refusal) => {
+            count(app, "overloaded");
+            let why = match refusal {
+                PoolRefusal::Full => "the image workers are busy, try again shortly",
+                PoolRefusal::TimedOut => {
+                    "the image could not be resized in time, try again shortly"
+                }
+            };
+            respond::write_error_with(session, ctx, 503, why, &[("retry-after", RETRY_AFTER_S)])
+                .await?;
+            return Ok(true);
+        }
+    };
+    count(app, "resized");
+    log::debug!(
+        "request {}: app {app}: {} resized to {}x{} ({} bytes)",
+        ctx.request_id,
+        asked.original_path,
+        resized.width,
+        resized.height,
+        resized.bytes.len()
+    );
+    let mut head = ResponseHeader::build(200, Some(6))?;
+    head.insert_header("content-type", resized.encoding.content_type())?;
+    head.insert_header("content-length", resized.bytes.len().to_string())?;
+    head.insert_header("x-request-id", ctx.request_id.as_str())?;
+    if let Some(cache_control) = original.cache_control {
+        head.insert_header("cache-control", cache_control)?;
+    }
+    crate::https::add_hsts(&mut head, ctx)?;
+    ctx.local_status = Some(200);
+    session
+        .write_response_header(Box::new(head), head_only)
+        .await?;
+    if !head_only {
+        session
+            .write_response_body(Some(Bytes::from(resized.bytes)), true)
+            .await?;
+    }
+    Ok(true)
+}
+
+fn count(app: &str, result: &str) {
+    metrics::IMAGE_REQUESTS
+        .with_label_values(&[app, result])
+        .inc();
+}
+
+/// `{width}x{height}/{path}` after the prefix, and the query's `fit` and `format`.
+fn parse(images: &Images, path: &str, query: Option<&str>) -> Result<Asked, String> {
+    let rest = &path[images.prefix.len()..];
+    let (size, original) = rest
+        .split_once('/')
+        .ok_or_else(|| format!("expected {}WIDTHxHEIGHT/PATH", images.prefix))?;
+    let (width, height) = size
+        .split_once('x')
+        .ok_or_else(|| format!("size {size:?} is not WIDTHxHEIGHT"))?;
+    let side = |text: &str, limit: u32, name: &str| -> Result<u32, String> {
+        match text.parse::<u32>() {
+            Ok(n) if text.len() <= 5 && (1..=limit).contains(&n) => Ok(n),
+            _ => Err(format!("{name} must be a whole number from 1 to {limit}")),
+        }
+    };
+    let width = side(width, images.max_width, "width")?;
+    let height = side(height, images.max_height, "height")?;
+    if original.is_empty() {
+        return Err("the original's path is missing".into());
+    }
+    let (mut fit, mut encoding) = (Fit::Contain, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("fit", "contain") => fit = Fit::Contain,
+            ("fit", "cover") => fit = Fit::Cover,
+            ("fit", other) => return Err(format!("fit {other:?} must be contain or cover")),
+            ("format", name) => {
+                encoding = Some(
+                    Encoding::from_name(name)
+                        .ok_or_else(|| format!("format {name:?} must be jpeg, png or webp"))?,
+                )
+            }
+            // Other parameters (cache busters) are the client's own.
+            _ => {}
+        }
+    }
+    Ok(Asked {
+        resize: Resize {
+            width,
+            height,
+            fit,
+            encoding,
+            quality: images.quality,
+        },
+        original_path: format!("/{original}"),
+    })
+}
+
+struct Original {
+    body: Vec<u8>,
+    cache_control: Option<String>,
+}
+
+struct FetchFailure {
+    status: u16,
+    text: String,
+    label: &'static str,
+}
+
+impl FetchFailure {
+    fn new(status: u16, text: impl Into<String>, label: &'static str) -> Self {
+        Self {
+            status,
+            text: text.into(),
+            label,
+        }
+    }
+
+    fn too_large(limit: u64) -> Self {
+        Self::new(
+            422,
+            format!("the original is larger than max_source_bytes ({limit})"),
+            "unprocessable",
+        )
+    }
+}
+
+async fn fetch_original(
+    stage: &ImageStage,
+    session: &Session,
+    ctx: &mut RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Original, FetchFailure> {
+    if let Some(original) = from_static_root(ctx, images, path).await? {
+        return Ok(original);
+    }
+    from_backend(stage, session, ctx, images, path).await
+}
+
+async fn from_static_root(
+    ctx: &RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Option<Original>, FetchFailure> {
+    let Some(root) = ctx.route.as_ref().and_then(|r| r.app.static_root.clone()) else {
+        return Ok(None);
+    };
+    let Some(relative) = static_files::relative_path(path) else {
+        return Ok(None);
+    };
+    let Some((file, length, _)) =
+        static_files::open_under(std::path::Path::new(&root), &relative).await
+    else {
+        return Ok(None);
+    };
+    if length > images.max_source_bytes {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    let mut body = Vec::with_capacity(length as usize);
+    file.take(images.max_source_bytes + 1)
+        .read_to_end(&mut body)
+        .await
+        .map_err(|e| {
+            FetchFailure::new(
+                500,
+                format!("cannot read the original: {e}"),
+                "fetch_failed",
+            )
+        })?;
+    if body.len() as u64 > images.max_source_bytes {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    Ok(Some(Original {
+        body,
+        cache_control: None,
+    }))
+}
+
+async fn from_backend(
+    stage: &ImageStage,
+    session: &Session,
+    ctx: &mut RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Original, FetchFailure> {
+    let peer = upstream::choose_peer(session, ctx).map_err(|answer| {
+        FetchFailure::new(
+            answer.status(),
+            "the app has no reachable container",
+            "fetch_failed",
+        )
+    })?;
+    let read_timeout = peer.options.read_timeout.unwrap_or(Duration::from_secs(60));
+    let unreachable = |e: Box<pingora::Error>| {
+        FetchFailure::new(
+            502,
+            format!("the original could not be fetched: {e}"),
+            "fetch_failed",
+        )
+    };
+    let late = |_| {
+        FetchFailure::new(
+            504,
+            "the app did not send the original in time",
+            "fetch_failed",
+        )
+    };
+    let (mut http, _reused) = stage
+        .connector
+        .get_http_session(peer.as_ref())
+        .await
+        .map_err(unreachable)?;
+    let mut request =
+        RequestHeader::build(Method::GET, path.as_bytes(), Some(4)).map_err(unreachable)?;
+    let host = ctx.host.clone().unwrap_or_default();
+    request.insert_header("host", host).map_err(unreachable)?;
+    request
+        .insert_header("accept", "image/*")
+        .map_err(unreachable)?;
+    upstream::set_forwarded_headers(session, &mut request, ctx).map_err(unreachable)?;
+    let exchange = async {
+        http.write_request_header(Box::new(request)).await?;
+        http.finish_body().await?;
+        let head = http.read_resp_header_parts().await?;
+        Ok::<_, Box<pingora::Error>>((head.status.as_u16(), head.headers.clone()))
+    };
+    let (status, headers) = tokio::time::timeout(read_timeout, exchange)
+        .await
+        .map_err(late)?
+        .map_err(unreachable)?;
+    if status != 200 {
+        return Err(FetchFailure::new(
+            status,
+            format!("the app answered {status} for the original"),
+            "fetch_failed",
+        ));
+    }
+    let declared: Option<u64> = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    if declared.is_some_and(|n| n > images.max_source_bytes) {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let reading = async {
+        while let Some(chunk) = http.read_body_ref().await? {
+            if (body.len() + chunk.len()) as u64 > images.max_source_bytes {
+                return Ok(false);
+            }
+            body.extend_from_slice(chunk);
+        }
+        Ok::<_, Box<pingora::Error>>(true)
+    };
+    let complete = tokio::time::timeout(read_timeout, reading)
+        .await
+        .map_err(late)?
+        .map_err(unreachable)?;
+    if !complete {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    stage
+        .connector
+        .release_http_session(http, peer.as_ref(), peer.options.idle_timeout)
+        .await;
+    Ok(Original {
+        body,
+        cache_control: headers
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn images() -> Images {
+        switchyard_model::parse_app_spec(
+            "a",
+            &serde_json::json!({"images": {"max_width": 1000, "max_height": 800}}),
+        )
+        .expect("valid")
+        .images
+        .expect("images")
+    }
+
+    #[test]
+    fn sizes_fit_and_format_come_from_the_path_and_query() {
+        let asked = parse(
+            &images(),
+            "/_img/200x100/photos/cat.jpg",
+            Some("fit=cover&format=webp&v=3"),
+        )
+        .expect("valid");
+        assert_eq!(asked.original_path, "/photos/cat.jpg");
+        assert_eq!((asked.resize.width, asked.resize.height), (200, 100));
+        assert_eq!(asked.resize.fit, Fit::Cover);
+        assert_eq!(asked.resize.encoding, Some(Encoding::WebP));
+        for (path, query) in [
+            ("/_img/200/cat.jpg", None),
+            ("/_img/200x/cat.jpg", None),
+            ("/_img/0x100/cat.jpg", None),
+            ("/_img/1001x100/cat.jpg", None),
+            ("/_img/100x801/cat.jpg", None),
+            ("/_img/-1x100/cat.jpg", None),
+            ("/_img/100x100/", None),
+            ("/_img/100x100", None),
+            ("/_img/100x100/cat.jpg", Some("fit=stretch")),
+            ("/_img/100x100/cat.jpg", Some("format=gif")),
+        ] {
+            assert!(parse(&images(), path, query).is_err(), "{path} {query:?}");
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Image resizing end to end: originals served by a real HTTP backend or found under the
+//! app's static root, resized by the router's worker pool, checked by decoding what comes
+//! back.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Cursor, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use image::{DynamicImage, ImageFormat};
+use serde_json::{json, Value};
+use support::RouterProcess;
+
+fn png(width: u32, height: u32) -> Vec<u8> {
+    let pixels = image::RgbImage::from_fn(width, height, |x, y| {
+        image::Rgb([(x % 251) as u8, (y % 241) as u8, ((x + y) % 239) as u8])
+    });
+    let mut out = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(pixels)
+        .write_to(&mut out, ImageFormat::Png)
+        .expect("encode");
+    out.into_inner()
+}
+
+/// A backend serving fixed files (`Connection: close` each time) and counting requests.
+struct Originals {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+}
+
+impl Originals {
+    fn start(files: Vec<(&'static str, Vec<u8>)>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let files = Arc::new(files);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (files, counted) = (files.clone(), counted.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    let mut request_line = String::new();
+                    if reader.read_line(&mut request_line).is_err() {
+                        return;
+                    }
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                        line.clear();
+                    }
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let path = request_line.split_whitespace().nth(1).unwrap_or("");
+                    let mut stream = reader.into_inner();
+                    let _ = match files.iter().find(|(p, _)| *p == path) {
+                        Some((_, body)) => stream
+                            .write_all(
+                                format!(
+                                    "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nCache-Control: public, max-age=600\r\n\
+                                     Content-Length: {}\r\nConnection: close\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                            )
+                            .and_then(|()| stream.write_all(body)),
+                        None => stream.write_all(
+                            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        ),
+                    };
+                });
+            }
+        });
+        Self { addr, requests }
+    }
+}
+
+fn gallery(router: &RouterProcess, originals: &Originals, images: Value, extra: Value) {
+    let mut spec = json!({
+        "domains": ["gallery.test"],
+        "backends": [originals.addr.to_string()],
+        "images": images,
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    router.put_app("gallery", spec);
+}
+
+fn decoded(response: &support::Response) -> (ImageFormat, u32, u32) {
+    let format = image::guess_format(&response.body).expect("an image came back");
+    let image = image::load_from_memory(&response.body).expect("decodes");
+    (format, image.width(), image.height())
+}
+
+#[test]
+fn originals_from_the_app_are_resized_to_the_asked_box_and_format() {
+    let router = RouterProcess::start();
+    let originals = Originals::start(vec![
+        ("/photos/wide.png", png(400, 200)),
+        (
+            "/photos/broken.png",
+            b"\x89PNG\r\n\x1a\n this is not the rest of a PNG".to_vec(),
+        ),
+        ("/notes.txt", b"plain text, not an image".to_vec()),
+    ]);
+    gallery(
+        &router,
+        &originals,
+        json!({"max_width": 1000, "max_height": 1000}),
+        json!({}),
+    );
+
+    let contained = router.get("gallery.test", "/_img/100x100/photos/wide.png");
+    assert_eq!(contained.status, 200, "{}", contained.text());
+    assert_eq!(contained.header("content-type"), Some("image/png"));
+    assert_eq!(
+        decoded(&contained),
+        (ImageFormat::Png, 100, 50),
+        "aspect ratio kept"
+    );
+    assert_eq!(
+        contained.header("cache-control"),
+        Some("public, max-age=600")
+    );
+
+    let covered = router.get(
+        "gallery.test",
+        "/_img/120x90/photos/wide.png?fit=cover&format=jpeg",
+    );
+    assert_eq!(covered.header("content-type"), Some("image/jpeg"));
+    assert_eq!(
+        decoded(&covered),
+        (ImageFormat::Jpeg, 120, 90),
+        "the box filled"
+    );
+
+    let webp = router.get("gallery.test", "/_img/40x40/photos/wide.png?format=webp");
+    assert_eq!(decoded(&webp), (ImageFormat::WebP, 40, 20));
+
+    // Not images, or not there: 422 and the app's own 404, never a crash.
+    let corrupt = router.get("gallery.test", "/_img/100x100/photos/broken.png");
+    assert_eq!(corrupt.status, 422, "{}", corrupt.text());
+    assert_eq!(
+        router.get("gallery.test", "/_img/100x100/notes.txt").status,
+        422
+    );
+    assert_eq!(
+        router
+            .get("gallery.test", "/_img/100x100/photos/absent.png")
+            .status,
+        404
+    );
+    // Requests the router refuses before fetching anything.
+    let fetched = originals.requests.load(Ordering::Relaxed);
+    for bad in [
+        "/_img/100/photos/wide.png",
+        "/_img/0x10/photos/wide.png",
+        "/_img/1001x10/photos/wide.png",
+        "/_img/10x10/photos/wide.png?format=gif",
+    ] {
+        let response = router.get("gallery.test", bad);
+        assert_eq!(response.status, 400, "{bad}: {}", response.text());
+    }
+    assert_eq!(
+        originals.requests.load(Ordering::Relaxed),
+        fetched,
+        "nothing fetched for them"
+    );
+    // Paths outside the prefix go to the app as usual.
+    assert_eq!(
+        router.get("gallery.test", "/photos/wide.png").body,
+        png(400, 200)
+    );
+    assert_eq!(
+        router.metric("switchyard_image_requests_total{app=\"gallery\",result=\"resized\"}"),
+        3.0
+    );
+    assert_eq!(
+        router.metric("switchyard_image_requests_total{app=\"gallery\",result=\"unprocessable\"}"),
+        2.0
+    );
+    assert!(
+        router.logs().contains("not resized"),
+        "the refusal is logged with its reason"
+    );
+}
+
+#[test]
+fn a_file_under_the_static_root_is_resized_without_asking_the_app() {
+    let router = RouterProcess::start();
+    let originals = Originals::start(vec![]);
+    let root = tempfile::tempdir().expect("root");
+    std::fs::create_dir_all(root.path().join("img")).expect("dir");
+    std::fs::write(root.path().join("img/tall.png"), png(60, 240)).expect("write");
+    gallery(
+        &router,
+        &originals,
+        json!({}),
+        json!({"static_root": root.path().display().to_string()}),
+    );
+    let response = router.get("gallery.test", "/_img/30x30/img/tall.png");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(decoded(&response), (ImageFormat::Png, 8, 30));
+    assert_eq!(originals.requests.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn originals_over_the_size_limit_are_refused() {
+    let router = RouterProcess::start();
+    let originals = Originals::start(vec![("/big.png", png(300, 300))]);
+    gallery(
+        &router,
+        &originals,
+        json!({"max_source_bytes": 1000}),
+        json!({}),
+    );
+    let response = router.get("gallery.test", "/_img/10x10/big.png");
+    assert_eq!(response.status, 422);
+    assert!(
+        response.text().contains("max_source_bytes"),
+        "{}",
+        response.text()
+    );
+}
+
+#[test]
+fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
+    let router = RouterProcess::start_with(&["--pool-threads", "1", "--pool-queue", "1"]);
+    let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
+    gallery(
+        &router,
+        &originals,
+        json!({"timeout_ms": 20_000, "max_source_bytes": 67_108_864}),
+        json!({}),
+    );
+    let http = router.http;
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                support::get(http, "gallery.test", "/_img/1000x1000/huge.png?fit=cover")
+                    .expect("answered")
+            })
+        })
+        .collect();
+    let answers: Vec<_> = clients
+        .into_iter()
+        .map(|c| c.join().expect("client"))
+        .collect();
+    let resized = answers.iter().filter(|r| r.status == 200).count();
+    let refused: Vec<_> = answers.iter().filter(|r| r.status == 503).collect();
+    assert_eq!(resized + refused.len(), 6, "only 200 or 503");
+    assert!(resized >= 1, "the pool did resize");
+    assert!(
+        !refused.is_empty(),
+        "a queue of one cannot take six at once"
+    );
+    assert!(refused.iter().all(|r| r.header("retry-after") == Some("1")));
+    assert!(router.metric("switchyard_pool_rejected_total{stage=\"images\"}") >= 1.0);
+    assert_eq!(
+        router.get("gallery.test", "/huge.png").status,
+        200,
+        "plain requests still served"
+    );
+}

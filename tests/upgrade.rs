@@ -1,0 +1,232 @@
+//! Graceful binary upgrade under load: a new router process takes over the listening
+//! sockets of the running one (Pingora's hand-off on SIGQUIT), the old one finishes what it
+//! has and exits, and no client sees a failed request.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use support::{Backend, RouterProcess};
+
+/// Clients opening a new connection per request, all through the upgrade.
+const CLOSING_CLIENTS: usize = 3;
+
+#[derive(Default)]
+struct Tally {
+    answered: AtomicUsize,
+    /// Requests on a reused keep-alive connection that the server closed before answering:
+    /// RFC 9112 §9.3.1 lets a client retry these (nothing was processed), and it did.
+    retried_on_closed_idle: AtomicUsize,
+    failures: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn fail(&self, what: String) {
+        self.failures.lock().expect("tally").push(what);
+    }
+}
+
+#[test]
+fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store() {
+    let mut router = RouterProcess::start();
+    let backend = Backend::start("web");
+    router.put_app(
+        "web",
+        json!({"domains": ["web.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let old_pid = router.pid();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+
+    let mut clients = Vec::new();
+    for _ in 0..CLOSING_CLIENTS {
+        let (stop, tally, http) = (stop.clone(), tally.clone(), router.http);
+        clients.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match support::get(http, "web.test", "/") {
+                    Ok(r) if r.status == 200 => {
+                        tally.answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => tally.fail(format!("status {}", r.status)),
+                    Err(e) => tally.fail(format!("new connection: {e}")),
+                }
+            }
+        }));
+    }
+    {
+        let (stop, tally, http) = (stop.clone(), tally.clone(), router.http);
+        clients.push(std::thread::spawn(move || {
+            keep_alive_client(http, &stop, &tally)
+        }));
+    }
+    // A download still in flight when the old process stops accepting (5 s after SIGQUIT):
+    // it finishes within the shutdown grace.
+    let http = router.http;
+    let download = std::thread::spawn(move || {
+        support::get(http, "web.test", "/stream?chunks=16&interval_ms=400")
+    });
+
+    std::thread::sleep(Duration::from_millis(500));
+    let mut old = router.upgrade();
+    let old_status = old.wait().expect("wait for the old process");
+    assert!(
+        old_status.success(),
+        "the old router exits cleanly: {old_status}"
+    );
+    // The new process alone now: keep the load on it for a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("client thread");
+    }
+
+    let failures = tally.failures.lock().expect("tally").clone();
+    let answered = tally.answered.load(Ordering::Relaxed);
+    eprintln!(
+        "{answered} requests answered through the upgrade, {} keep-alive retries, failures: {failures:?}",
+        tally.retried_on_closed_idle.load(Ordering::Relaxed)
+    );
+    assert!(failures.is_empty(), "failed requests: {failures:?}");
+    // Answers carry `Connection: close` once the old process stops accepting, so only a
+    // request sent in the instant its one keep-alive connection was closed can meet it.
+    assert!(tally.retried_on_closed_idle.load(Ordering::Relaxed) <= 1);
+    assert!(answered > 100, "the load ran throughout: {answered}");
+
+    let download = download.join().expect("download thread").expect("download");
+    assert_eq!(download.status, 200);
+    assert_eq!(
+        download.text().lines().count(),
+        16,
+        "the whole stream arrived"
+    );
+
+    assert_ne!(router.pid(), old_pid);
+    let (status, _) = router.admin_call("GET", "/v1/apps/web", None);
+    assert_eq!(
+        status, 200,
+        "the new process opened the store the old one released"
+    );
+    router.put_app(
+        "after",
+        json!({"domains": ["after.test"], "backends": [backend.addr.to_string()]}),
+    );
+    assert_eq!(router.get("after.test", "/").status, 200);
+    assert!(
+        router.metric("switchyard_requests_total{app=\"web\",class=\"2xx\"}") > 0.0,
+        "the new process served the load after the hand-over"
+    );
+    assert!(
+        router
+            .logs()
+            .contains("store released for the next router process"),
+        "the old process released the store"
+    );
+}
+
+/// One client on persistent connections, sending the next request as soon as the last
+/// answer arrived; it follows `Connection: close` by reconnecting.
+fn keep_alive_client(http: SocketAddr, stop: &AtomicBool, tally: &Tally) {
+    let mut connection: Option<(BufReader<TcpStream>, usize)> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let (reader, used) = match connection.take() {
+            Some(open) => open,
+            None => match TcpStream::connect(http) {
+                Ok(stream) => {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                    (BufReader::new(stream), 0)
+                }
+                Err(e) => {
+                    tally.fail(format!("keep-alive connect: {e}"));
+                    continue;
+                }
+            },
+        };
+        let mut reader = reader;
+        let sent = reader
+            .get_mut()
+            .write_all(b"GET /ka HTTP/1.1\r\nHost: web.test\r\n\r\n");
+        match (sent, read_response(&mut reader)) {
+            (Ok(()), Ok(Some((200, keep)))) => {
+                tally.answered.fetch_add(1, Ordering::Relaxed);
+                if keep {
+                    connection = Some((reader, used + 1));
+                }
+            }
+            (Ok(()), Ok(Some((status, _)))) => tally.fail(format!("keep-alive status {status}")),
+            // Closed before a byte of the answer, on a connection that had served before.
+            (_, Ok(None)) if used > 0 => {
+                tally.retried_on_closed_idle.fetch_add(1, Ordering::Relaxed);
+            }
+            (Err(e), _) if used > 0 && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                tally.retried_on_closed_idle.fetch_add(1, Ordering::Relaxed);
+            }
+            (sent, read) => tally.fail(format!("keep-alive request: {sent:?} {read:?}")),
+        }
+    }
+}
+
+/// Status and whether the connection stays open; `None` when closed (or reset) before any
+/// byte of an answer.
+fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<(u16, bool)>> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) => return Ok(None),
+        // Closed with our request unread (the kernel answers that with a reset).
+        Err(e) if line.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+        Ok(_) => {}
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let (mut length, mut keep) = (0usize, true);
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').unwrap_or((header, ""));
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.parse().map_err(std::io::Error::other)?;
+        } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close") {
+            keep = false;
+        }
+    }
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(reader, &mut body)?;
+    Ok(Some((status, keep)))
+}
+
+#[test]
+fn an_upgrade_with_no_router_to_take_over_from_gives_up() {
+    let router = RouterProcess::start();
+    let data_dir = router.data_dir();
+    drop(router);
+    let started = std::time::Instant::now();
+    let (_, stderr) = RouterProcess::refused_start([
+        "--upgrade",
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--http",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ]);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "gave up in bounded time"
+    );
+    assert!(stderr.to_lowercase().contains("sock"), "{stderr}");
+}
