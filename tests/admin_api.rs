@@ -98,6 +98,49 @@ fn wrong_methods_paths_and_oversized_bodies_get_json_errors() {
         404,
         "nothing stored"
     );
+    // Queries the HTTP layer cannot parse get the same JSON shape.
+    for path in ["/v1/apps?limit=many", "/v1/certs?limit=-1"] {
+        let (status, error) = router.admin_call("GET", path, None);
+        assert_eq!(
+            (status, error["field"].as_str()),
+            (400, Some("request")),
+            "{path}: {error}"
+        );
+        assert!(error["error"].as_str().is_some_and(|e| !e.is_empty()));
+    }
+}
+
+#[test]
+fn the_openapi_document_describes_every_route_that_answers() {
+    let router = RouterProcess::start_with(&["--admin-token", "t0ken-for-openapi"]);
+    let document = support::get(router.admin, "admin", "/v1/openapi.json").expect("response");
+    assert_eq!(document.status, 200, "served without the token");
+    let document = document.json();
+    assert_eq!(document["openapi"], "3.0.3");
+    let paths = document["paths"].as_object().expect("paths");
+    let mut operations = 0;
+    for (path, item) in paths {
+        let concrete = path
+            .replace("{name}", "shop")
+            .replace("{domain}", "shop.test");
+        for method in ["get", "put", "post", "delete"] {
+            let Some(operation) = item.get(method) else {
+                continue;
+            };
+            operations += 1;
+            let (status, answer) = router.admin_call(&method.to_uppercase(), &concrete, Some("{}"));
+            assert!(
+                operation["responses"].get(status.to_string()).is_some(),
+                "{method} {path} answered {status}, which the document does not list: {answer}"
+            );
+            assert_ne!(
+                answer["error"], "no such admin endpoint",
+                "{method} {path} is not routed"
+            );
+        }
+    }
+    // Every method of every route in crates/admin's router.
+    assert_eq!(operations, 14, "operations documented");
 }
 
 #[test]

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import BIN, ROOT, Process, free_port, rss_kib, wait_port  # noqa: E402
+from report import replace_section  # noqa: E402
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
 OPEN_AT_ONCE = 200
@@ -281,15 +283,7 @@ def write_section(results):
     for name, r in (("Switchyard", s), ("nginx", n)):
         if r["errors"]:
             lines.append(f"- {name} handshake errors (first five kinds): {', '.join(r['errors'])}")
-    path = ROOT / "bench" / "CONFORMANCE.md"
-    text = path.read_text() if path.exists() else "# Conformance (bench/conformance)\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + "\n".join(lines) + "\n" + (text[end + 1:] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
+    replace_section(SECTION, lines)
 
 
 def main():

@@ -40,6 +40,13 @@ pub enum ApiError {
     Unavailable(String),
     /// The cache Redis shared by the fleet cannot be reached or is not configured: 503.
     SharedCacheUnavailable(String),
+    /// Refused by the HTTP layer before a handler ran (a query or path that does not parse).
+    Rejected {
+        /// The status the HTTP layer chose (4xx).
+        status: StatusCode,
+        /// Its explanation.
+        text: String,
+    },
 }
 
 impl From<ValidationError> for ApiError {
@@ -98,6 +105,7 @@ impl IntoResponse for ApiError {
                 format!("the shared response cache cannot be purged: {message}"),
                 String::new(),
             ),
+            Self::Rejected { status, text } => (status, text, "request".to_string()),
         };
         let mut body = json!({ "error": error });
         if !field.is_empty() {

@@ -27,6 +27,15 @@ pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// This API's OpenAPI 3 document (`crates/admin/openapi.json`).
+pub(crate) async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("../openapi.json"),
+    )
+        .into_response()
+}
+
 pub(crate) async fn not_found() -> ApiError {
     ApiError::NotFound {
         what: "no such admin endpoint".into(),

@@ -119,6 +119,7 @@ pub fn router(state: AdminState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(handlers::healthz))
+        .route("/v1/openapi.json", get(handlers::openapi))
         .merge(protected)
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
@@ -157,16 +158,32 @@ async fn require_token(
     Ok(next.run(request).await)
 }
 
-/// axum answers an oversized body with a plain-text 413; give it the API's JSON shape.
+/// Largest plain-text rejection turned into a JSON error; axum's are one line.
+const MAX_REJECTION_TEXT: usize = 4096;
+
+/// axum's extractors answer what they refuse (an oversized body, a query or path that does
+/// not parse) in plain text; give every such answer the API's JSON shape.
 async fn json_rejections(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+    let status = response.status();
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         return ApiError::TooLarge {
             limit: MAX_BODY_BYTES,
         }
         .into_response();
     }
-    response
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !status.is_client_error() || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), MAX_REJECTION_TEXT)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    ApiError::Rejected { status, text }.into_response()
 }
 
 /// Compares without an early exit, so response timing does not reveal a token's prefix.
