@@ -80,7 +80,9 @@ def main():
     finally:
         router.stop()
         shutil.rmtree(work, ignore_errors=True)
-    summary = [l for l in output.splitlines() if l.strip()][-12:]
+    # The tail of schemathesis' report, without the paths of files removed with `work`.
+    summary = [l for l in output.splitlines()
+               if l.strip() and "Reports:" not in l and str(work) not in l][-10:]
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "schemathesis": schemathesis_version(args.schemathesis),
