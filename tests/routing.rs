@@ -2,6 +2,7 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,6 +240,26 @@ fn a_backend_killed_mid_load_costs_no_idempotent_request() {
         router.logs()
     );
     assert_eq!(sent.load(Ordering::Relaxed), 600);
+}
+
+#[test]
+fn an_apps_only_container_gets_traffic_again_as_soon_as_it_is_back() {
+    let router = RouterProcess::start();
+    let address = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    router.put_app(
+        "restarting",
+        json!({"domains": ["restarting.test"], "backends": [address.to_string()]}),
+    );
+    // The container is restarting: refused, and passively marked down.
+    assert_eq!(router.get("restarting.test", "/").status, 502);
+    let started = Instant::now();
+    let _container = Backend::start_on(address, "restarted");
+    let response = router.get("restarting.test", "/");
+    assert_eq!(
+        response.status, 200,
+        "the marked backend is the only one: it is tried, not skipped for 10 s"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[test]

@@ -66,9 +66,14 @@ impl BackendState {
 
     /// Whether this backend may receive a new request now.
     pub fn is_usable(&self) -> bool {
-        !self.retired.load(Ordering::Relaxed)
-            && self.active_healthy.load(Ordering::Relaxed)
+        self.is_usable_ignoring_passive_marks()
             && self.passive_down_until_ms.load(Ordering::Relaxed) <= now_ms()
+    }
+
+    /// Whether this backend may receive a request when no backend without a passive mark
+    /// is left: not retired and not failing its active checks.
+    pub fn is_usable_ignoring_passive_marks(&self) -> bool {
+        !self.retired.load(Ordering::Relaxed) && self.active_healthy.load(Ordering::Relaxed)
     }
 
     /// Records a refused or timed-out connection: skip this backend for [`PASSIVE_DOWN_FOR`].
@@ -221,18 +226,34 @@ impl Upstream {
     }
 
     /// Chooses a backend for one attempt, skipping those in `tried`.
+    ///
+    /// Passive marks only steer traffic away while another backend can take it: when every
+    /// untried backend is passively down, they are tried anyway (Envoy's panic mode). A
+    /// single-container app whose container restarts would otherwise get 502 without a try
+    /// for [`PASSIVE_DOWN_FOR`] after it is back.
     pub fn pick(&self, tried: &[SocketAddr]) -> Pick {
         if self.backends.is_empty() {
             return Pick::NoBackends;
         }
-        let eligible = |b: &BackendState| b.is_usable() && !tried.contains(&b.address);
-        let chosen = match self.policy {
-            Balancer::RoundRobin => self.pick_round_robin(eligible),
-            Balancer::LeastLoaded => self.pick_least_loaded(eligible),
-        };
+        let usable = |b: &BackendState| b.is_usable() && !tried.contains(&b.address);
+        let chosen = self.pick_by_policy(usable).or_else(|| {
+            self.pick_by_policy(|b: &BackendState| {
+                b.is_usable_ignoring_passive_marks() && !tried.contains(&b.address)
+            })
+        });
         match chosen {
             Some(state) => Pick::Backend(InFlight::start(state.clone())),
             None => Pick::NoneHealthy,
+        }
+    }
+
+    fn pick_by_policy(
+        &self,
+        eligible: impl Fn(&BackendState) -> bool,
+    ) -> Option<&Arc<BackendState>> {
+        match self.policy {
+            Balancer::RoundRobin => self.pick_round_robin(eligible),
+            Balancer::LeastLoaded => self.pick_least_loaded(eligible),
         }
     }
 
@@ -371,7 +392,19 @@ mod tests {
             }
         }
         upstream.backends()[2].retire();
-        assert!(matches!(upstream.pick(&tried), Pick::NoneHealthy));
+        // Only the passively marked backend is left: it is tried rather than nothing.
+        match upstream.pick(&tried) {
+            Pick::Backend(guard) => assert_eq!(guard.backend().address.port(), 9000),
+            other => panic!("expected the passively marked backend, got {other:?}"),
+        }
+        let all_tried = [tried[0], upstream.backends()[0].address];
+        assert!(matches!(upstream.pick(&all_tried), Pick::NoneHealthy));
+        upstream.backends()[1].record_probe(false, 1, 1);
+        upstream.backends()[0].record_probe(false, 1, 1);
+        assert!(
+            matches!(upstream.pick(&[]), Pick::NoneHealthy),
+            "failing active checks and retirement are not overridden"
+        );
         let empty = Upstream::new(&[], Balancer::RoundRobin, None);
         assert!(matches!(empty.pick(&[]), Pick::NoBackends));
     }

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Backend faults between each proxy and its app, injected with toxiproxy, Switchyard beside
+nginx in one run: a backend that is slow, slower than the read deadline, silent, resetting,
+down, throttled, sliced into tiny writes, or that closes in the middle of an answer. Each
+case checks what the client gets (the right status, a complete body, or a visibly cut one),
+that it gets it within a bound (no hang), and at the end that the proxy holds no more
+sockets than before (no leaked connection).
+
+Both proxies give the app a 1 s connect and 2 s read deadline. Everything listens on
+127.0.0.1 and is stopped by PID. Results: the "Backend faults" section of
+bench/CONFORMANCE.md and bench/results/faults.json.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import BIN, ROOT, Process, free_port, wait_port  # noqa: E402
+from report import replace_section  # noqa: E402
+
+TOXIPROXY = os.environ.get("TOXIPROXY") or shutil.which("toxiproxy-server") or str(Path.home() / "go" / "bin" / "server")
+SECTION = "## Backend faults (bench/conformance/faults.py)"
+HOST = "faults.test"
+BIG = 1 << 20
+CLIENT_TIMEOUT_S = 30
+
+
+def toxic(kind, stream="downstream", **attributes):
+    return {"type": kind, "stream": stream, "attributes": attributes}
+
+
+# (name, toxics, path, what the client must see, longest acceptable wait in seconds)
+CASES = [
+    ("backend a little slow (300 ms latency)", [toxic("latency", latency=300)], "/", "200", 3),
+    ("backend slower than the 2 s read deadline (3 s latency)", [toxic("latency", latency=3000)], "/", "504", 4.5),
+    ("backend accepts and never answers", [toxic("timeout", stream="upstream", timeout=0)], "/", "504", 4.5),
+    ("backend resets every connection", [toxic("reset_peer", stream="upstream", timeout=0)], "/", "502", 3),
+    ("backend down (connection refused)", "disable", "/", "502", 3),
+    ("backend throttled to 256 KB/s, 1 MiB answer", [toxic("bandwidth", rate=256)], "/big.bin", "complete", 12),
+    ("backend writes in 1 KB slices every 2 ms, 1 MiB answer",
+     [toxic("slicer", average_size=1024, size_variation=512, delay=2000)], "/big.bin", "complete", 12),
+    ("backend closes after 100 KB of a 1 MiB answer", [toxic("limit_data", bytes=100_000)], "/big.bin", "cut", 5),
+]
+
+
+class Toxiproxy:
+    def __init__(self, work):
+        self.port = free_port()
+        self.proc = Process("toxiproxy", [TOXIPROXY, "-host", "127.0.0.1", "-port", str(self.port)], work)
+        wait_port(self.port)
+
+    def call(self, method, path, body=None):
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+            return json.loads(text) if text else None
+
+    def proxy(self, name, upstream):
+        listen = free_port()
+        self.call("POST", "/proxies", {"name": name, "listen": f"127.0.0.1:{listen}",
+                                       "upstream": f"127.0.0.1:{upstream}", "enabled": True})
+        return listen
+
+    def apply(self, name, toxics):
+        if toxics == "disable":
+            self.call("POST", f"/proxies/{name}", {"enabled": False})
+            return
+        for i, t in enumerate(toxics):
+            self.call("POST", f"/proxies/{name}/toxics", {**t, "name": f"t{i}"})
+
+    def clear(self, name):
+        self.call("POST", f"/proxies/{name}", {"enabled": True})
+        for t in self.call("GET", f"/proxies/{name}/toxics") or []:
+            self.call("DELETE", f"/proxies/{name}/toxics/{t['name']}")
+
+
+def start_backend(work):
+    port = free_port()
+    root = work / "site"
+    root.mkdir(exist_ok=True)
+    (root / "index.html").write_text("faults backend\n")
+    (root / "big.bin").write_bytes(os.urandom(BIG))
+    proc = Process("backend", ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(root)], work)
+    wait_port(port)
+    return proc, port
+
+
+def start_switchyard(work, upstream):
+    http_port, admin = free_port(), free_port()
+    proc = Process("switchyard", [
+        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin}",
+        "--data-dir", str(work / "switchyard-data"), "--access-log", "off", "--waf", "off",
+        "--shutdown-grace-s", "0",
+    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    wait_port(http_port)
+    wait_port(admin)
+    spec = {"domains": [HOST], "backends": [f"127.0.0.1:{upstream}"],
+            "timeouts": {"connect_ms": 1000, "read_ms": 2000, "write_ms": 2000}}
+    request = urllib.request.Request(f"http://127.0.0.1:{admin}/v1/apps/faults", data=json.dumps(spec).encode(),
+                                     method="PUT", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).read()
+    return proc, http_port
+
+
+def start_nginx(work, upstream):
+    port = free_port()
+    conf = work / "nginx-faults.conf"
+    conf.write_text(f"""
+worker_processes 2;
+daemon off;
+pid {work}/nginx-faults.pid;
+error_log {work}/nginx-faults-error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    upstream app {{ server 127.0.0.1:{upstream}; keepalive 16; }}
+    server {{
+        listen 127.0.0.1:{port};
+        server_name {HOST};
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_connect_timeout 1s;
+            proxy_read_timeout 2s;
+            proxy_send_timeout 2s;
+        }}
+    }}
+}}
+""")
+    proc = Process("nginx-faults", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    wait_port(port)
+    return proc, port
+
+
+def open_sockets(pid):
+    """Sockets held by a process and its children (nginx's workers)."""
+    pids = [pid] + [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                     text=True).stdout.split()]
+    count = 0
+    for p in pids:
+        fd_dir = Path(f"/proc/{p}/fd")
+        for fd in fd_dir.iterdir():
+            try:
+                if os.readlink(fd).startswith("socket:"):
+                    count += 1
+            except OSError:
+                pass
+    return count
+
+
+def request(port, path):
+    """Status, body bytes, the declared length, and whether the read ended in an error."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
+    started = time.time()
+    try:
+        conn.request("GET", path, headers={"Host": HOST})
+        response = conn.getresponse()
+        declared = response.getheader("content-length")
+        try:
+            body = response.read()
+            broken = False
+        except http.client.IncompleteRead as e:
+            body, broken = e.partial, True
+        except OSError:
+            body, broken = b"", True
+        return response.status, len(body), declared, broken, time.time() - started
+    except (OSError, http.client.HTTPException) as e:
+        return f"error: {type(e).__name__}", 0, None, True, time.time() - started
+    finally:
+        conn.close()
+
+
+def judge(expect, status, length, declared, broken, elapsed, bound):
+    if elapsed > bound:
+        return False, f"took {elapsed:.1f} s (bound {bound} s)"
+    if expect == "complete":
+        ok = status == 200 and length == BIG and not broken
+        return ok, f"{status}, {length} bytes in {elapsed:.1f} s"
+    if expect == "cut":
+        # Either refused outright, or the body visibly cut short: never a clean, short 200.
+        ok = status in (502, 504) or broken or (declared is not None and int(declared) != length)
+        return ok, f"{status}, {length} of {declared} bytes, {'cut' if broken else 'ended'} in {elapsed:.1f} s"
+    return str(status) == expect, f"{status} in {elapsed:.1f} s"
+
+
+def run_cases(name, start, toxiproxy, backend, work):
+    upstream = toxiproxy.proxy(name, backend)
+    proxy, port = start(work, upstream)
+    try:
+        request(port, "/")  # warm: connections pooled, route cached
+        time.sleep(0.5)
+        sockets_before = open_sockets(proxy.pid)
+        rows = []
+        for case, toxics, path, expect, bound in CASES:
+            toxiproxy.apply(name, toxics)
+            status, length, declared, broken, elapsed = request(port, path)
+            toxiproxy.clear(name)
+            passed, seen = judge(expect, status, length, declared, broken, elapsed, bound)
+            rows.append({"case": case, "expect": expect, "seen": seen, "passed": passed})
+        # After the faults, the app answers again through the same proxy.
+        recovered = request(port, "/")[0] == 200
+        time.sleep(3)
+        sockets_after = open_sockets(proxy.pid)
+        return {"rows": rows, "recovered": recovered, "sockets_before": sockets_before,
+                "sockets_after": sockets_after, "alive": proxy.proc.poll() is None}
+    finally:
+        proxy.stop()
+
+
+def write_section(results):
+    s, n = results["switchyard"], results["nginx"]
+    lines = [SECTION, "",
+             f"Measured on {results['date']}. toxiproxy {results['toxiproxy']} between each proxy and "
+             "the app (python's http.server); the app's deadlines: connect 1 s, read 2 s. What the "
+             "client saw, and whether it is right:", "",
+             f"| case | expected | Switchyard | nginx {results['nginx_version']} |", "|---|---|---|---|"]
+    for a, b in zip(s["rows"], n["rows"]):
+        mark = lambda r: ("✅ " if r["passed"] else "❌ ") + r["seen"]
+        lines.append(f"| {a['case']} | {a['expect']} | {mark(a)} | {mark(b)} |")
+    for key, label in (("recovered", "answers again once the faults are gone"),):
+        lines.append(f"| {label} | 200 | {'✅' if s[key] else '❌'} | {'✅' if n[key] else '❌'} |")
+    lines.append(f"| sockets held before → 3 s after the faults | no growth | {s['sockets_before']} → "
+                 f"{s['sockets_after']} | {n['sockets_before']} → {n['sockets_after']} |")
+    passed = lambda r: sum(x["passed"] for x in r["rows"]) + r["recovered"] + (r["sockets_after"] <= r["sockets_before"])
+    total = len(CASES) + 2
+    lines += ["", f"Fault cases passed: Switchyard {passed(s)}/{total}, nginx {passed(n)}/{total}. "
+              "`cut` means the client must be able to tell the answer is incomplete (a 502/504, or a "
+              "body shorter than its Content-Length / a broken chunked stream), never a clean short 200."]
+    replace_section(SECTION, lines)
+    return lines
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="switchyard-faults-"))
+    procs = []
+    try:
+        backend_proc, backend = start_backend(work)
+        procs.append(backend_proc)
+        toxiproxy = Toxiproxy(work)
+        procs.append(toxiproxy.proc)
+        version = toxiproxy.call("GET", "/version")
+        results = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "toxiproxy": os.environ.get("TOXIPROXY_VERSION")
+            or (version.get("version") if isinstance(version, dict) else version),
+            "nginx_version": subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1],
+            "switchyard": run_cases("switchyard", start_switchyard, toxiproxy, backend, work),
+            "nginx": run_cases("nginx", start_nginx, toxiproxy, backend, work),
+        }
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    (ROOT / "bench" / "results" / "faults.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\n".join(write_section(results)))
+
+
+if __name__ == "__main__":
+    main()
