@@ -367,7 +367,7 @@ def write_report(results):
            else "NOT met") + "**",
         "- Fuzzing: `fuzz/run` (cargo-fuzz, nightly), results in fuzz/RESULTS.md.",
         "- Binary upgrade under load: `tests/upgrade.rs` (in CI) hands the listeners to a new process while clients send requests on new and keep-alive connections: no failed request. WebSockets held, backend faults (toxiproxy) and schemathesis against the admin API: the sections below.",
-        "- Not run yet: Autobahn; toxiproxy between the router and Redis (Redis outages are tested by killing Redis, tests/fleet.rs).",
+        "- Not run yet: Autobahn.",
         "",
     ]
     (ROOT / "bench" / "CONFORMANCE.md").write_text("\n".join(lines))

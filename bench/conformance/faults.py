@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Backend faults between each proxy and its app, injected with toxiproxy, Switchyard beside
-nginx in one run: a backend that is slow, slower than the read deadline, silent, resetting,
+"""Faults injected with toxiproxy. Between each proxy and its app, Switchyard beside nginx in
+one run: a backend that is slow, slower than the read deadline, silent, resetting,
 down, throttled, sliced into tiny writes, or that closes in the middle of an answer. Each
 case checks what the client gets (the right status, a complete body, or a visibly cut one),
 that it gets it within a bound (no hang), and at the end that the proxy holds no more
 sockets than before (no leaked connection).
+
+Between Switchyard and its Redis store (fleet mode; nginx has no such store): Redis slow,
+resetting or down must not touch apps already routed, must make unknown hosts and admin
+writes fail fast with 503, and everything must work again when Redis is back.
 
 Both proxies give the app a 1 s connect and 2 s read deadline. Everything listens on
 127.0.0.1 and is stopped by PID. Results: the "Backend faults" section of
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -161,12 +166,12 @@ def open_sockets(pid):
     return count
 
 
-def request(port, path):
+def request(port, path, host=HOST):
     """Status, body bytes, the declared length, and whether the read ended in an error."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
     started = time.time()
     try:
-        conn.request("GET", path, headers={"Host": HOST})
+        conn.request("GET", path, headers={"Host": host})
         response = conn.getresponse()
         declared = response.getheader("content-length")
         try:
@@ -220,6 +225,78 @@ def run_cases(name, start, toxiproxy, backend, work):
         proxy.stop()
 
 
+def admin_put(admin, name, spec):
+    """Status and seconds of an admin PUT (an error status is an answer, not an exception)."""
+    started = time.time()
+    request = urllib.request.Request(f"http://127.0.0.1:{admin}/v1/apps/{name}", data=json.dumps(spec).encode(),
+                                     method="PUT", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as response:
+            status = response.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except OSError as e:
+        status = f"error: {type(e).__name__}"
+    return status, time.time() - started
+
+
+REDIS_FAULTS = [
+    ("Redis 3 s slower than usual", [toxic("latency", latency=3000), toxic("latency", stream="upstream", latency=3000)]),
+    ("Redis resets every connection", [toxic("reset_peer", stream="upstream", timeout=0)]),
+    ("Redis down (connection refused)", "disable"),
+]
+REDIS_TIMEOUT_MS = 300
+
+
+def run_redis_cases(toxiproxy, backend, work):
+    redis_port = free_port()
+    redis = Process("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no"], work)
+    wait_port(redis_port)
+    store_port = toxiproxy.proxy("redis", redis_port)
+    http_port, admin = free_port(), free_port()
+    router = Process("switchyard-fleet", [
+        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin}",
+        "--data-dir", str(work / "fleet-data"), "--store", f"redis://127.0.0.1:{store_port}/0",
+        "--redis-timeout-ms", str(REDIS_TIMEOUT_MS), "--access-log", "off", "--waf", "off",
+        "--shutdown-grace-s", "0",
+    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    try:
+        wait_port(http_port)
+        wait_port(admin)
+        app = lambda domain: {"domains": [domain], "backends": [f"127.0.0.1:{backend}"]}
+        admin_put(admin, "known", app("known.test"))
+        rows = []
+        for n, (case, toxics) in enumerate(REDIS_FAULTS):
+            warm = request(http_port, "/", "known.test")[0] == 200
+            toxiproxy.apply("redis", toxics)
+            time.sleep(0.2)
+            known = request(http_port, "/", "known.test")
+            unknown = request(http_port, "/", f"never-seen-{n}.test")
+            write = admin_put(admin, f"new{n}", app(f"new{n}.test"))
+            toxiproxy.clear("redis")
+            bound = 3 * REDIS_TIMEOUT_MS / 1000 + 1
+            checks = [
+                (warm and known[0] == 200 and known[4] < 0.5, f"routed app: {known[0]} in {known[4]:.2f} s"),
+                (unknown[0] == 503 and unknown[4] < bound, f"unknown host: {unknown[0]} in {unknown[4]:.2f} s"),
+                (write[0] == 503 and write[1] < bound, f"admin write: {write[0]} in {write[1]:.2f} s"),
+            ]
+            rows.append({"case": case, "passed": all(ok for ok, _ in checks),
+                         "seen": "; ".join(("✅ " if ok else "❌ ") + text for ok, text in checks)})
+        # Back: writes are taken and routed again.
+        deadline = time.time() + 10
+        recovered = False
+        while time.time() < deadline and not recovered:
+            recovered = admin_put(admin, "after", app("after.test"))[0] == 200
+            time.sleep(0.2)
+        recovered = recovered and request(http_port, "/", "after.test")[0] == 200
+        return {"rows": rows, "recovered": recovered, "alive": router.proc.poll() is None,
+                "redis_timeout_ms": REDIS_TIMEOUT_MS}
+    finally:
+        router.stop()
+        redis.stop()
+
+
 def write_section(results):
     s, n = results["switchyard"], results["nginx"]
     lines = [SECTION, "",
@@ -239,6 +316,15 @@ def write_section(results):
     lines += ["", f"Fault cases passed: Switchyard {passed(s)}/{total}, nginx {passed(n)}/{total}. "
               "`cut` means the client must be able to tell the answer is incomplete (a 502/504, or a "
               "body shorter than its Content-Length / a broken chunked stream), never a clean short 200."]
+    r = results["redis"]
+    lines += ["", f"Between Switchyard and its Redis store (`--store redis://…`, `--redis-timeout-ms "
+              f"{r['redis_timeout_ms']}`): an app routed before the fault, a host never seen, and an admin "
+              "write, during each fault:", "", "| fault | Switchyard |", "|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['case']} | {row['seen']} |")
+    lines.append(f"| Redis back: a write is taken and routed | {'✅' if r['recovered'] else '❌'} |")
+    lines += ["", f"Redis fault cases passed: {sum(x['passed'] for x in r['rows']) + r['recovered']}/"
+              f"{len(r['rows']) + 1}."]
     replace_section(SECTION, lines)
     return lines
 
@@ -259,6 +345,7 @@ def main():
             "nginx_version": subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1],
             "switchyard": run_cases("switchyard", start_switchyard, toxiproxy, backend, work),
             "nginx": run_cases("nginx", start_nginx, toxiproxy, backend, work),
+            "redis": run_redis_cases(toxiproxy, backend, work),
         }
     finally:
         for p in reversed(procs):
