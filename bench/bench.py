@@ -461,6 +461,8 @@ def write_report(results, path):
         lines += waf_report(results["waf"], results.get("waf_date", ""))
     if results.get("logd"):
         lines += logd_report(results["logd"], results.get("logd_date", ""))
+    if results.get("images"):
+        lines += images_report(results["images"], results.get("images_date", ""))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -672,6 +674,35 @@ def waf_report(w, date):
                      f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
     lines.append("- Not measured yet: the same runs with inspection forced inline on the event loop "
                  "(seed 001's comparison), and image resizing.")
+    return lines
+
+
+def images_report(m, date):
+    """The image-resizing section, from bench/bench_images.py's measurements."""
+    lines = ["", "# Image resizing on the worker pool (bench/bench_images.py)", "",
+             f"Measured on {date}, same machine. `GET {m['thumbnail']}`: a {m['width']}×{m['height']} JPEG "
+             f"original ({m['original_bytes'] / 1000:.0f} KB) fetched from the app, decoded, shrunk and encoded "
+             f"on the worker pool (2 threads). Alone, 64 connections: **{m['alone_rps']:.0f} thumbnails/s** "
+             f"({'; '.join(m['alone_errors']) or 'no errors'}). Then seed 001's question: a light GET route "
+             f"at a constant {m['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N "
+             "connections asking for thumbnails. wrk is closed-loop: a client refused with 503 "
+             "(Retry-After) asks again at once, so the refusals are part of the load.", "",
+             "| thumbnail connections | light p50 ms | light p99 ms | light timeouts/errors | thumbnails/s | 503 answers |",
+             "|---|---|---|---|---|---|"]
+    for r in m["isolation"]:
+        lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{(1 - r['success']) * 100:.2f}% | {r['thumbnails_per_s']:.0f} | "
+                     f"{'; '.join(r['heavy_errors']) or 'none'} |")
+    lines += ["", "## Targets (issue 7, images)", ""]
+    alone = m["isolation"][0]["p99_ms"]
+    for r in m["isolation"][1:]:
+        ratio = r["p99_ms"] / alone
+        lines.append(f"- light p99 with {r['connections']} thumbnail connections ≤ 1.5× alone: measured "
+                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
+    last = m["isolation"][-1]
+    lines.append(f"- 0% light timeouts at {last['connections']} thumbnail connections: measured "
+                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    lines.append("- Not measured yet: the same runs with resizing forced inline on the event loop.")
     return lines
 
 

@@ -256,7 +256,10 @@ fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
         "a queue of one cannot take six at once"
     );
     assert!(refused.iter().all(|r| r.header("retry-after") == Some("1")));
-    assert!(router.metric("switchyard_pool_rejected_total{stage=\"images\"}") >= 1.0);
+    assert!(
+        router.metric("switchyard_image_requests_total{app=\"gallery\",result=\"overloaded\"}")
+            >= 1.0
+    );
     assert_eq!(
         router.get("gallery.test", "/huge.png").status,
         200,

@@ -8,6 +8,8 @@
 //! image (or over `max_source_bytes`) 422; an original the app does not answer with 200 keeps
 //! the app's status; a pool that is full or too slow 503 with `Retry-After`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,6 +20,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
 use switchyard_model::Images;
 use tokio::io::AsyncReadExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::context::RequestCtx;
 use crate::metrics;
@@ -29,21 +32,74 @@ use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Idle connections kept to backends for fetching originals, all apps together.
 const FETCH_POOL_SIZE: usize = 256;
+/// Resize requests under way (fetching or resizing) per worker thread, all apps together.
+/// Each holds its original in memory (up to the app's `max_source_bytes`), and one the pool
+/// could not start before its deadline would have been fetched for nothing; the others wait
+/// for a place (holding nothing but their connection) until their deadline.
+const IN_FLIGHT_PER_WORKER: usize = 8;
+/// Requests waiting for a place, per place; past that they are refused at once with 503.
+const WAITING_PER_PLACE: usize = 64;
 /// Seconds a client is asked to wait after the pool refused a resize.
 const RETRY_AFTER_S: &str = "1";
 
 /// What the images stage needs from the router: the worker pool and its own connections.
 pub(crate) struct ImageStage {
-    pool: Option<std::sync::Arc<WorkerPool>>,
+    pool: Option<Arc<WorkerPool>>,
     connector: Connector,
+    places: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    max_waiting: usize,
 }
 
 impl ImageStage {
-    pub(crate) fn new(pool: Option<std::sync::Arc<WorkerPool>>) -> Self {
+    pub(crate) fn new(pool: Option<Arc<WorkerPool>>) -> Self {
+        let places = pool
+            .as_ref()
+            .map_or(0, |p| p.threads() * IN_FLIGHT_PER_WORKER);
         Self {
             pool,
             connector: Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE))),
+            places: Arc::new(Semaphore::new(places)),
+            waiting: AtomicUsize::new(0),
+            max_waiting: places * WAITING_PER_PLACE,
         }
+    }
+
+    /// A place among the requests under way, waiting for one until `deadline`; `None` when
+    /// too many already wait or the deadline passes.
+    async fn admit(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        if let Ok(place) = self.places.clone().try_acquire_owned() {
+            return Some(place);
+        }
+        // Counted while waiting, also if the request is dropped mid-wait.
+        let waiting = Waiting::enter(&self.waiting);
+        if waiting.ahead >= self.max_waiting {
+            return None;
+        }
+        tokio::time::timeout_at(deadline.into(), self.places.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+}
+
+/// One request waiting for a place.
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    /// Requests that were waiting already.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let ahead = count.fetch_add(1, Ordering::AcqRel);
+        Self { count, ahead }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -82,6 +138,19 @@ pub(crate) async fn serve(
             return Ok(true);
         }
     };
+    let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
+    let Some(_place) = stage.admit(deadline).await else {
+        count(app, "overloaded");
+        respond::write_error_with(
+            session,
+            ctx,
+            503,
+            "the image workers are busy, try again shortly",
+            &[("retry-after", RETRY_AFTER_S)],
+        )
+        .await?;
+        return Ok(true);
+    };
     let original = match fetch_original(stage, session, ctx, images, &asked.original_path).await {
         Ok(original) => original,
         Err(failure) => {
@@ -95,7 +164,6 @@ pub(crate) async fn serve(
         respond::write_error(session, ctx, 503, "image resizing is not available").await?;
         return Ok(true);
     };
-    let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
     let resize = asked.resize;
     let body = original.body;
     let outcome = pool

@@ -113,13 +113,7 @@ pub(crate) fn resize(original: &[u8], wanted: Resize) -> Result<Resized, Unproce
     let decoded = reader
         .decode()
         .map_err(|e| Unprocessable::Corrupt(e.to_string()))?;
-    // Lanczos is sharp but slow on large originals; CatmullRom is close in quality (the
-    // default of many image CDNs' "bicubic") at about half the cost.
-    let filter = image::imageops::FilterType::CatmullRom;
-    let scaled = match wanted.fit {
-        Fit::Contain => decoded.resize(wanted.width, wanted.height, filter),
-        Fit::Cover => decoded.resize_to_fill(wanted.width, wanted.height, filter),
-    };
+    let scaled = scale(&decoded, wanted.width, wanted.height, wanted.fit);
     let encoding = wanted.encoding.unwrap_or(source_encoding);
     let bytes = encode(&scaled, encoding, wanted.quality)?;
     Ok(Resized {
@@ -128,6 +122,35 @@ pub(crate) fn resize(original: &[u8], wanted: Resize) -> Result<Resized, Unproce
         width: scaled.width(),
         height: scaled.height(),
     })
+}
+
+/// Shrinking averages the source pixels under each output pixel (the `thumbnail` sampler:
+/// sharp enough for thumbnails and several times faster than a convolution filter on a
+/// large original); enlarging interpolates with Catmull-Rom.
+fn scale(image: &DynamicImage, width: u32, height: u32, fit: Fit) -> DynamicImage {
+    let shrinking = width <= image.width() && height <= image.height();
+    let filter = image::imageops::FilterType::CatmullRom;
+    match (fit, shrinking) {
+        (Fit::Contain, true) => image.thumbnail(width, height),
+        (Fit::Contain, false) => image.resize(width, height, filter),
+        (Fit::Cover, true) => {
+            // The largest centred region with the box's aspect ratio, then shrunk to it.
+            let ratio = f64::from(width) / f64::from(height);
+            let (source_w, source_h) = (f64::from(image.width()), f64::from(image.height()));
+            let (crop_w, crop_h) = if source_w / source_h > ratio {
+                ((source_h * ratio).round(), source_h)
+            } else {
+                (source_w, (source_w / ratio).round())
+            };
+            let (crop_w, crop_h) = ((crop_w as u32).max(1), (crop_h as u32).max(1));
+            let x = (image.width() - crop_w.min(image.width())) / 2;
+            let y = (image.height() - crop_h.min(image.height())) / 2;
+            image
+                .crop_imm(x, y, crop_w, crop_h)
+                .thumbnail_exact(width, height)
+        }
+        (Fit::Cover, false) => image.resize_to_fill(width, height, filter),
+    }
 }
 
 fn encode(image: &DynamicImage, encoding: Encoding, quality: u8) -> Result<Vec<u8>, Unprocessable> {
@@ -204,6 +227,17 @@ mod tests {
             image::guess_format(&webp.bytes).expect("format"),
             ImageFormat::WebP
         );
+    }
+
+    #[test]
+    fn enlarging_and_shrinking_both_honour_the_fit() {
+        let original = png(40, 20);
+        let bigger = resize(&original, wanted(200, 200, Fit::Contain, None)).expect("resize");
+        assert_eq!((bigger.width, bigger.height), (200, 100));
+        let filled = resize(&original, wanted(90, 30, Fit::Cover, None)).expect("resize");
+        assert_eq!((filled.width, filled.height), (90, 30));
+        let tall = resize(&png(300, 600), wanted(50, 50, Fit::Cover, None)).expect("resize");
+        assert_eq!((tall.width, tall.height), (50, 50));
     }
 
     #[test]

@@ -79,6 +79,11 @@ impl WorkerPool {
         Ok(Self { queue, threads })
     }
 
+    /// How many worker threads run tasks.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Runs `job` on a worker and waits (without blocking the event loop) for its result,
     /// until `deadline` at the latest.
     pub(crate) async fn run<T: Send + 'static>(

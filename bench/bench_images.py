@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Image resizing on the worker pool, and seed 001's question for it: does a light route
+stay fast while thumbnails saturate the pool?
+
+Switchyard serves two apps from the same origin (an nginx): `light` (plain GETs) and
+`gallery` with the `images` option. Its original is a 1200×800 JPEG (quality 82, made by the
+router itself from a generated PNG with gradients and texture, so no image tool is needed).
+The light route runs at a constant 500 req/s (vegeta, 1 s timeout), alone and while wrk
+keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a fetch, a
+decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
+time are answered 503 with Retry-After (wrk counts them as non-2xx). Results go to
+bench/results/latest.json under "images" and to bench/RESULTS.md.
+"""
+
+import json
+import struct
+import subprocess
+import sys
+import urllib.request
+import zlib
+from pathlib import Path
+
+import bench as common
+
+LIGHT_HOST = "light.bench"
+GALLERY_HOST = "gallery.bench"
+LIGHT_RATE = 500
+HEAVY_CONNECTIONS = [100, 200, 400]
+THUMBNAIL = "/_img/320x240/photo.jpg"
+WIDTH, HEIGHT = 1200, 800
+
+
+def photo_png():
+    """A 1200×800 RGB PNG with smooth gradients and texture, like a photo's detail."""
+    rows = bytearray()
+    for y in range(HEIGHT):
+        rows.append(0)  # filter: none
+        for x in range(WIDTH):
+            rows += bytes(((x * 255 // WIDTH) ^ (y & 15), (y * 255 // HEIGHT) ^ (x & 7), (x * y) % 251))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", WIDTH, HEIGHT, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
+
+
+def start_origin(work):
+    port = common.free_port()
+    site = work / "site"
+    site.mkdir()
+    (site / "photo.png").write_bytes(photo_png())
+    # nginx's workers run as another user: they must be able to reach the file.
+    for path in (work, site, site / "photo.png"):
+        path.chmod(0o755)
+    conf = work / "origin.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {work}/origin.pid;
+error_log {work}/origin-error.log;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        root {site};
+        location = / {{ return 200 "ok\\n"; }}
+    }}
+}}
+""")
+    proc = common.Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    common.wait_port(port)
+    return proc, port, site
+
+
+def make_jpeg_original(port, site):
+    status, body = common.get(port, GALLERY_HOST, f"/_img/{WIDTH}x{HEIGHT}/photo.png?format=jpeg")
+    if status != 200 or not body.startswith(b"\xff\xd8"):
+        raise SystemExit(f"could not make the JPEG original: {status}")
+    (site / "photo.jpg").write_bytes(body)
+    (site / "photo.jpg").chmod(0o644)
+    return len(body)
+
+
+def start_switchyard(work, origin_port):
+    http_port, admin_port = common.free_port(), common.free_port()
+    proc = common.Process("switchyard-images", [
+        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}",
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+        "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
+        "--waf", "off", "--access-log", "off", "--shutdown-grace-s", "0"], work,
+        env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
+    common.wait_port(http_port)
+    common.wait_port(admin_port)
+    for name, host, extra in [("gallery", GALLERY_HOST, {"images": {"timeout_ms": 2000}}),
+                              ("light", LIGHT_HOST, {})]:
+        spec = {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{admin_port}/v1/apps/{name}", method="PUT",
+            data=json.dumps(spec).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+    return proc, http_port
+
+
+def thumbnail_script(work):
+    script = work / "thumbnail.lua"
+    script.write_text(f'wrk.headers["Host"] = "{GALLERY_HOST}"\n')
+    return script
+
+
+def light_latency(port, seconds):
+    target = f"GET http://127.0.0.1:{port}/\nHost: {LIGHT_HOST}\n"
+    out = subprocess.run([common.VEGETA, "attack", f"-rate={LIGHT_RATE}", f"-duration={seconds}s",
+                          "-timeout=1s"], input=target.encode(), check=True,
+                         capture_output=True).stdout
+    return common.vegeta_summary(out)
+
+
+def light_beside_thumbnails(port, script, seconds, connections):
+    heavy = subprocess.Popen(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2}s", "-s", str(script), "--timeout", "5s",
+         f"http://127.0.0.1:{port}{THUMBNAIL}"], stdout=subprocess.PIPE, text=True)
+    try:
+        light = light_latency(port, seconds)
+    finally:
+        out, _ = heavy.communicate(timeout=seconds + 30)
+    rps, errors = common.parse_wrk(out)
+    # "  1234 requests in 12.01s, 5.6MB read"
+    total, took = next((int(l.split()[0]), float(l.split()[3].rstrip("s,")))
+                       for l in out.splitlines() if " requests in " in l)
+    return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors,
+            "thumbnails_per_s": (total - refused(errors)) / took, **light}
+
+
+def refused(errors):
+    """wrk's count of non-2xx answers (here: 503 from a busy pool)."""
+    return sum(int(e.split(":")[1]) for e in errors if e.startswith("Non-2xx"))
+
+
+def measure(work, seconds, procs):
+    origin, origin_port, site = start_origin(work)
+    procs.append(origin)
+    sy, port = start_switchyard(work, origin_port)
+    procs.append(sy)
+    original_bytes = make_jpeg_original(port, site)
+    status, body = common.get(port, GALLERY_HOST, THUMBNAIL)
+    if status != 200 or not body.startswith(b"\xff\xd8"):
+        raise SystemExit(f"the thumbnail route answered {status}, not a JPEG")
+    script = thumbnail_script(work)
+    # The pool alone: thumbnails per second with 64 connections.
+    out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
+                          f"http://127.0.0.1:{port}{THUMBNAIL}"], check=True, capture_output=True,
+                         text=True).stdout
+    rps, errors = common.parse_wrk(out)
+    results = {"seconds": seconds, "light_rate": LIGHT_RATE, "width": WIDTH, "height": HEIGHT,
+               "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors, "isolation": []}
+    print(f"thumbnails alone: {rps:.0f}/s {errors}", flush=True)
+    alone = light_latency(port, seconds)
+    results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [],
+                                 "thumbnails_per_s": 0, **alone})
+    print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms", flush=True)
+    for connections in HEAVY_CONNECTIONS:
+        row = light_beside_thumbnails(port, script, seconds, connections)
+        results["isolation"].append(row)
+        print(f"thumbnails x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+              f"success {row['success']:.4f}; thumbnails {row['thumbnails_per_s']:.0f}/s, "
+              f"answers {row['heavy_rps']:.0f}/s {row['heavy_errors']}",
+              flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_section("images", __doc__, measure))
