@@ -21,10 +21,9 @@ import zlib
 from pathlib import Path
 
 import bench as common
+from bench_waf import LIGHT_HOST, LIGHT_RATE, light_latency
 
-LIGHT_HOST = "light.bench"
 GALLERY_HOST = "gallery.bench"
-LIGHT_RATE = 500
 HEAVY_CONNECTIONS = [100, 200, 400]
 THUMBNAIL = "/_img/320x240/photo.jpg"
 WIDTH, HEIGHT = 1200, 800
@@ -108,14 +107,6 @@ def thumbnail_script(work):
     script = work / "thumbnail.lua"
     script.write_text(f'wrk.headers["Host"] = "{GALLERY_HOST}"\n')
     return script
-
-
-def light_latency(port, seconds):
-    target = f"GET http://127.0.0.1:{port}/\nHost: {LIGHT_HOST}\n"
-    out = subprocess.run([common.VEGETA, "attack", f"-rate={LIGHT_RATE}", f"-duration={seconds}s",
-                          "-timeout=1s"], input=target.encode(), check=True,
-                         capture_output=True).stdout
-    return common.vegeta_summary(out)
 
 
 def light_beside_thumbnails(port, script, seconds, connections):
