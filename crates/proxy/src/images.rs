@@ -44,7 +44,7 @@ const RETRY_AFTER_S: &str = "1";
 
 /// What the images stage needs from the router: the worker pool and its own connections.
 pub(crate) struct ImageStage {
-    pool: Option<Arc<WorkerPool>>,
+    pool: Arc<WorkerPool>,
     connector: Connector,
     places: Arc<Semaphore>,
     waiting: AtomicUsize,
@@ -52,10 +52,8 @@ pub(crate) struct ImageStage {
 }
 
 impl ImageStage {
-    pub(crate) fn new(pool: Option<Arc<WorkerPool>>) -> Self {
-        let places = pool
-            .as_ref()
-            .map_or(0, |p| p.threads() * IN_FLIGHT_PER_WORKER);
+    pub(crate) fn new(pool: Arc<WorkerPool>) -> Self {
+        let places = pool.threads() * IN_FLIGHT_PER_WORKER;
         Self {
             pool,
             connector: Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE))),
@@ -110,9 +108,10 @@ struct Asked {
     original_path: String,
 }
 
-/// Answers resize requests. `Ok(true)`: answered.
+/// Answers resize requests (503 for all of them on a router without a worker pool).
+/// `Ok(true)`: answered.
 pub(crate) async fn serve(
-    stage: &ImageStage,
+    stage: Option<&ImageStage>,
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
@@ -138,17 +137,14 @@ pub(crate) async fn serve(
             return Ok(true);
         }
     };
+    let Some(stage) = stage else {
+        count(app, "overloaded");
+        respond::write_error(session, ctx, 503, "image resizing is not available").await?;
+        return Ok(true);
+    };
     let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
     let Some(_place) = stage.admit(deadline).await else {
-        count(app, "overloaded");
-        respond::write_error_with(
-            session,
-            ctx,
-            503,
-            "the image workers are busy, try again shortly",
-            &[("retry-after", RETRY_AFTER_S)],
-        )
-        .await?;
+        refuse_for_now(session, ctx, app, PoolRefusal::Full).await?;
         return Ok(true);
     };
     let original = match fetch_original(stage, session, ctx, images, &asked.original_path).await {
@@ -159,14 +155,10 @@ pub(crate) async fn serve(
             return Ok(true);
         }
     };
-    let Some(pool) = stage.pool.as_ref() else {
-        count(app, "overloaded");
-        respond::write_error(session, ctx, 503, "image resizing is not available").await?;
-        return Ok(true);
-    };
     let resize = asked.resize;
     let body = original.body;
-    let outcome = pool
+    let outcome = stage
+        .pool
         .run("images", deadline, move || thumbnail::resize(&body, resize))
         .await;
     let resized = match outcome {
@@ -182,15 +174,7 @@ pub(crate) async fn serve(
             return Ok(true);
         }
         Err(refusal) => {
-            count(app, "overloaded");
-            let why = match refusal {
-                PoolRefusal::Full => "the image workers are busy, try again shortly",
-                PoolRefusal::TimedOut => {
-                    "the image could not be resized in time, try again shortly"
-                }
-            };
-            respond::write_error_with(session, ctx, 503, why, &[("retry-after", RETRY_AFTER_S)])
-                .await?;
+            refuse_for_now(session, ctx, app, refusal).await?;
             return Ok(true);
         }
     };
@@ -221,6 +205,22 @@ pub(crate) async fn serve(
             .await?;
     }
     Ok(true)
+}
+
+/// 503 with `Retry-After`: no place among the requests under way, a full pool queue, or a
+/// missed deadline.
+async fn refuse_for_now(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    app: &str,
+    refusal: PoolRefusal,
+) -> pingora::Result<()> {
+    count(app, "overloaded");
+    let why = match refusal {
+        PoolRefusal::Full => "the image workers are busy, try again shortly",
+        PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
+    };
+    respond::write_error_with(session, ctx, 503, why, &[("retry-after", RETRY_AFTER_S)]).await
 }
 
 fn count(app: &str, result: &str) {

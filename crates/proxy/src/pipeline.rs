@@ -60,7 +60,8 @@ pub struct Router {
     mirrors: Arc<MirrorClient>,
     cache_redis: Option<Arc<CacheRedis>>,
     waf: Option<Arc<Inspector>>,
-    images: ImageStage,
+    /// `None` until a worker pool is given: resize requests are then answered 503.
+    images: Option<ImageStage>,
     client_idle_timeout_s: u64,
     /// Set when the server stops accepting (shutdown or upgrade hand-over).
     stopping: Arc<AtomicBool>,
@@ -86,7 +87,7 @@ impl Router {
             mirrors: Arc::new(MirrorClient::new()),
             cache_redis,
             waf: None,
-            images: ImageStage::new(None),
+            images: None,
             client_idle_timeout_s: DEFAULT_CLIENT_IDLE_TIMEOUT_S,
             stopping: Arc::default(),
         }
@@ -117,7 +118,7 @@ impl Router {
     /// CPU-heavy stages other than the WAF (image resizing) run on `pool`; without one,
     /// resize requests are answered 503.
     pub fn with_worker_pool(mut self, pool: Arc<WorkerPool>) -> Self {
-        self.images = ImageStage::new(Some(pool));
+        self.images = Some(ImageStage::new(pool));
         self
     }
 }
@@ -160,7 +161,7 @@ impl ProxyHttp for Router {
             respond::send(session, ctx, answer).await?;
             return Ok(true);
         }
-        if images::serve(&self.images, session, ctx).await? {
+        if images::serve(self.images.as_ref(), session, ctx).await? {
             return Ok(true);
         }
         if static_files::serve(session, ctx).await? {
