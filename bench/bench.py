@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,6 +203,32 @@ def start_switchyard(work, apps, backend, tag):
     wait_port(http_port)
     wait_port(admin_port)
     return proc, http_port, admin_port
+
+
+def serve_switchyard(work, name, *args):
+    """`switchyard serve` on free ports with its own data directory, no access log and no
+    shutdown grace, plus `args`; returns (process, http port, admin port)."""
+    http_port, admin_port = free_port(), free_port()
+    proc = Process(name, [
+        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin_port}",
+        "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
+        *args,
+    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    wait_port(http_port)
+    wait_port(admin_port)
+    return proc, http_port, admin_port
+
+
+def put_app(admin_port, name, spec, token=None):
+    """PUT /v1/apps/{name}; raises unless the admin API answers 200."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://127.0.0.1:{admin_port}/v1/apps/{name}", method="PUT",
+                                     data=json.dumps(spec).encode(), headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        if response.status != 200:
+            raise RuntimeError(f"PUT /v1/apps/{name} answered {response.status}")
 
 
 def start_nginx(work, apps, backend):
@@ -635,6 +662,21 @@ def cache_report(c, date):
     return lines
 
 
+def light_route_targets(isolation, heavy):
+    """Seed 001's targets for a light route beside `heavy` connections: p99 within 1.5× of
+    the light route alone (the first row), and no timeouts at the most connections."""
+    alone = isolation[0]["p99_ms"]
+    lines = []
+    for r in isolation[1:]:
+        ratio = r["p99_ms"] / alone
+        lines.append(f"- light p99 with {r['connections']} {heavy} connections ≤ 1.5× alone: measured "
+                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
+    last = isolation[-1]
+    lines.append(f"- 0% light timeouts at {last['connections']} {heavy} connections: measured "
+                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    return lines
+
+
 def waf_report(w, date):
     """The WAF section, from bench/bench_waf.py's measurements."""
     lines = ["", "# WAF and worker pool (bench/bench_waf.py)", "",
@@ -660,15 +702,7 @@ def waf_report(w, date):
     for r in w["isolation"]:
         lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                      f"{(1 - r['success']) * 100:.2f}% | {r['heavy_rps']:.0f} | {'; '.join(r['heavy_errors']) or 'none'} |")
-    lines += ["", "## Targets (issue 7)", ""]
-    alone = w["isolation"][0]["p99_ms"]
-    for r in w["isolation"][1:]:
-        ratio = r["p99_ms"] / alone
-        lines.append(f"- light p99 with {r['connections']} heavy connections ≤ 1.5× alone: measured "
-                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
-    last = w["isolation"][-1]
-    lines.append(f"- 0% light timeouts at {last['connections']} heavy connections: measured "
-                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    lines += ["", "## Targets (issue 7)", ""] + light_route_targets(w["isolation"], "heavy")
     for size, ratio in ratios:
         lines.append(f"- WAF-inspected req/s ≥ 3× nginx + ModSecurity ({size // 1000} KB bodies): measured "
                      f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
@@ -693,15 +727,7 @@ def images_report(m, date):
         lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                      f"{(1 - r['success']) * 100:.2f}% | {r['thumbnails_per_s']:.0f} | "
                      f"{'; '.join(r['heavy_errors']) or 'none'} |")
-    lines += ["", "## Targets (issue 7, images)", ""]
-    alone = m["isolation"][0]["p99_ms"]
-    for r in m["isolation"][1:]:
-        ratio = r["p99_ms"] / alone
-        lines.append(f"- light p99 with {r['connections']} thumbnail connections ≤ 1.5× alone: measured "
-                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
-    last = m["isolation"][-1]
-    lines.append(f"- 0% light timeouts at {last['connections']} thumbnail connections: measured "
-                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    lines += ["", "## Targets (issue 7, images)", ""] + light_route_targets(m["isolation"], "thumbnail")
     lines.append("- Not measured yet: the same runs with resizing forced inline on the event loop.")
     return lines
 

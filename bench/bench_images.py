@@ -12,11 +12,9 @@ time are answered 503 with Retry-After (wrk counts them as non-2xx). Results go 
 bench/results/latest.json under "images" and to bench/RESULTS.md.
 """
 
-import json
 import struct
 import subprocess
 import sys
-import urllib.request
 import zlib
 from pathlib import Path
 
@@ -94,12 +92,7 @@ def start_switchyard(work, origin_port):
     common.wait_port(admin_port)
     for name, host, extra in [("gallery", GALLERY_HOST, {"images": {"timeout_ms": 2000}}),
                               ("light", LIGHT_HOST, {})]:
-        spec = {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra}
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{admin_port}/v1/apps/{name}", method="PUT",
-            data=json.dumps(spec).encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+        common.put_app(admin_port, name, {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra})
     return proc, http_port
 
 

@@ -15,10 +15,8 @@ connections of 50 KB inspected POSTs going; light p50/p99 and timeouts.
 Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
 """
 
-import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import bench as common
@@ -124,12 +122,7 @@ def start_switchyard(work, origin_port):
     # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
     for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:
-        spec = {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra}
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{admin_port}/v1/apps/{name}", method="PUT",
-            data=json.dumps(spec).encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+        common.put_app(admin_port, name, {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra})
     return proc, http_port
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BIN, ROOT, Process, free_port, wait_port  # noqa: E402
+from bench import ROOT, serve_switchyard  # noqa: E402
 from report import replace_section  # noqa: E402
 
 SECTION = "## Admin API (bench/conformance/api_schema.py)"
@@ -56,14 +56,8 @@ def main():
     parser.add_argument("--schemathesis", default=os.environ.get("SCHEMATHESIS", "schemathesis"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="switchyard-api-"))
-    admin = free_port()
-    router = Process("switchyard", [
-        str(BIN), "serve", "--http", f"127.0.0.1:{free_port()}", "--admin", f"127.0.0.1:{admin}",
-        "--data-dir", str(work / "data"), "--admin-token", TOKEN, "--access-log", "off",
-        "--waf", "off",
-    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    router, _, admin = serve_switchyard(work, "switchyard", "--waf", "off", "--admin-token", TOKEN)
     try:
-        wait_port(admin)
         report = work / "report.json"
         started = time.time()
         run = subprocess.run([
@@ -72,7 +66,7 @@ def main():
             "--seed", "1", "--workers", "2", "-H", f"Authorization: Bearer {TOKEN}",
             "--phases", "examples,coverage,fuzzing,stateful",
             "--report", "json", "--report-json-path", str(report),
-        ], capture_output=True, text=True)
+        ], capture_output=True, text=True, cwd=work)  # its cache goes with `work`
         elapsed = time.time() - started
         output = run.stdout + run.stderr
         (ROOT / "bench" / "results" / "api_schema.log").write_text(output)

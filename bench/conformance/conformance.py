@@ -29,12 +29,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import http.client
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import BIN, ROOT, Process, free_port, wait_port  # noqa: E402
+from bench import BIN, ROOT, Process, free_port, put_app, wait_port  # noqa: E402
 
 H2SPEC = shutil.which("h2spec") or str(Path.home() / "go" / "bin" / "h2spec")
 SSLYZE_PYTHON = os.environ.get("SSLYZE_PYTHON", "python3")
@@ -100,12 +99,6 @@ def start_backend(work, procs, name="backend"):
     return port
 
 
-def put_app(admin_url, name, spec):
-    request = urllib.request.Request(f"{admin_url}/v1/apps/{name}", data=json.dumps(spec).encode(),
-                                     method="PUT", headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
-
-
 def start_switchyard(work, procs, backend, other_backend, cert, key):
     http, https, admin = free_port(), free_port(), free_port()
     procs.append(Process("switchyard", [
@@ -116,9 +109,9 @@ def start_switchyard(work, procs, backend, other_backend, cert, key):
     for port in (http, https, admin):
         wait_port(port)
     admin_url = f"http://127.0.0.1:{admin}"
-    put_app(admin_url, "conformance", {"domains": [DOMAIN], "backends": [f"127.0.0.1:{backend}"],
+    put_app(admin, "conformance", {"domains": [DOMAIN], "backends": [f"127.0.0.1:{backend}"],
                                        "hsts": {"max_age_s": HSTS_MAX_AGE_S}})
-    put_app(admin_url, "other", {"domains": [OTHER_DOMAIN], "backends": [f"127.0.0.1:{other_backend}"]})
+    put_app(admin, "other", {"domains": [OTHER_DOMAIN], "backends": [f"127.0.0.1:{other_backend}"]})
     subprocess.run([str(BIN), "certs", "put", DOMAIN, "--cert", str(cert), "--key", str(key),
                     "--admin", admin_url], check=True, capture_output=True)
     return {"tls": https, "h2c": http, "http1": http}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BIN, ROOT, Process, free_port, wait_port  # noqa: E402
+from bench import ROOT, Process, free_port, put_app, serve_switchyard, wait_port  # noqa: E402
 from report import replace_section  # noqa: E402
 
 TOXIPROXY = os.environ.get("TOXIPROXY") or shutil.which("toxiproxy-server") or str(Path.home() / "go" / "bin" / "server")
@@ -103,19 +103,9 @@ def start_backend(work):
 
 
 def start_switchyard(work, upstream):
-    http_port, admin = free_port(), free_port()
-    proc = Process("switchyard", [
-        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin}",
-        "--data-dir", str(work / "switchyard-data"), "--access-log", "off", "--waf", "off",
-        "--shutdown-grace-s", "0",
-    ], work, env={**os.environ, "RUST_LOG": "warn"})
-    wait_port(http_port)
-    wait_port(admin)
-    spec = {"domains": [HOST], "backends": [f"127.0.0.1:{upstream}"],
-            "timeouts": {"connect_ms": 1000, "read_ms": 2000, "write_ms": 2000}}
-    request = urllib.request.Request(f"http://127.0.0.1:{admin}/v1/apps/faults", data=json.dumps(spec).encode(),
-                                     method="PUT", headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
+    proc, http_port, admin = serve_switchyard(work, "switchyard", "--waf", "off")
+    put_app(admin, "faults", {"domains": [HOST], "backends": [f"127.0.0.1:{upstream}"],
+                              "timeouts": {"connect_ms": 1000, "read_ms": 2000, "write_ms": 2000}})
     return proc, http_port
 
 
@@ -254,16 +244,14 @@ def run_redis_cases(toxiproxy, backend, work):
                               "--save", "", "--appendonly", "no"], work)
     wait_port(redis_port)
     store_port = toxiproxy.proxy("redis", redis_port)
-    http_port, admin = free_port(), free_port()
-    router = Process("switchyard-fleet", [
-        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin}",
-        "--data-dir", str(work / "fleet-data"), "--store", f"redis://127.0.0.1:{store_port}/0",
-        "--redis-timeout-ms", str(REDIS_TIMEOUT_MS), "--access-log", "off", "--waf", "off",
-        "--shutdown-grace-s", "0",
-    ], work, env={**os.environ, "RUST_LOG": "warn"})
     try:
-        wait_port(http_port)
-        wait_port(admin)
+        router, http_port, admin = serve_switchyard(
+            work, "switchyard-fleet", "--waf", "off", "--store", f"redis://127.0.0.1:{store_port}/0",
+            "--redis-timeout-ms", str(REDIS_TIMEOUT_MS))
+    except BaseException:
+        redis.stop()
+        raise
+    try:
         app = lambda domain: {"domains": [domain], "backends": [f"127.0.0.1:{backend}"]}
         admin_put(admin, "known", app("known.test"))
         rows = []

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BIN, ROOT, Process, free_port, rss_kib, wait_port  # noqa: E402
+from bench import ROOT, Process, free_port, put_app, rss_kib, serve_switchyard, wait_port  # noqa: E402
 from report import replace_section  # noqa: E402
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
@@ -155,18 +155,8 @@ async def client(port, host, count, hold_s, report_path):
 # ------------------------------------------------------------------ proxies
 
 def start_switchyard(work, backend):
-    data = work / "switchyard-data"
-    http_port, admin_port = free_port(), free_port()
-    proc = Process("switchyard", [
-        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin_port}",
-        "--data-dir", str(data), "--threads", "2", "--access-log", "off", "--shutdown-grace-s", "0",
-    ], work, env={**os.environ, "RUST_LOG": "warn"})
-    wait_port(http_port)
-    wait_port(admin_port)
-    subprocess.run(["curl", "-sf", "-X", "PUT", f"http://127.0.0.1:{admin_port}/v1/apps/ws",
-                    "-H", "content-type: application/json", "-d",
-                    json.dumps({"domains": ["ws.test"], "backends": [f"127.0.0.1:{backend}"]})],
-                   check=True, stdout=subprocess.DEVNULL)
+    proc, http_port, admin = serve_switchyard(work, "switchyard", "--threads", "2")
+    put_app(admin, "ws", {"domains": ["ws.test"], "backends": [f"127.0.0.1:{backend}"]})
     return proc, http_port
 
 
