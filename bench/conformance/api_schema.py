@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import ROOT, serve_switchyard  # noqa: E402
-from report import replace_section  # noqa: E402
+from report import machine, replace_section  # noqa: E402
 
 SECTION = "## Admin API (bench/conformance/api_schema.py)"
 TOKEN = "schemathesis-token"
@@ -79,6 +79,7 @@ def main():
                if l.strip() and "Reports:" not in l and str(work) not in l][-10:]
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
         "schemathesis": schemathesis_version(args.schemathesis),
         "exit_code": run.returncode,
         "seconds": round(elapsed, 1),
@@ -91,7 +92,7 @@ def main():
     verdict = "no failure" if run.returncode == 0 else f"FAILURES (exit {run.returncode})"
     lines = [
         SECTION, "",
-        f"Measured on {results['date']}: schemathesis {results['schemathesis']} against "
+        f"Measured on {results['date']}, {results['machine']}: schemathesis {results['schemathesis']} against "
         f"`GET /v1/openapi.json`, all phases (examples, coverage, fuzzing, stateful), up to "
         f"{args.max_examples} cases per operation, seed 1, {elapsed:.0f} s. Checks: "
         + ", ".join(f"`{c}`" for c in CHECKS) + ".", "",

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import ROOT, Process, free_port, put_app, serve_switchyard, wait_port  # noqa: E402
-from report import replace_section  # noqa: E402
+from report import machine, replace_section  # noqa: E402
 
 TOXIPROXY = os.environ.get("TOXIPROXY") or shutil.which("toxiproxy-server") or str(Path.home() / "go" / "bin" / "server")
 SECTION = "## Backend faults (bench/conformance/faults.py)"
@@ -288,7 +288,7 @@ def run_redis_cases(toxiproxy, backend, work):
 def write_section(results):
     s, n = results["switchyard"], results["nginx"]
     lines = [SECTION, "",
-             f"Measured on {results['date']}. toxiproxy {results['toxiproxy']} between each proxy and "
+             f"Measured on {results['date']}, {results['machine']}. toxiproxy {results['toxiproxy']} between each proxy and "
              "the app (python's http.server); the app's deadlines: connect 1 s, read 2 s. What the "
              "client saw, and whether it is right:", "",
              f"| case | expected | Switchyard | nginx {results['nginx_version']} |", "|---|---|---|---|"]
@@ -328,6 +328,7 @@ def main():
         version = toxiproxy.call("GET", "/version")
         results = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(),
             "toxiproxy": os.environ.get("TOXIPROXY_VERSION")
             or (version.get("version") if isinstance(version, dict) else version),
             "nginx_version": subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1],

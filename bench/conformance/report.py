@@ -1,9 +1,17 @@
 """bench/CONFORMANCE.md is written by conformance.py; the scripts run after it each own one
 section, which they replace (or append) here."""
 
+import os
 from pathlib import Path
 
 CONFORMANCE = Path(__file__).resolve().parent.parent / "CONFORMANCE.md"
+
+
+def machine():
+    """The machine a section was measured on, in one line."""
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), "unknown CPU")
+    return f"{cpu}, {os.cpu_count()} cores, kernel {os.uname().release}"
 
 
 def replace_section(title, lines):

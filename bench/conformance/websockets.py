@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import ROOT, Process, free_port, put_app, rss_kib, serve_switchyard, wait_port  # noqa: E402
-from report import replace_section  # noqa: E402
+from report import machine, replace_section  # noqa: E402
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
 OPEN_AT_ONCE = 200
@@ -231,12 +231,6 @@ def measure(name, start, work, count, hold_s):
     finally:
         proxy.stop()
         backend.stop()
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), "unknown CPU")
-    return f"{cpu}, {os.cpu_count()} cores, kernel {os.uname().release}"
 
 
 def nginx_version():
