@@ -272,6 +272,20 @@ def parse_wrk(out):
     return rps, errors
 
 
+def wrk_latency_ms(out):
+    """p50 and p99 (ms) of the distribution `wrk --latency` prints: time to the whole answer,
+    which for the small answers measured here is time to first byte plus one read."""
+    units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    found = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            value = parts[1]
+            unit = next(u for u in ("us", "ms", "s") if value.endswith(u))
+            found[parts[0]] = float(value[:-len(unit)]) * units[unit]
+    return found.get("50%"), found.get("99%")
+
+
 def run_section(key, doc, measure):
     """The life every section script shares: `--seconds`/`--quick`, a work directory,
     `measure(work, seconds, procs)` returning the results (every process it starts goes in
@@ -662,6 +676,22 @@ def cache_report(c, date):
     return lines
 
 
+def isolation_table(section, heavy, rate_label, rate):
+    """Seed 001's table: for the pool and the inline router, the light route alone and beside
+    N `heavy` connections, light and heavy latency, timeouts and errors."""
+    def ms(value):
+        return "–" if value is None else f"{value:.1f}"
+    lines = [f"| mode | {heavy} connections | light p50 ms | light p99 ms | light timeouts/errors | "
+             f"{rate_label} | heavy p50 ms | heavy p99 ms | heavy errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for mode, key in (("pool", "isolation"), ("inline", "isolation_inline")):
+        for r in section.get(key, []):
+            lines.append(f"| {mode} | {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                         f"{(1 - r['success']) * 100:.2f}% | {rate(r)} | {ms(r.get('heavy_p50_ms'))} | "
+                         f"{ms(r.get('heavy_p99_ms'))} | {'; '.join(r['heavy_errors']) or 'none'} |")
+    return lines
+
+
 def light_route_targets(isolation, heavy):
     """Seed 001's targets for a light route beside `heavy` connections: p99 within 1.5× of
     the light route alone (the first row), and no timeouts at the most connections."""
@@ -696,18 +726,15 @@ def waf_report(w, date):
                      f"{'; '.join(r['nginx']['errors']) or 'none'} |")
     lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
               f"{w['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N connections of "
-              "50 KB inspected POSTs going through the same router.", "",
-              "| heavy connections | light p50 ms | light p99 ms | light timeouts/errors | heavy req/s | heavy errors |",
-              "|---|---|---|---|---|---|"]
-    for r in w["isolation"]:
-        lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{(1 - r['success']) * 100:.2f}% | {r['heavy_rps']:.0f} | {'; '.join(r['heavy_errors']) or 'none'} |")
+              "50 KB inspected POSTs going through the same router; inspections on the worker pool, then "
+              "the same with a router forced to inspect inline on its event loops (`--pool-mode inline`, "
+              "what a router without a pool does). Heavy latency is wrk's time to the whole (small) "
+              "answer.", ""]
+    lines += isolation_table(w, "heavy", "heavy req/s", lambda r: f"{r['heavy_rps']:.0f}")
     lines += ["", "## Targets (issue 7)", ""] + light_route_targets(w["isolation"], "heavy")
     for size, ratio in ratios:
         lines.append(f"- WAF-inspected req/s ≥ 3× nginx + ModSecurity ({size // 1000} KB bodies): measured "
                      f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
-    lines.append("- Not measured yet: the same runs with inspection forced inline on the event loop "
-                 "(seed 001's comparison), and image resizing.")
     return lines
 
 
@@ -719,16 +746,12 @@ def images_report(m, date):
              f"on the worker pool (2 threads). Alone, 64 connections: **{m['alone_rps']:.0f} thumbnails/s** "
              f"({'; '.join(m['alone_errors']) or 'no errors'}). Then seed 001's question: a light GET route "
              f"at a constant {m['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N "
-             "connections asking for thumbnails. wrk is closed-loop: a client refused with 503 "
-             "(Retry-After) asks again at once, so the refusals are part of the load.", "",
-             "| thumbnail connections | light p50 ms | light p99 ms | light timeouts/errors | thumbnails/s | 503 answers |",
-             "|---|---|---|---|---|---|"]
-    for r in m["isolation"]:
-        lines.append(f"| {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{(1 - r['success']) * 100:.2f}% | {r['thumbnails_per_s']:.0f} | "
-                     f"{'; '.join(r['heavy_errors']) or 'none'} |")
+             "connections asking for thumbnails; resizing on the worker pool, then the same with a "
+             "router forced to resize inline on its event loops (`--pool-mode inline`). wrk is "
+             "closed-loop: a client refused with 503 (Retry-After) asks again at once, so the "
+             "refusals are part of the load.", ""]
+    lines += isolation_table(m, "thumbnail", "thumbnails/s", lambda r: f"{r.get('thumbnails_per_s', 0):.0f}")
     lines += ["", "## Targets (issue 7, images)", ""] + light_route_targets(m["isolation"], "thumbnail")
-    lines.append("- Not measured yet: the same runs with resizing forced inline on the event loop.")
     return lines
 
 

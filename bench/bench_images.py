@@ -8,7 +8,9 @@ router itself from a generated PNG with gradients and texture, so no image tool 
 The light route runs at a constant 500 req/s (vegeta, 1 s timeout), alone and while wrk
 keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a fetch, a
 decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
-time are answered 503 with Retry-After (wrk counts them as non-2xx). Results go to
+time are answered 503 with Retry-After (wrk counts them as non-2xx). Twice: resizing on
+the worker pool, and forced inline on the event loops (`--pool-mode inline`, what a router
+without a pool does). Results go to
 bench/results/latest.json under "images" and to bench/RESULTS.md.
 """
 
@@ -19,7 +21,7 @@ import zlib
 from pathlib import Path
 
 import bench as common
-from bench_waf import LIGHT_HOST, LIGHT_RATE, light_latency
+from bench_waf import LIGHT_HOST, LIGHT_RATE, isolation
 
 GALLERY_HOST = "gallery.bench"
 HEAVY_CONNECTIONS = [100, 200, 400]
@@ -80,13 +82,13 @@ def make_jpeg_original(port, site):
     return len(body)
 
 
-def start_switchyard(work, origin_port):
+def start_switchyard(work, origin_port, pool_mode="threads"):
     http_port, admin_port = common.free_port(), common.free_port()
-    proc = common.Process("switchyard-images", [
+    proc = common.Process(f"switchyard-images-{pool_mode}", [
         str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}",
-        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / f"data-{pool_mode}"),
         "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
-        "--waf", "off", "--access-log", "off", "--shutdown-grace-s", "0"], work,
+        "--pool-mode", pool_mode, "--waf", "off", "--access-log", "off", "--shutdown-grace-s", "0"], work,
         env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
     common.wait_port(http_port)
     common.wait_port(admin_port)
@@ -102,20 +104,13 @@ def thumbnail_script(work):
     return script
 
 
-def light_beside_thumbnails(port, script, seconds, connections):
-    heavy = subprocess.Popen(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2}s", "-s", str(script), "--timeout", "5s",
-         f"http://127.0.0.1:{port}{THUMBNAIL}"], stdout=subprocess.PIPE, text=True)
-    try:
-        light = light_latency(port, seconds)
-    finally:
-        out, _ = heavy.communicate(timeout=seconds + 30)
-    rps, errors = common.parse_wrk(out)
+def thumbnails_per_s(out):
+    """Thumbnails actually made per second in a wrk run: answers less 503 refusals."""
     # "  1234 requests in 12.01s, 5.6MB read"
     total, took = next((int(l.split()[0]), float(l.split()[3].rstrip("s,")))
                        for l in out.splitlines() if " requests in " in l)
-    return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors,
-            "thumbnails_per_s": (total - refused(errors)) / took, **light}
+    _, errors = common.parse_wrk(out)
+    return {"thumbnails_per_s": (total - refused(errors)) / took}
 
 
 def refused(errors):
@@ -139,19 +134,14 @@ def measure(work, seconds, procs):
                          text=True).stdout
     rps, errors = common.parse_wrk(out)
     results = {"seconds": seconds, "light_rate": LIGHT_RATE, "width": WIDTH, "height": HEIGHT,
-               "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors, "isolation": []}
+               "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors}
     print(f"thumbnails alone: {rps:.0f}/s {errors}", flush=True)
-    alone = light_latency(port, seconds)
-    results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [],
-                                 "thumbnails_per_s": 0, **alone})
-    print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms", flush=True)
-    for connections in HEAVY_CONNECTIONS:
-        row = light_beside_thumbnails(port, script, seconds, connections)
-        results["isolation"].append(row)
-        print(f"thumbnails x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
-              f"success {row['success']:.4f}; thumbnails {row['thumbnails_per_s']:.0f}/s, "
-              f"answers {row['heavy_rps']:.0f}/s {row['heavy_errors']}",
-              flush=True)
+    results["isolation"] = isolation(port, script, THUMBNAIL, seconds, "pool", thumbnails_per_s)
+    sy.stop()
+    inline, inline_port = start_switchyard(work, origin_port, "inline")
+    procs.append(inline)
+    results["isolation_inline"] = isolation(inline_port, script, THUMBNAIL, seconds, "inline",
+                                            thumbnails_per_s)
     return results
 
 

@@ -11,7 +11,9 @@ Part 1, WAF throughput: benign form POSTs with 10 KB and 50 KB bodies, closed lo
 (`wrk -t2 -c64`).
 Part 2, light beside heavy (seed 001): a light GET route (an app without the WAF) at a
 constant 500 req/s (vegeta, 1 s timeout), alone and while wrk keeps 100, 200 and 400
-connections of 50 KB inspected POSTs going; light p50/p99 and timeouts.
+connections of 50 KB inspected POSTs going; light p50/p99 and timeouts, heavy p50/p99 and
+errors. Twice: inspections on the worker pool, and forced inline on the event loops
+(`--pool-mode inline`, what a router without a pool does).
 Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
 """
 
@@ -109,13 +111,13 @@ http {{
     return proc, port
 
 
-def start_switchyard(work, origin_port):
+def start_switchyard(work, origin_port, pool_mode="threads"):
     http_port, admin_port = common.free_port(), common.free_port()
-    proc = common.Process("switchyard-waf", [
+    proc = common.Process(f"switchyard-waf-{pool_mode}", [
         str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
-        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / f"data-{pool_mode}"),
         "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
-        "--access-log", "off", "--shutdown-grace-s", "0"], work,
+        "--pool-mode", pool_mode, "--access-log", "off", "--shutdown-grace-s", "0"], work,
         env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
     common.wait_port(http_port)
     common.wait_port(admin_port)
@@ -162,17 +164,38 @@ def light_latency(port, seconds):
     return common.vegeta_summary(out)
 
 
-def light_beside_heavy(port, script, seconds, connections):
-    """Light latency while `connections` heavy clients keep the WAF busy."""
+def light_beside_heavy(port, script, url_path, seconds, connections):
+    """Light latency while `connections` wrk clients run `script` against `url_path`; the
+    heavy requests' rate, errors and latency (p50/p99) and wrk's output."""
     heavy = subprocess.Popen(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2}s", "-s", str(script), "--timeout", "5s",
-         f"http://127.0.0.1:{port}/comments"], stdout=subprocess.PIPE, text=True)
+         "--latency", f"http://127.0.0.1:{port}{url_path}"], stdout=subprocess.PIPE, text=True)
     try:
         light = light_latency(port, seconds)
     finally:
         out, _ = heavy.communicate(timeout=seconds + 30)
     rps, errors = common.parse_wrk(out)
-    return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors, **light}
+    p50, p99 = common.wrk_latency_ms(out)
+    return {"connections": connections, "heavy_rps": rps, "heavy_errors": errors,
+            "heavy_p50_ms": p50, "heavy_p99_ms": p99, **light}, out
+
+
+def isolation(port, script, url_path, seconds, label, more=lambda out: {}):
+    """Seed 001's rows for one router: the light route alone, then beside each count of
+    heavy connections; `more(wrk output)` adds figures of the caller's own to a row."""
+    alone = light_latency(port, seconds)
+    rows = [{"connections": 0, "heavy_rps": 0, "heavy_errors": [], "heavy_p50_ms": None,
+             "heavy_p99_ms": None, **alone}]
+    print(f"{label}: light alone p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms "
+          f"success {alone['success']:.4f}", flush=True)
+    for connections in HEAVY_CONNECTIONS:
+        row, out = light_beside_heavy(port, script, url_path, seconds, connections)
+        row.update(more(out))
+        rows.append(row)
+        print(f"{label}: heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+              f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s p99 "
+              f"{row['heavy_p99_ms']} ms {row['heavy_errors']}", flush=True)
+    return rows
 
 
 def measure(work, seconds, procs):
@@ -197,18 +220,17 @@ def measure(work, seconds, procs):
             print(f"{size:6} B {name:10} {rps:9.0f} req/s {errors}", flush=True)
         results["throughput"].append(row)
 
+    # nginx has done its part: only one proxy under load from here on.
+    ng.stop()
     script = post_script(work, 50_000)
-    # The light route through Switchyard: alone, then beside heavy inspected POSTs.
-    alone = light_latency(sy_port, seconds)
-    results["isolation"].append({"connections": 0, "heavy_rps": 0, "heavy_errors": [], **alone})
-    print(f"light alone: p50 {alone['p50_ms']:.2f} ms p99 {alone['p99_ms']:.2f} ms "
-          f"success {alone['success']:.4f}", flush=True)
-    for connections in HEAVY_CONNECTIONS:
-        row = light_beside_heavy(sy_port, script, seconds, connections)
-        results["isolation"].append(row)
-        print(f"heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
-              f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s {row['heavy_errors']}",
-              flush=True)
+    # The light route through Switchyard: alone, then beside heavy inspected POSTs; on the
+    # pool, then with the same router forced to inspect inline.
+    results["isolation"] = isolation(sy_port, script, "/comments", seconds, "pool")
+    sy.stop()
+    inline, inline_port = start_switchyard(work, origin_port, "inline")
+    procs.append(inline)
+    check_blocks(inline_port)
+    results["isolation_inline"] = isolation(inline_port, script, "/comments", seconds, "inline")
     return results
 
 

@@ -99,12 +99,21 @@ pub(crate) struct ServeArgs {
     /// (reloaded with `POST /v1/waf/reload`).
     #[arg(long, env = "SWITCHYARD_WAF_RULES")]
     waf_rules: Option<String>,
+    /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
+    /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
+    #[arg(long, env = "SWITCHYARD_WAF_SPOOL_MB")]
+    waf_spool_mb: Option<u64>,
     /// Threads for CPU-bound stages such as the WAF (default: number of cores).
     #[arg(long, env = "SWITCHYARD_POOL_THREADS")]
     pool_threads: Option<usize>,
     /// Most tasks waiting for those threads; more are refused at once.
     #[arg(long, env = "SWITCHYARD_POOL_QUEUE")]
     pool_queue: Option<usize>,
+    /// `threads` (default), or `inline`: CPU-heavy stages run on the event loop that took
+    /// the request. Only for measuring what the pool saves (bench/bench_waf.py,
+    /// bench/bench_images.py); never for serving.
+    #[arg(long, env = "SWITCHYARD_POOL_MODE")]
+    pool_mode: Option<String>,
     /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat for
     /// fallbacks, tried in order. Replaces the local access log.
     #[arg(long = "log-to", env = "SWITCHYARD_LOG_TO", value_delimiter = ',')]
@@ -154,8 +163,10 @@ struct FileConfig {
     redis_timeout_ms: Option<Spanned<u64>>,
     waf: Option<Spanned<String>>,
     waf_rules: Option<String>,
+    waf_spool_mb: Option<Spanned<u64>>,
     pool_threads: Option<Spanned<usize>>,
     pool_queue: Option<Spanned<usize>>,
+    pool_mode: Option<Spanned<String>>,
     log_to: Option<Spanned<Vec<String>>>,
     log_batch_kb: Option<Spanned<usize>>,
     log_batch_delay_ms: Option<Spanned<u64>>,
@@ -219,8 +230,12 @@ pub(crate) struct Config {
     pub(crate) waf: bool,
     /// Extra rules file included after the CRS.
     pub(crate) waf_rules: Option<String>,
+    /// Disk for request bodies waiting for the WAF.
+    pub(crate) waf_spool_bytes: u64,
     pub(crate) pool_threads: usize,
     pub(crate) pool_queue: usize,
+    /// Heavy stages run on the event loop instead of the pool (benchmarks only).
+    pub(crate) pool_inline: bool,
 }
 
 /// Where access-log records go.
@@ -418,6 +433,17 @@ impl Config {
             file.pool_queue,
             1024,
         )?;
+        let pool_inline = match pick(args.pool_mode, file.pool_mode) {
+            None => false,
+            Some((value, _)) if value == "threads" => false,
+            Some((value, _)) if value == "inline" => true,
+            Some((value, span)) => {
+                bail!(
+                    "{}: '{value}' is not `threads` or `inline`",
+                    source.at(span, "pool_mode")
+                )
+            }
+        };
         Ok(Self {
             http,
             https,
@@ -449,8 +475,17 @@ impl Config {
             cache_redis,
             waf,
             waf_rules: args.waf_rules.or(file.waf_rules),
+            waf_spool_bytes: at_least_one(
+                &source,
+                "waf_spool_mb",
+                args.waf_spool_mb,
+                file.waf_spool_mb,
+                1024,
+            )?
+            .saturating_mul(1 << 20),
             pool_threads,
             pool_queue,
+            pool_inline,
         })
     }
 }
@@ -677,6 +712,13 @@ mod tests {
         assert!(err.to_string().contains("unknown field"), "{err}");
         let err = with_file("threads = 0\n").expect_err("zero threads");
         assert!(err.to_string().contains("line 1: threads"), "{err}");
+        let err = with_file("\npool_mode = \"inlined\"\n").expect_err("unknown pool mode");
+        assert!(err.to_string().contains("line 2: pool_mode"), "{err}");
+        let err = with_file("waf_spool_mb = 0\n").expect_err("no spool");
+        assert!(err.to_string().contains("line 1: waf_spool_mb"), "{err}");
+        let config = with_file("pool_mode = \"inline\"\nwaf_spool_mb = 2\n").expect("valid");
+        assert!(config.pool_inline);
+        assert_eq!(config.waf_spool_bytes, 2 << 20);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use switchyard_admin::AdminState;
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, HealthChecker, Inspector, RouteCache, RouteCacheLimits, Router,
-    ServedCert, TicketKeyRotation, WorkerPool,
+    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -139,10 +139,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .with_client_idle_timeout(config.client_idle_timeout);
     let stopping = router.stopping();
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
-    let pool = Arc::new(
+    let pool = Arc::new(if config.pool_inline {
+        WorkerPool::inline(config.pool_threads)
+    } else {
         WorkerPool::new(config.pool_threads, config.pool_queue)
-            .context("cannot start the worker pool")?,
-    );
+            .context("cannot start the worker pool")?
+    });
     router = router.with_worker_pool(pool.clone());
     let inspector = if config.waf {
         let started = std::time::Instant::now();
@@ -150,7 +152,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             extra: config.waf_rules.clone(),
             ..RuleFiles::default()
         };
-        let inspector = Inspector::load(files, pool).with_context(|| {
+        let spool = SpoolSettings {
+            dir: config.data_dir.join("waf-spool"),
+            budget_bytes: config.waf_spool_bytes,
+        };
+        std::fs::create_dir_all(&spool.dir)
+            .with_context(|| format!("cannot make the WAF spool {}", spool.dir.display()))?;
+        let inspector = Inspector::load(files, pool, spool).with_context(|| {
             "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
              modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
         })?;

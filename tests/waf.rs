@@ -76,9 +76,9 @@ fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through() {
     let big_body = format!("data={}", "x".repeat(100_000));
     assert_eq!(post(&router, "/upload", FORM, &big_body).status, 200);
     assert_eq!(
-        backend.recorded()[4].body.len(),
-        big_body.len(),
-        "beyond the limit, passed"
+        backend.recorded()[4].body,
+        big_body.as_bytes(),
+        "a spooled body is forwarded whole"
     );
 
     // Probes in the query, a header, a form body, a JSON body and the path: 403, never the app.
@@ -130,10 +130,145 @@ fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through() {
         router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"blocked\"}"),
         probes.len() as f64
     );
-    assert!(router.metric("switchyard_waf_body_uninspected_total{app=\"shop\"}") >= 1.0);
     let logs = router.logs();
     assert!(logs.contains("WAF rule 942100 matched"), "{logs}");
     assert!(logs.contains("app shop"), "{logs}");
+}
+
+/// A form of about `size` bytes whose attack, if any, comes last.
+fn large_form(size: usize, attack: bool) -> String {
+    let mut form = format!("comment={}", "lorem+ipsum+dolor+".repeat(size / 18));
+    if attack {
+        form.push_str("&cmd=%3Bcat%20/etc/passwd");
+    }
+    form
+}
+
+fn post_chunked(router: &RouterProcess, body: &str) -> support::Response {
+    let chunks: String = body
+        .as_bytes()
+        .chunks(10_000)
+        .map(|c| format!("{:x}\r\n{}\r\n", c.len(), String::from_utf8_lossy(c)))
+        .collect();
+    let request = format!(
+        "POST /upload HTTP/1.1\r\nHost: shop.test\r\nUser-Agent: Mozilla/5.0 Firefox/120.0\r\n\
+         Accept: */*\r\nContent-Type: {FORM}\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n{chunks}0\r\n\r\n"
+    );
+    support::request(router.http, &request).unwrap_or_else(|e| panic!("chunked: {e}"))
+}
+
+#[test]
+fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    protect(
+        &router,
+        &backend,
+        json!({"mode": "block", "max_body_bytes": 300_000}),
+    );
+
+    // Past the 64 KiB kept in memory: spooled, inspected, then forwarded byte for byte.
+    let benign = large_form(200_000, false);
+    assert_eq!(post(&router, "/upload", FORM, &benign).status, 200);
+    let benign_chunked = large_form(150_000, false);
+    assert_eq!(post_chunked(&router, &benign_chunked).status, 200);
+    let recorded = backend.recorded();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0].body, benign.as_bytes());
+    assert_eq!(recorded[1].body, benign_chunked.as_bytes());
+
+    // An attack at the end of a large body, declared or chunked: 403, and the app never gets
+    // the body.
+    for (how, response) in [
+        (
+            "declared",
+            post(&router, "/upload", FORM, &large_form(200_000, true)),
+        ),
+        ("chunked", post_chunked(&router, &large_form(150_000, true))),
+    ] {
+        assert_eq!(response.status, 403, "{how}: {}", response.text());
+        let id = response.header("x-request-id").unwrap_or("none");
+        assert!(response.text().contains(id), "{how}: {}", response.text());
+    }
+    // An attack in the URL of a large upload is refused on the headers alone.
+    let early = send(
+        &router,
+        "POST /upload?id=1%27%20OR%20%271%27=%271 HTTP/1.1\r\nContent-Type: text/plain\r\n",
+        &"x".repeat(100_000),
+    );
+    assert_eq!(early.status, 403, "{}", early.text());
+    assert_eq!(
+        backend.recorded().len(),
+        2,
+        "no refused body reached the app"
+    );
+
+    // Past max_body_bytes the rest streams on uninspected (ProcessPartial), and is counted.
+    let partial = large_form(400_000, true);
+    assert_eq!(post(&router, "/upload", FORM, &partial).status, 200);
+    assert_eq!(backend.recorded()[2].body, partial.as_bytes());
+    assert_eq!(
+        router.metric("switchyard_waf_body_uninspected_total{app=\"shop\"}"),
+        1.0
+    );
+    assert_eq!(
+        router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"blocked\"}"),
+        3.0
+    );
+    // Spool files are unlinked as they are made, and their disk is given back.
+    assert_eq!(router.metric("switchyard_waf_spool_bytes"), 0.0);
+    let spool_dir = router.data_dir().join("waf-spool");
+    let left: Vec<_> = std::fs::read_dir(&spool_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", spool_dir.display()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_full_spool_follows_the_apps_overload_policy() {
+    use std::io::{Read, Write};
+    let router = RouterProcess::start_with(&["--waf-spool-mb", "1"]);
+    let backend = Backend::start("shop");
+    protect(
+        &router,
+        &backend,
+        json!({"mode": "block", "on_overload": "closed", "max_body_bytes": 900_000}),
+    );
+    // A slow upload holds 700 KB of the 1 MiB spool...
+    let body = large_form(800_000, false);
+    let mut slow = std::net::TcpStream::connect(router.http).expect("connect");
+    write!(
+        slow,
+        "POST /upload HTTP/1.1\r\nHost: shop.test\r\nUser-Agent: Mozilla/5.0 Firefox/120.0\r\n\
+         Accept: */*\r\nContent-Type: {FORM}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .expect("head");
+    slow.write_all(&body.as_bytes()[..700_000])
+        .expect("first part");
+    support::eventually(std::time::Duration::from_secs(10), "700 KB spooled", || {
+        router.metric("switchyard_waf_spool_bytes") >= 700_000.0
+    });
+    // ... so another one has no room: this app fails closed.
+    let refused = post(&router, "/upload", FORM, &body);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"overload_refused\"}"),
+        1.0
+    );
+    // The slow one finishes, inspected, and its room is given back.
+    slow.write_all(&body.as_bytes()[700_000..]).expect("rest");
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).expect("answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(backend.recorded().len(), 1);
+    assert_eq!(backend.recorded()[0].body, body.as_bytes());
+    assert_eq!(router.metric("switchyard_waf_spool_bytes"), 0.0);
+    assert_eq!(
+        router.metric("switchyard_waf_spool_budget_bytes"),
+        1_048_576.0
+    );
 }
 
 #[test]
@@ -315,4 +450,18 @@ fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_us
         "the rules in use stay"
     );
     assert_eq!(get(&router, "/products?page=2", "").status, 200);
+}
+
+#[test]
+fn a_router_forced_to_inspect_inline_still_inspects() {
+    // `--pool-mode inline` exists for the benchmarks' comparison; it must inspect the same.
+    let router = RouterProcess::start_with(&["--pool-mode", "inline"]);
+    let backend = Backend::start("shop");
+    protect(&router, &backend, json!({"mode": "block"}));
+    assert_eq!(get(&router, "/products?page=2", "").status, 200);
+    let probe = get(&router, "/products?id=1%27%20OR%20%271%27=%271", "");
+    assert_eq!(probe.status, 403, "{}", probe.text());
+    assert_eq!(backend.requests(), 1);
+    assert_eq!(router.metric("switchyard_pool_threads"), 0.0);
+    assert!(router.logs().contains("run inline on the event loops"));
 }

@@ -23,4 +23,4 @@ pub use error::ValidationError;
 pub use images::{Images, DEFAULT_MAX_SOURCE_BYTES};
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use spec::{parse_app_spec, parse_backends_spec};
-pub use waf::{Waf, WafMode, WafOverload, MAX_INSPECTED_BODY};
+pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

@@ -10,7 +10,9 @@ use crate::balancer::InFlight;
 use crate::cache::CacheCtx;
 use crate::metrics;
 use crate::mirror::MirrorFeed;
+use crate::respond::LocalAnswer;
 use crate::route_cache::AppRoute;
+use crate::waf::BodySpool;
 
 /// What the pipeline knows about one request.
 #[derive(Debug)]
@@ -43,6 +45,11 @@ pub struct RequestCtx {
     pub(crate) mirror: Option<MirrorFeed>,
     /// The response cache's state, for apps that cache.
     pub(crate) cache: Option<CacheCtx>,
+    /// A large body waiting for the WAF, for apps with one.
+    pub(crate) waf_spool: Option<BodySpool>,
+    /// Why the router refused the request once it was already on its way to the backend
+    /// (the WAF after the body); `fail_to_proxy` answers it.
+    pub(crate) refused_with: Option<LocalAnswer>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -65,6 +72,8 @@ impl RequestCtx {
             local_status: None,
             mirror: None,
             cache: None,
+            waf_spool: None,
+            refused_with: None,
             _active: ActiveRequest::start(),
         }
     }

@@ -42,5 +42,5 @@ pub use pipeline::{Router, DEFAULT_CLIENT_IDLE_TIMEOUT_S};
 pub use response_store::{AppResponseCache, CacheBudget};
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
 pub use tls::{https_settings, TicketKeyRotation};
-pub use waf::Inspector;
+pub use waf::{Inspector, SpoolSettings};
 pub use worker_pool::WorkerPool;

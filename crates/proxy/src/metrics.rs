@@ -330,10 +330,24 @@ pub(crate) static WAF_INSPECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static WAF_SPOOL_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_waf_spool_bytes",
+        "Bytes of request bodies spooled to disk, waiting for the WAF."
+    ))
+});
+
+pub(crate) static WAF_SPOOL_BUDGET: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_waf_spool_budget_bytes",
+        "Most bytes of request bodies the WAF spool may hold at once (--waf-spool-mb)."
+    ))
+});
+
 pub(crate) static WAF_BODY_UNINSPECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     registered(register_int_counter_vec!(
         "switchyard_waf_body_uninspected_total",
-        "Requests whose body was too large (or of unknown length) to inspect, by app.",
+        "Requests whose body was not inspected, or only its first max_body_bytes, by app.",
         &["app"]
     ))
 });
@@ -389,6 +403,8 @@ pub(crate) fn register_all() {
     LazyLock::force(&POOL_TIMEOUTS);
     LazyLock::force(&WAF_INSPECTIONS);
     LazyLock::force(&WAF_BODY_UNINSPECTED);
+    LazyLock::force(&WAF_SPOOL_BYTES);
+    LazyLock::force(&WAF_SPOOL_BUDGET);
     LazyLock::force(&IMAGE_REQUESTS);
 }
 

@@ -70,6 +70,9 @@ pub struct Router {
 /// Seconds an idle HTTP/1.1 client connection is kept unless configured otherwise.
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT_S: u64 = 60;
 
+/// How long the rest of an upload refused midway is read and dropped before closing.
+const REFUSED_UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Router {
     /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
     /// redirects), `None` when there is no HTTPS listener; `cache_redis` serves apps whose
@@ -181,6 +184,7 @@ impl ProxyHttp for Router {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        waf::on_body(ctx, body, end_of_stream, self.waf.as_deref()).await?;
         mirror::forward_body(ctx, body.as_ref(), end_of_stream);
         Ok(())
     }
@@ -191,6 +195,7 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
         mirror::on_new_attempt(ctx);
+        waf::on_new_attempt(ctx);
         upstream::choose_peer(session, ctx)
             .map_err(|answer| Error::new(pingora::ErrorType::HTTPStatus(answer.status())))
     }
@@ -278,6 +283,19 @@ impl ProxyHttp for Router {
         error: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if let Some(answer) = ctx.refused_with.take() {
+            if let Err(e) = respond::send(session, ctx, answer).await {
+                log::debug!("request {}: could not send {answer:?}: {e}", ctx.request_id);
+            }
+            // Refused mid-upload: read (and drop) the rest for a while, as nginx's lingering
+            // close does, so that closing does not reset the connection under the answer
+            // before the client has read it.
+            let _ = tokio::time::timeout(REFUSED_UPLOAD_LINGER, session.drain_request_body()).await;
+            return FailToProxy {
+                error_code: answer.status(),
+                can_reuse_downstream: false,
+            };
+        }
         if let Some(status) = cache::serve_stale_on_failure(session, ctx).await {
             return FailToProxy {
                 error_code: status,

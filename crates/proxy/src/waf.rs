@@ -1,45 +1,81 @@
 //! Stage waf: requests of apps with a `waf` option are inspected with the OWASP Core Rule Set
-//! on the worker pool before anything else is done for them (cache, mirror, backend).
+//! on the worker pool.
 //!
-//! A body with a declared length within the app's `max_body_bytes` is read first and
-//! inspected with the request; Pingora's replay buffer then sends it to the backend, so it
-//! is held once. Larger bodies, and bodies of unknown length, pass uninspected (counted).
+//! Small bodies (a declared length within 64 KiB and the app's `max_body_bytes`) are read
+//! first and inspected with the request before anything else is done for it; Pingora's replay
+//! buffer then sends them to the backend. Larger bodies, and bodies of unknown length, are
+//! spooled to an unlinked file as they arrive and held back from the backend until the first
+//! `max_body_bytes` of them are inspected from that file: memory holds one copy at most (the
+//! one libmodsecurity makes while inspecting, then the one sent on). What comes past
+//! `max_body_bytes` streams on uninspected (counted), as ModSecurity's ProcessPartial does.
+//! Before such a body is read, the request's headers are inspected on their own, so that an
+//! attack in the URL or headers is refused before the upload and before a backend is asked.
+//!
 //! `block` answers 403 when the rules block; `detect` only logs. An inspection the pool
-//! cannot start or finish by `timeout_ms` follows `on_overload`: pass, or 503.
+//! cannot start or finish by `timeout_ms`, or a body the spool has no room for, follows
+//! `on_overload`: pass, or 503.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header;
 use parking_lot::RwLock;
 use pingora::proxy::Session;
-use switchyard_model::{WafMode, WafOverload};
-use switchyard_waf::{Request, RuleFiles, Waf, WafError};
+use pingora::{Error, ErrorType};
+use switchyard_model::{Waf as WafPolicy, WafMode, WafOverload};
+use switchyard_waf::{Body, Request, RuleFiles, Verdict, Waf, WafError};
 
 use crate::context::RequestCtx;
 use crate::metrics;
 use crate::respond::LocalAnswer;
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
-/// The rule sets and the threads that run them.
+/// Bodies of a declared length up to this are read into memory and inspected before the
+/// request goes on: Pingora's replay buffer, which then sends them, holds 64 KiB.
+const IN_MEMORY_BODY: u64 = 64 * 1024;
+
+/// Where large bodies wait for their inspection, and how much disk they may use at once.
+#[derive(Debug, Clone)]
+pub struct SpoolSettings {
+    /// A directory on a local disk; files are unlinked as they are made.
+    pub dir: PathBuf,
+    /// Bytes of all bodies being spooled at once; past it, `on_overload` applies.
+    pub budget_bytes: u64,
+}
+
+/// The rule sets, the threads that run them and the spool for large bodies.
 #[derive(Debug)]
 pub struct Inspector {
     /// Swapped whole by a reload; inspections under way keep the set they started with.
     waf: RwLock<Arc<Waf>>,
     files: RuleFiles,
     pool: Arc<WorkerPool>,
+    spool: Arc<SpoolBudget>,
 }
 
 impl Inspector {
     /// Loads the rules from `files` (refusing with the reason if they do not load);
-    /// inspections run on `pool`.
-    pub fn load(files: RuleFiles, pool: Arc<WorkerPool>) -> Result<Self, WafError> {
+    /// inspections run on `pool`, large bodies are spooled as `spool` says.
+    pub fn load(
+        files: RuleFiles,
+        pool: Arc<WorkerPool>,
+        spool: SpoolSettings,
+    ) -> Result<Self, WafError> {
         let waf = Waf::load(&files)?;
+        metrics::WAF_SPOOL_BUDGET.set(i64::try_from(spool.budget_bytes).unwrap_or(i64::MAX));
         Ok(Self {
             waf: RwLock::new(Arc::new(waf)),
             files,
             pool,
+            spool: Arc::new(SpoolBudget {
+                settings: spool,
+                used: AtomicU64::new(0),
+            }),
         })
     }
 
@@ -58,9 +94,30 @@ impl Inspector {
         log::info!("WAF rules reloaded: {count} rules");
         Ok(count)
     }
+
+    /// Runs one inspection on the pool, by `deadline`.
+    async fn run(
+        &self,
+        request: OwnedRequest,
+        paranoia: u8,
+        deadline: Instant,
+    ) -> Result<Verdict, PoolRefusal> {
+        let waf = self.waf.read().clone();
+        self.pool
+            .run("waf", deadline, move || {
+                let headers: Vec<(&[u8], &[u8])> = request
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.as_slice(), value.as_slice()))
+                    .collect();
+                waf.inspect(&request.as_waf_request(&headers), paranoia)
+            })
+            .await
+    }
 }
 
-/// What the stage decided: `None` lets the request go on.
+/// Request-filter part: what the stage decided now. `None` lets the request go on (a large
+/// body is then inspected as it arrives, by [`on_body`]).
 pub(crate) async fn inspect(
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -78,31 +135,169 @@ pub(crate) async fn inspect(
         report_no_waf(app);
         return Ok(overloaded(app, policy.on_overload));
     };
-    let body = read_inspectable_body(session, policy.max_body_bytes).await?;
-    if body.is_none() && !session.is_body_empty() {
+    if session.is_body_empty() || policy.max_body_bytes == 0 {
+        if !session.is_body_empty() {
+            metrics::WAF_BODY_UNINSPECTED
+                .with_label_values(&[app])
+                .inc();
+        }
+        let request = OwnedRequest::of(session, BodyCopy::Absent);
+        return Ok(judge(
+            ctx,
+            app,
+            &policy,
+            inspector.run(request, policy.paranoia, deadline).await,
+        ));
+    }
+    let declared = declared_length(session);
+    if declared.is_some_and(|n| n <= IN_MEMORY_BODY.min(policy.max_body_bytes)) {
+        let body = read_small_body(session).await?;
+        let request = OwnedRequest::of(session, BodyCopy::Bytes(body));
+        return Ok(judge(
+            ctx,
+            app,
+            &policy,
+            inspector.run(request, policy.paranoia, deadline).await,
+        ));
+    }
+    // A large body: the headers alone first, when a match could refuse the request.
+    if policy.mode == WafMode::Block {
+        let request = OwnedRequest::of(session, BodyCopy::Absent);
+        if let Ok(verdict) = inspector.run(request, policy.paranoia, deadline).await {
+            if verdict.block_status.is_some() {
+                return Ok(judge(ctx, app, &policy, Ok(verdict)));
+            }
+        }
+    }
+    ctx.waf_spool = Some(BodySpool {
+        request: Some(OwnedRequest::of(session, BodyCopy::Absent)),
+        policy,
+        budget: inspector.spool.clone(),
+        file: None,
+        written: 0,
+        reserved: 0,
+    });
+    Ok(None)
+}
+
+/// Request-body part, for a body being spooled: each piece goes to the spool and is held
+/// back (an empty piece goes on); at the end of the body (or once `max_body_bytes` are in) the spooled part is
+/// inspected, then sent on whole, or the request is refused (an error carrying the answer
+/// for `fail_to_proxy`).
+pub(crate) async fn on_body(
+    ctx: &mut RequestCtx,
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+    inspector: Option<&Inspector>,
+) -> pingora::Result<()> {
+    let (Some(spool), Some(inspector)) = (ctx.waf_spool.as_mut(), inspector) else {
+        return Ok(());
+    };
+    let mut past_limit = None;
+    if let Some(mut piece) = body.take() {
+        let room = spool.policy.max_body_bytes.saturating_sub(spool.written);
+        if piece.len() as u64 > room {
+            past_limit = Some(piece.split_off(room as usize));
+        }
+        if let Err(refusal) = spool.append(piece.clone()).await {
+            log::warn!("request {}: WAF spool: {refusal}", ctx.request_id);
+            return give_up_spooling(ctx, body, piece, past_limit).await;
+        }
+    }
+    if past_limit.is_none() && !end_of_stream {
+        // Held back. Empty, not `None`: Pingora takes `None` for the end of the body.
+        *body = Some(Bytes::new());
+        return Ok(());
+    }
+    let Some(mut spool) = ctx.waf_spool.take() else {
+        return Ok(());
+    };
+    let Some(mut request) = spool.request.take() else {
+        return Ok(());
+    };
+    let app = ctx.app_name().to_string();
+    if past_limit.is_some() {
         metrics::WAF_BODY_UNINSPECTED
-            .with_label_values(&[app])
+            .with_label_values(&[&app])
             .inc();
     }
-    let request = OwnedRequest::of(session, body);
-    let waf = inspector.waf.read().clone();
-    let paranoia = policy.paranoia;
-    let verdict = inspector
-        .pool
-        .run("waf", deadline, move || {
-            let headers: Vec<(&[u8], &[u8])> = request
-                .headers
-                .iter()
-                .map(|(name, value)| (name.as_slice(), value.as_slice()))
-                .collect();
-            waf.inspect(&request.as_waf_request(&headers), paranoia)
-        })
-        .await;
+    // The CRS takes time in proportion to the body (about 1.4 ms per KiB of form here), so
+    // a spooled body gets `timeout_ms` per 64 KiB inspected.
+    let pieces = spool.written.div_ceil(IN_MEMORY_BODY).max(1);
+    let deadline =
+        Instant::now() + Duration::from_millis(spool.policy.timeout_ms.saturating_mul(pieces));
+    let policy = spool.policy;
+    request.body = spool
+        .file
+        .clone()
+        .map_or(BodyCopy::Absent, BodyCopy::Spooled);
+    let verdict = inspector.run(request, policy.paranoia, deadline).await;
+    if let Some(answer) = judge(ctx, &app, &policy, verdict) {
+        ctx.refused_with = Some(answer);
+        return Err(Error::explain(
+            ErrorType::HTTPStatus(answer.status()),
+            "refused by the WAF after its body",
+        ));
+    }
+    *body = Some(concat(spool.read_back().await?, past_limit));
+    Ok(())
+}
+
+/// A retry of the upstream connection replays the body from its start: start the spool over.
+pub(crate) fn on_new_attempt(ctx: &mut RequestCtx) {
+    if let Some(spool) = ctx.waf_spool.as_mut() {
+        spool.written = 0;
+    }
+}
+
+/// The spool cannot take the body (disk budget, a write error): `on_overload` decides
+/// between sending what was held back and the rest uninspected, or 503.
+async fn give_up_spooling(
+    ctx: &mut RequestCtx,
+    body: &mut Option<Bytes>,
+    piece: Bytes,
+    past_limit: Option<Bytes>,
+) -> pingora::Result<()> {
+    let Some(spool) = ctx.waf_spool.take() else {
+        return Ok(());
+    };
+    if let Some(answer) = overloaded(ctx.app_name(), spool.policy.on_overload) {
+        ctx.refused_with = Some(answer);
+        return Err(Error::explain(
+            ErrorType::HTTPStatus(answer.status()),
+            "no room to spool the body for the WAF",
+        ));
+    }
+    let held = spool.read_back().await?;
+    *body = Some(concat(concat(held, Some(piece)), past_limit));
+    Ok(())
+}
+
+fn concat(head: Bytes, tail: Option<Bytes>) -> Bytes {
+    match tail {
+        None => head,
+        Some(tail) if head.is_empty() => tail,
+        Some(tail) => {
+            let mut whole = BytesMut::with_capacity(head.len() + tail.len());
+            whole.extend_from_slice(&head);
+            whole.extend_from_slice(&tail);
+            whole.freeze()
+        }
+    }
+}
+
+/// The verdict's consequences: logs, counts, and the answer when the request is refused.
+fn judge(
+    ctx: &RequestCtx,
+    app: &str,
+    policy: &WafPolicy,
+    verdict: Result<Verdict, PoolRefusal>,
+) -> Option<LocalAnswer> {
     let verdict = match verdict {
         Ok(verdict) => verdict,
         Err(refusal) => {
             log::warn!(
-                "request {}: app {app}: WAF inspection {} ({}); {}",
+                "request {}: app {app}: WAF inspection {} ({} ms); {}",
                 ctx.request_id,
                 match refusal {
                     PoolRefusal::Full => "refused, the worker pool is full",
@@ -114,7 +309,7 @@ pub(crate) async fn inspect(
                     WafOverload::Closed => "answered 503",
                 }
             );
-            return Ok(overloaded(app, policy.on_overload));
+            return overloaded(app, policy.on_overload);
         }
     };
     for found in &verdict.matches {
@@ -136,7 +331,7 @@ pub(crate) async fn inspect(
     metrics::WAF_INSPECTIONS
         .with_label_values(&[app, result])
         .inc();
-    Ok(blocked.then_some(LocalAnswer::WafBlocked))
+    blocked.then_some(LocalAnswer::WafBlocked)
 }
 
 fn overloaded(app: &str, policy: WafOverload) -> Option<LocalAnswer> {
@@ -161,27 +356,143 @@ fn report_no_waf(app: &str) {
     }
 }
 
-/// The whole body when its declared length is within `limit`; `None` otherwise (nothing
-/// read). Reading it here makes Pingora replay it to the backend from its buffer.
-async fn read_inspectable_body(
-    session: &mut Session,
-    limit: u64,
-) -> pingora::Result<Option<bytes::Bytes>> {
-    let declared = session
+fn declared_length(session: &Session) -> Option<u64> {
+    session
         .req_header()
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let Some(length) = declared.filter(|&n| n > 0 && n <= limit) else {
-        return Ok(None);
-    };
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// The whole (small) body. Reading it here makes Pingora replay it to the backend from its
+/// buffer.
+async fn read_small_body(session: &mut Session) -> pingora::Result<Bytes> {
     session.enable_retry_buffering();
-    let mut body = BytesMut::with_capacity(length as usize);
+    let mut body = BytesMut::new();
     while let Some(chunk) = session.read_request_body().await? {
         body.extend_from_slice(&chunk);
     }
-    Ok(Some(body.freeze()))
+    Ok(body.freeze())
+}
+
+/// Disk the spools of all requests may use at once.
+#[derive(Debug)]
+struct SpoolBudget {
+    settings: SpoolSettings,
+    used: AtomicU64,
+}
+
+impl SpoolBudget {
+    fn reserve(&self, bytes: u64) -> bool {
+        let reserved = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes)
+                    .filter(|&total| total <= self.settings.budget_bytes)
+            })
+            .is_ok();
+        if reserved {
+            metrics::WAF_SPOOL_BYTES.add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        reserved
+    }
+
+    fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+        metrics::WAF_SPOOL_BYTES.sub(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// One request's body on its way to inspection.
+pub(crate) struct BodySpool {
+    /// The request without its body, kept to be inspected with it.
+    request: Option<OwnedRequest>,
+    policy: WafPolicy,
+    budget: Arc<SpoolBudget>,
+    /// Made on the first piece, in the spool directory, already unlinked.
+    file: Option<Arc<File>>,
+    /// Bytes of the body in the file.
+    written: u64,
+    /// Bytes of the budget this request holds (the most it has written).
+    reserved: u64,
+}
+
+impl std::fmt::Debug for BodySpool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BodySpool")
+            .field("written", &self.written)
+            .field("reserved", &self.reserved)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BodySpool {
+    /// Writes `piece` after what is spooled, off the event loop.
+    async fn append(&mut self, piece: Bytes) -> Result<(), String> {
+        let end = self.written + piece.len() as u64;
+        if end > self.reserved {
+            if !self.budget.reserve(end - self.reserved) {
+                return Err(format!(
+                    "the spool is full ({} KiB in use of {} KiB)",
+                    self.budget.used.load(Ordering::Relaxed) >> 10,
+                    self.budget.settings.budget_bytes >> 10
+                ));
+            }
+            self.reserved = end;
+        }
+        let file = self.file.clone();
+        let dir = self.budget.settings.dir.clone();
+        let offset = self.written;
+        let file = tokio::task::spawn_blocking(move || -> std::io::Result<Arc<File>> {
+            let file = match file {
+                Some(file) => file,
+                None => Arc::new(tempfile::tempfile_in(&dir)?),
+            };
+            file.write_all_at(&piece, offset)?;
+            Ok(file)
+        })
+        .await
+        .map_err(|e| format!("the spool writer failed: {e}"))?
+        .map_err(|e| {
+            format!(
+                "cannot write in {}: {e}",
+                self.budget.settings.dir.display()
+            )
+        })?;
+        self.file = Some(file);
+        self.written = end;
+        Ok(())
+    }
+
+    /// The spooled body, read back in one piece to be sent on.
+    async fn read_back(&self) -> pingora::Result<Bytes> {
+        let Some(file) = self.file.clone() else {
+            return Ok(Bytes::new());
+        };
+        let length = self.written as usize;
+        tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+            let mut body = vec![0u8; length];
+            file.read_exact_at(&mut body, 0)?;
+            Ok(Bytes::from(body))
+        })
+        .await
+        .map_err(|e| Error::because(ErrorType::InternalError, "WAF spool reader", e))?
+        .map_err(|e| Error::because(ErrorType::InternalError, "reading the WAF spool", e))
+    }
+}
+
+impl Drop for BodySpool {
+    fn drop(&mut self) {
+        self.budget.release(self.reserved);
+    }
+}
+
+/// The body as the worker thread gets it.
+enum BodyCopy {
+    Absent,
+    Bytes(Bytes),
+    Spooled(Arc<File>),
 }
 
 /// What the worker thread needs, copied off the session.
@@ -193,11 +504,11 @@ struct OwnedRequest {
     uri: String,
     http_version: &'static str,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
-    body: Option<bytes::Bytes>,
+    body: BodyCopy,
 }
 
 impl OwnedRequest {
-    fn of(session: &Session, body: Option<bytes::Bytes>) -> Self {
+    fn of(session: &Session, body: BodyCopy) -> Self {
         let request = session.req_header();
         let client = session.client_addr().and_then(|a| a.as_inet());
         let server_port = session
@@ -237,7 +548,11 @@ impl OwnedRequest {
             uri: &self.uri,
             http_version: self.http_version,
             headers,
-            body: self.body.as_deref(),
+            body: match &self.body {
+                BodyCopy::Absent => Body::Absent,
+                BodyCopy::Bytes(bytes) => Body::Bytes(bytes),
+                BodyCopy::Spooled(file) => Body::Spooled(file),
+            },
         }
     }
 }

@@ -48,6 +48,8 @@ struct Queue {
 pub struct WorkerPool {
     queue: Arc<Queue>,
     threads: usize,
+    /// Tasks run on the caller's event loop: the pool's absence, measured (benchmarks).
+    inline: bool,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -55,6 +57,7 @@ impl std::fmt::Debug for WorkerPool {
         f.debug_struct("WorkerPool")
             .field("threads", &self.threads)
             .field("capacity", &self.queue.capacity)
+            .field("inline", &self.inline)
             .finish()
     }
 }
@@ -76,7 +79,32 @@ impl WorkerPool {
                 .spawn(move || work(&queue))?;
         }
         metrics::POOL_THREADS.set(threads as i64);
-        Ok(Self { queue, threads })
+        Ok(Self {
+            queue,
+            threads,
+            inline: false,
+        })
+    }
+
+    /// A pool that starts no thread: every task runs at once on the event loop that asks,
+    /// blocking it, as a router without a pool would. It exists so that benchmarks can show
+    /// what the pool saves (seed 001's experiment); `threads` only sizes admission (the
+    /// images stage's places), like a real pool of that size.
+    pub fn inline(threads: usize) -> Self {
+        metrics::register_all();
+        log::warn!(
+            "CPU-heavy stages run inline on the event loops (--pool-mode inline): for \
+             benchmarks only, light requests wait behind every inspection and resize"
+        );
+        Self {
+            queue: Arc::new(Queue {
+                tasks: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                capacity: 1,
+            }),
+            threads: threads.max(1),
+            inline: true,
+        }
     }
 
     /// How many worker threads run tasks.
@@ -92,6 +120,9 @@ impl WorkerPool {
         deadline: Instant,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PoolRefusal> {
+        if self.inline {
+            return run_inline(stage, deadline, job);
+        }
         let (done, result) = oneshot::channel();
         let task = Task {
             stage,
@@ -121,6 +152,26 @@ impl WorkerPool {
             }
         }
     }
+}
+
+/// What a router without a pool does: the job runs here, on the event loop, and a result
+/// that comes after the deadline is a timeout like the pool's.
+fn run_inline<T>(
+    stage: &'static str,
+    deadline: Instant,
+    job: impl FnOnce() -> T,
+) -> Result<T, PoolRefusal> {
+    let started = Instant::now();
+    metrics::POOL_WAIT.with_label_values(&[stage]).observe(0.0);
+    let value = job();
+    metrics::POOL_RUN
+        .with_label_values(&[stage])
+        .observe(started.elapsed().as_secs_f64());
+    if Instant::now() > deadline {
+        metrics::POOL_TIMEOUTS.with_label_values(&[stage]).inc();
+        return Err(PoolRefusal::TimedOut);
+    }
+    Ok(value)
 }
 
 fn work(queue: &Queue) {
@@ -226,6 +277,24 @@ mod tests {
                 .await;
             assert_eq!(late, Err(PoolRefusal::TimedOut));
             assert!(started.elapsed() < Duration::from_millis(250));
+        });
+    }
+
+    #[test]
+    fn an_inline_pool_runs_on_the_calling_thread_and_still_reports_late_results() {
+        let pool = WorkerPool::inline(2);
+        runtime().block_on(async {
+            let caller = std::thread::current().id();
+            let soon = Instant::now() + Duration::from_secs(5);
+            let ran_on = pool.run("test", soon, || std::thread::current().id()).await;
+            assert_eq!(ran_on, Ok(caller));
+
+            let deadline = Instant::now() + Duration::from_millis(20);
+            let slow = || std::thread::sleep(Duration::from_millis(60));
+            assert_eq!(
+                pool.run("test", deadline, slow).await,
+                Err(PoolRefusal::TimedOut)
+            );
         });
     }
 }

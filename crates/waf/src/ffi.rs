@@ -229,14 +229,18 @@ impl<'a> Transaction<'a> {
         unsafe { msc_process_request_headers(self.tx) };
     }
 
-    pub(crate) fn body(&mut self, body: &[u8]) {
-        // SAFETY: a live slice; the library copies it. Then phase 2 runs.
-        unsafe {
-            if !body.is_empty() {
-                msc_append_request_body(self.tx, body.as_ptr(), body.len());
-            }
-            msc_process_request_body(self.tx);
+    pub(crate) fn append_body(&mut self, piece: &[u8]) {
+        if piece.is_empty() {
+            return;
         }
+        // SAFETY: valid transaction and a live slice; the library copies it.
+        unsafe { msc_append_request_body(self.tx, piece.as_ptr(), piece.len()) };
+    }
+
+    /// Runs phase 2 on the body appended so far.
+    pub(crate) fn end_of_body(&mut self) {
+        // SAFETY: valid transaction.
+        unsafe { msc_process_request_body(self.tx) };
     }
 
     /// The disruptive action decided so far, if any.

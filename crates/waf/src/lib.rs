@@ -71,8 +71,20 @@ pub struct Request<'a> {
     pub http_version: &'a str,
     /// The request's headers.
     pub headers: &'a [(&'a [u8], &'a [u8])],
-    /// The body, when it is inspected (it fit the inspection limit).
-    pub body: Option<&'a [u8]>,
+    /// The body, as far as it is inspected.
+    pub body: Body<'a>,
+}
+
+/// Where the inspected part of a request body is.
+#[derive(Debug, Clone, Copy)]
+pub enum Body<'a> {
+    /// No body, or none inspected.
+    Absent,
+    /// In memory (small bodies).
+    Bytes(&'a [u8]),
+    /// Spooled to a file, read from its start (large bodies: the router does not hold them in
+    /// memory beside the copy libmodsecurity makes).
+    Spooled(&'a std::fs::File),
 }
 
 /// One rule that matched.
@@ -148,7 +160,12 @@ impl Waf {
             decided = tx.intervention();
         }
         if decided.is_none() {
-            tx.body(request.body.unwrap_or_default());
+            match request.body {
+                Body::Absent => {}
+                Body::Bytes(bytes) => tx.append_body(bytes),
+                Body::Spooled(file) => append_spooled(&mut tx, file),
+            }
+            tx.end_of_body();
             decided = tx.intervention();
         }
         let mut matches: Vec<RuleMatch> = tx
@@ -166,6 +183,29 @@ impl Waf {
         Verdict {
             block_status: decided.map(|d| d.status),
             matches,
+        }
+    }
+}
+
+/// Feeds a spooled body to the transaction in pieces; a read error ends the body there (what
+/// was read is inspected, as with ModSecurity's ProcessPartial) and is logged.
+fn append_spooled(tx: &mut ffi::Transaction, mut file: &std::fs::File) {
+    use std::io::{Read, Seek, SeekFrom};
+    const PIECE: usize = 64 * 1024;
+    if let Err(e) = file.seek(SeekFrom::Start(0)) {
+        log::warn!("WAF: cannot read the spooled request body: {e}");
+        return;
+    }
+    let mut piece = vec![0u8; PIECE];
+    loop {
+        match file.read(&mut piece) {
+            Ok(0) => return,
+            Ok(n) => tx.append_body(&piece[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log::warn!("WAF: spooled request body read cut short: {e}");
+                return;
+            }
         }
     }
 }
@@ -238,7 +278,7 @@ mod tests {
                 uri,
                 http_version: "1.1",
                 headers,
-                body,
+                body: body.map_or(Body::Absent, Body::Bytes),
             },
             1,
         )
@@ -298,6 +338,38 @@ mod tests {
     }
 
     #[test]
+    fn a_spooled_body_is_inspected_whole_from_its_file() {
+        use std::io::Write;
+        // The attack sits past the first 64 KiB piece read back from the spool.
+        let mut body = b"comment=".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 200 * 1024));
+        body.extend_from_slice(b"&cmd=%3B%20cat%20/etc/passwd");
+        let mut spool = tempfile::tempfile().expect("spool");
+        spool.write_all(&body).expect("write");
+        let length = body.len().to_string();
+        let mut form: Vec<(&[u8], &[u8])> = BROWSER.to_vec();
+        form.push((b"Content-Type", b"application/x-www-form-urlencoded"));
+        form.push((b"Content-Length", length.as_bytes()));
+        let request = |body| Request {
+            client_ip: "192.0.2.10",
+            client_port: 40000,
+            server_port: 80,
+            method: "POST",
+            uri: "/comments",
+            http_version: "1.1",
+            headers: &form,
+            body,
+        };
+        let verdict = waf().inspect(&request(Body::Spooled(&spool)), 1);
+        assert_eq!(verdict.block_status, Some(403), "{:?}", verdict.matches);
+
+        let mut benign = tempfile::tempfile().expect("spool");
+        benign.write_all(&body[..200 * 1024]).expect("write");
+        let verdict = waf().inspect(&request(Body::Spooled(&benign)), 1);
+        assert_eq!(verdict.block_status, None, "{:?}", verdict.matches);
+    }
+
+    #[test]
     fn the_paranoia_level_decides_which_rules_run() {
         // 920300 (a request without Accept) is a paranoia-level-2 rule.
         let no_accept: &[(&[u8], &[u8])] =
@@ -311,7 +383,7 @@ mod tests {
                 uri: "/",
                 http_version: "1.1",
                 headers,
-                body: None,
+                body: Body::Absent,
             };
             let verdict = waf().inspect(&request, level);
             verdict.matches.iter().any(|m| m.id == 920300)
