@@ -187,6 +187,41 @@ fn originals_from_the_app_are_resized_to_the_asked_box_and_format() {
 }
 
 #[test]
+fn a_resized_image_the_app_lets_be_cached_is_made_once() {
+    let router = RouterProcess::start();
+    let originals = Originals::start(vec![("/photos/wide.png", png(400, 200))]);
+    gallery(
+        &router,
+        &originals,
+        json!({}),
+        json!({"cache": {"paths": ["/_img/*"]}}),
+    );
+    let first = router.get("gallery.test", "/_img/100x100/photos/wide.png?format=webp");
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    for _ in 0..3 {
+        let again = router.get("gallery.test", "/_img/100x100/photos/wide.png?format=webp");
+        assert_eq!(again.status, 200);
+        assert_eq!(again.header("x-cache"), Some("HIT"));
+        assert_eq!(again.body, first.body, "the same image");
+        assert_eq!(again.header("content-type"), Some("image/webp"));
+    }
+    // Another size or format is another entry.
+    let other = router.get("gallery.test", "/_img/50x50/photos/wide.png");
+    assert_eq!(other.header("x-cache"), Some("MISS"));
+    assert_eq!(decoded(&other), (ImageFormat::Png, 50, 25));
+    assert_eq!(
+        originals.requests.load(Ordering::Relaxed),
+        2,
+        "fetched once per size"
+    );
+    assert_eq!(
+        router.metric("switchyard_image_requests_total{app=\"gallery\",result=\"resized\"}"),
+        2.0
+    );
+}
+
+#[test]
 fn a_file_under_the_static_root_is_resized_without_asking_the_app() {
     let router = RouterProcess::start();
     let originals = Originals::start(vec![]);

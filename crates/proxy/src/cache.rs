@@ -480,6 +480,21 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
     }
 }
 
+/// A response the router made itself for an app that caches (a resized image) goes through
+/// the same decisions as the app's own: kept when storable (the request held the fill), and
+/// marked with `X-Cache`.
+pub(crate) fn keep_local_answer(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    head: &mut ResponseHeader,
+    body: &Bytes,
+) -> pingora::Result<()> {
+    on_upstream_response(session, ctx, head)?;
+    on_response_header(ctx, head)?;
+    on_response_body(ctx, &Some(body.clone()), true);
+    Ok(())
+}
+
 /// The app could not be reached (or failed before answering): serve the stale copy if one is
 /// allowed. Returns the status sent, or `None` when there is none to serve.
 pub(crate) async fn serve_stale_on_failure(

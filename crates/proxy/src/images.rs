@@ -195,14 +195,14 @@ pub(crate) async fn serve(
         head.insert_header("cache-control", cache_control)?;
     }
     crate::https::add_hsts(&mut head, ctx)?;
+    let body = Bytes::from(resized.bytes);
+    crate::cache::keep_local_answer(session, ctx, &mut head, &body)?;
     ctx.local_status = Some(200);
     session
         .write_response_header(Box::new(head), head_only)
         .await?;
     if !head_only {
-        session
-            .write_response_body(Some(Bytes::from(resized.bytes)), true)
-            .await?;
+        session.write_response_body(Some(body), true).await?;
     }
     Ok(true)
 }

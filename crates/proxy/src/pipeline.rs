@@ -164,13 +164,14 @@ impl ProxyHttp for Router {
             respond::send(session, ctx, answer).await?;
             return Ok(true);
         }
-        if images::serve(self.images.as_ref(), session, ctx).await? {
-            return Ok(true);
-        }
         if static_files::serve(session, ctx).await? {
             return Ok(true);
         }
         if cache::serve_or_prepare(session, ctx, self.cache_redis.as_ref()).await? {
+            return Ok(true);
+        }
+        // After the cache: a resized image the app lets be cached is made once.
+        if images::serve(self.images.as_ref(), session, ctx).await? {
             return Ok(true);
         }
         mirror::start(&self.mirrors, session, ctx);
