@@ -165,7 +165,8 @@ fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole() {
     protect(
         &router,
         &backend,
-        json!({"mode": "block", "max_body_bytes": 300_000}),
+        // A generous deadline: a missed one would pass the body uninspected (on_overload open).
+        json!({"mode": "block", "max_body_bytes": 300_000, "timeout_ms": 30_000}),
     );
 
     // Past the 64 KiB kept in memory: spooled, inspected, then forwarded byte for byte.
@@ -233,7 +234,10 @@ fn a_full_spool_follows_the_apps_overload_policy() {
     protect(
         &router,
         &backend,
-        json!({"mode": "block", "on_overload": "closed", "max_body_bytes": 900_000}),
+        // A generous deadline: this is about room in the spool, not time (the CRS takes about
+        // a second for 800 KB here, more on a busy machine).
+        json!({"mode": "block", "on_overload": "closed", "max_body_bytes": 900_000,
+               "timeout_ms": 30_000}),
     );
     // A slow upload holds 700 KB of the 1 MiB spool...
     let body = large_form(800_000, false);

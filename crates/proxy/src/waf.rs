@@ -130,7 +130,8 @@ pub(crate) async fn inspect(
         return Ok(None);
     };
     let app = route.app.name.as_str();
-    let deadline = Instant::now() + Duration::from_millis(policy.timeout_ms);
+    let allowed = Duration::from_millis(policy.timeout_ms);
+    let deadline = Instant::now() + allowed;
     let Some(inspector) = inspector else {
         report_no_waf(app);
         return Ok(overloaded(app, policy.on_overload));
@@ -146,6 +147,7 @@ pub(crate) async fn inspect(
             ctx,
             app,
             &policy,
+            allowed,
             inspector.run(request, policy.paranoia, deadline).await,
         ));
     }
@@ -157,6 +159,7 @@ pub(crate) async fn inspect(
             ctx,
             app,
             &policy,
+            allowed,
             inspector.run(request, policy.paranoia, deadline).await,
         ));
     }
@@ -165,7 +168,7 @@ pub(crate) async fn inspect(
         let request = OwnedRequest::of(session, BodyCopy::Absent);
         if let Ok(verdict) = inspector.run(request, policy.paranoia, deadline).await {
             if verdict.block_status.is_some() {
-                return Ok(judge(ctx, app, &policy, Ok(verdict)));
+                return Ok(judge(ctx, app, &policy, allowed, Ok(verdict)));
             }
         }
     }
@@ -224,15 +227,15 @@ pub(crate) async fn on_body(
     // The CRS takes time in proportion to the body (about 1.4 ms per KiB of form here), so
     // a spooled body gets `timeout_ms` per 64 KiB inspected.
     let pieces = spool.written.div_ceil(IN_MEMORY_BODY).max(1);
-    let deadline =
-        Instant::now() + Duration::from_millis(spool.policy.timeout_ms.saturating_mul(pieces));
+    let allowed = Duration::from_millis(spool.policy.timeout_ms.saturating_mul(pieces));
+    let deadline = Instant::now() + allowed;
     let policy = spool.policy;
     request.body = spool
         .file
         .clone()
         .map_or(BodyCopy::Absent, BodyCopy::Spooled);
     let verdict = inspector.run(request, policy.paranoia, deadline).await;
-    if let Some(answer) = judge(ctx, &app, &policy, verdict) {
+    if let Some(answer) = judge(ctx, &app, &policy, allowed, verdict) {
         ctx.refused_with = Some(answer);
         return Err(Error::explain(
             ErrorType::HTTPStatus(answer.status()),
@@ -291,19 +294,20 @@ fn judge(
     ctx: &RequestCtx,
     app: &str,
     policy: &WafPolicy,
+    allowed: Duration,
     verdict: Result<Verdict, PoolRefusal>,
 ) -> Option<LocalAnswer> {
     let verdict = match verdict {
         Ok(verdict) => verdict,
         Err(refusal) => {
             log::warn!(
-                "request {}: app {app}: WAF inspection {} ({} ms); {}",
+                "request {}: app {app}: WAF inspection {} ({} ms allowed); {}",
                 ctx.request_id,
                 match refusal {
                     PoolRefusal::Full => "refused, the worker pool is full",
                     PoolRefusal::TimedOut => "missed its deadline",
                 },
-                policy.timeout_ms,
+                allowed.as_millis(),
                 match policy.on_overload {
                     WafOverload::Open => "passed uninspected",
                     WafOverload::Closed => "answered 503",
