@@ -206,11 +206,13 @@ def start_switchyard(work, apps, backend, tag):
 
 
 def serve_switchyard(work, name, *args):
-    """`switchyard serve` on free ports with its own data directory, no access log and no
-    shutdown grace, plus `args`; returns (process, http port, admin port)."""
+    """`switchyard serve` on free ports with its own data directory, no HTTPS listener (it
+    would take the default port 8443), no access log and no shutdown grace, plus `args`;
+    returns (process, http port, admin port)."""
     http_port, admin_port = free_port(), free_port()
     proc = Process(name, [
-        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--admin", f"127.0.0.1:{admin_port}",
+        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        "--admin", f"127.0.0.1:{admin_port}",
         "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
         *args,
     ], work, env={**os.environ, "RUST_LOG": "warn"})

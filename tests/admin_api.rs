@@ -290,7 +290,7 @@ fn the_environment_overrides_the_config_file() {
     let config = dir.path().join("switchyard.toml");
     std::fs::write(
         &config,
-        format!("http = \"127.0.0.1:{http}\"\nadmin = \"127.0.0.1:{admin}\"\naccess_log = \"off\"\nshutdown_grace_s = 0\n"),
+        format!("http = \"127.0.0.1:{http}\"\nhttps = \"off\"\nadmin = \"127.0.0.1:{admin}\"\naccess_log = \"off\"\nshutdown_grace_s = 0\n"),
     )
     .expect("write config");
     let mut child = Command::new(RouterProcess::binary())

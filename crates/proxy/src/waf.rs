@@ -136,32 +136,24 @@ pub(crate) async fn inspect(
         report_no_waf(app);
         return Ok(overloaded(app, policy.on_overload));
     };
-    if session.is_body_empty() || policy.max_body_bytes == 0 {
+    // No body, or none to inspect; or a small one, read now: inspected with the request.
+    let declared = declared_length(session);
+    let body = if session.is_body_empty() || policy.max_body_bytes == 0 {
         if !session.is_body_empty() {
             metrics::WAF_BODY_UNINSPECTED
                 .with_label_values(&[app])
                 .inc();
         }
-        let request = OwnedRequest::of(session, BodyCopy::Absent);
-        return Ok(judge(
-            ctx,
-            app,
-            &policy,
-            allowed,
-            inspector.run(request, policy.paranoia, deadline).await,
-        ));
-    }
-    let declared = declared_length(session);
-    if declared.is_some_and(|n| n <= IN_MEMORY_BODY.min(policy.max_body_bytes)) {
-        let body = read_small_body(session).await?;
-        let request = OwnedRequest::of(session, BodyCopy::Bytes(body));
-        return Ok(judge(
-            ctx,
-            app,
-            &policy,
-            allowed,
-            inspector.run(request, policy.paranoia, deadline).await,
-        ));
+        Some(BodyCopy::Absent)
+    } else if declared.is_some_and(|n| n <= IN_MEMORY_BODY.min(policy.max_body_bytes)) {
+        Some(BodyCopy::Bytes(read_small_body(session).await?))
+    } else {
+        None
+    };
+    if let Some(body) = body {
+        let request = OwnedRequest::of(session, body);
+        let verdict = inspector.run(request, policy.paranoia, deadline).await;
+        return Ok(judge(ctx, app, &policy, allowed, verdict));
     }
     // A large body: the headers alone first, when a match could refuse the request.
     if policy.mode == WafMode::Block {
