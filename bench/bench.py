@@ -423,9 +423,21 @@ def metric(admin_port, name):
 
 # ---------------------------------------------------------------- report
 
+def cpu_model():
+    return next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                 if l.startswith("model name")), platform.processor())
+
+
+def host():
+    """The machine and commit a section was measured on (tool versions are in the header)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"machine": f"{cpu_model()}, {os.cpu_count()} cores, kernel {platform.release()}",
+            "commit": commit}
+
+
 def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     mem_kib = int(next(l.split()[1] for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")))
     versions = {
         "nginx": subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip(),
@@ -492,20 +504,28 @@ def write_report(results, path):
     lines += ["", "## Targets (issue 2)", ""]
     for t in results["targets"]:
         lines.append(f"- {t['name']}: measured {t['measured']} → **{'met' if t['met'] else 'NOT met'}**")
+    def when(key):
+        """When a section was measured, and where when it was not the machine above."""
+        host = results.get(f"{key}_host")
+        header = f"{m['cpu']}, {m['cores']} cores, kernel {m['kernel']}"
+        where = "same machine" if not host or host["machine"] == header else (
+            f"on another machine: {host['machine']}, commit {host['commit']}")
+        return f"{results.get(f'{key}_date', '')}, {where}"
+
     if results.get("https"):
-        lines += https_report(results["https"], results.get("https_date", ""))
+        lines += https_report(results["https"], when("https"))
     if results.get("fleet"):
-        lines += fleet_report(results["fleet"], results.get("fleet_date", ""))
+        lines += fleet_report(results["fleet"], when("fleet"))
     if results.get("mirror"):
-        lines += mirror_report(results["mirror"], results.get("mirror_date", ""))
+        lines += mirror_report(results["mirror"], when("mirror"))
     if results.get("cache"):
-        lines += cache_report(results["cache"], results.get("cache_date", ""))
+        lines += cache_report(results["cache"], when("cache"))
     if results.get("waf"):
-        lines += waf_report(results["waf"], results.get("waf_date", ""))
+        lines += waf_report(results["waf"], when("waf"))
     if results.get("logd"):
-        lines += logd_report(results["logd"], results.get("logd_date", ""))
+        lines += logd_report(results["logd"], when("logd"))
     if results.get("images"):
-        lines += images_report(results["images"], results.get("images_date", ""))
+        lines += images_report(results["images"], when("images"))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -521,6 +541,7 @@ def merge_section(key, section, quick):
     merged = json.loads(source.read_text())
     merged[key] = section
     merged[f"{key}_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    merged[f"{key}_host"] = host()
     latest.write_text(json.dumps(merged, indent=2))
     out = ROOT / "bench" / ("RESULTS-quick.md" if quick else "RESULTS.md")
     write_report(merged, out)
@@ -531,7 +552,7 @@ def merge_section(key, section, quick):
 def fleet_report(f, date):
     """The fleet-mode section, from bench/bench_fleet.py's measurements."""
     lines = ["", "# Fleet mode: Redis store (bench/bench_fleet.py)", "",
-             f"Measured on {date}, same machine; Redis 7 on loopback, no persistence.", "",
+             f"Measured on {date}; Redis 7 on loopback, no persistence.", "",
              "## Change propagation across two routers", "",
              "From the start of a PUT of an app's backends on router A until a new connection to "
              "router B is answered by the new backend.", "",
@@ -564,7 +585,7 @@ def fleet_report(f, date):
 def https_report(h, date):
     """The HTTPS section, from bench/bench_https.py's measurements."""
     lines = ["", "# HTTPS (bench/bench_https.py)", "",
-             f"Measured on {date}, same machine. {h['apps']} apps, each with its own certificate "
+             f"Measured on {date}. {h['apps']} apps, each with its own certificate "
              "(EC P-256): Switchyard reads them from its store on first use; nginx has one server "
              "block and certificate file per app. HTTP/1.1 over TLS; vegeta's Go client keeps no "
              "session cache, so without keep-alive every request is a full TLS 1.3 handshake.",
@@ -610,7 +631,7 @@ def https_report(h, date):
 def mirror_report(m, date):
     """The mirroring section, from bench/bench_mirror.py's measurements."""
     lines = ["", "# Traffic mirroring (bench/bench_mirror.py)", "",
-             f"Measured on {date}, same machine. Seed 003's experiment: {m['rate']} req/s for "
+             f"Measured on {date}. Seed 003's experiment: {m['rate']} req/s for "
              f"{m['seconds']} s through each proxy to one primary, with no mirror, a healthy mirror, a "
              "mirror answering 500, and a mirror answering after 1 s. \"One connection\" is the "
              "article's `hey -c 1 -q 1000 -t 1` (one keep-alive connection, next request when the "
@@ -619,6 +640,7 @@ def mirror_report(m, date):
              "`mirror` + `proxy_pass` to the same shadows.", "",
              "| proxy | mirror | load | achieved req/s | mean ms | p50 ms | p99 ms | success | copies delivered / dropped |",
              "|---|---|---|---|---|---|---|---|---|"]
+    # "–": none (the light route alone), or none reported by wrk.
     for r in m["runs"]:
         copies = f"{r['mirrored']:.0f} / {r['dropped']:.0f}" if "mirrored" in r else ""
         lines.append(f"| {r['proxy']} | {r['scenario']} | {r['mode']} | {r['achieved_rps']:.1f} | "
@@ -644,7 +666,7 @@ def mirror_report(m, date):
 def cache_report(c, date):
     """The response-cache section, from bench/bench_cache.py's measurements."""
     lines = ["", "# Response cache (bench/bench_cache.py)", "",
-             f"Measured on {date}, same machine. Seed 004's experiment: a deliberately slow app "
+             f"Measured on {date}. Seed 004's experiment: a deliberately slow app "
              "(one request at a time, 10 ms per 5 KB page, like a single Rails worker) behind Switchyard without a cache, with its memory "
              "cache, with the shared `redis` store (copies kept in Redis by the router), with the "
              "`redis-versioned` store (the page written to Redis as the article's "
@@ -682,7 +704,8 @@ def isolation_table(section, heavy, rate_label, rate):
     """Seed 001's table: for the pool and the inline router, the light route alone and beside
     N `heavy` connections, light and heavy latency, timeouts and errors."""
     def ms(value):
-        return "–" if value is None else f"{value:.1f}"
+        # wrk prints 0 when it recorded no latency (its blocked connections timed out).
+        return "–" if not value else f"{value:.1f}"
     lines = [f"| mode | {heavy} connections | light p50 ms | light p99 ms | light timeouts/errors | "
              f"{rate_label} | heavy p50 ms | heavy p99 ms | heavy errors |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -712,7 +735,7 @@ def light_route_targets(isolation, heavy):
 def waf_report(w, date):
     """The WAF section, from bench/bench_waf.py's measurements."""
     lines = ["", "# WAF and worker pool (bench/bench_waf.py)", "",
-             f"Measured on {date}, same machine. Both proxies inspect with libmodsecurity 3.0.9 and "
+             f"Measured on {date}. Both proxies inspect with libmodsecurity 3.0.9 and "
              "Debian's OWASP CRS 3.3.4 (paranoia 1, request bodies inspected, block mode) in front of "
              "the same origin (an nginx answering 200 at once). Switchyard runs inspections on its "
              "worker pool (2 threads); nginx 1.22 uses libnginx-mod-http-modsecurity (2 workers). "
@@ -743,7 +766,7 @@ def waf_report(w, date):
 def images_report(m, date):
     """The image-resizing section, from bench/bench_images.py's measurements."""
     lines = ["", "# Image resizing on the worker pool (bench/bench_images.py)", "",
-             f"Measured on {date}, same machine. `GET {m['thumbnail']}`: a {m['width']}×{m['height']} JPEG "
+             f"Measured on {date}. `GET {m['thumbnail']}`: a {m['width']}×{m['height']} JPEG "
              f"original ({m['original_bytes'] / 1000:.0f} KB) fetched from the app, decoded, shrunk and encoded "
              f"on the worker pool (2 threads). Alone, 64 connections: **{m['alone_rps']:.0f} thumbnails/s** "
              f"({'; '.join(m['alone_errors']) or 'no errors'}). Then seed 001's question: a light GET route "
@@ -761,7 +784,7 @@ def logd_report(l, date):
     """The log-service section, from bench/bench_logd.py's measurements."""
     rows = l["rows"]
     lines = ["", "# Log service (bench/bench_logd.py)", "",
-             f"Measured on {date}, same machine. Seed 000's experiment: a sender of 64 KiB packets "
+             f"Measured on {date}. Seed 000's experiment: a sender of 64 KiB packets "
              f"(~{l['lines_per_packet']:.0f} lines of 250 bytes, 50 apps) at each rate for "
              f"{rows[0]['seconds']} s, open loop with at most 256 unacknowledged, into `switchyard logd "
              "--fsync always --rotate-interval-s 20` (every group synced before its acks). Backlog: lines "

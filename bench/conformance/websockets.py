@@ -154,13 +154,13 @@ async def client(port, host, count, hold_s, report_path):
 
 # ------------------------------------------------------------------ proxies
 
-def start_switchyard(work, backend):
+def start_switchyard(work, backend, domain="ws.test"):
     proc, http_port, admin = serve_switchyard(work, "switchyard", "--threads", "2")
-    put_app(admin, "ws", {"domains": ["ws.test"], "backends": [f"127.0.0.1:{backend}"]})
+    put_app(admin, "ws", {"domains": [domain], "backends": [f"127.0.0.1:{backend}"]})
     return proc, http_port
 
 
-def start_nginx(work, backend):
+def start_nginx(work, backend, domain="ws.test"):
     port = free_port()
     conf = work / "nginx.conf"
     conf.write_text(f"""
@@ -175,7 +175,7 @@ http {{
     map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
-        server_name ws.test;
+        server_name {domain};
         location / {{
             proxy_pass http://127.0.0.1:{backend};
             proxy_http_version 1.1;
