@@ -24,3 +24,23 @@ def replace_section(title, lines):
     else:
         text = text.rstrip("\n") + "\n\n" + body
     CONFORMANCE.write_text(text)
+
+
+def set_summary_row(label, cells):
+    """Adds or replaces one row of the summary table at the top (written by conformance.py):
+    `| label | cells... |`, after the last row of that table."""
+    text = CONFORMANCE.read_text()
+    lines = text.split("\n")
+    row = "| " + " | ".join([label, *cells]) + " |"
+    existing = next((i for i, l in enumerate(lines) if l.startswith(f"| {label} |")), None)
+    if existing is not None:
+        lines[existing] = row
+    else:
+        header = next((i for i, l in enumerate(lines) if l.startswith("| check |")), None)
+        if header is None:
+            return
+        end = header
+        while end + 1 < len(lines) and lines[end + 1].startswith("|"):
+            end += 1
+        lines.insert(end + 1, row)
+    CONFORMANCE.write_text("\n".join(lines))
