@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import ROOT, Process, free_port, nginx_conf, put_app, serve_switchyard, start_origin, wait_port  # noqa: E402
+from bench import (  # noqa: E402
+    ROOT, Process, free_port, metric, nginx_conf, put_app, serve_switchyard, start_origin, wait_port)
 from report import machine, replace_section, set_summary_row  # noqa: E402
 from websockets import nginx_version, resident_kib  # noqa: E402
 
@@ -66,11 +67,7 @@ def switchyard(work, script, origin_port, name, *args):
     try:
         put_app(admin, "real", {"domains": ["real.test"], "backends": [f"127.0.0.1:{origin_port}"]})
         row = measure(proxy, port, script, name)
-        metrics = subprocess.run(["curl", "-s", f"http://127.0.0.1:{admin}/metrics"],
-                                 capture_output=True, text=True).stdout
-        row["domain_answers_kept"] = next(
-            (float(l.split()[-1]) for l in metrics.splitlines()
-             if l.startswith('switchyard_route_cache_entries{table="domains"}')), None)
+        row["domain_answers_kept"] = metric(admin, 'switchyard_route_cache_entries{table="domains"}')
         return row
     finally:
         proxy.stop()
