@@ -279,19 +279,25 @@ fn a_full_spool_follows_the_apps_overload_policy() {
 fn detect_mode_logs_matches_and_lets_them_through() {
     let router = RouterProcess::start();
     let backend = Backend::start("shop");
-    protect(&router, &backend, json!({"mode": "detect", "paranoia": 2}));
+    protect(
+        &router,
+        &backend,
+        json!({"mode": "detect", "paranoia": 2, "timeout_ms": 30_000}),
+    );
     let probe = get(&router, "/products?id=1%27%20OR%20%271%27=%271", "");
     assert_eq!(probe.status, 200);
     assert_eq!(backend.requests(), 1);
+    // A spooled body too: inspected, logged, and sent on whole.
+    let large = large_form(100_000, true);
+    assert_eq!(post(&router, "/upload", FORM, &large).status, 200);
+    assert_eq!(backend.recorded()[1].body, large.as_bytes());
     assert_eq!(
         router.metric("switchyard_waf_requests_total{app=\"shop\",result=\"matched\"}"),
-        1.0
+        2.0
     );
-    assert!(
-        router.logs().contains("WAF rule 942100 matched"),
-        "{}",
-        router.logs()
-    );
+    let logs = router.logs();
+    assert!(logs.contains("WAF rule 942100 matched"), "{logs}");
+    assert!(logs.contains("WAF rule 932100 matched"), "{logs}");
 }
 
 /// Many concurrent inspections of large bodies on one worker with a queue of one and a short
