@@ -100,20 +100,32 @@ def rss_kib(pid):
 
 # ---------------------------------------------------------------- peers' configurations
 
-def origin_conf(work, b1, b2):
-    return f"""
+def nginx_origin_conf(work, name, servers, worker_connections=8192, main=""):
+    """An nginx playing the app: one worker in the foreground, its pid and error log in `work`
+    under `name`, no access log, long keep-alive; `servers` goes in its http block, `main`
+    (module loads) before everything."""
+    return f"""{main}
 worker_processes 1;
 daemon off;
-pid {work}/origin.pid;
-error_log {work}/origin-error.log;
-events {{ worker_connections 4096; }}
+pid {work}/{name}.pid;
+error_log {work}/{name}-error.log;
+events {{ worker_connections {worker_connections}; }}
 http {{
     access_log off;
     keepalive_requests 1000000;
-    server {{ listen 127.0.0.1:{b1}; location / {{ return 200 "b1\\n"; }} }}
-    server {{ listen 127.0.0.1:{b2}; location / {{ return 200 "b2\\n"; }} }}
+{servers}
 }}
 """
+
+
+def start_nginx_origin(work, name, servers, ports, **conf):
+    """Starts `nginx_origin_conf(work, name, servers, **conf)` and waits for each of `ports`."""
+    path = work / f"{name}.conf"
+    path.write_text(nginx_origin_conf(work, name, servers, **conf))
+    proc = Process(name, ["nginx", "-c", str(path), "-p", str(work)], work)
+    for port in ports:
+        wait_port(port)
+    return proc
 
 
 def nginx_app_conf(i, port, backend):
@@ -181,11 +193,10 @@ def haproxy_conf(work, port, apps, backend):
 
 def start_origin(work):
     b1, b2 = free_port(), free_port()
-    conf = work / "origin.conf"
-    conf.write_text(origin_conf(work, b1, b2))
-    proc = Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
-    wait_port(b1)
-    wait_port(b2)
+    proc = start_nginx_origin(work, "origin", f"""
+    server {{ listen 127.0.0.1:{b1}; location / {{ return 200 "b1\\n"; }} }}
+    server {{ listen 127.0.0.1:{b2}; location / {{ return 200 "b2\\n"; }} }}""",
+                              [b1, b2], worker_connections=4096)
     return proc, b1, b2
 
 

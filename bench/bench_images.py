@@ -51,25 +51,12 @@ def start_origin(work):
     # nginx's workers run as another user: they must be able to reach the file.
     for path in (work, site, site / "photo.png"):
         path.chmod(0o755)
-    conf = work / "origin.conf"
-    conf.write_text(f"""
-worker_processes 1;
-daemon off;
-pid {work}/origin.pid;
-error_log {work}/origin-error.log;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
+    proc = common.start_nginx_origin(work, "origin", f"""
     server {{
         listen 127.0.0.1:{port};
         root {site};
         location = / {{ return 200 "ok\\n"; }}
-    }}
-}}
-""")
-    proc = common.Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
-    common.wait_port(port)
+    }}""", [port])
     return proc, port, site
 
 

@@ -37,30 +37,16 @@ SCENARIOS = ["none", "healthy", "erroring", "slow"]
 
 def start_backends(work):
     ports = {name: common.free_port() for name in ("primary", "healthy", "erroring", "slow")}
-    conf = work / "mirror-backends.conf"
-    conf.write_text(f"""
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
-worker_processes 1;
-daemon off;
-pid {work}/mirror-backends.pid;
-error_log {work}/mirror-backends-error.log;
-events {{ worker_connections 16384; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
+    proc = common.start_nginx_origin(work, "mirror-backends", f"""
     server {{ listen 127.0.0.1:{ports['primary']}; location / {{ return 200 "primary\\n"; }} }}
     server {{ listen 127.0.0.1:{ports['healthy']}; location / {{ return 200 "shadow\\n"; }} }}
     server {{ listen 127.0.0.1:{ports['erroring']}; location / {{ return 500 "broken\\n"; }} }}
     server {{
         listen 127.0.0.1:{ports['slow']};
         location / {{ content_by_lua_block {{ ngx.sleep(1) ngx.say("late") }} }}
-    }}
-}}
-""")
-    proc = common.Process("mirror-backends", ["nginx", "-c", str(conf), "-p", str(work)], work)
-    for port in ports.values():
-        common.wait_port(port)
+    }}""", ports.values(), worker_connections=16384,
+                                     main="load_module /usr/lib/nginx/modules/ndk_http_module.so;\n"
+                                          "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;")
     return proc, ports
 
 

@@ -53,25 +53,12 @@ Include /usr/share/modsecurity-crs/rules/*.conf
 
 def start_origin(work):
     port = common.free_port()
-    conf = work / "origin.conf"
-    conf.write_text(f"""
-worker_processes 1;
-daemon off;
-pid {work}/origin.pid;
-error_log {work}/origin-error.log;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
+    proc = common.start_nginx_origin(work, "origin", f"""
     client_max_body_size 1m;
     server {{
         listen 127.0.0.1:{port};
         location / {{ return 200 "ok\\n"; }}
-    }}
-}}
-""")
-    proc = common.Process("origin", ["nginx", "-c", str(conf), "-p", str(work)], work)
-    common.wait_port(port)
+    }}""", [port])
     return proc, port
 
 
