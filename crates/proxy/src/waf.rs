@@ -165,12 +165,14 @@ pub(crate) async fn inspect(
         }
     }
     ctx.waf_spool = Some(BodySpool {
-        request: Some(OwnedRequest::of(session, BodyCopy::Absent)),
+        request: OwnedRequest::of(session, BodyCopy::Absent),
         policy,
-        budget: inspector.spool.clone(),
+        reservation: Reservation {
+            budget: inspector.spool.clone(),
+            bytes: 0,
+        },
         file: None,
         written: 0,
-        reserved: 0,
     });
     Ok(None)
 }
@@ -204,10 +206,7 @@ pub(crate) async fn on_body(
         *body = Some(Bytes::new());
         return Ok(());
     }
-    let Some(mut spool) = ctx.waf_spool.take() else {
-        return Ok(());
-    };
-    let Some(mut request) = spool.request.take() else {
+    let Some(spool) = ctx.waf_spool.take() else {
         return Ok(());
     };
     let app = ctx.app_name().to_string();
@@ -221,20 +220,21 @@ pub(crate) async fn on_body(
     let pieces = spool.written.div_ceil(IN_MEMORY_BODY).max(1);
     let allowed = Duration::from_millis(spool.policy.timeout_ms.saturating_mul(pieces));
     let deadline = Instant::now() + allowed;
-    let policy = spool.policy;
-    request.body = spool
-        .file
-        .clone()
-        .map_or(BodyCopy::Absent, BodyCopy::Spooled);
+    let BodySpool {
+        mut request,
+        policy,
+        reservation,
+        file,
+        written,
+    } = spool;
+    request.body = file.clone().map_or(BodyCopy::Absent, BodyCopy::Spooled);
     let verdict = inspector.run(request, policy.paranoia, deadline).await;
     if let Some(answer) = judge(ctx, &app, &policy, allowed, verdict) {
-        ctx.refused_with = Some(answer);
-        return Err(Error::explain(
-            ErrorType::HTTPStatus(answer.status()),
-            "refused by the WAF after its body",
-        ));
+        return refuse(ctx, answer, "refused by the WAF after its body");
     }
-    *body = Some(concat(spool.read_back().await?, past_limit));
+    let held = read_back(file, written).await?;
+    drop(reservation);
+    *body = Some(concat(held, past_limit));
     Ok(())
 }
 
@@ -257,15 +257,18 @@ async fn give_up_spooling(
         return Ok(());
     };
     if let Some(answer) = overloaded(ctx.app_name(), spool.policy.on_overload) {
-        ctx.refused_with = Some(answer);
-        return Err(Error::explain(
-            ErrorType::HTTPStatus(answer.status()),
-            "no room to spool the body for the WAF",
-        ));
+        return refuse(ctx, answer, "no room to spool the body for the WAF");
     }
-    let held = spool.read_back().await?;
+    let held = read_back(spool.file, spool.written).await?;
     *body = Some(concat(concat(held, Some(piece)), past_limit));
     Ok(())
+}
+
+/// Refuses a request already on its way to the backend: the error stops the proxying, and
+/// `fail_to_proxy` sends `answer`.
+fn refuse(ctx: &mut RequestCtx, answer: LocalAnswer, why: &'static str) -> pingora::Result<()> {
+    ctx.refused_with = Some(answer);
+    Err(Error::explain(ErrorType::HTTPStatus(answer.status()), why))
 }
 
 fn concat(head: Bytes, tail: Option<Bytes>) -> Bytes {
@@ -400,25 +403,37 @@ impl SpoolBudget {
     }
 }
 
+/// The part of the spool budget one request holds, given back when it is dropped (the body
+/// sent on, refused, or the request gone).
+struct Reservation {
+    budget: Arc<SpoolBudget>,
+    /// The most this request has written.
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
 /// One request's body on its way to inspection.
 pub(crate) struct BodySpool {
     /// The request without its body, kept to be inspected with it.
-    request: Option<OwnedRequest>,
+    request: OwnedRequest,
     policy: WafPolicy,
-    budget: Arc<SpoolBudget>,
+    reservation: Reservation,
     /// Made on the first piece, in the spool directory, already unlinked.
     file: Option<Arc<File>>,
     /// Bytes of the body in the file.
     written: u64,
-    /// Bytes of the budget this request holds (the most it has written).
-    reserved: u64,
 }
 
 impl std::fmt::Debug for BodySpool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BodySpool")
             .field("written", &self.written)
-            .field("reserved", &self.reserved)
+            .field("reserved", &self.reservation.bytes)
             .finish_non_exhaustive()
     }
 }
@@ -427,18 +442,19 @@ impl BodySpool {
     /// Writes `piece` after what is spooled, off the event loop.
     async fn append(&mut self, piece: Bytes) -> Result<(), String> {
         let end = self.written + piece.len() as u64;
-        if end > self.reserved {
-            if !self.budget.reserve(end - self.reserved) {
+        let budget = &self.reservation.budget;
+        if end > self.reservation.bytes {
+            if !budget.reserve(end - self.reservation.bytes) {
                 return Err(format!(
                     "the spool is full ({} KiB in use of {} KiB)",
-                    self.budget.used.load(Ordering::Relaxed) >> 10,
-                    self.budget.settings.budget_bytes >> 10
+                    budget.used.load(Ordering::Relaxed) >> 10,
+                    budget.settings.budget_bytes >> 10
                 ));
             }
-            self.reserved = end;
+            self.reservation.bytes = end;
         }
         let file = self.file.clone();
-        let dir = self.budget.settings.dir.clone();
+        let dir = budget.settings.dir.clone();
         let offset = self.written;
         let file = tokio::task::spawn_blocking(move || -> std::io::Result<Arc<File>> {
             let file = match file {
@@ -453,35 +469,29 @@ impl BodySpool {
         .map_err(|e| {
             format!(
                 "cannot write in {}: {e}",
-                self.budget.settings.dir.display()
+                self.reservation.budget.settings.dir.display()
             )
         })?;
         self.file = Some(file);
         self.written = end;
         Ok(())
     }
-
-    /// The spooled body, read back in one piece to be sent on.
-    async fn read_back(&self) -> pingora::Result<Bytes> {
-        let Some(file) = self.file.clone() else {
-            return Ok(Bytes::new());
-        };
-        let length = self.written as usize;
-        tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
-            let mut body = vec![0u8; length];
-            file.read_exact_at(&mut body, 0)?;
-            Ok(Bytes::from(body))
-        })
-        .await
-        .map_err(|e| Error::because(ErrorType::InternalError, "WAF spool reader", e))?
-        .map_err(|e| Error::because(ErrorType::InternalError, "reading the WAF spool", e))
-    }
 }
 
-impl Drop for BodySpool {
-    fn drop(&mut self) {
-        self.budget.release(self.reserved);
-    }
+/// The first `written` bytes of a spool file, read back in one piece to be sent on.
+async fn read_back(file: Option<Arc<File>>, written: u64) -> pingora::Result<Bytes> {
+    let Some(file) = file else {
+        return Ok(Bytes::new());
+    };
+    let length = written as usize;
+    tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+        let mut body = vec![0u8; length];
+        file.read_exact_at(&mut body, 0)?;
+        Ok(Bytes::from(body))
+    })
+    .await
+    .map_err(|e| Error::because(ErrorType::InternalError, "WAF spool reader", e))?
+    .map_err(|e| Error::because(ErrorType::InternalError, "reading the WAF spool", e))
 }
 
 /// The body as the worker thread gets it.

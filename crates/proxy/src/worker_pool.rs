@@ -46,18 +46,17 @@ struct Queue {
 
 /// The pool; cheap to share behind an `Arc`. Its threads live as long as the process.
 pub struct WorkerPool {
-    queue: Arc<Queue>,
+    /// `None`: no threads, tasks run on the caller's event loop (the pool's absence, for
+    /// benchmarks).
+    queue: Option<Arc<Queue>>,
     threads: usize,
-    /// Tasks run on the caller's event loop: the pool's absence, measured (benchmarks).
-    inline: bool,
 }
 
 impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
             .field("threads", &self.threads)
-            .field("capacity", &self.queue.capacity)
-            .field("inline", &self.inline)
+            .field("capacity", &self.queue.as_ref().map(|q| q.capacity))
             .finish()
     }
 }
@@ -80,9 +79,8 @@ impl WorkerPool {
         }
         metrics::POOL_THREADS.set(threads as i64);
         Ok(Self {
-            queue,
+            queue: Some(queue),
             threads,
-            inline: false,
         })
     }
 
@@ -97,13 +95,8 @@ impl WorkerPool {
              benchmarks only, light requests wait behind every inspection and resize"
         );
         Self {
-            queue: Arc::new(Queue {
-                tasks: Mutex::new(VecDeque::new()),
-                ready: Condvar::new(),
-                capacity: 1,
-            }),
+            queue: None,
             threads: threads.max(1),
-            inline: true,
         }
     }
 
@@ -120,9 +113,9 @@ impl WorkerPool {
         deadline: Instant,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PoolRefusal> {
-        if self.inline {
+        let Some(queue) = self.queue.as_ref() else {
             return run_inline(stage, deadline, job);
-        }
+        };
         let (done, result) = oneshot::channel();
         let task = Task {
             stage,
@@ -133,8 +126,8 @@ impl WorkerPool {
             }),
         };
         {
-            let mut tasks = self.queue.tasks.lock();
-            if tasks.len() >= self.queue.capacity {
+            let mut tasks = queue.tasks.lock();
+            if tasks.len() >= queue.capacity {
                 drop(tasks);
                 metrics::POOL_REJECTED.with_label_values(&[stage]).inc();
                 return Err(PoolRefusal::Full);
@@ -142,7 +135,7 @@ impl WorkerPool {
             tasks.push_back(task);
             metrics::POOL_QUEUE_DEPTH.set(tasks.len() as i64);
         }
-        self.queue.ready.notify_one();
+        queue.ready.notify_one();
         match tokio::time::timeout_at(deadline.into(), result).await {
             Ok(Ok(value)) => Ok(value),
             // Dropped unrun by a worker because its deadline had passed, or cut short here.
