@@ -167,9 +167,9 @@ def light_beside_heavy(port, script, url_path, seconds, connections):
             "heavy_p50_ms": p50, "heavy_p99_ms": p99, **light}, out
 
 
-def isolation(port, script, url_path, seconds, label, more=lambda out: {}):
+def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
     """Seed 001's rows for one router: the light route alone, then beside each count of
-    heavy connections; `more(wrk output)` adds figures of the caller's own to a row."""
+    heavy connections; `more(row, wrk output)` adds figures of the caller's own to a row."""
     alone = light_latency(port, seconds)
     rows = [{"connections": 0, "heavy_rps": 0, "heavy_errors": [], "heavy_p50_ms": None,
              "heavy_p99_ms": None, **alone}]
@@ -177,7 +177,7 @@ def isolation(port, script, url_path, seconds, label, more=lambda out: {}):
           f"success {alone['success']:.4f}", flush=True)
     for connections in HEAVY_CONNECTIONS:
         row, out = light_beside_heavy(port, script, url_path, seconds, connections)
-        row.update(more(out))
+        row.update(more(row, out))
         rows.append(row)
         print(f"{label}: heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
               f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s p99 "
