@@ -216,7 +216,7 @@ def start_switchyard(work, apps, backend, tag):
     return proc, http_port, admin_port
 
 
-def serve_switchyard(work, name, *args):
+def serve_switchyard(work, name, *args, log_level="warn"):
     """`switchyard serve` on free ports with its own data directory, no HTTPS listener (it
     would take the default port 8443), no access log and no shutdown grace, plus `args`;
     returns (process, http port, admin port)."""
@@ -226,7 +226,7 @@ def serve_switchyard(work, name, *args):
         "--admin", f"127.0.0.1:{admin_port}",
         "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
         *args,
-    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    ], work, env={**os.environ, "RUST_LOG": log_level})
     wait_port(http_port)
     wait_port(admin_port)
     return proc, http_port, admin_port

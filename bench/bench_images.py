@@ -70,15 +70,9 @@ def make_jpeg_original(port, site):
 
 
 def start_switchyard(work, origin_port, pool_mode="threads"):
-    http_port, admin_port = common.free_port(), common.free_port()
-    proc = common.Process(f"switchyard-images-{pool_mode}", [
-        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
-        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / f"data-{pool_mode}"),
-        "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
-        "--pool-mode", pool_mode, "--waf", "off", "--access-log", "off", "--shutdown-grace-s", "0"], work,
-        env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
-    common.wait_port(http_port)
-    common.wait_port(admin_port)
+    proc, http_port, admin_port = common.serve_switchyard(
+        work, f"switchyard-images-{pool_mode}", "--threads", str(common.THREADS),
+        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, "--waf", "off", log_level="error")
     for name, host, extra in [("gallery", GALLERY_HOST, {"images": {"timeout_ms": 2000}}),
                               ("light", LIGHT_HOST, {})]:
         common.put_app(admin_port, name, {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra})

@@ -99,15 +99,9 @@ http {{
 
 
 def start_switchyard(work, origin_port, pool_mode="threads"):
-    http_port, admin_port = common.free_port(), common.free_port()
-    proc = common.Process(f"switchyard-waf-{pool_mode}", [
-        str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
-        "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / f"data-{pool_mode}"),
-        "--threads", str(common.THREADS), "--pool-threads", str(common.THREADS),
-        "--pool-mode", pool_mode, "--access-log", "off", "--shutdown-grace-s", "0"], work,
-        env={"RUST_LOG": "error", "PATH": "/usr/bin:/bin"})
-    common.wait_port(http_port)
-    common.wait_port(admin_port)
+    proc, http_port, admin_port = common.serve_switchyard(
+        work, f"switchyard-waf-{pool_mode}", "--threads", str(common.THREADS),
+        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, log_level="error")
     # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
     for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:
