@@ -4,7 +4,6 @@
 mod admin_service;
 mod bench_seed;
 mod cli;
-mod config;
 mod limits;
 mod logd;
 mod serve;
@@ -29,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the router (HTTP listener, admin API) on the configured store.
-    Serve(Box<config::ServeArgs>),
+    Serve(Box<switchyard_config::ServeArgs>),
     /// Create, inspect, scale and delete apps through the admin API.
     Apps(cli::AppsArgs),
     /// Upload, list and delete TLS certificates through the admin API.
@@ -44,13 +43,15 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => match config::Config::resolve(*args).and_then(serve::run) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("switchyard: {e:#}");
-                ExitCode::from(2)
+        Command::Serve(args) => {
+            match switchyard_config::Config::resolve(*args).and_then(serve::run) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("switchyard: {e:#}");
+                    ExitCode::from(2)
+                }
             }
-        },
+        }
         Command::Logd(args) => match logd::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

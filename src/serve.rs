@@ -27,7 +27,7 @@ use switchyard_tls_tickets::TicketKeys;
 use switchyard_waf::RuleFiles;
 
 use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafReload};
-use crate::config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
+use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 
 /// Bytes a client connection buffers before a write reaches the socket. Pingora's default
 /// (one MSS, 1,460) sends a response head alone whenever the body is larger, so a typical
@@ -136,7 +136,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // backend connections; each request learns from its connection whether it came over TLS.
     let shutdown_log = access_log.clone();
     let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone())
-        .with_client_idle_timeout(config.client_idle_timeout);
+        .with_client_timeouts(config.client_timeouts);
     let stopping = router.stopping();
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
     let pool = Arc::new(if config.pool_inline {

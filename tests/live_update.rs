@@ -310,3 +310,24 @@ fn sigterm_stops_accepting_but_finishes_in_flight_requests() {
     assert_eq!(response.text(), "patient");
     assert!(router.wait_exit().success());
 }
+
+#[test]
+fn a_silent_websocket_client_outlives_the_body_timeout() {
+    let router = RouterProcess::start_with(&["--client-body-timeout-s", "1"]);
+    let backend = Backend::start("quiet");
+    router.put_app(
+        "quiet",
+        json!({"domains": ["quiet.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let mut socket = open_websocket(router.http, "quiet.test").await;
+        assert_eq!(exchange(&mut socket, "hello").await, "quiet:hello");
+        // Silent for three times the body deadline: a WebSocket is not a slow upload.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            exchange(&mut socket, "still here").await,
+            "quiet:still here"
+        );
+    });
+}

@@ -496,3 +496,85 @@ fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
         "closed after {idle:?} idle"
     );
 }
+
+#[test]
+fn a_client_that_stops_sending_its_body_gets_408_after_the_body_timeout() {
+    use std::io::{Read, Write};
+    let router = RouterProcess::start_with(&["--client-body-timeout-s", "1"]);
+    let backend = Backend::start("patient");
+    router.put_app(
+        "patient",
+        json!({"domains": ["upload.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+        .write_all(
+            b"POST /upload HTTP/1.1\r\nHost: upload.test\r\nContent-Length: 1000\r\n\r\n0123456789",
+        )
+        .expect("request");
+    let started = Instant::now();
+    let mut received = Vec::new();
+    // The router answers and closes; a read timeout here would mean it kept waiting.
+    stream
+        .read_to_end(&mut received)
+        .expect("the router closes, not a read timeout");
+    let waited = started.elapsed();
+    let answer = String::from_utf8_lossy(&received);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+    assert!(
+        backend.recorded().is_empty(),
+        "the backend never saw a complete request"
+    );
+}
+
+#[test]
+fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+    use std::io::{Read, Write};
+    let router = RouterProcess::start_with(&["--client-send-timeout-s", "1"]);
+    let backend = Backend::start("generous");
+    router.put_app(
+        "generous",
+        json!({"domains": ["download.test"], "backends": [backend.addr.to_string()]}),
+    );
+    // Far more than the socket buffers between the backend, the router and this client hold,
+    // so that the router has to wait for this client to read.
+    const LENGTH: usize = 256 << 20;
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    stream
+        .write_all(
+            format!("GET /bytes?n={LENGTH} HTTP/1.1\r\nHost: download.test\r\n\r\n").as_bytes(),
+        )
+        .expect("request");
+    // A client that reads nothing for three times the deadline.
+    std::thread::sleep(Duration::from_secs(3));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut received = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break "closed",
+            Ok(n) => received += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(e) => panic!("after {received} bytes: {e}"),
+        }
+    };
+    assert!(
+        received < LENGTH,
+        "{received} bytes of {LENGTH} and {ended}: the router waited for the client"
+    );
+    eprintln!("the client got {received} bytes of {LENGTH}, then the connection was {ended}");
+    assert_eq!(
+        router.get("download.test", "/").status,
+        200,
+        "the router still serves"
+    );
+}

@@ -295,6 +295,21 @@ async fn respond(
             tokio::time::sleep(Duration::from_millis(ms)).await;
             write_response(stream, 200, "text/plain", shared.name.as_bytes()).await
         }
+        "/bytes" => {
+            // `n` zero bytes, written as fast as the reader takes them.
+            let length = query_param(&request.target, "n").unwrap_or(0);
+            stream
+                .write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\n\r\n").as_bytes())
+                .await?;
+            let piece = vec![0u8; 64 * 1024];
+            let mut left = length as usize;
+            while left > 0 {
+                let n = left.min(piece.len());
+                stream.write_all(&piece[..n]).await?;
+                left -= n;
+            }
+            Ok(())
+        }
         "/stream" => {
             let chunks = query_param(&request.target, "chunks").unwrap_or(10);
             let interval = query_param(&request.target, "interval_ms").unwrap_or(100);

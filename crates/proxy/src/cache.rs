@@ -547,9 +547,7 @@ async fn write_cached(
         .write_response_header(Box::new(head), head_only)
         .await?;
     if !head_only {
-        session
-            .write_response_body(Some(response.body.clone()), true)
-            .await?;
+        crate::respond::write_whole_body(session, response.body.clone()).await?;
     }
     Ok(())
 }

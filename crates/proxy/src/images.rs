@@ -202,7 +202,7 @@ pub(crate) async fn serve(
         .write_response_header(Box::new(head), head_only)
         .await?;
     if !head_only {
-        session.write_response_body(Some(body), true).await?;
+        crate::respond::write_whole_body(session, body).await?;
     }
     Ok(true)
 }

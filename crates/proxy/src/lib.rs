@@ -38,7 +38,7 @@ pub use cert_expiry::CertExpiryScan;
 pub use follower::ChangeFollower;
 pub use health::HealthChecker;
 pub use mirror::MirrorState;
-pub use pipeline::{Router, DEFAULT_CLIENT_IDLE_TIMEOUT_S};
+pub use pipeline::Router;
 pub use response_store::{AppResponseCache, CacheBudget};
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
 pub use tls::{https_settings, TicketKeyRotation};

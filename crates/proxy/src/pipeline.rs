@@ -34,6 +34,7 @@ use pingora::protocols::Digest;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::Error;
+use switchyard_model::ClientTimeouts;
 
 use crate::access_log::AccessLog;
 use crate::cache;
@@ -62,16 +63,13 @@ pub struct Router {
     waf: Option<Arc<Inspector>>,
     /// `None` until a worker pool is given: resize requests are then answered 503.
     images: Option<ImageStage>,
-    client_idle_timeout_s: u64,
+    client_timeouts: ClientTimeouts,
     /// Set when the server stops accepting (shutdown or upgrade hand-over).
     stopping: Arc<AtomicBool>,
 }
 
-/// Seconds an idle HTTP/1.1 client connection is kept unless configured otherwise.
-pub const DEFAULT_CLIENT_IDLE_TIMEOUT_S: u64 = 60;
-
 /// How long the rest of an upload refused midway is read and dropped before closing.
-const REFUSED_UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+const REFUSED_UPLOAD_LINGER: Duration = Duration::from_secs(5);
 
 impl Router {
     /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
@@ -91,16 +89,16 @@ impl Router {
             cache_redis,
             waf: None,
             images: None,
-            client_idle_timeout_s: DEFAULT_CLIENT_IDLE_TIMEOUT_S,
+            client_timeouts: ClientTimeouts::default(),
             stopping: Arc::default(),
         }
     }
 
-    /// Closes an HTTP/1.1 client connection idle this long between requests. Pingora would
-    /// otherwise keep it forever (or as long as the client's own `Keep-Alive` header asks),
-    /// and wait for the next request's head without any deadline.
-    pub fn with_client_idle_timeout(mut self, idle: Duration) -> Self {
-        self.client_idle_timeout_s = idle.as_secs().max(1);
+    /// Deadlines for clients. Pingora would otherwise keep an idle HTTP/1.1 connection
+    /// forever (or as long as the client's own `Keep-Alive` header asks) and wait for the next
+    /// request's head without any deadline, and wait forever on a client that stops reading.
+    pub fn with_client_timeouts(mut self, timeouts: ClientTimeouts) -> Self {
+        self.client_timeouts = timeouts;
         self
     }
 
@@ -143,8 +141,14 @@ impl ProxyHttp for Router {
         if self.stopping.load(Ordering::Relaxed) {
             session.set_keepalive(None);
         } else if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.client_idle_timeout_s));
+            session.set_keepalive(Some(self.client_timeouts.idle.as_secs().max(1)));
         }
+        // A WebSocket's client may rightly stay silent for hours (its pings keep it alive), as
+        // its backend may (see `upstream`); an ordinary body gets a deadline per read. HTTP/2
+        // streams have no per-read deadline in Pingora; flow control bounds what they hold.
+        let body_deadline = (!session.is_upgrade_req()).then_some(self.client_timeouts.body);
+        session.set_read_timeout(body_deadline);
+        session.set_write_timeout(Some(self.client_timeouts.send));
         ctx.tls = session
             .digest()
             .is_some_and(|digest| digest.ssl_digest.is_some());
@@ -273,7 +277,7 @@ impl ProxyHttp for Router {
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
-    ) -> pingora::Result<Option<std::time::Duration>> {
+    ) -> pingora::Result<Option<Duration>> {
         cache::on_response_body(ctx, body, end_of_stream);
         Ok(None)
     }

@@ -81,12 +81,35 @@ pub(crate) fn status_for(error: &Error) -> u16 {
         _ => match error.esource() {
             ErrorSource::Upstream => 502,
             ErrorSource::Downstream => match error.etype() {
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                // Nothing reaches a client that is gone or does not read.
+                ErrorType::WriteError
+                | ErrorType::WriteTimedout
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed => 0,
                 ErrorType::ReadTimedout => 408,
                 _ => 400,
             },
             ErrorSource::Internal | ErrorSource::Unset => 500,
         },
+    }
+}
+
+/// Largest piece of a response body written at once: the client send timeout is a deadline
+/// for each piece, so a large cached answer is not held to the deadline of a small one.
+pub(crate) const BODY_PIECE: usize = 64 * 1024;
+
+/// Writes a complete body held in memory, in pieces of at most [`BODY_PIECE`].
+pub(crate) async fn write_whole_body(
+    session: &mut Session,
+    mut body: Bytes,
+) -> pingora::Result<()> {
+    loop {
+        let piece = body.split_to(body.len().min(BODY_PIECE));
+        let last = body.is_empty();
+        session.write_response_body(Some(piece), last).await?;
+        if last {
+            return Ok(());
+        }
     }
 }
 

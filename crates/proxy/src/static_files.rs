@@ -17,9 +17,6 @@ use tokio::io::AsyncReadExt;
 use crate::context::RequestCtx;
 use crate::https;
 
-/// Size of each piece of a file sent to the client.
-const CHUNK: usize = 64 * 1024;
-
 /// Serves the request from the app's static root when a file matches. `Ok(true)`: answered.
 pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
     let Some(route) = ctx.route.clone() else {
@@ -52,7 +49,7 @@ pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingor
         return Ok(true);
     }
     let mut sent = 0u64;
-    let mut buffer = vec![0u8; CHUNK];
+    let mut buffer = vec![0u8; crate::respond::BODY_PIECE];
     while sent < length {
         let read = file.read(&mut buffer).await.map_err(|e| {
             pingora::Error::because(pingora::ErrorType::ReadError, "static file", e)

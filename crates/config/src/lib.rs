@@ -11,11 +11,12 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
 use switchyard_logs::ShipConfig;
+use switchyard_model::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 use toml::Spanned;
 
 /// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the file.
 #[derive(Args, Debug, Default)]
-pub(crate) struct ServeArgs {
+pub struct ServeArgs {
     /// TOML config file.
     #[arg(long, env = "SWITCHYARD_CONFIG")]
     config: Option<PathBuf>,
@@ -70,6 +71,14 @@ pub(crate) struct ServeArgs {
     /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
     #[arg(long, env = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S")]
     client_idle_timeout_s: Option<u64>,
+    /// Seconds the router waits for each piece of an HTTP/1.1 request body before it closes
+    /// the connection (408). Not applied to WebSockets.
+    #[arg(long, env = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S")]
+    client_body_timeout_s: Option<u64>,
+    /// Seconds a client may take to accept each piece (at most 64 KiB) of a response before the
+    /// router closes the connection.
+    #[arg(long, env = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S")]
+    client_send_timeout_s: Option<u64>,
     /// Take over the listening sockets of the router running with the same data directory
     /// (send it SIGQUIT once this one is started); it drains and exits.
     #[arg(long)]
@@ -156,6 +165,8 @@ struct FileConfig {
     drain_grace_s: Option<u64>,
     shutdown_grace_s: Option<u64>,
     client_idle_timeout_s: Option<Spanned<u64>>,
+    client_body_timeout_s: Option<Spanned<u64>>,
+    client_send_timeout_s: Option<Spanned<u64>>,
     route_cache_apps: Option<Spanned<usize>>,
     cache_memory_mb: Option<Spanned<u64>>,
     cache_redis: Option<Spanned<String>>,
@@ -177,7 +188,7 @@ struct FileConfig {
 
 /// Which store holds the routes.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) enum StoreChoice {
+pub enum StoreChoice {
     /// The redb file in the data directory.
     Embedded,
     /// A Redis shared by a fleet of routers.
@@ -207,40 +218,56 @@ impl std::fmt::Debug for StoreChoice {
 
 /// Resolved, validated settings.
 #[derive(Debug)]
-pub(crate) struct Config {
-    pub(crate) http: SocketAddr,
-    pub(crate) https: Option<SocketAddr>,
-    pub(crate) tls: TlsConfig,
-    pub(crate) admin: SocketAddr,
-    pub(crate) data_dir: PathBuf,
-    pub(crate) store: StoreChoice,
-    pub(crate) admin_token: Option<String>,
-    pub(crate) access_log: AccessLogChoice,
-    pub(crate) threads: usize,
-    pub(crate) drain_grace: Duration,
-    pub(crate) shutdown_grace: Duration,
-    pub(crate) client_idle_timeout: Duration,
+pub struct Config {
+    /// Plain HTTP listener.
+    pub http: SocketAddr,
+    /// HTTPS listener, unless switched off.
+    pub https: Option<SocketAddr>,
+    /// Certificates and session tickets of the HTTPS listener.
+    pub tls: TlsConfig,
+    /// Admin API listener.
+    pub admin: SocketAddr,
+    /// Embedded store, spools and the upgrade socket.
+    pub data_dir: PathBuf,
+    /// Where routes and certificates are kept.
+    pub store: StoreChoice,
+    /// Bearer token of the admin API (never empty).
+    pub admin_token: Option<String>,
+    /// Where access-log records go.
+    pub access_log: AccessLogChoice,
+    /// Event-loop threads of the proxy.
+    pub threads: usize,
+    /// How long connections to a removed backend may finish.
+    pub drain_grace: Duration,
+    /// How long in-flight requests get after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Deadlines for clients: idle between requests, reading a body, taking an answer.
+    pub client_timeouts: ClientTimeouts,
     /// Started to replace a running router (listener hand-off).
-    pub(crate) upgrade: bool,
-    pub(crate) route_cache_apps: usize,
-    pub(crate) cache_memory_bytes: u64,
+    pub upgrade: bool,
+    /// Most apps (and absent domains) kept in the route cache.
+    pub route_cache_apps: usize,
+    /// Memory for cached responses over all apps.
+    pub cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
-    pub(crate) cache_redis: Option<(String, Duration)>,
+    pub cache_redis: Option<(String, Duration)>,
     /// Whether the Core Rule Set is loaded.
-    pub(crate) waf: bool,
+    pub waf: bool,
     /// Extra rules file included after the CRS.
-    pub(crate) waf_rules: Option<String>,
+    pub waf_rules: Option<String>,
     /// Disk for request bodies waiting for the WAF.
-    pub(crate) waf_spool_bytes: u64,
-    pub(crate) pool_threads: usize,
-    pub(crate) pool_queue: usize,
+    pub waf_spool_bytes: u64,
+    /// Threads of the worker pool for CPU-bound stages.
+    pub pool_threads: usize,
+    /// Most tasks waiting for the pool.
+    pub pool_queue: usize,
     /// Heavy stages run on the event loop instead of the pool (benchmarks only).
-    pub(crate) pool_inline: bool,
+    pub pool_inline: bool,
 }
 
 /// Where access-log records go.
 #[derive(Debug)]
-pub(crate) enum AccessLogChoice {
+pub enum AccessLogChoice {
     /// `stdout`, `off` or a file path.
     Local(String),
     /// Batched to log services.
@@ -249,13 +276,17 @@ pub(crate) enum AccessLogChoice {
 
 /// Settings of the HTTPS listener.
 #[derive(Debug)]
-pub(crate) struct TlsConfig {
+pub struct TlsConfig {
     /// PEM files of the certificate for names without their own.
-    pub(crate) default_cert: Option<(PathBuf, PathBuf)>,
-    pub(crate) redirect_port: Option<u16>,
-    pub(crate) cert_cache_size: usize,
-    pub(crate) ticket_rotation: Duration,
-    pub(crate) expiry_scan: Duration,
+    pub default_cert: Option<(PathBuf, PathBuf)>,
+    /// Port put in HTTP→HTTPS redirects.
+    pub redirect_port: Option<u16>,
+    /// Most parsed certificates kept in memory.
+    pub cert_cache_size: usize,
+    /// Interval between session-ticket key rotations.
+    pub ticket_rotation: Duration,
+    /// Interval between scans for certificates about to expire.
+    pub expiry_scan: Duration,
 }
 
 /// Where a value came from, for error messages.
@@ -277,22 +308,36 @@ impl Source<'_> {
 
 impl Config {
     /// Merges flags, environment and file, and validates the result.
-    pub(crate) fn resolve(args: ServeArgs) -> anyhow::Result<Self> {
-        let text = match &args.config {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read config file {}", path.display()))?,
-            ),
-            None => None,
-        };
-        let file: FileConfig = match (&args.config, &text) {
-            (Some(path), Some(text)) => toml::from_str(text)
-                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?,
-            _ => FileConfig::default(),
-        };
-        let source = Source {
-            file: args.config.as_deref().zip(text.as_deref()),
-        };
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<Self> {
+        match args.config.clone() {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?;
+                Self::resolve_with_file(args, &path, &text)
+            }
+            None => Self::resolve_sources(args, FileConfig::default(), Source { file: None }),
+        }
+    }
+
+    /// As [`Config::resolve`], with the config file's text already read from `path` (which
+    /// only names it in errors).
+    pub fn resolve_with_file(args: ServeArgs, path: &Path, text: &str) -> anyhow::Result<Self> {
+        let file: FileConfig = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        Self::resolve_sources(
+            args,
+            file,
+            Source {
+                file: Some((path, text)),
+            },
+        )
+    }
+
+    fn resolve_sources(
+        args: ServeArgs,
+        file: FileConfig,
+        source: Source<'_>,
+    ) -> anyhow::Result<Self> {
         // Read before the fields below are taken out of `args` and `file`.
         let data_dir = args
             .data_dir
@@ -462,13 +507,29 @@ impl Config {
                     .or(file.shutdown_grace_s)
                     .unwrap_or(10),
             ),
-            client_idle_timeout: Duration::from_secs(at_least_one(
-                &source,
-                "client_idle_timeout_s",
-                args.client_idle_timeout_s,
-                file.client_idle_timeout_s.clone(),
-                switchyard_proxy::DEFAULT_CLIENT_IDLE_TIMEOUT_S,
-            )?),
+            client_timeouts: ClientTimeouts {
+                idle: Duration::from_secs(at_least_one(
+                    &source,
+                    "client_idle_timeout_s",
+                    args.client_idle_timeout_s,
+                    file.client_idle_timeout_s,
+                    DEFAULT_CLIENT_TIMEOUT_S,
+                )?),
+                body: Duration::from_secs(at_least_one(
+                    &source,
+                    "client_body_timeout_s",
+                    args.client_body_timeout_s,
+                    file.client_body_timeout_s,
+                    DEFAULT_CLIENT_TIMEOUT_S,
+                )?),
+                send: Duration::from_secs(at_least_one(
+                    &source,
+                    "client_send_timeout_s",
+                    args.client_send_timeout_s,
+                    file.client_send_timeout_s,
+                    DEFAULT_CLIENT_TIMEOUT_S,
+                )?),
+            },
             upgrade: args.upgrade,
             route_cache_apps,
             cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
@@ -681,6 +742,7 @@ mod tests {
         );
         assert_eq!(config.data_dir, PathBuf::from("./switchyard-data"));
         assert_eq!(config.store, StoreChoice::Embedded);
+        assert_eq!(config.client_timeouts, ClientTimeouts::default());
     }
 
     #[test]
@@ -716,6 +778,11 @@ mod tests {
         assert!(err.to_string().contains("line 2: pool_mode"), "{err}");
         let err = with_file("waf_spool_mb = 0\n").expect_err("no spool");
         assert!(err.to_string().contains("line 1: waf_spool_mb"), "{err}");
+        let err = with_file("\n\nclient_send_timeout_s = 0\n").expect_err("no send deadline");
+        assert!(
+            err.to_string().contains("line 3: client_send_timeout_s"),
+            "{err}"
+        );
         let config = with_file("pool_mode = \"inline\"\nwaf_spool_mb = 2\n").expect("valid");
         assert!(config.pool_inline);
         assert_eq!(config.waf_spool_bytes, 2 << 20);
