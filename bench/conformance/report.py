@@ -44,3 +44,20 @@ def set_summary_row(label, cells):
             end += 1
         lines.insert(end + 1, row)
     CONFORMANCE.write_text("\n".join(lines))
+
+
+def written_by_other_scripts():
+    """The summary rows and sections of bench/CONFORMANCE.md that other scripts own (the
+    scripts run after conformance.py, and fuzz/run; their titles name the script), so that
+    conformance.py can rewrite the rest without losing an hour of Autobahn: (rows, sections
+    text)."""
+    if not CONFORMANCE.exists():
+        return [], ""
+    text = CONFORMANCE.read_text()
+    rows = [l for l in text.split("\n") if l.startswith("| ") and "(section below)" in l.split(" | ")[0]]
+    sections = []
+    for part in text.split("\n## ")[1:]:
+        title = part.split("\n", 1)[0]
+        if "(bench/conformance/" in title or "(fuzz/run)" in title:
+            sections.append("## " + part.rstrip("\n"))
+    return rows, "\n\n".join(sections)
