@@ -12,15 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
-use pingora::proxy::ProxyServiceBuilder;
+use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 use switchyard_admin::AdminState;
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, HealthChecker, Inspector, RouteCache, RouteCacheLimits, Router,
-    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    CertExpiryScan, ChangeFollower, HeadDeadline, HealthChecker, Inspector, RouteCache,
+    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -173,10 +174,14 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let mut proxy = ProxyServiceBuilder::new(&server.configuration, router)
-        .name("switchyard proxy")
-        .server_options(server_options)
-        .build();
+    let h2c = server_options.h2c;
+    let mut http_proxy = HttpProxy::new(router, server.configuration.clone());
+    http_proxy.server_options = Some(server_options);
+    http_proxy.handle_init_modules();
+    let mut proxy = Service::new(
+        "switchyard proxy".to_string(),
+        HeadDeadline::new(http_proxy, config.client_timeouts.header, h2c),
+    );
     proxy.add_listener(ListenerConfig::tcp(config.http.to_string()).l4_buffer(client_buffers()));
 
     let certs = match config.https {

@@ -446,26 +446,13 @@ fn malformed_requests_get_a_4xx_and_never_reach_a_backend() {
     );
 }
 
-#[test]
-fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+/// Sends `request` on a kept-alive connection and reads one answer (with a Content-Length).
+fn exchange_kept_alive(stream: &mut std::net::TcpStream, request: &str) -> String {
     use std::io::{Read, Write};
-    let router = RouterProcess::start_with(&["--client-idle-timeout-s", "1"]);
-    let backend = Backend::start("idle");
-    router.put_app(
-        "idle",
-        json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
-    );
-    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("read timeout");
-    // The client asks to be kept for an hour; the router's limit wins.
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: idle.test\r\nKeep-Alive: timeout=3600\r\n\r\n")
-        .expect("request");
+    stream.write_all(request.as_bytes()).expect("request");
     let mut received = Vec::new();
     let mut buf = [0u8; 4096];
-    let answered = loop {
+    loop {
         let n = stream.read(&mut buf).expect("response");
         assert!(n > 0, "closed before answering");
         received.extend_from_slice(&buf[..n]);
@@ -480,11 +467,33 @@ fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
                 })
                 .expect("a Content-Length");
             if body.len() >= length {
-                break Instant::now();
+                return text.into_owned();
             }
         }
-    };
-    assert!(String::from_utf8_lossy(&received).starts_with("HTTP/1.1 200"));
+    }
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    use std::io::Read;
+    let router = RouterProcess::start_with(&["--client-idle-timeout-s", "1"]);
+    let backend = Backend::start("idle");
+    router.put_app(
+        "idle",
+        json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    // The client asks to be kept for an hour; the router's limit wins.
+    let answer = exchange_kept_alive(
+        &mut stream,
+        "GET / HTTP/1.1\r\nHost: idle.test\r\nKeep-Alive: timeout=3600\r\n\r\n",
+    );
+    let answered = Instant::now();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut buf = [0u8; 4096];
     // Idle now: the router closes the connection after about a second.
     let n = stream
         .read(&mut buf)
@@ -577,4 +586,100 @@ fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
         200,
         "the router still serves"
     );
+}
+
+/// Sends `bytes` one at a time, `gap` apart, until the router closes the connection; returns
+/// how many it took and when it closed (`None`: it never did).
+fn drip(
+    stream: &mut std::net::TcpStream,
+    bytes: &[u8],
+    gap: Duration,
+) -> (usize, Option<Duration>) {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    stream.set_read_timeout(Some(gap)).expect("read timeout");
+    let mut buf = [0u8; 512];
+    for (sent, byte) in bytes.iter().enumerate() {
+        if stream.write_all(&[*byte]).is_err() {
+            return (sent, Some(started.elapsed()));
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return (sent + 1, Some(started.elapsed())),
+            Ok(_) => panic!("an answer to a head that is not complete"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return (sent + 1, Some(started.elapsed())),
+        }
+    }
+    (bytes.len(), None)
+}
+
+#[test]
+fn a_request_head_must_arrive_whole_within_the_header_timeout() {
+    use std::io::Read;
+    let router = RouterProcess::start_with(&["--client-header-timeout-s", "2"]);
+    let backend = Backend::start("heads");
+    router.put_app(
+        "heads",
+        json!({"domains": ["heads.test"], "backends": [backend.addr.to_string()]}),
+    );
+    // A byte every 250 ms: each read is far within Pingora's own 60 s, the whole head is not
+    // (a 200-byte head would take 50 s).
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: heads.test\r\n{}\r\n",
+        "X-Slow: loris\r\n".repeat(11)
+    );
+    let mut dripping = std::net::TcpStream::connect(router.http).expect("connect");
+    let mut silent = std::net::TcpStream::connect(router.http).expect("connect");
+    let silent_since = Instant::now();
+    let (sent, closed_after) = drip(&mut dripping, head.as_bytes(), Duration::from_millis(250));
+    let closed_after = closed_after.expect("the router closes a head that takes too long");
+    assert!(sent < head.len(), "the whole head went through");
+    assert!(
+        closed_after >= Duration::from_millis(1800) && closed_after < Duration::from_secs(5),
+        "closed after {closed_after:?} and {sent} bytes"
+    );
+    // Nothing at all: on the cleartext port Pingora first waits for bytes telling HTTP/2 from
+    // HTTP/1.1, with no deadline of its own.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut buf = [0u8; 16];
+    let read = silent.read(&mut buf);
+    let silent_for = silent_since.elapsed();
+    assert!(
+        matches!(read, Ok(0)) || read.is_err() && silent_for < Duration::from_secs(9),
+        "{read:?} after {silent_for:?}"
+    );
+    assert!(
+        silent_for >= Duration::from_millis(1800) && silent_for < Duration::from_secs(5),
+        "a silent connection closed after {silent_for:?}"
+    );
+    assert!(router.metric("switchyard_client_head_timeouts_total") >= 2.0);
+    // A client sending its head at once is served.
+    assert_eq!(router.get("heads.test", "/").status, 200);
+}
+
+#[test]
+fn a_kept_alive_connection_gets_its_idle_time_before_the_next_head_is_due() {
+    let router = RouterProcess::start_with(&[
+        "--client-header-timeout-s",
+        "1",
+        "--client-idle-timeout-s",
+        "5",
+    ]);
+    let backend = Backend::start("patient");
+    router.put_app(
+        "patient",
+        json!({"domains": ["kept.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    let request = "GET / HTTP/1.1\r\nHost: kept.test\r\n\r\n";
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    assert!(exchange_kept_alive(&mut stream, request).starts_with("HTTP/1.1 200"));
+    // Longer than the header timeout, within the idle one.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(exchange_kept_alive(&mut stream, request).starts_with("HTTP/1.1 200"));
 }

@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_S")]
     shutdown_grace_s: Option<u64>,
+    /// Seconds a client has to send a whole request head (HTTP/1.1) before its connection is
+    /// closed.
+    #[arg(long, env = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S")]
+    client_header_timeout_s: Option<u64>,
     /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
     #[arg(long, env = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S")]
     client_idle_timeout_s: Option<u64>,
@@ -164,6 +168,7 @@ struct FileConfig {
     threads: Option<Spanned<usize>>,
     drain_grace_s: Option<u64>,
     shutdown_grace_s: Option<u64>,
+    client_header_timeout_s: Option<Spanned<u64>>,
     client_idle_timeout_s: Option<Spanned<u64>>,
     client_body_timeout_s: Option<Spanned<u64>>,
     client_send_timeout_s: Option<Spanned<u64>>,
@@ -241,7 +246,8 @@ pub struct Config {
     pub drain_grace: Duration,
     /// How long in-flight requests get after SIGTERM.
     pub shutdown_grace: Duration,
-    /// Deadlines for clients: idle between requests, reading a body, taking an answer.
+    /// Deadlines for clients: sending a head, idling between requests, sending a body, taking
+    /// an answer.
     pub client_timeouts: ClientTimeouts,
     /// Started to replace a running router (listener hand-off).
     pub upgrade: bool,
@@ -508,6 +514,13 @@ impl Config {
                     .unwrap_or(10),
             ),
             client_timeouts: ClientTimeouts {
+                header: Duration::from_secs(at_least_one(
+                    &source,
+                    "client_header_timeout_s",
+                    args.client_header_timeout_s,
+                    file.client_header_timeout_s,
+                    DEFAULT_CLIENT_TIMEOUT_S,
+                )?),
                 idle: Duration::from_secs(at_least_one(
                     &source,
                     "client_idle_timeout_s",

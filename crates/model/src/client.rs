@@ -6,6 +6,9 @@ use std::time::Duration;
 /// How long the router waits on a client before closing its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientTimeouts {
+    /// For a whole request head, from the connection's start (or, on a kept-alive
+    /// connection, from `idle` after the previous answer).
+    pub header: Duration,
     /// Between two requests on an HTTP/1.1 connection (and for each read of the next
     /// request's head).
     pub idle: Duration,
@@ -17,13 +20,15 @@ pub struct ClientTimeouts {
 }
 
 /// Seconds each of [`ClientTimeouts`] is unless configured otherwise (nginx: 75 s for
-/// `keepalive_timeout`, 60 s for `client_body_timeout` and `send_timeout`).
+/// `keepalive_timeout`, 60 s for `client_header_timeout`, `client_body_timeout` and
+/// `send_timeout`).
 pub const DEFAULT_CLIENT_TIMEOUT_S: u64 = 60;
 
 impl Default for ClientTimeouts {
     fn default() -> Self {
         let default = Duration::from_secs(DEFAULT_CLIENT_TIMEOUT_S);
         Self {
+            header: default,
             idle: default,
             body: default,
             send: default,

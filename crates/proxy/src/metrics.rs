@@ -107,6 +107,13 @@ pub(crate) static OPEN_WEBSOCKETS: LazyLock<IntGauge> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static CLIENT_HEAD_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_client_head_timeouts_total",
+        "Client connections closed because a request head did not arrive within the header timeout."
+    ))
+});
+
 pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
     registered(register_int_counter!(
         "switchyard_drained_connections_total",
@@ -374,6 +381,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&STALE_SERVES);
     LazyLock::force(&ACTIVE_REQUESTS);
     LazyLock::force(&OPEN_WEBSOCKETS);
+    LazyLock::force(&CLIENT_HEAD_TIMEOUTS);
     LazyLock::force(&DRAINED_CONNECTIONS);
     LazyLock::force(&HEALTH_TRANSITIONS);
     LazyLock::force(&ACCESS_LOG_DROPPED);

@@ -41,6 +41,7 @@ use crate::cache;
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
 use crate::framing;
+use crate::head_deadline;
 use crate::https;
 use crate::images::{self, ImageStage};
 use crate::metrics;
@@ -130,6 +131,15 @@ impl ProxyHttp for Router {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx::new()
+    }
+
+    async fn early_request_filter(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        head_deadline::head_received();
+        Ok(())
     }
 
     async fn request_filter(
@@ -327,6 +337,8 @@ impl ProxyHttp for Router {
     }
 
     async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
+        // The answer is out: a kept-alive connection now idles, then reads its next head.
+        head_deadline::next_head_within(self.client_timeouts.idle + self.client_timeouts.header);
         let status = session
             .response_written()
             .map(|r| r.status.as_u16())
