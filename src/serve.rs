@@ -18,6 +18,7 @@ use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use switchyard_admin::AdminState;
+use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, HeadDeadline, HealthChecker, Inspector, RouteCache,
@@ -28,15 +29,20 @@ use switchyard_tls_tickets::TicketKeys;
 use switchyard_waf::RuleFiles;
 
 use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafReload};
-use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 
 /// Bytes a client connection buffers before a write reaches the socket. Pingora's default
 /// (one MSS, 1,460) sends a response head alone whenever the body is larger, so a typical
 /// page leaves in two segments and two syscalls; 8 KiB lets head and body of most pages go
 /// together (cache hits of a 5 KB page: about +25% throughput, `bench/bench_cache.py`).
 /// Chunked, upgraded and close-delimited bodies are still flushed on every write, so
-/// streaming is not delayed. Each connection also holds Pingora's 64 KiB read buffer.
+/// streaming is not delayed.
 const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
+
+/// Bytes a client connection reads at a time ahead of the parser. Pingora's default, 64 KiB,
+/// is zero-filled for every connection, idle keep-alive ones and WebSockets included; 16 KiB
+/// still takes an ordinary request head in one read, and bodies are read past it straight into
+/// their own buffer.
+const CLIENT_READ_BUFFER: usize = 16 * 1024;
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
@@ -47,7 +53,7 @@ const LOG_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 const TICKET_KEYS_KEPT: usize = 2;
 
 fn client_buffers() -> L4BufferSettings {
-    L4BufferSettings::default().write(CLIENT_WRITE_BUFFER)
+    L4BufferSettings::new(CLIENT_READ_BUFFER, CLIENT_WRITE_BUFFER)
 }
 
 /// How long a router started with `--upgrade` waits for the one it replaces to let go of
