@@ -75,6 +75,71 @@ fn http2_rapid_reset_is_cut_off_with_goaway_and_the_router_keeps_serving() {
 }
 
 #[test]
+fn an_http2_client_cancelling_streams_the_router_took_on_is_cut_off() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("cancelled");
+    router.put_app(
+        "cancelled",
+        json!({"domains": ["cancel.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let request = request_block("GET", "cancel.test", b"/slow?ms=3000", &[]);
+    let mut connection = Connection::open(router.http);
+    // Batches within Pingora's 100 concurrent streams; each stream is reset only once the
+    // backend has its request, so none is the cheap, pre-accept kind h2 itself refuses.
+    const BATCH: u32 = 50;
+    let mut next_stream = 1;
+    let mut cancelled = 0;
+    let started = Instant::now();
+    while !connection.closed() && started.elapsed() < Duration::from_secs(30) {
+        let seen = backend.requests();
+        let streams: Vec<u32> = (0..BATCH).map(|i| next_stream + 2 * i).collect();
+        next_stream += 2 * BATCH;
+        let opening: Vec<u8> = streams
+            .iter()
+            .flat_map(|&s| frame(HEADERS, END_HEADERS | END_STREAM, s, &request))
+            .collect();
+        if connection.send(&opening).is_err() {
+            break;
+        }
+        let accepted_by = Instant::now() + Duration::from_secs(5);
+        while backend.requests() < seen + BATCH as usize && Instant::now() < accepted_by {
+            connection.next_frame(Instant::now() + Duration::from_millis(20));
+        }
+        assert!(
+            connection.closed() || backend.requests() >= seen + BATCH as usize,
+            "the router did not take the streams on"
+        );
+        let resets: Vec<u8> = streams
+            .iter()
+            .flat_map(|&s| frame(RST_STREAM, 0, s, &CANCEL.to_be_bytes()))
+            .collect();
+        if connection.send(&resets).is_err() {
+            break;
+        }
+        cancelled += BATCH;
+        let settle = Instant::now() + Duration::from_millis(200);
+        while !connection.closed() && connection.next_frame(settle).is_some() {}
+    }
+    let closed_after = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !connection.closed() && connection.next_frame(deadline).is_some() {}
+    assert!(
+        connection.closed(),
+        "still open after {cancelled} cancelled streams"
+    );
+    eprintln!("closed after {cancelled} cancelled streams, {closed_after:?}");
+    assert!(
+        cancelled > 200 && cancelled <= 300,
+        "closed after {cancelled} cancelled streams"
+    );
+    assert_eq!(
+        router.metric("switchyard_h2_connections_closed_for_resets_total"),
+        1.0
+    );
+    assert_eq!(router.get("cancel.test", "/").status, 200);
+}
+
+#[test]
 fn floods_of_unknown_hosts_and_server_names_stay_within_the_caches_bounds() {
     // Small caches, so that the flood overflows them many times: 50 apps (200 domain answers,
     // "no such domain" included) and 10 certificates (100 absent names).

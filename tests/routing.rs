@@ -683,3 +683,31 @@ fn a_kept_alive_connection_gets_its_idle_time_before_the_next_head_is_due() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(exchange_kept_alive(&mut stream, request).starts_with("HTTP/1.1 200"));
 }
+
+#[test]
+fn a_client_that_leaves_mid_request_is_not_retried_on_another_backend() {
+    use std::io::Write;
+    let router = RouterProcess::start();
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+    router.put_app(
+        "leaving",
+        json!({"domains": ["leave.test"], "backends": [first.addr.to_string(), second.addr.to_string()]}),
+    );
+    let mut stream = std::net::TcpStream::connect(router.http).expect("connect");
+    stream
+        .write_all(b"GET /slow?ms=1000 HTTP/1.1\r\nHost: leave.test\r\n\r\n")
+        .expect("request");
+    eventually(
+        Duration::from_secs(5),
+        "a backend to get the request",
+        || first.requests() + second.requests() == 1,
+    );
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        first.requests() + second.requests(),
+        1,
+        "the request went to a second backend after its client left"
+    );
+}

@@ -93,6 +93,7 @@ pub fn request_block(
 pub struct Connection {
     stream: TcpStream,
     received: Vec<u8>,
+    closed: bool,
 }
 
 impl Connection {
@@ -104,6 +105,7 @@ impl Connection {
         let mut connection = Self {
             stream,
             received: Vec::new(),
+            closed: false,
         };
         let mut hello = PREFACE.to_vec();
         hello.extend(frame(SETTINGS, 0, 0, &[]));
@@ -131,16 +133,27 @@ impl Connection {
             }
             // One read at least, so a deadline of now still collects what already arrived.
             match self.stream.read(&mut buf) {
-                Ok(0) => return None,
+                Ok(0) => {
+                    self.closed = true;
+                    return None;
+                }
                 Ok(n) => self.received.extend_from_slice(&buf[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                     if Instant::now() >= deadline {
                         return None;
                     }
                 }
-                Err(_) => return None,
+                Err(_) => {
+                    self.closed = true;
+                    return None;
+                }
             }
         }
+    }
+
+    /// Whether the router closed the connection (seen by `next_frame`).
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     fn take_frame(&mut self) -> Option<Frame> {

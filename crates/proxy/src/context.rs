@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::balancer::InFlight;
 use crate::cache::CacheCtx;
+use crate::h2_resets::TakenStream;
 use crate::metrics;
 use crate::mirror::MirrorFeed;
 use crate::respond::LocalAnswer;
@@ -50,6 +51,8 @@ pub struct RequestCtx {
     /// Why the router refused the request once it was already on its way to the backend
     /// (the WAF after the body); `fail_to_proxy` answers it.
     pub(crate) refused_with: Option<LocalAnswer>,
+    /// An HTTP/2 request, counted against its connection if the client cancels it.
+    pub(crate) h2_stream: Option<TakenStream>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -74,6 +77,7 @@ impl RequestCtx {
             cache: None,
             waf_spool: None,
             refused_with: None,
+            h2_stream: None,
             _active: ActiveRequest::start(),
         }
     }

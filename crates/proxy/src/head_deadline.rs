@@ -5,8 +5,9 @@
 //! nginx's `client_header_timeout` bounds the whole head; [`HeadDeadline`] does the same around
 //! Pingora's HTTP service: a connection still waiting for a head at its deadline is closed.
 //!
-//! HTTP/2 connections are left to Pingora: their requests run in tasks of their own, and a
-//! stream's head arrives in one piece.
+//! HTTP/2 connections are left to Pingora (their requests run in tasks of their own, and a
+//! stream's head arrives in one piece), watched only for streams cancelled by the hundred
+//! (`h2_resets`).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::time::Instant;
 
+use crate::h2_resets;
 use crate::metrics;
 
 /// What an HTTP/2 client sends first (RFC 9113 §3.4).
@@ -86,7 +88,15 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeadDeadline<A> {
             false
         };
         if http2 {
-            return self.app.process_new(stream, shutdown).await;
+            let Some(digest) = stream.get_socket_digest() else {
+                return self.app.process_new(stream, shutdown).await;
+            };
+            let watched = h2_resets::watch(&digest);
+            return tokio::select! {
+                reusable = self.app.process_new(stream, shutdown) => reusable,
+                // Dropping the connection's task closes it; its streams' tasks then fail.
+                _ = watched.cancellations.too_many() => None,
+            };
         }
         HEAD_DUE
             .scope(Cell::new(Some(due)), async {

@@ -14,6 +14,7 @@ mod context;
 mod drain;
 mod follower;
 mod framing;
+mod h2_resets;
 mod head_deadline;
 mod health;
 mod https;

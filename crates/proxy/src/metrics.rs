@@ -114,6 +114,13 @@ pub(crate) static CLIENT_HEAD_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| 
     ))
 });
 
+pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_h2_connections_closed_for_resets_total",
+        "HTTP/2 connections closed for cancelling too many streams the router had taken on."
+    ))
+});
+
 pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
     registered(register_int_counter!(
         "switchyard_drained_connections_total",
@@ -382,6 +389,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&ACTIVE_REQUESTS);
     LazyLock::force(&OPEN_WEBSOCKETS);
     LazyLock::force(&CLIENT_HEAD_TIMEOUTS);
+    LazyLock::force(&H2_CONNECTIONS_CLOSED_FOR_RESETS);
     LazyLock::force(&DRAINED_CONNECTIONS);
     LazyLock::force(&HEALTH_TRANSITIONS);
     LazyLock::force(&ACCESS_LOG_DROPPED);

@@ -41,6 +41,7 @@ use crate::cache;
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
 use crate::framing;
+use crate::h2_resets;
 use crate::head_deadline;
 use crate::https;
 use crate::images::{self, ImageStage};
@@ -135,10 +136,11 @@ impl ProxyHttp for Router {
 
     async fn early_request_filter(
         &self,
-        _session: &mut Session,
-        _ctx: &mut RequestCtx,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         head_deadline::head_received();
+        ctx.h2_stream = h2_resets::TakenStream::start(session);
         Ok(())
     }
 
@@ -336,9 +338,12 @@ impl ProxyHttp for Router {
         matches!(error.etype(), pingora::ErrorType::HTTPStatus(_))
     }
 
-    async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
         // The answer is out: a kept-alive connection now idles, then reads its next head.
         head_deadline::next_head_within(self.client_timeouts.idle + self.client_timeouts.header);
+        if let Some(stream) = ctx.h2_stream.as_mut() {
+            stream.ended(error.is_some_and(|e| e.esource() == &pingora::ErrorSource::Downstream));
+        }
         let status = session
             .response_written()
             .map(|r| r.status.as_u16())

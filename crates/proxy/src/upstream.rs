@@ -128,6 +128,12 @@ pub(crate) fn on_proxy_error(
     ctx: &mut RequestCtx,
     mut error: Box<Error>,
 ) -> Box<Error> {
+    if error.esource() == &pingora::ErrorSource::Downstream {
+        // The client left (or reset its stream): not the backend's failure, and no one is
+        // waiting for a retry, which would only send the request to another backend.
+        error.set_retry(false);
+        return error;
+    }
     let app = ctx.app_name().to_string();
     metrics::UPSTREAM_ERRORS
         .with_label_values(&[app.as_str(), kind_of(&error)])
