@@ -514,34 +514,30 @@ impl Config {
                     .unwrap_or(10),
             ),
             client_timeouts: ClientTimeouts {
-                header: Duration::from_secs(at_least_one(
+                header: client_deadline(
                     &source,
                     "client_header_timeout_s",
                     args.client_header_timeout_s,
                     file.client_header_timeout_s,
-                    DEFAULT_CLIENT_TIMEOUT_S,
-                )?),
-                idle: Duration::from_secs(at_least_one(
+                )?,
+                idle: client_deadline(
                     &source,
                     "client_idle_timeout_s",
                     args.client_idle_timeout_s,
                     file.client_idle_timeout_s,
-                    DEFAULT_CLIENT_TIMEOUT_S,
-                )?),
-                body: Duration::from_secs(at_least_one(
+                )?,
+                body: client_deadline(
                     &source,
                     "client_body_timeout_s",
                     args.client_body_timeout_s,
                     file.client_body_timeout_s,
-                    DEFAULT_CLIENT_TIMEOUT_S,
-                )?),
-                send: Duration::from_secs(at_least_one(
+                )?,
+                send: client_deadline(
                     &source,
                     "client_send_timeout_s",
                     args.client_send_timeout_s,
                     file.client_send_timeout_s,
-                    DEFAULT_CLIENT_TIMEOUT_S,
-                )?),
+                )?,
             },
             upgrade: args.upgrade,
             route_cache_apps,
@@ -703,6 +699,17 @@ fn at_least_one<T: PartialEq + From<u8>>(
         Some((n, _)) => Ok(n),
         None => Ok(default),
     }
+}
+
+/// One of the client deadlines, in whole seconds: at least one, 60 unless given.
+fn client_deadline(
+    source: &Source<'_>,
+    key: &str,
+    flag: Option<u64>,
+    file: Option<Spanned<u64>>,
+) -> anyhow::Result<Duration> {
+    let seconds = at_least_one(source, key, flag, file, DEFAULT_CLIENT_TIMEOUT_S)?;
+    Ok(Duration::from_secs(seconds))
 }
 
 fn address(
