@@ -128,8 +128,9 @@ fn an_http2_client_cancelling_streams_the_router_took_on_is_cut_off() {
         "still open after {cancelled} cancelled streams"
     );
     eprintln!("closed after {cancelled} cancelled streams, {closed_after:?}");
+    // Closed in the batch that crossed 200, or (on a loaded machine) a batch or two later.
     assert!(
-        cancelled > 200 && cancelled <= 300,
+        cancelled > 200 && cancelled <= 350,
         "closed after {cancelled} cancelled streams"
     );
     assert_eq!(
