@@ -180,13 +180,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let h2c = server_options.h2c;
     let mut http_proxy = HttpProxy::new(router, server.configuration.clone());
     http_proxy.server_options = Some(server_options);
     http_proxy.handle_init_modules();
     let mut proxy = Service::new(
         "switchyard proxy".to_string(),
-        HeadDeadline::new(http_proxy, config.client_timeouts.header, h2c),
+        HeadDeadline::new(http_proxy, config.client_timeouts.header),
     );
     proxy.add_listener(ListenerConfig::tcp(config.http.to_string()).l4_buffer(client_buffers()));
 

@@ -37,16 +37,14 @@ tokio::task_local! {
 pub struct HeadDeadline<A> {
     app: Arc<A>,
     first: Duration,
-    h2c: bool,
 }
 
 impl<A> HeadDeadline<A> {
-    /// `h2c`: whether the app accepts HTTP/2 without TLS (it then reads a preface first).
-    pub fn new(app: A, first: Duration, h2c: bool) -> Self {
+    /// `app` with a deadline of `first` for a connection's first request head.
+    pub fn new(app: A, first: Duration) -> Self {
         Self {
             app: Arc::new(app),
             first,
-            h2c,
         }
     }
 }
@@ -72,7 +70,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeadDeadline<A> {
         let due = Instant::now() + self.first;
         let http2 = if stream.get_ssl_digest().is_some() {
             matches!(stream.selected_alpn_proto(), Some(ALPN::H2))
-        } else if self.h2c {
+        } else if self.app.server_options().is_some_and(|o| o.h2c) {
             // Pingora reads (and puts back) the first bytes itself; reading them here first
             // puts a deadline on that wait.
             let mut first_bytes = [0u8; HTTP2_PREFACE.len()];
