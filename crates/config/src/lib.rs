@@ -436,7 +436,7 @@ impl Config {
             file.route_cache_apps,
             100_000,
         )?;
-        let cache_memory_mb = at_least_one(
+        let cache_memory_bytes = mebibytes(
             &source,
             "cache_memory_mb",
             args.cache_memory_mb,
@@ -541,18 +541,17 @@ impl Config {
             },
             upgrade: args.upgrade,
             route_cache_apps,
-            cache_memory_bytes: cache_memory_mb.saturating_mul(1 << 20),
+            cache_memory_bytes,
             cache_redis,
             waf,
             waf_rules: args.waf_rules.or(file.waf_rules),
-            waf_spool_bytes: at_least_one(
+            waf_spool_bytes: mebibytes(
                 &source,
                 "waf_spool_mb",
                 args.waf_spool_mb,
                 file.waf_spool_mb,
                 1024,
-            )?
-            .saturating_mul(1 << 20),
+            )?,
             pool_threads,
             pool_queue,
             pool_inline,
@@ -631,14 +630,13 @@ fn access_log_choice(
             .clone()
             .or(file.log_spool_dir.clone())
             .unwrap_or_else(|| data_dir.join("log-spool")),
-        spool_bytes: at_least_one(
+        spool_bytes: mebibytes(
             source,
             "log_spool_mb",
             args.log_spool_mb,
             file.log_spool_mb.clone(),
             1024,
-        )?
-        .saturating_mul(1 << 20),
+        )?,
     }))
 }
 
@@ -699,6 +697,17 @@ fn at_least_one<T: PartialEq + From<u8>>(
         Some((n, _)) => Ok(n),
         None => Ok(default),
     }
+}
+
+/// A size given in MiB (at least one), in bytes.
+fn mebibytes(
+    source: &Source<'_>,
+    key: &str,
+    flag: Option<u64>,
+    file: Option<Spanned<u64>>,
+    default_mib: u64,
+) -> anyhow::Result<u64> {
+    Ok(at_least_one(source, key, flag, file, default_mib)?.saturating_mul(1 << 20))
 }
 
 /// One of the client deadlines, in whole seconds: at least one, 60 unless given.
