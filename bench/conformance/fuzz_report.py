@@ -20,13 +20,15 @@ def main():
     executions = sum(int(c[2]) for c in cells if c[2].isdigit())
     crashes = sum(int(c[4]) for c in cells)
     run_line = next((line for line in text.splitlines() if line.startswith("Run on ")), "")
+    if crashes == 0:
+        verdict = (f"{len(cells)} targets, {seconds / 60:.0f} min of fuzzing, {executions:,} executions, "
+                   "0 crashes. A crash stops `fuzz/run`; its input becomes a seed in "
+                   "`fuzz/corpus/TARGET` beside the fix (none so far).")
+    else:
+        verdict = (f"{len(cells)} targets, {seconds / 60:.0f} min, {executions:,} executions, "
+                   f"**{crashes} crashes**: see fuzz/artifacts.")
     lines = [SECTION, "", re.sub(r"^Run on", "Last run on", run_line), "",
-             *[line for line in text.splitlines() if line.startswith("|")], "",
-             f"{len(cells)} targets, {seconds / 60:.0f} min of fuzzing, {executions:,} executions, "
-             f"{crashes} crashes. A crash stops `fuzz/run`; its input becomes a seed in "
-             "`fuzz/corpus/TARGET` beside the fix (none so far)." if crashes == 0 else
-             f"{len(cells)} targets, {seconds / 60:.0f} min, {executions:,} executions, "
-             f"**{crashes} crashes**: see fuzz/artifacts.", ""]
+             *[line for line in text.splitlines() if line.startswith("|")], "", verdict, ""]
     replace_section(SECTION, lines)
     set_summary_row("cargo fuzz, all targets (section below)",
                     [f"{seconds / 60:.0f} min, {len(cells)} targets, {crashes} crashes", "not run"])
