@@ -21,8 +21,9 @@ use switchyard_admin::AdminState;
 use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, HeadDeadline, HealthChecker, Inspector, RouteCache,
-    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
+    Inspector, RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation,
+    WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -127,6 +128,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             domains: config.route_cache_apps.saturating_mul(4),
             response_bytes: config.cache_memory_bytes,
         },
+    ));
+    let connections = Arc::new(ConnectionTable::new());
+    let drain = Arc::new(ConnectionDrain::new(
+        connections.clone(),
+        routes.clone(),
         config.drain_grace,
     ));
 
@@ -142,8 +148,14 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // One service for both listeners, so they share one set of threads and one pool of
     // backend connections; each request learns from its connection whether it came over TLS.
     let shutdown_log = access_log.clone();
-    let mut router = Router::new(routes.clone(), access_log, https_port, cache_redis.clone())
-        .with_client_timeouts(config.client_timeouts);
+    let mut router = Router::new(
+        routes.clone(),
+        connections,
+        access_log,
+        https_port,
+        cache_redis.clone(),
+    )
+    .with_client_timeouts(config.client_timeouts);
     let stopping = router.stopping();
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
     let pool = Arc::new(if config.pool_inline {
@@ -223,7 +235,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     };
     server.add_service(proxy);
 
-    let follower = ChangeFollower::new(routes.clone(), certs, changes);
+    let follower = ChangeFollower::new(routes.clone(), certs, drain, changes);
     let follower_progress = FollowerProgress(follower.applied());
     server.add_service(background_service("store changes", follower));
     if let Some(redis) = redis_follower {

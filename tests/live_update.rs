@@ -1,5 +1,7 @@
-//! Changes take effect within moments, without a reload and without cutting connections;
-//! only a removed backend loses its connections, after the drain grace period (1 s here).
+//! Changes take effect within moments, without a reload and without cutting connections: no
+//! change cuts a connection; only deletion or a domain transfer does, after the drain grace
+//! (1 s here), and a removed backend's connections end when it closes them, or at the app's
+//! own deadline if it sets one.
 
 mod support;
 
@@ -10,6 +12,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use support::{eventually, Backend, RouterProcess};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -35,6 +39,25 @@ async fn exchange(socket: &mut Socket, text: &str) -> String {
         .expect("the socket is open")
         .expect("a frame");
     reply.into_text().expect("text").to_string()
+}
+
+/// Waits for the peer's close frame, skipping other messages; fails on anything else.
+async fn close_frame_within(socket: &mut Socket, limit: Duration) -> (CloseCode, String) {
+    let waited = tokio::time::timeout(limit, async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Close(Some(frame)))) => {
+                    return (frame.code, frame.reason.to_string())
+                }
+                Some(Ok(Message::Close(None))) => panic!("a close frame without a status"),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("the connection ended without a close frame: {e}"),
+                None => panic!("the connection ended without a close frame"),
+            }
+        }
+    })
+    .await;
+    waited.unwrap_or_else(|_| panic!("no close frame within {limit:?}"))
 }
 
 #[test]
@@ -182,49 +205,255 @@ async fn a_websocket_survives_100_route_changes_and_10_scale_operations() {
     assert_eq!(exchange(&mut socket, "still here").await, "home:still here");
 }
 
+/// Seed 000's experiment: a WebSocket held open while its app's backends are replaced ten
+/// times over a minute, one new WebSocket opened after each change. Every one of them keeps
+/// echoing from the backend it started with, long past `--drain-grace-s` (1 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removing_a_backend_closes_its_websockets_after_the_grace_period() {
+async fn websockets_outlive_ten_replacements_of_their_backends_over_a_minute() {
+    let router = RouterProcess::start();
+    let first = Backend::start("first");
+    let replacements: Vec<Backend> = ["b", "c", "d"].into_iter().map(Backend::start).collect();
+    router.put_app(
+        "deploys",
+        json!({"domains": ["deploys.test"], "backends": [first.addr.to_string()]}),
+    );
+    let mut sockets = vec![("first", open_websocket(router.http, "deploys.test").await)];
+    assert_eq!(exchange(&mut sockets[0].1, "hello").await, "first:hello");
+
+    let started = Instant::now();
+    for round in 0..10 {
+        // b, c, d, b, c …: a backend comes back after it was removed, as a rescheduled
+        // container may, and its older WebSockets count as served again.
+        let next = &replacements[round % 3];
+        let name = ["b", "c", "d"][round % 3];
+        router.scale("deploys", &[next.addr]);
+        for (backend, socket) in sockets.iter_mut() {
+            let text = format!("round {round}");
+            assert_eq!(
+                exchange(socket, &text).await,
+                format!("{backend}:{text}"),
+                "round {round}: a WebSocket opened on {backend} still echoes from it"
+            );
+        }
+        let mut fresh = open_websocket(router.http, "deploys.test").await;
+        assert_eq!(
+            exchange(&mut fresh, "new").await,
+            format!("{name}:new"),
+            "round {round}: a new WebSocket goes to the current backend"
+        );
+        sockets.push((name, fresh));
+        let removed = sockets.iter().filter(|(b, _)| *b != name).count();
+        eventually(
+            Duration::from_secs(2),
+            "the gauge to count the WebSockets to removed backends",
+            || router.metric("switchyard_connections_to_removed_backends") == removed as f64,
+        );
+        tokio::time::sleep(Duration::from_secs(6).saturating_sub(Duration::from_millis(300))).await;
+    }
+    assert!(started.elapsed() >= Duration::from_secs(55));
+    for (backend, socket) in sockets.iter_mut() {
+        assert_eq!(exchange(socket, "end").await, format!("{backend}:end"));
+    }
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"removed_backend_deadline\"}"),
+        0.0
+    );
+    assert_eq!(
+        first.open_websockets(),
+        1,
+        "the first backend still serves its WebSocket"
+    );
+}
+
+/// The removed backend decides when its WebSocket ends, as it would without a router: the
+/// client sees the backend's own close, not an error from the router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_backend_closes_its_websockets_itself() {
     let router = RouterProcess::start();
     let leaving = Backend::start("leaving");
+    let killed = Backend::start("killed");
     let staying = Backend::start("staying");
     router.put_app(
-        "drain",
-        json!({"domains": ["drain.test"], "backends": [leaving.addr.to_string()]}),
+        "scaled",
+        json!({"domains": ["scaled.test"], "backends": [leaving.addr.to_string()]}),
     );
-    let mut socket = open_websocket(router.http, "drain.test").await;
-    assert_eq!(exchange(&mut socket, "a").await, "leaving:a");
+    let mut polite = open_websocket(router.http, "scaled.test").await;
+    router.scale("scaled", &[killed.addr]);
+    let mut abrupt = open_websocket(router.http, "scaled.test").await;
+    router.scale("scaled", &[staying.addr]);
+    // Three times the drain grace: removal alone closes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(exchange(&mut polite, "a").await, "leaving:a");
+    assert_eq!(exchange(&mut abrupt, "b").await, "killed:b");
+    let mut fresh = open_websocket(router.http, "scaled.test").await;
+    assert_eq!(exchange(&mut fresh, "c").await, "staying:c");
 
-    router.scale("drain", &[staying.addr]);
-    let removed_at = Instant::now();
+    leaving.shut_down_gracefully();
+    let (code, reason) = close_frame_within(&mut polite, Duration::from_secs(5)).await;
+    assert_eq!(code, CloseCode::Away);
+    assert_eq!(
+        reason, "backend shutting down",
+        "the backend's own close frame"
+    );
+
+    killed.stop();
+    let end = tokio::time::timeout(Duration::from_secs(5), abrupt.next())
+        .await
+        .expect("the end within 5 s");
+    assert!(
+        matches!(
+            end,
+            None | Some(Err(WsError::ConnectionClosed))
+                | Some(Err(WsError::Protocol(
+                    ProtocolError::ResetWithoutClosingHandshake
+                )))
+        ),
+        "the killed backend's end shows as the connection's end, nothing else: {end:?}"
+    );
+    assert_eq!(exchange(&mut fresh, "d").await, "staying:d");
+    for reason in ["removed_backend_deadline", "app_deleted", "domain_moved"] {
+        let series = format!("switchyard_drained_connections_total{{reason=\"{reason}\"}}");
+        assert_eq!(router.metric(&series), 0.0, "the router closed nothing");
+    }
+}
+
+/// With `drain.removed_backend_s`, a WebSocket still open that long after its backend left
+/// is closed with 1001; a backend added back in the meantime starts its count again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_deadline_closes_a_removed_backends_websocket_with_going_away() {
+    let router = RouterProcess::start();
+    let old = Backend::start("old");
+    let new = Backend::start("new");
+    router.put_app(
+        "deadline",
+        json!({"domains": ["deadline.test"], "backends": [old.addr.to_string()], "drain": {"removed_backend_s": 5}}),
+    );
+    let mut socket = open_websocket(router.http, "deadline.test").await;
+    assert_eq!(exchange(&mut socket, "a").await, "old:a");
+
+    router.scale("deadline", &[new.addr]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    router.scale("deadline", &[old.addr, new.addr]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    router.scale("deadline", &[new.addr]);
+    let removed_again = Instant::now();
+    // Six seconds after the first removal: its deadline would have passed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         exchange(&mut socket, "b").await,
-        "leaving:b",
-        "the grace period lets it finish"
+        "old:b",
+        "the count started again at the second removal"
+    );
+    assert_eq!(
+        router.metric("switchyard_connections_to_removed_backends"),
+        1.0
     );
 
-    let closed = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match socket.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await;
+    let (code, _) = close_frame_within(&mut socket, Duration::from_secs(6)).await;
+    let after = removed_again.elapsed();
+    assert_eq!(code, CloseCode::Away);
     assert!(
-        closed.is_ok(),
-        "the connection to the removed backend was closed"
+        after >= Duration::from_millis(4800),
+        "not before the deadline: {after:?}"
     );
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"removed_backend_deadline\"}"),
+        1.0
+    );
+    eventually(Duration::from_secs(2), "the gauge to drop", || {
+        router.metric("switchyard_connections_to_removed_backends") == 0.0
+    });
+    let mut fresh = open_websocket(router.http, "deadline.test").await;
+    assert_eq!(exchange(&mut fresh, "c").await, "new:c");
+}
+
+/// Deleting an app is a tenancy boundary: its connections end after `--drain-grace-s`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_app_closes_its_websockets_after_the_grace() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("doomed");
+    router.put_app(
+        "doomed",
+        json!({"domains": ["doomed.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut socket = open_websocket(router.http, "doomed.test").await;
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/doomed", None).0, 204);
+    let deleted = Instant::now();
+    assert_eq!(
+        exchange(&mut socket, "a").await,
+        "doomed:a",
+        "open through the grace"
+    );
+    let (code, _) = close_frame_within(&mut socket, Duration::from_secs(5)).await;
+    assert_eq!(code, CloseCode::Away);
     assert!(
-        removed_at.elapsed() >= Duration::from_millis(900),
-        "not before the grace period"
+        deleted.elapsed() >= Duration::from_millis(900),
+        "not before the grace: {:?}",
+        deleted.elapsed()
     );
-    let mut fresh = open_websocket(router.http, "drain.test").await;
-    assert_eq!(exchange(&mut fresh, "c").await, "staying:c");
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"app_deleted\"}"),
+        1.0
+    );
+}
+
+/// A domain moved to another app takes its connections' tenancy with it: the old app's
+/// connections by that domain end after the grace, its other domains' stay, and a domain
+/// given back within the grace keeps its connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_domain_to_another_app_closes_its_websockets_after_the_grace() {
+    let router = RouterProcess::start();
+    let seller = Backend::start("seller");
+    let buyer = Backend::start("buyer");
+    router.put_app(
+        "seller",
+        json!({"domains": ["sold.test", "kept.test", "back.test"], "backends": [seller.addr.to_string()]}),
+    );
+    let mut sold = open_websocket(router.http, "sold.test").await;
+    let mut kept = open_websocket(router.http, "kept.test").await;
+    let mut back = open_websocket(router.http, "back.test").await;
+
+    router.put_app(
+        "seller",
+        json!({"domains": ["kept.test"], "backends": [seller.addr.to_string()]}),
+    );
+    router.put_app(
+        "buyer",
+        json!({"domains": ["sold.test"], "backends": [buyer.addr.to_string()]}),
+    );
+    let moved = Instant::now();
+    router.put_app(
+        "seller",
+        json!({"domains": ["kept.test", "back.test"], "backends": [seller.addr.to_string()]}),
+    );
+    let (code, _) = close_frame_within(&mut sold, Duration::from_secs(5)).await;
+    assert_eq!(code, CloseCode::Away);
+    assert!(
+        moved.elapsed() >= Duration::from_millis(900),
+        "not before the grace"
+    );
+    let mut fresh = open_websocket(router.http, "sold.test").await;
+    assert_eq!(exchange(&mut fresh, "a").await, "buyer:a");
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        exchange(&mut kept, "b").await,
+        "seller:b",
+        "another domain's"
+    );
+    assert_eq!(
+        exchange(&mut back, "c").await,
+        "seller:c",
+        "given back in time"
+    );
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"domain_moved\"}"),
+        1.0
+    );
 }
 
 #[test]
-fn a_long_download_keeps_its_backend_through_changes() {
+fn a_long_download_keeps_its_backend_through_changes_and_its_removal() {
     let router = RouterProcess::start();
     let origin = Backend::start("origin");
     let replacement = Backend::start("replacement");
@@ -233,8 +462,9 @@ fn a_long_download_keeps_its_backend_through_changes() {
         json!({"domains": ["files.test"], "backends": [origin.addr.to_string()]}),
     );
     let http = router.http;
+    // Three seconds long: three times the drain grace.
     let download = std::thread::spawn(move || {
-        support::get(http, "files.test", "/stream?chunks=20&interval_ms=50")
+        support::get(http, "files.test", "/stream?chunks=30&interval_ms=100")
     });
     std::thread::sleep(Duration::from_millis(200));
     for i in 0..10 {
@@ -243,10 +473,15 @@ fn a_long_download_keeps_its_backend_through_changes() {
             json!({"domains": ["files.test", format!("f{i}.test")], "backends": [origin.addr.to_string(), replacement.addr.to_string()]}),
         );
     }
+    router.scale("files", &[replacement.addr]);
+    assert_eq!(
+        router.get("files.test", "/").json()["backend"],
+        "replacement"
+    );
     let response = download.join().expect("download thread").expect("download");
     assert_eq!(response.status, 200);
     let text = response.text();
-    assert_eq!(text.lines().count(), 20, "every chunk arrived: {text}");
+    assert_eq!(text.lines().count(), 30, "every chunk arrived: {text}");
     assert!(text.lines().all(|l| l.ends_with("from origin")));
 }
 

@@ -16,7 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -37,6 +38,9 @@ struct Shared {
     recorded: Mutex<Vec<Recorded>>,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    open_websockets: AtomicUsize,
+    /// Set when the backend shuts down gracefully: WebSockets say goodbye first.
+    going_away: tokio::sync::watch::Sender<bool>,
 }
 
 /// How a backend treats every request (WebSocket upgrades aside).
@@ -96,6 +100,8 @@ impl Backend {
             recorded: Mutex::new(Vec::new()),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
+            open_websockets: AtomicUsize::new(0),
+            going_away: tokio::sync::watch::Sender::new(false),
         });
         let accept_shared = shared.clone();
         let accept = RUNTIME.spawn(async move {
@@ -146,6 +152,22 @@ impl Backend {
         self.shared.health_status.store(status, Ordering::Relaxed);
     }
 
+    /// WebSockets open to this backend now.
+    pub fn open_websockets(&self) -> usize {
+        self.shared.open_websockets.load(Ordering::Relaxed)
+    }
+
+    /// Sends every open WebSocket a close frame 1001 (going away) and then stops, as a
+    /// server shutting down gracefully does.
+    pub fn shut_down_gracefully(&self) {
+        self.shared.going_away.send_replace(true);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.open_websockets() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.stop();
+    }
+
     /// Closes the listener and every open connection, like a killed container.
     pub fn stop(&self) {
         for task in self.shared.tasks.lock().expect("tasks").drain(..) {
@@ -183,7 +205,10 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             .get("upgrade")
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
         if is_websocket {
-            return serve_websocket(reader.into_inner(), &request, &shared.name).await;
+            shared.open_websockets.fetch_add(1, Ordering::Relaxed);
+            serve_websocket(reader.into_inner(), &request, &shared).await;
+            shared.open_websockets.fetch_sub(1, Ordering::Relaxed);
+            return;
         }
         let behaviour = *shared.behaviour.lock().expect("behaviour");
         let now = shared.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
@@ -388,8 +413,10 @@ async fn write_response_with(
 }
 
 /// Completes the handshake by hand (the request head is already read), then echoes every
-/// text message as `NAME:message`.
-async fn serve_websocket(mut stream: TcpStream, request: &Request, name: &str) {
+/// text message as `NAME:message` until the client closes or the backend goes away.
+async fn serve_websocket(mut stream: TcpStream, request: &Request, shared: &Shared) {
+    let name = &shared.name;
+    let mut going_away = shared.going_away.subscribe();
     let Some(key) = request.headers.get("sec-websocket-key") else {
         return;
     };
@@ -401,7 +428,21 @@ async fn serve_websocket(mut stream: TcpStream, request: &Request, name: &str) {
         return;
     }
     let mut socket = WebSocketStream::from_raw_socket(stream, Role::Server, None).await;
-    while let Some(Ok(message)) = socket.next().await {
+    loop {
+        let message = tokio::select! {
+            message = socket.next() => message,
+            _ = async { going_away.wait_for(|away| *away).await.is_ok() } => {
+                let goodbye = CloseFrame {
+                    code: CloseCode::Away,
+                    reason: "backend shutting down".into(),
+                };
+                let _ = socket.close(Some(goodbye)).await;
+                return;
+            }
+        };
+        let Some(Ok(message)) = message else {
+            return;
+        };
         let reply = match message {
             Message::Text(text) => Message::text(format!("{name}:{text}")),
             Message::Close(_) => return,

@@ -62,7 +62,8 @@ pub struct ServeArgs {
     /// Worker threads for the proxy (default: number of cores).
     #[arg(long, env = "SWITCHYARD_THREADS")]
     threads: Option<usize>,
-    /// Seconds connections to a removed backend may finish before they are closed.
+    /// Seconds the connections of a deleted app, or of a domain moved to another app, go on
+    /// before they are closed (a backend removed from an app keeps its connections).
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE_S")]
     drain_grace_s: Option<u64>,
     /// Seconds in-flight requests get to finish after SIGTERM.
@@ -242,7 +243,8 @@ pub struct Config {
     pub access_log: AccessLogChoice,
     /// Event-loop threads of the proxy.
     pub threads: usize,
-    /// How long connections to a removed backend may finish.
+    /// How long the connections of a deleted app or a moved domain go on before they are
+    /// closed.
     pub drain_grace: Duration,
     /// How long in-flight requests get after SIGTERM.
     pub shutdown_grace: Duration,

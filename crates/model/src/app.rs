@@ -175,6 +175,30 @@ pub struct App {
     /// Originals resized on request under a path prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<crate::Images>,
+    /// What happens to open connections to a backend the app no longer lists.
+    #[serde(default, skip_serializing_if = "Drain::keeps_connections")]
+    pub drain: Drain,
+}
+
+/// What happens to connections still open to a backend removed from the app (scale down,
+/// redeploy, address change). By default nothing: the platform decides when a container
+/// dies, and its connections end when it closes them or the client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Drain {
+    /// Close connections to a removed backend this long after it left the app (a WebSocket
+    /// gets a close frame 1001, going away); `None` keeps them until one side closes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_backend_s: Option<u64>,
+}
+
+impl Drain {
+    /// Longest deadline an app may set: a week.
+    pub const MAX_REMOVED_BACKEND_S: u64 = 7 * 86_400;
+
+    /// Whether connections to removed backends are kept until one side closes them.
+    pub fn keeps_connections(&self) -> bool {
+        self.removed_backend_s.is_none()
+    }
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.

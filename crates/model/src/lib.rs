@@ -15,7 +15,7 @@ mod mirror;
 mod spec;
 mod waf;
 
-pub use app::{App, AppName, Backend, Balancer, HealthCheck, Hsts, Timeouts};
+pub use app::{App, AppName, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;

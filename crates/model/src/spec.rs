@@ -12,7 +12,7 @@ use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
 use crate::cache::parse_cache;
 use crate::mirror::{parse_mirror, MAX_FILTERS};
 use crate::{
-    App, AppName, Backend, Balancer, Domain, HealthCheck, Hsts, Timeouts, ValidationError,
+    App, AppName, Backend, Balancer, Domain, Drain, HealthCheck, Hsts, Timeouts, ValidationError,
 };
 
 type Fields<'a> = &'a Map<String, Value>;
@@ -41,6 +41,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "static_root",
             "waf",
             "images",
+            "drain",
         ],
         "",
     )?;
@@ -117,6 +118,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(crate::images::parse_images(v).map_err(|e| e.under("images"))?),
     };
+    let drain = match fields.get("drain") {
+        None | Some(Value::Null) => Drain::default(),
+        Some(v) => parse_drain(v).map_err(|e| e.under("drain"))?,
+    };
     Ok(App {
         name,
         domains,
@@ -132,6 +137,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         static_root,
         waf,
         images,
+        drain,
     })
 }
 
@@ -306,6 +312,19 @@ fn parse_hsts(value: &Value) -> Result<Hsts, ValidationError> {
     Ok(hsts)
 }
 
+fn parse_drain(value: &Value) -> Result<Drain, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(fields, &["removed_backend_s"], "")?;
+    let removed_backend_s = match fields.get("removed_backend_s") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            integer_in(v, 1, Drain::MAX_REMOVED_BACKEND_S)
+                .map_err(|m| ValidationError::new("removed_backend_s", m))?,
+        ),
+    };
+    Ok(Drain { removed_backend_s })
+}
+
 fn parse_timeouts(value: &Value) -> Result<Timeouts, ValidationError> {
     let fields = as_object(value, "")?;
     refuse_unknown(fields, &["connect_ms", "read_ms", "write_ms"], "")?;
@@ -429,6 +448,26 @@ mod tests {
         assert_eq!(app.timeouts.read_ms, 5000);
         assert_eq!(app.timeouts.connect_ms, Timeouts::default().connect_ms);
         assert_eq!(app.retries, 1);
+        assert!(app.drain.keeps_connections(), "no deadline unless asked");
+    }
+
+    #[test]
+    fn a_drain_deadline_is_kept_and_round_trips() {
+        let app =
+            parse_app_spec("ws", &json!({"drain": {"removed_backend_s": 5}})).expect("valid spec");
+        assert_eq!(app.drain.removed_backend_s, Some(5));
+        let stored = serde_json::to_value(&app).expect("serialise");
+        assert_eq!(stored["drain"], json!({"removed_backend_s": 5}));
+        let back: App = serde_json::from_value(stored).expect("deserialise");
+        assert_eq!(back, app);
+        let plain = parse_app_spec("ws", &json!({"drain": null})).expect("valid spec");
+        assert!(
+            serde_json::to_value(&plain)
+                .expect("serialise")
+                .get("drain")
+                .is_none(),
+            "apps stored before the option existed read and write the same"
+        );
     }
 
     #[test]
@@ -488,6 +527,18 @@ mod tests {
             ("ok", json!({"static_root": "srv/www"}), "static_root"),
             ("ok", json!({"static_root": "/srv/../etc"}), "static_root"),
             ("ok", json!({"static_root": "/"}), "static_root"),
+            ("ok", json!({"drain": 5}), "drain"),
+            ("ok", json!({"drain": {"removed_s": 5}}), "drain.removed_s"),
+            (
+                "ok",
+                json!({"drain": {"removed_backend_s": 0}}),
+                "drain.removed_backend_s",
+            ),
+            (
+                "ok",
+                json!({"drain": {"removed_backend_s": 604_801}}),
+                "drain.removed_backend_s",
+            ),
         ];
         for (name, body, field) in cases {
             let err = parse_app_spec(name, body).expect_err(&format!("{body} must be refused"));

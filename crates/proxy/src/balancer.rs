@@ -2,14 +2,11 @@
 //! choices, skipping backends that are passively or actively marked down, retired, or
 //! already tried by this request.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use rand::Rng;
 use switchyard_model::{Backend, Balancer};
 
@@ -29,18 +26,6 @@ pub struct BackendState {
     active_healthy: AtomicBool,
     active_streak: AtomicU32,
     retired: AtomicBool,
-    connections: Mutex<HashMap<u64, UpstreamConnection>>,
-    next_connection_id: AtomicU64,
-}
-
-/// An upstream socket in use by a request, identified by its 4-tuple so a drain can tell it
-/// apart from an unrelated socket that later reuses the same descriptor number.
-#[derive(Debug, Clone, Copy)]
-pub struct UpstreamConnection {
-    /// Descriptor of the socket while the request holds it.
-    pub fd: RawFd,
-    /// Local address of the socket when it was registered.
-    pub local: SocketAddr,
 }
 
 impl BackendState {
@@ -54,8 +39,6 @@ impl BackendState {
             active_healthy: AtomicBool::new(true),
             active_streak: AtomicU32::new(0),
             retired: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
-            next_connection_id: AtomicU64::new(0),
         }
     }
 
@@ -108,7 +91,9 @@ impl BackendState {
         self.active_healthy.load(Ordering::Relaxed)
     }
 
-    /// Marks the backend as removed: it gets no new requests.
+    /// Marks the backend as removed: it gets no new requests, even from a request still
+    /// holding an older version of its app's route (a retry). Its open connections are the
+    /// drain's concern, not the balancer's.
     pub fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
     }
@@ -125,23 +110,6 @@ impl BackendState {
 
     fn set_weight(&self, weight: u16) {
         self.weight.store(u32::from(weight), Ordering::Relaxed);
-    }
-
-    /// Remembers an upstream socket in use; the returned id unregisters it.
-    pub fn register_connection(&self, connection: UpstreamConnection) -> u64 {
-        let id = self.next_connection_id.fetch_add(1, Ordering::Relaxed);
-        self.connections.lock().insert(id, connection);
-        id
-    }
-
-    /// Forgets an upstream socket when its request ends.
-    pub fn unregister_connection(&self, id: u64) {
-        self.connections.lock().remove(&id);
-    }
-
-    /// Upstream sockets currently in use by requests to this backend.
-    pub fn connections(&self) -> Vec<UpstreamConnection> {
-        self.connections.lock().values().copied().collect()
     }
 }
 
@@ -218,6 +186,22 @@ impl Upstream {
     /// The backends, in configuration order.
     pub fn backends(&self) -> &[Arc<BackendState>] {
         &self.backends
+    }
+
+    /// Retires the backends that `next`, the app's new version, no longer lists.
+    pub fn retire_missing_from(&self, next: &Upstream) {
+        for backend in &self.backends {
+            if next.find(backend.address).is_none() {
+                backend.retire();
+            }
+        }
+    }
+
+    /// Retires every backend (the app was deleted).
+    pub fn retire_all(&self) {
+        for backend in &self.backends {
+            backend.retire();
+        }
     }
 
     /// The state of the backend at `address`, if it belongs to this upstream.

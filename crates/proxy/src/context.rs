@@ -13,7 +13,9 @@ use crate::metrics;
 use crate::mirror::MirrorFeed;
 use crate::respond::LocalAnswer;
 use crate::route_cache::AppRoute;
+use crate::upstream_connections::ConnectionTicket;
 use crate::waf::BodySpool;
+use crate::websocket_close::FrameBoundary;
 
 /// What the pipeline knows about one request.
 #[derive(Debug)]
@@ -32,14 +34,16 @@ pub struct RequestCtx {
     pub tried: Vec<SocketAddr>,
     /// The backend of the current attempt, counted as in flight.
     pub backend: Option<InFlight>,
-    /// Registration of the upstream socket of the current attempt, for draining.
-    pub connection_id: Option<u64>,
+    /// The upstream socket of the current attempt in the connection table, for draining.
+    pub(crate) upstream_connection: Option<ConnectionTicket>,
     /// When the current attempt started connecting.
     pub attempt_started: Option<Instant>,
     /// Time from the successful attempt's start to the response header.
     pub upstream_time: Option<Duration>,
     /// Whether the response switched protocols (WebSocket or another upgrade).
     pub upgraded: bool,
+    /// Where the backend's WebSocket frames end, so that a close frame can go in between.
+    pub(crate) websocket_frames: Option<FrameBoundary>,
     /// Status sent by the router itself (not the backend), for the log.
     pub local_status: Option<u16>,
     /// Where the request body goes when this request is being mirrored.
@@ -68,10 +72,11 @@ impl RequestCtx {
             route: None,
             tried: Vec::new(),
             backend: None,
-            connection_id: None,
+            upstream_connection: None,
             attempt_started: None,
             upstream_time: None,
             upgraded: false,
+            websocket_frames: None,
             local_status: None,
             mirror: None,
             cache: None,
@@ -89,9 +94,7 @@ impl RequestCtx {
 
     /// Ends the current attempt's bookkeeping (in-flight count, connection registration).
     pub fn release_attempt(&mut self) {
-        if let (Some(id), Some(backend)) = (self.connection_id.take(), self.backend.as_ref()) {
-            backend.backend().unregister_connection(id);
-        }
+        self.upstream_connection = None;
         self.backend = None;
     }
 }

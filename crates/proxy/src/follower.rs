@@ -13,6 +13,7 @@ use tokio::sync::broadcast::{error::RecvError, Receiver};
 use tokio::sync::{watch, Mutex};
 
 use crate::cert_cache::CertCache;
+use crate::drain::ConnectionDrain;
 use crate::metrics;
 use crate::route_cache::RouteCache;
 
@@ -20,6 +21,7 @@ use crate::route_cache::RouteCache;
 pub struct ChangeFollower {
     routes: Arc<RouteCache>,
     certs: Option<Arc<CertCache>>,
+    drain: Arc<ConnectionDrain>,
     // Subscribed when the router is built, before any request fills the cache, so no change
     // can fall between a fill and the subscription.
     changes: Mutex<Receiver<Change>>,
@@ -28,15 +30,18 @@ pub struct ChangeFollower {
 }
 
 impl ChangeFollower {
-    /// A follower applying `changes` to `routes` and, with an HTTPS listener, `certs`.
+    /// A follower applying `changes` to `routes` and, with an HTTPS listener, `certs`, then
+    /// handing each to `drain` to review the connections it concerns.
     pub fn new(
         routes: Arc<RouteCache>,
         certs: Option<Arc<CertCache>>,
+        drain: Arc<ConnectionDrain>,
         changes: Subscription,
     ) -> Self {
         Self {
             routes,
             certs,
+            drain,
             changes: Mutex::new(changes.changes),
             applied: watch::Sender::new(changes.position),
         }
@@ -54,6 +59,7 @@ impl ChangeFollower {
         if let Some(certs) = &self.certs {
             certs.apply(change).await;
         }
+        self.drain.on_change(change);
     }
 }
 

@@ -1,7 +1,9 @@
 //! Switchyard's request path. [`Router`] implements Pingora's proxy phases by calling one
 //! stage module per phase (see `pipeline.rs` for the order); [`RouteCache`] is the
 //! in-process view of the store the stages read; [`ChangeFollower`] keeps that view current
-//! from the store's change events; [`HealthChecker`] probes backends of apps that ask for it.
+//! from the store's change events, and [`ConnectionDrain`] ends the backend connections a deletion or
+//! a domain transfer leaves behind, found in the [`ConnectionTable`];
+//! [`HealthChecker`] probes backends of apps that ask for it.
 //! On the HTTPS listener, [`CertCache`] hands each handshake its certificate (see `tls.rs`).
 
 mod access_log;
@@ -30,13 +32,16 @@ mod static_files;
 mod thumbnail;
 mod tls;
 mod upstream;
+mod upstream_connections;
 mod waf;
+mod websocket_close;
 mod worker_pool;
 
 pub use access_log::{AccessLog, AccessLogTarget, ACCESS_LOG_QUEUE_CAPACITY};
 pub use cache_redis::{CacheRedis, PurgeReport};
 pub use cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use cert_expiry::CertExpiryScan;
+pub use drain::ConnectionDrain;
 pub use follower::ChangeFollower;
 pub use head_deadline::HeadDeadline;
 pub use health::HealthChecker;
@@ -45,5 +50,6 @@ pub use pipeline::Router;
 pub use response_store::{AppResponseCache, CacheBudget};
 pub use route_cache::{AppRoute, RouteCache, RouteCacheLimits};
 pub use tls::{https_settings, TicketKeyRotation};
+pub use upstream_connections::ConnectionTable;
 pub use waf::{Inspector, SpoolSettings};
 pub use worker_pool::WorkerPool;

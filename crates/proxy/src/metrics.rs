@@ -121,10 +121,27 @@ pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: LazyLock<IntCounter> = LazyL
     ))
 });
 
-pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    registered(register_int_counter_vec!(
         "switchyard_drained_connections_total",
-        "Upstream connections closed because their backend was removed."
+        "Upstream connections the router closed, by reason: removed_backend_deadline (the \
+         app's drain.removed_backend_s passed), app_deleted, domain_moved (after \
+         --drain-grace-s).",
+        &["reason"]
+    ))
+});
+
+pub(crate) static UPSTREAM_CONNECTIONS_IN_USE: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_upstream_connections_in_use",
+        "Backend connections serving a request or a WebSocket now (the drain table's size)."
+    ))
+});
+
+pub(crate) static CONNECTIONS_TO_REMOVED_BACKENDS: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_connections_to_removed_backends",
+        "Backend connections still open to a backend its app no longer lists."
     ))
 });
 
@@ -390,7 +407,11 @@ pub(crate) fn register_all() {
     LazyLock::force(&OPEN_WEBSOCKETS);
     LazyLock::force(&CLIENT_HEAD_TIMEOUTS);
     LazyLock::force(&H2_CONNECTIONS_CLOSED_FOR_RESETS);
-    LazyLock::force(&DRAINED_CONNECTIONS);
+    for reason in crate::upstream_connections::CloseReason::ALL {
+        DRAINED_CONNECTIONS.with_label_values(&[reason.label()]);
+    }
+    LazyLock::force(&UPSTREAM_CONNECTIONS_IN_USE);
+    LazyLock::force(&CONNECTIONS_TO_REMOVED_BACKENDS);
     LazyLock::force(&HEALTH_TRANSITIONS);
     LazyLock::force(&ACCESS_LOG_DROPPED);
     LazyLock::force(&ACCESS_LOG_QUEUE);

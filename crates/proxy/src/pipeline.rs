@@ -14,11 +14,13 @@
 //! 3. `upstream_peer`: **upstream** picks a backend (502/503 when none can be used).
 //! 4. `upstream_request_filter`: **framing** (one canonical Transfer-Encoding or
 //!    Content-Length line) and forwarded headers for the backend.
-//! 5. `connected_to_upstream`: the socket is registered so a removed backend can be drained.
+//! 5. `connected_to_upstream`: the socket enters the connection table, where a deletion or a
+//!    domain transfer (or an app's deadline for removed backends) can find it (`drain`).
 //! 6. `fail_to_connect` / `error_while_proxy`: passive health and the retry decision.
 //! 7. `upstream_response_filter` / `response_filter` / `response_body_filter`: upstream
 //!    timing, upgrades, the cache's decision to keep the response (an app error with a
-//!    stale copy at hand becomes a failure, answered below), `X-Cache`, request id, HSTS.
+//!    stale copy at hand becomes a failure, answered below), `X-Cache`, request id, HSTS;
+//!    a WebSocket the router closed ends with a close frame.
 //! 8. `fail_to_proxy`: a stale copy stands in if the cache has one, otherwise the failure
 //!    becomes a status code (`respond`).
 //! 9. `logging`: **log** — access-log line and metrics.
@@ -52,12 +54,14 @@ use crate::route;
 use crate::route_cache::RouteCache;
 use crate::static_files;
 use crate::upstream;
+use crate::upstream_connections::ConnectionTable;
 use crate::waf::{self, Inspector};
 use crate::worker_pool::WorkerPool;
 
 /// The router: Switchyard's implementation of Pingora's proxy phases.
 pub struct Router {
     routes: Arc<RouteCache>,
+    connections: Arc<ConnectionTable>,
     access_log: AccessLog,
     https_port: Option<u16>,
     mirrors: Arc<MirrorClient>,
@@ -74,17 +78,19 @@ pub struct Router {
 const REFUSED_UPLOAD_LINGER: Duration = Duration::from_secs(5);
 
 impl Router {
-    /// A router serving both listeners; `https_port` is where clients reach HTTPS (for
-    /// redirects), `None` when there is no HTTPS listener; `cache_redis` serves apps whose
-    /// cache lives in Redis.
+    /// A router serving both listeners; backend connections in use are entered in
+    /// `connections`; `https_port` is where clients reach HTTPS (for redirects), `None` when
+    /// there is no HTTPS listener; `cache_redis` serves apps whose cache lives in Redis.
     pub fn new(
         routes: Arc<RouteCache>,
+        connections: Arc<ConnectionTable>,
         access_log: AccessLog,
         https_port: Option<u16>,
         cache_redis: Option<Arc<CacheRedis>>,
     ) -> Self {
         Self {
             routes,
+            connections,
             access_log,
             https_port,
             mirrors: Arc::new(MirrorClient::new()),
@@ -236,7 +242,7 @@ impl ProxyHttp for Router {
         digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        upstream::on_connected(ctx, fd, digest);
+        upstream::on_connected(ctx, &self.connections, fd, digest);
         Ok(())
     }
 
@@ -291,6 +297,7 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<Duration>> {
         cache::on_response_body(ctx, body, end_of_stream);
+        upstream::on_upgraded_body(ctx, body, end_of_stream);
         Ok(None)
     }
 

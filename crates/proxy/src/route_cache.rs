@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use quick_cache::sync::Cache;
@@ -19,7 +19,6 @@ use switchyard_model::{App, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
 
 use crate::balancer::Upstream;
-use crate::drain;
 use crate::metrics;
 use crate::mirror::MirrorState;
 use crate::response_store::{AppResponseCache, CacheBudget};
@@ -72,7 +71,6 @@ pub struct RouteCache {
     apps: Cache<String, Arc<AppRoute>>,
     epochs: Vec<Mutex<u64>>,
     hasher: RandomState,
-    drain_grace: Duration,
     fills: AtomicU64,
     /// Names of cached apps that have active health checks: the health checker walks this
     /// short list instead of every cached route.
@@ -89,8 +87,8 @@ pub enum RouteError {
 }
 
 impl RouteCache {
-    /// A cache over `store`. Connections to removed backends are cut after `drain_grace`.
-    pub fn new(store: Arc<dyn Store>, limits: RouteCacheLimits, drain_grace: Duration) -> Self {
+    /// A cache over `store`.
+    pub fn new(store: Arc<dyn Store>, limits: RouteCacheLimits) -> Self {
         metrics::register_all();
         Self {
             store,
@@ -98,7 +96,6 @@ impl RouteCache {
             apps: Cache::new(limits.apps.max(1)),
             epochs: (0..STRIPES).map(|_| Mutex::new(0)).collect(),
             hasher: RandomState::new(),
-            drain_grace,
             fills: AtomicU64::new(0),
             health_checked: Mutex::new(HashSet::new()),
             response_budget: CacheBudget::new(limits.response_bytes),
@@ -208,13 +205,13 @@ impl RouteCache {
                 let route = Arc::new(build_route(app, Some(&previous), &self.response_budget));
                 self.note_health_check(&route);
                 self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
-                drain::retire_removed(&previous.upstream, &route.upstream, self.drain_grace);
+                previous.upstream.retire_missing_from(&route.upstream);
             }
             Ok(None) => {
                 self.invalidate(name, || {
                     self.apps.remove(name);
                 });
-                drain::retire_all(&previous.upstream, self.drain_grace);
+                previous.upstream.retire_all();
             }
             Err(e) => {
                 // Dropping the entry makes the next request read the store again, which is

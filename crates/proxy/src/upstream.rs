@@ -3,16 +3,21 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::protocols::Digest;
 use pingora::proxy::Session;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
-use crate::balancer::{Pick, UpstreamConnection};
+use std::sync::Arc;
+
+use crate::balancer::Pick;
 use crate::context::RequestCtx;
 use crate::metrics;
 use crate::respond::LocalAnswer;
+use crate::upstream_connections::{ConnectionTable, Socket};
+use crate::websocket_close::{self, FrameBoundary};
 
 /// How long an idle keep-alive connection to a backend is kept in the pool. Shorter than
 /// the usual app-server idle timeouts (60 s and up) so the backend rarely closes first.
@@ -75,11 +80,20 @@ pub(crate) fn set_forwarded_headers(
     Ok(())
 }
 
-/// Remembers the upstream socket so a drain can close it if its backend is removed. The
-/// local address comes from Pingora's per-connection digest, which caches it, so a pooled
-/// connection costs no syscall per request.
-pub(crate) fn on_connected(ctx: &mut RequestCtx, fd: std::os::fd::RawFd, digest: Option<&Digest>) {
-    let Some(backend) = ctx.backend.as_ref() else {
+/// Enters the upstream socket in the connection table, so that a drain can find it (see
+/// `drain`). The local address comes from Pingora's per-connection digest, which caches it,
+/// so a pooled connection costs no syscall per request.
+pub(crate) fn on_connected(
+    ctx: &mut RequestCtx,
+    connections: &Arc<ConnectionTable>,
+    fd: std::os::fd::RawFd,
+    digest: Option<&Digest>,
+) {
+    let (Some(backend), Some(route), Some(host)) = (
+        ctx.backend.as_ref(),
+        ctx.route.as_ref(),
+        ctx.host.as_deref(),
+    ) else {
         return;
     };
     let local = digest
@@ -87,10 +101,13 @@ pub(crate) fn on_connected(ctx: &mut RequestCtx, fd: std::os::fd::RawFd, digest:
         .and_then(|s| s.local_addr())
         .and_then(|a| a.as_inet().copied());
     if let Some(local) = local {
-        let id = backend
-            .backend()
-            .register_connection(UpstreamConnection { fd, local });
-        ctx.connection_id = Some(id);
+        let ticket = connections.register(
+            route.clone(),
+            host,
+            backend.backend().address,
+            Socket { fd, local },
+        );
+        ctx.upstream_connection = Some(ticket);
     }
 }
 
@@ -158,7 +175,35 @@ pub(crate) fn on_response_header(ctx: &mut RequestCtx, status: u16) {
     }
     if status == 101 && !ctx.upgraded {
         ctx.upgraded = true;
+        ctx.websocket_frames = Some(FrameBoundary::default());
         metrics::OPEN_WEBSOCKETS.inc();
+    }
+}
+
+/// Follows the backend's WebSocket frames, and when the router closed the connection (see
+/// `drain`), ends the client's side with a close frame 1001 where a frame may go in.
+pub(crate) fn on_upgraded_body(
+    ctx: &mut RequestCtx,
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+) {
+    let Some(frames) = ctx.websocket_frames.as_mut() else {
+        return;
+    };
+    if let Some(bytes) = body.as_ref() {
+        frames.advance(bytes);
+    }
+    let closed_by_router = ctx
+        .upstream_connection
+        .as_ref()
+        .is_some_and(|c| c.connection().closed_for().is_some());
+    if end_of_stream && closed_by_router && frames.at_boundary() {
+        let close = websocket_close::going_away_frame();
+        *body = Some(match body.take() {
+            Some(last) if !last.is_empty() => [last, close].concat().into(),
+            _ => close,
+        });
+        ctx.websocket_frames = None;
     }
 }
 
