@@ -30,7 +30,7 @@ use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::upstream;
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
-/// Idle connections kept to backends for fetching originals, all apps together.
+/// Idle connections kept to backends for fetching originals, per thread, all apps together.
 const FETCH_POOL_SIZE: usize = 256;
 /// Resize requests under way (fetching or resizing) per worker thread, all apps together.
 /// Each holds its original in memory (up to the app's `max_source_bytes`), and one the pool
@@ -42,10 +42,16 @@ const WAITING_PER_PLACE: usize = 64;
 /// Seconds a client is asked to wait after the pool refused a resize.
 const RETRY_AFTER_S: &str = "1";
 
-/// What the images stage needs from the router: the worker pool and its own connections.
+/// What the images stage needs from the router: the admission shared by all threads and
+/// this thread's own connections.
 pub(crate) struct ImageStage {
-    pool: Arc<WorkerPool>,
+    admission: Arc<Admission>,
     connector: Connector,
+}
+
+/// The worker pool and the bound on resize requests under way, for all threads together.
+struct Admission {
+    pool: Arc<WorkerPool>,
     places: Arc<Semaphore>,
     waiting: AtomicUsize,
     max_waiting: usize,
@@ -55,30 +61,47 @@ impl ImageStage {
     pub(crate) fn new(pool: Arc<WorkerPool>) -> Self {
         let places = pool.threads() * IN_FLIGHT_PER_WORKER;
         Self {
-            pool,
-            connector: Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE))),
-            places: Arc::new(Semaphore::new(places)),
-            waiting: AtomicUsize::new(0),
-            max_waiting: places * WAITING_PER_PLACE,
+            admission: Arc::new(Admission {
+                pool,
+                places: Arc::new(Semaphore::new(places)),
+                waiting: AtomicUsize::new(0),
+                max_waiting: places * WAITING_PER_PLACE,
+            }),
+            connector: fetch_connector(),
+        }
+    }
+
+    /// The stage for another thread: the same admission, its own idle connections (a
+    /// connection pooled by one thread and reused by another is the churn bench/ENGINE.md
+    /// describes).
+    pub(crate) fn for_another_thread(&self) -> Self {
+        Self {
+            admission: self.admission.clone(),
+            connector: fetch_connector(),
         }
     }
 
     /// A place among the requests under way, waiting for one until `deadline`; `None` when
     /// too many already wait or the deadline passes.
     async fn admit(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
-        if let Ok(place) = self.places.clone().try_acquire_owned() {
+        let admission = &self.admission;
+        if let Ok(place) = admission.places.clone().try_acquire_owned() {
             return Some(place);
         }
         // Counted while waiting, also if the request is dropped mid-wait.
-        let waiting = Waiting::enter(&self.waiting);
-        if waiting.ahead >= self.max_waiting {
+        let waiting = Waiting::enter(&admission.waiting);
+        if waiting.ahead >= admission.max_waiting {
             return None;
         }
-        tokio::time::timeout_at(deadline.into(), self.places.clone().acquire_owned())
+        tokio::time::timeout_at(deadline.into(), admission.places.clone().acquire_owned())
             .await
             .ok()
             .and_then(Result::ok)
     }
+}
+
+fn fetch_connector() -> Connector {
+    Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE)))
 }
 
 /// One request waiting for a place.
@@ -158,6 +181,7 @@ pub(crate) async fn serve(
     let resize = asked.resize;
     let body = original.body;
     let outcome = stage
+        .admission
         .pool
         .run("images", deadline, move || thumbnail::resize(&body, resize))
         .await;

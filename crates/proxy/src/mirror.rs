@@ -29,7 +29,7 @@ use crate::metrics;
 use crate::route_cache::AppRoute;
 use crate::upstream;
 
-/// Idle keep-alive connections kept to shadow backends, over all apps. A shadow that takes
+/// Idle keep-alive connections kept to shadow backends, per thread, over all apps. A shadow that takes
 /// 1 s at 1,000 req/s holds 1,000 connections; a smaller pool would reconnect for most copies.
 const MIRROR_POOL_SIZE: usize = 2048;
 /// How long an idle connection to a shadow backend stays pooled.

@@ -130,6 +130,26 @@ impl Router {
         self.images = Some(ImageStage::new(pool));
         self
     }
+
+    /// The router for another server thread: the same routes, logs, limits and stop flag,
+    /// with its own pools of idle backend connections (mirrors' and images' too). Pingora
+    /// watches an idle connection from a task on a random thread of its runtime; one thread
+    /// taking a connection another thread's task still watches loses it (see
+    /// bench/ENGINE.md), so each thread keeps its own.
+    pub fn for_another_thread(&self) -> Self {
+        Self {
+            routes: self.routes.clone(),
+            connections: self.connections.clone(),
+            access_log: self.access_log.clone(),
+            https_port: self.https_port,
+            mirrors: Arc::new(MirrorClient::new()),
+            cache_redis: self.cache_redis.clone(),
+            waf: self.waf.clone(),
+            images: self.images.as_ref().map(ImageStage::for_another_thread),
+            client_timeouts: self.client_timeouts,
+            stopping: self.stopping.clone(),
+        }
+    }
 }
 
 #[async_trait]

@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""The cost of a request and of a connection, per proxy, in one run on one machine: nginx,
+HAProxy, Switchyard, and the two engine floors of bench/engines (a bare Pingora proxy with
+Switchyard's settings, and a shared-nothing hyper proxy laid out as nginx's workers).
+
+Every proxy gets 2 worker threads/processes, no access log, keep-alive to the backend, and
+one route (Host app7.bench → an nginx origin answering "ok"). Per proxy:
+- CPU per request at a constant rate: vegeta (open loop) at --rate req/s for --seconds over
+  HTTP keep-alive, then HTTPS keep-alive (HTTP/1.1 over TLS), then at --tls-new-rate with a
+  new HTTPS connection per request (a full TLS 1.3 handshake each: Go keeps no session
+  cache); utime+stime of the proxy's processes (all of them: nginx's workers too) during the
+  run, divided by the requests answered. The steadier figure on 2 shared cores. Latency
+  percentiles and the share answered, of the same runs. One ECDSA P-256 certificate.
+- backend connections opened per 10,000 requests, in that run: the origin's accepted
+  connections (nginx stub_status) before and after.
+- closed-loop throughput: wrk -t2 -c64, median of 3 runs.
+- idle CPU: CPU time the proxy used over --idle-seconds with no traffic, after the load.
+- memory per idle keep-alive client connection: resident set growth (all its processes)
+  with --connections client connections open, each having had one request answered.
+- memory per idle WebSocket: bench/conformance/websockets.py's measurement (an echo backend,
+  --websockets WebSockets opened, one message each, held, a second message each).
+
+Results: bench/results/engines.json and the tables in bench/ENGINE.md (between the
+"measured" markers; the rest of that file is prose kept by hand). Everything listens on
+127.0.0.1; every process is stopped by its PID.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "conformance"))
+import bench  # noqa: E402
+import websockets as ws_bench  # noqa: E402
+from bench import (ROOT, Process, free_port, nginx_app_conf, nginx_conf, put_app,  # noqa: E402
+                   start_nginx_origin, wait_port)
+
+HOST = "app7.bench"
+TARGET = ROOT / "target" / "release"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RESULTS = ROOT / "bench" / "results" / "engines.json"
+REPORT = ROOT / "bench" / "ENGINE.md"
+MARK_START = "<!-- measured: written by bench/engines/run.py -->"
+MARK_END = "<!-- end of measured -->"
+
+
+# ------------------------------------------------------------------ process accounting
+
+def tree(pid):
+    """The process and its children (nginx's workers)."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [pid, *map(int, children)]
+
+
+def cpu_seconds(pid):
+    total = 0
+    for p in tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / CLK_TCK
+
+
+def resident_kib(pid):
+    return sum(bench.rss_kib(p) for p in tree(pid))
+
+
+# ------------------------------------------------------------------ the proxies
+
+def start_origin(work):
+    port, status = free_port(), free_port()
+    proc = start_nginx_origin(work, "origin", f"""
+    server {{ listen 127.0.0.1:{port} backlog=4096; location / {{ return 200 "ok\\n"; }} }}
+    server {{ listen 127.0.0.1:{status}; location / {{ stub_status; }} }}""",
+                              [port, status], worker_connections=8192)
+    return proc, port, status
+
+
+def origin_accepts(status_port):
+    """Connections the origin has accepted so far, less this status request's own."""
+    with socket.create_connection(("127.0.0.1", status_port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        text = b""
+        while chunk := s.recv(4096):
+            text += chunk
+    counters = text.split(b"\r\n\r\n", 1)[1].decode().splitlines()[2].split()
+    return int(counters[0]) - 1
+
+
+def make_certificate(work):
+    """A self-signed ECDSA P-256 certificate for HOST: (certificate, key, both in one file)."""
+    cert, key, both = work / "cert.pem", work / "key.pem", work / "both.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "2", "-subj", f"/CN={HOST}", "-addext", f"subjectAltName=DNS:{HOST}",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    both.write_text(cert.read_text() + key.read_text())
+    return cert, key, both
+
+
+def start_nginx(work, backend, host=HOST, tls=None):
+    port = free_port()
+    apps = work / "nginx-apps"
+    apps.mkdir(exist_ok=True)
+    app = nginx_app_conf(7, port, backend).replace("app7.bench", host)
+    tls_port = None
+    if tls:
+        tls_port = free_port()
+        # The same server block, also listening with TLS (no HTTP/2: the others speak
+        # HTTP/1.1 to vegeta too).
+        app = app.replace(f"listen 127.0.0.1:{port};",
+                          f"listen 127.0.0.1:{port};\n    listen 127.0.0.1:{tls_port} ssl;\n"
+                          f"    ssl_certificate {tls[0]};\n    ssl_certificate_key {tls[1]};")
+    (apps / "app7.conf").write_text(app)
+    conf = work / "nginx.conf"
+    conf.write_text(nginx_conf(work, port).replace("events { worker_connections 8192; }",
+                                                   "events { worker_connections 16384; }"))
+    proc = Process("nginx", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    wait_port(port)
+    proc.tls_port = tls_port
+    return proc, port
+
+
+def start_haproxy(work, backend, host=HOST, tls=None):
+    port = free_port()
+    tls_port = free_port() if tls else None
+    tls_bind = f"\n    bind 127.0.0.1:{tls_port} ssl crt {tls[2]}" if tls else ""
+    conf = work / "haproxy.cfg"
+    conf.write_text(f"""global
+    nbthread 2
+    # Two descriptors per proxied connection; this machine's hard limit is 20,000.
+    maxconn 9000
+defaults
+    mode http
+    timeout connect 3s
+    timeout client 60s
+    timeout server 60s
+    timeout tunnel 1h
+    option http-keep-alive
+frontend web
+    bind 127.0.0.1:{port}{tls_bind}
+    use_backend app if {{ req.hdr(host),lower,word(1,:) -m str {host} }}
+    default_backend notfound
+backend notfound
+    http-request deny deny_status 404
+backend app
+    http-reuse always
+    server s1 127.0.0.1:{backend}
+""")
+    proc = Process("haproxy", ["haproxy", "-f", str(conf)], work)
+    wait_port(port)
+    proc.tls_port = tls_port
+    return proc, port
+
+
+def start_switchyard(work, backend, host=HOST, tls=None):
+    port, admin = free_port(), free_port()
+    tls_port = free_port() if tls else None
+    https = (["--https", f"127.0.0.1:{tls_port}", "--default-cert", str(tls[0]),
+              "--default-key", str(tls[1])] if tls else ["--https", "off"])
+    name = f"switchyard-{port}"
+    proc = Process(name, [
+        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *https,
+        "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
+        "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
+    ], work, env={**os.environ, "RUST_LOG": "warn"})
+    for listening in (port, admin, tls_port):
+        if listening:
+            wait_port(listening)
+    put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
+    proc.tls_port = tls_port
+    return proc, port
+
+
+def floor_starter(binary):
+    def start(work, backend, host=HOST, tls=None):
+        port = free_port()
+        tls_port = free_port() if tls else None
+        tls_args = (["--tls-listen", f"127.0.0.1:{tls_port}", "--cert", str(tls[0]),
+                     "--key", str(tls[1])] if tls else [])
+        proc = Process(f"{binary}-{port}", [str(TARGET / binary), "--listen", f"127.0.0.1:{port}",
+                                            "--threads", "2", "--route", f"{host}=127.0.0.1:{backend}",
+                                            *tls_args], work)
+        wait_port(port)
+        if tls_port:
+            wait_port(tls_port)
+        proc.tls_port = tls_port
+        return proc, port
+    return start
+
+
+PROXIES = {
+    "nginx": start_nginx,
+    "haproxy": start_haproxy,
+    "switchyard": start_switchyard,
+    "pingora-floor": floor_starter("pingora-floor"),
+    "hyper-floor": floor_starter("hyper-floor"),
+}
+
+
+# ------------------------------------------------------------------ measurements
+
+def constant_rate(proxy, port, status_port, rate, seconds, scheme="http", keepalive=True):
+    target = f"GET {scheme}://127.0.0.1:{port}/\nHost: {HOST}\n"
+    accepts_before, cpu_before = origin_accepts(status_port), cpu_seconds(proxy.pid)
+    # At most 64 requests under way: past that, a late answer would make vegeta open yet
+    # another connection (a handshake each over TLS) and tip the machine into a storm of
+    # thousands of them; a proxy that falls behind shows it as a lower rate achieved.
+    # HTTP/1.1 over TLS for all: vegeta would otherwise take HTTP/2 from the proxies that
+    # offer it. It sends no server name to 127.0.0.1, so each proxy answers with its default
+    # certificate (the same one for all).
+    attack = subprocess.run(
+        [bench.VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s", "-timeout=5s",
+         f"-keepalive={'true' if keepalive else 'false'}", "-connections=64", "-workers=64",
+         "-max-workers=64", "-http2=false", "-insecure"],
+        input=target.encode(), check=True, capture_output=True).stdout
+    cpu = cpu_seconds(proxy.pid) - cpu_before
+    accepts = origin_accepts(status_port) - accepts_before
+    summary = bench.vegeta_summary(attack)
+    answered = max(int(summary["requests"] * summary["success"]), 1)
+    return {
+        **summary,
+        "cpu_s": cpu,
+        "cpu_us_per_request": cpu * 1e6 / answered,
+        "backend_connections": accepts,
+        "backend_connections_per_10k": accepts * 10_000 / answered,
+    }
+
+
+def closed_loop(port, seconds):
+    runs = [bench.wrk_throughput(port, seconds, host=HOST) for _ in range(3)]
+    return {"runs_rps": [rps for rps, _ in runs], "median_rps": statistics.median(rps for rps, _ in runs),
+            "errors": [errors for _, errors in runs if errors]}
+
+
+def idle_cpu(proxy, seconds):
+    before = cpu_seconds(proxy.pid)
+    time.sleep(seconds)
+    return {"seconds": seconds, "cpu_ms_per_s": (cpu_seconds(proxy.pid) - before) * 1000 / seconds}
+
+
+def keepalive_memory(proxy, port, count):
+    """Resident growth per idle keep-alive client connection that had one request answered."""
+    time.sleep(1)
+    before = resident_kib(proxy.pid)
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"GET / HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+            answer = b""
+            while b"ok\n" not in answer:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise RuntimeError(f"connection closed after {answer[:80]!r}")
+                answer += chunk
+            sockets.append(s)
+        time.sleep(1)
+        held = resident_kib(proxy.pid)
+    finally:
+        for s in sockets:
+            s.close()
+    return {"connections": count, "rss_before_kib": before, "rss_held_kib": held,
+            "bytes_per_connection": (held - before) * 1024 / count}
+
+
+def measure_proxy(name, start, work, args, procs, tls):
+    origin, backend, status_port = start_origin(work)
+    procs.append(origin)
+    proxy, port = start(work, backend, tls=tls)
+    procs.append(proxy)
+    bench.get(port, HOST)  # warm: routes, pools
+    result = {
+        "constant_rate": constant_rate(proxy, port, status_port, args.rate, args.seconds),
+        "https_keepalive": constant_rate(proxy, proxy.tls_port, status_port, args.rate,
+                                         args.seconds, scheme="https"),
+        "https_new_connection": constant_rate(proxy, proxy.tls_port, status_port,
+                                              args.tls_new_rate, args.seconds, scheme="https",
+                                              keepalive=False),
+        "closed_loop": closed_loop(port, max(args.seconds // 2, 3)),
+        "idle": idle_cpu(proxy, args.idle_seconds),
+        "keepalive_memory": keepalive_memory(proxy, port, args.connections),
+    }
+    proxy.stop()
+    origin.stop()
+    ws = ws_bench.measure(name, lambda w, b: start(w, b, host="ws.test"), work, args.websockets, 2)
+    result["websocket_memory"] = {k: ws[k] for k in ("opened", "second_echo", "rss_before_kib",
+                                                     "rss_held_kib", "bytes_per_connection")}
+    return result
+
+
+# ------------------------------------------------------------------ report
+
+def commit():
+    """HEAD's short hash, marked when the tree differs from it (figures of uncommitted code)."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True).stdout.strip()
+    return f"{head} with uncommitted changes" if changed else head
+
+
+CPU_RUNS = [("constant_rate", "HTTP keep-alive"), ("https_keepalive", "HTTPS keep-alive"),
+            ("https_new_connection", "HTTPS, new connection per request")]
+
+
+def ratio(value, base):
+    return f"{value / base:.2f}×" if base else "–"
+
+
+def table(results):
+    proxies = results["proxies"]
+    nginx = proxies.get("nginx")
+    rows = [
+        "| proxy | run | CPU µs/request | vs nginx | req/s achieved | answered | p50 ms | p99 ms | "
+        "p99 vs nginx |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in proxies.items():
+        for key, label in CPU_RUNS:
+            c, base = r[key], nginx and nginx[key]
+            rows.append(
+                f"| {name} | {label} | {c['cpu_us_per_request']:.0f} | "
+                f"{ratio(c['cpu_us_per_request'], base and base['cpu_us_per_request'])} | "
+                f"{c['achieved_rps']:.0f} | {c['success'] * 100:.1f}% | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} | "
+                f"{ratio(c['p99_ms'], base and base['p99_ms'])} |")
+    rows += [
+        "",
+        "| proxy | backend conns / 10k req (HTTP run) | closed-loop req/s (median of 3) | vs nginx | "
+        "idle CPU ms/s | KiB per keep-alive conn | KiB per idle WebSocket | vs nginx |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in proxies.items():
+        c, loop = r["constant_rate"], r["closed_loop"]
+        ka, wsm = r["keepalive_memory"], r["websocket_memory"]
+        rows.append(
+            f"| {name} | {c['backend_connections_per_10k']:.1f} | {loop['median_rps']:.0f} | "
+            f"{ratio(loop['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | "
+            f"{r['idle']['cpu_ms_per_s']:.2f} | {ka['bytes_per_connection'] / 1024:.1f} | "
+            f"{wsm['bytes_per_connection'] / 1024:.1f} | "
+            f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
+    router, floor = proxies.get("switchyard"), proxies.get("pingora-floor")
+    if router and floor:
+        over = ", ".join(
+            f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
+            for key, label in CPU_RUNS)
+        rows += ["", f"Switchyard's CPU per request over the floor of its engine (pingora-floor): {over}."]
+    return rows
+
+
+def write_report(results):
+    lines = [
+        MARK_START,
+        f"Measured by `bench/engines/run.py` on {results['date']}, {results['machine']}, "
+        f"Switchyard at commit {results['commit']}; load generators, origin and proxy share the "
+        f"2 cores, so take the ratios. Constant rate: {results['rate']} req/s for "
+        f"{results['seconds']} s (vegeta, 64 connections; HTTP/1.1 over TLS), new HTTPS "
+        f"connections at {results['tls_new_rate']}/s; closed loop: wrk -t2 -c64 over HTTP; "
+        f"{results['connections']} idle keep-alive connections; {results['websockets']} idle "
+        f"WebSockets.",
+        "",
+        *table(results),
+        MARK_END,
+    ]
+    text = REPORT.read_text() if REPORT.exists() else f"# The engine\n\n{MARK_START}\n{MARK_END}\n"
+    head, _, rest = text.partition(MARK_START)
+    _, _, tail = rest.partition(MARK_END)
+    REPORT.write_text(head + "\n".join(lines) + tail)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="constant-rate run length")
+    parser.add_argument("--rate", type=int, default=2000, help="constant rate, req/s")
+    parser.add_argument("--tls-new-rate", type=int, default=500,
+                        help="constant rate of new HTTPS connections (one request each), per s")
+    parser.add_argument("--idle-seconds", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=2000, help="idle keep-alive connections held")
+    parser.add_argument("--websockets", type=int, default=2000, help="idle WebSockets held")
+    parser.add_argument("--only", action="append", choices=sorted(PROXIES), help="measure only these")
+    parser.add_argument("--quick", action="store_true", help="3 s runs, 200 connections (smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.idle_seconds, args.connections, args.websockets = 3, 2, 200, 200
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-engines-"))
+    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": bench.host()["machine"], "tools": bench.machine()["versions"],
+               "commit": commit(), "rate": args.rate, "tls_new_rate": args.tls_new_rate, "seconds": args.seconds,
+               "connections": args.connections, "websockets": args.websockets, "proxies": {}}
+    tls = make_certificate(work)
+    for name in args.only or PROXIES:
+        procs = []
+        try:
+            print(f"measuring {name} …", flush=True)
+            results["proxies"][name] = measure_proxy(name, PROXIES[name], work, args, procs, tls)
+        finally:
+            for p in reversed(procs):
+                p.stop()
+    print("\n".join(table(results)))
+    if args.quick or args.only:
+        print("(a partial or quick run: bench/ENGINE.md and bench/results are left as they are)")
+        return 0
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
