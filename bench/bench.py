@@ -523,6 +523,8 @@ def write_report(results, path):
             f"on another machine: {host['machine']}, commit {host['commit']}")
         return f"{results.get(f'{key}_date', '')}, {where}"
 
+    if results.get("engines"):
+        lines += engines_report(results["engines"], when("engines"))
     if results.get("https"):
         lines += https_report(results["https"], when("https"))
     if results.get("fleet"):
@@ -539,6 +541,28 @@ def write_report(results, path):
         lines += images_report(results["images"], when("images"))
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def engines_report(e, date):
+    """The headline of bench/engines/run.py; the whole report and its reading are in
+    bench/ENGINE.md."""
+    nginx = e["proxies"].get("nginx")
+    lines = ["", "# Cost of a request and of a connection (bench/engines/run.py, issue 17)", "",
+             f"Measured {date}, Switchyard at {e['commit']}; tables, floors and the engine decision "
+             "in `bench/ENGINE.md`.", "",
+             "| proxy | CPU µs/req HTTP | HTTPS keep-alive | HTTPS new conn | closed-loop req/s | "
+             "backend conns / 10k | KiB per idle WebSocket |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in e["proxies"].items():
+        def cell(value, base):
+            return f"{value:.0f} ({value / base:.2f}×)" if base else f"{value:.0f}"
+        row = [cell(r[k]["cpu_us_per_request"], nginx and nginx[k]["cpu_us_per_request"])
+               for k in ("constant_rate", "https_keepalive", "https_new_connection")]
+        lines.append(f"| {name} | {' | '.join(row)} | "
+                     f"{cell(r['closed_loop']['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | "
+                     f"{r['constant_rate']['backend_connections_per_10k']:.1f} | "
+                     f"{cell(r['websocket_memory']['bytes_per_connection'] / 1024, nginx and nginx['websocket_memory']['bytes_per_connection'] / 1024)} |")
+    return lines
 
 
 def merge_section(key, section, quick):

@@ -355,6 +355,39 @@ def table(results):
     return rows
 
 
+def headline(results):
+    return {"date": results["date"], "commit": results["commit"],
+            "proxies": {name: {"cpu_us_http": r["constant_rate"]["cpu_us_per_request"],
+                               "cpu_us_https_keepalive": r["https_keepalive"]["cpu_us_per_request"],
+                               "cpu_us_https_new": r["https_new_connection"]["cpu_us_per_request"],
+                               "closed_loop_rps": r["closed_loop"]["median_rps"],
+                               "backend_connections_per_10k": r["constant_rate"]["backend_connections_per_10k"],
+                               "websocket_kib": r["websocket_memory"]["bytes_per_connection"] / 1024}
+                        for name, r in results["proxies"].items()}}
+
+
+def earlier_runs():
+    """The previous full run's headline and the ones it kept, newest first."""
+    if not RESULTS.exists():
+        return []
+    previous = json.loads(RESULTS.read_text())
+    return [headline(previous), *previous.get("earlier_runs", [])]
+
+
+def earlier_table(runs):
+    rows = ["", "Earlier runs (CPU µs per request HTTP / HTTPS keep-alive / HTTPS new connection; "
+            "closed-loop req/s; backend connections per 10k requests; KiB per idle WebSocket):", "",
+            "| run | proxy | CPU µs/req | req/s | backend conns / 10k | KiB / WebSocket |",
+            "|---|---|---|---|---|---|"]
+    for run in runs:
+        for name, p in run["proxies"].items():
+            rows.append(f"| {run['date']}, {run['commit']} | {name} | {p['cpu_us_http']:.0f} / "
+                        f"{p['cpu_us_https_keepalive']:.0f} / {p['cpu_us_https_new']:.0f} | "
+                        f"{p['closed_loop_rps']:.0f} | {p['backend_connections_per_10k']:.1f} | "
+                        f"{p['websocket_kib']:.1f} |")
+    return rows if runs else []
+
+
 def write_report(results):
     lines = [
         MARK_START,
@@ -367,6 +400,7 @@ def write_report(results):
         f"WebSockets.",
         "",
         *table(results),
+        *earlier_table(results.get("earlier_runs", [])),
         MARK_END,
     ]
     text = REPORT.read_text() if REPORT.exists() else f"# The engine\n\n{MARK_START}\n{MARK_END}\n"
@@ -407,8 +441,10 @@ def main():
     if args.quick or args.only:
         print("(a partial or quick run: bench/ENGINE.md and bench/results are left as they are)")
         return 0
+    results["earlier_runs"] = earlier_runs()
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     write_report(results)
+    bench.merge_section("engines", results, quick=False)
     return 0
 
 
