@@ -19,6 +19,8 @@ one route (Host app7.bench → an nginx origin answering "ok"). Per proxy:
   with --connections client connections open, each having had one request answered.
 - memory per idle WebSocket: bench/conformance/websockets.py's measurement (an echo backend,
   --websockets WebSockets opened, one message each, held, a second message each).
+- Switchyard's memory per cached app: resident set of a router with --apps stored apps, each
+  requested once, less that of an empty router after the same warm-up, per app.
 
 Results: bench/results/engines.json and the tables in bench/ENGINE.md (between the
 "measured" markers; the rest of that file is prose kept by hand). Everything listens on
@@ -296,6 +298,29 @@ def measure_proxy(name, start, work, args, procs, tls):
     return result
 
 
+def cached_app_memory(work, apps, procs):
+    """Switchyard's resident memory per cached app: a router with `apps` stored apps, each
+    requested once (so each is in the route cache, with its route, counters and domain
+    entry), against an empty router after the same warm-up."""
+    origin, backend, _ = start_origin(work)
+    procs.append(origin)
+    empty, empty_port, _ = bench.start_switchyard(work, 0, backend, "apps-empty")
+    procs.append(empty)
+    bench.wrk_throughput(empty_port, 3)
+    rss_empty = bench.rss_kib(empty.pid)
+    empty.stop()
+    router, port, admin = bench.start_switchyard(work, apps, backend, "apps-full")
+    procs.append(router)
+    bench.wrk_throughput(port, 3)
+    bench.touch_all_apps(port, apps, work)
+    rss_touched = bench.rss_kib(router.pid)
+    cached = bench.metric(admin, 'switchyard_route_cache_entries{table="apps"}') or 0
+    router.stop()
+    origin.stop()
+    return {"apps": apps, "apps_cached": cached, "rss_empty_kib": rss_empty,
+            "rss_touched_kib": rss_touched, "bytes_per_app": (rss_touched - rss_empty) * 1024 / apps}
+
+
 # ------------------------------------------------------------------ report
 
 def commit():
@@ -352,6 +377,11 @@ def table(results):
             f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
             for key, label in CPU_RUNS)
         rows += ["", f"Switchyard's CPU per request over the floor of its engine (pingora-floor): {over}."]
+    apps = results.get("cached_app_memory")
+    if apps:
+        rows += ["", f"Switchyard's resident memory per cached app: {apps['bytes_per_app']:.0f} B at "
+                     f"{apps['apps']} stored apps, {apps['apps_cached']:.0f} of them in the route cache "
+                     f"(target ≤ 1024 B)."]
     return rows
 
 
@@ -419,10 +449,13 @@ def main():
     parser.add_argument("--connections", type=int, default=2000, help="idle keep-alive connections held")
     parser.add_argument("--websockets", type=int, default=2000, help="idle WebSockets held")
     parser.add_argument("--only", action="append", choices=sorted(PROXIES), help="measure only these")
+    parser.add_argument("--apps", type=int, default=100_000,
+                        help="stored apps for Switchyard's memory per cached app (0: skip)")
     parser.add_argument("--quick", action="store_true", help="3 s runs, 200 connections (smoke test)")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.idle_seconds, args.connections, args.websockets = 3, 2, 200, 200
+        args.apps = min(args.apps, 10_000)
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-engines-"))
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "machine": bench.host()["machine"], "tools": bench.machine()["versions"],
@@ -434,6 +467,14 @@ def main():
         try:
             print(f"measuring {name} …", flush=True)
             results["proxies"][name] = measure_proxy(name, PROXIES[name], work, args, procs, tls)
+        finally:
+            for p in reversed(procs):
+                p.stop()
+    if args.apps and "switchyard" in (args.only or PROXIES):
+        procs = []
+        try:
+            print(f"measuring switchyard's memory per cached app ({args.apps} apps) …", flush=True)
+            results["cached_app_memory"] = cached_app_memory(work, args.apps, procs)
         finally:
             for p in reversed(procs):
                 p.stop()

@@ -146,7 +146,7 @@ pub struct App {
     pub balancer: Balancer,
     /// Active health checks; passive health (refused connections) is always on.
     #[serde(default)]
-    pub health_check: Option<HealthCheck>,
+    pub health_check: Option<Box<HealthCheck>>,
     /// Upstream deadlines.
     #[serde(default)]
     pub timeouts: Timeouts,
@@ -161,10 +161,10 @@ pub struct App {
     pub hsts: Option<Hsts>,
     /// Copy a share of the requests to shadow backends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mirror: Option<Mirror>,
+    pub mirror: Option<Box<Mirror>>,
     /// Keep and serve responses without asking the app.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<ResponseCache>,
+    pub cache: Option<Box<ResponseCache>>,
     /// A directory served first, `try_files`-style: a file under it answers GET and HEAD
     /// without the cache or the app.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,7 +174,7 @@ pub struct App {
     pub waf: Option<crate::Waf>,
     /// Originals resized on request under a path prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub images: Option<crate::Images>,
+    pub images: Option<Box<crate::Images>>,
     /// What happens to open connections to a backend the app no longer lists.
     #[serde(default, skip_serializing_if = "Drain::keeps_connections")]
     pub drain: Drain,

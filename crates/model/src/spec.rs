@@ -74,7 +74,9 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     };
     let health_check = match fields.get("health_check") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(parse_health_check(v).map_err(|e| e.under("health_check"))?),
+        Some(v) => Some(Box::new(
+            parse_health_check(v).map_err(|e| e.under("health_check"))?,
+        )),
     };
     let timeouts = match fields.get("timeouts") {
         None => Timeouts::default(),
@@ -100,11 +102,11 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     };
     let mirror = match fields.get("mirror") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(parse_mirror(v).map_err(|e| e.under("mirror"))?),
+        Some(v) => Some(Box::new(parse_mirror(v).map_err(|e| e.under("mirror"))?)),
     };
     let cache = match fields.get("cache") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(parse_cache(v).map_err(|e| e.under("cache"))?),
+        Some(v) => Some(Box::new(parse_cache(v).map_err(|e| e.under("cache"))?)),
     };
     let static_root = match fields.get("static_root") {
         None | Some(Value::Null) => None,
@@ -116,7 +118,9 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     };
     let images = match fields.get("images") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(crate::images::parse_images(v).map_err(|e| e.under("images"))?),
+        Some(v) => Some(Box::new(
+            crate::images::parse_images(v).map_err(|e| e.under("images"))?,
+        )),
     };
     let drain = match fields.get("drain") {
         None | Some(Value::Null) => Drain::default(),

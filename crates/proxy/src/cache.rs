@@ -559,7 +559,7 @@ fn count(ctx: &RequestCtx, status: CacheStatus) {
 }
 
 fn cache_policy(route: &Option<Arc<AppRoute>>) -> Option<&ResponseCache> {
-    route.as_ref()?.app.cache.as_ref()
+    route.as_ref()?.app.cache.as_deref()
 }
 
 #[cfg(test)]
@@ -573,7 +573,7 @@ mod tests {
             &json!({"cache": {"paths": ["/"], "ttl_s": 60, "max_object_bytes": 100}}),
         )
         .expect("valid");
-        app.cache.expect("cache")
+        *app.cache.expect("cache")
     }
 
     fn response(status: u16, headers: &[(&str, &str)]) -> ResponseHeader {

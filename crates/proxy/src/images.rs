@@ -483,7 +483,7 @@ mod tests {
     use super::*;
 
     fn images() -> Images {
-        switchyard_model::parse_app_spec(
+        *switchyard_model::parse_app_spec(
             "a",
             &serde_json::json!({"images": {"max_width": 1000, "max_height": 800}}),
         )

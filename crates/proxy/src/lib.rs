@@ -7,6 +7,7 @@
 //! On the HTTPS listener, [`CertCache`] hands each handshake its certificate (see `tls.rs`).
 
 mod access_log;
+mod app_requests;
 mod balancer;
 mod cache;
 mod cache_redis;

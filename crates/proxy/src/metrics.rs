@@ -6,6 +6,8 @@
 
 use std::sync::LazyLock;
 
+use crate::app_requests::{RequestCountsCollector, REQUEST_COUNTS};
+
 use prometheus::{
     register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
     register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -18,12 +20,10 @@ fn registered<T>(result: prometheus::Result<T>) -> T {
     result.expect("metric names are unique")
 }
 
-pub(crate) static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
-        "switchyard_requests_total",
-        "Requests answered, by app and status class (1xx..5xx).",
-        &["app", "class"]
-    ))
+/// `switchyard_requests_total` lives in [`crate::app_requests`]: a slot per app, not a child.
+static REQUESTS: LazyLock<()> = LazyLock::new(|| {
+    let collector = RequestCountsCollector(REQUEST_COUNTS.clone());
+    registered(prometheus::register(Box::new(collector)));
 });
 
 pub(crate) static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {

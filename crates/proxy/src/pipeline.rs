@@ -39,6 +39,7 @@ use pingora::Error;
 use switchyard_model::ClientTimeouts;
 
 use crate::access_log::AccessLog;
+use crate::app_requests::REQUEST_COUNTS;
 use crate::cache;
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
@@ -376,12 +377,12 @@ impl ProxyHttp for Router {
             .map(|r| r.status.as_u16())
             .or(ctx.local_status)
             .unwrap_or(0);
-        let class = metrics::status_class(status);
-        metrics::REQUESTS
-            .with_label_values(&[ctx.app_name(), class])
-            .inc();
+        match &ctx.route {
+            Some(route) => route.requests.record(status),
+            None => REQUEST_COUNTS.unrouted().record(status),
+        }
         metrics::REQUEST_DURATION
-            .with_label_values(&[class])
+            .with_label_values(&[metrics::status_class(status)])
             .observe(ctx.started.elapsed().as_secs_f64());
         self.access_log.record(session, ctx, status);
         ctx.release_attempt();

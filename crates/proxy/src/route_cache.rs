@@ -18,6 +18,7 @@ use quick_cache::sync::Cache;
 use switchyard_model::{App, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
 
+use crate::app_requests::{AppRequests, REQUEST_COUNTS};
 use crate::balancer::Upstream;
 use crate::metrics;
 use crate::mirror::MirrorState;
@@ -37,9 +38,11 @@ pub struct AppRoute {
     /// When this version was built, for cache-age metrics.
     pub loaded_at: Instant,
     /// Live state of its traffic mirroring, when it mirrors.
-    pub mirror: Option<MirrorState>,
+    pub mirror: Option<Box<MirrorState>>,
     /// Its cached responses, when it caches.
     pub response_cache: Option<Arc<AppResponseCache>>,
+    /// Its answered requests, shared by every version of its route.
+    pub(crate) requests: Arc<AppRequests>,
 }
 
 /// Sizes of the route caches.
@@ -321,10 +324,10 @@ fn log_interrupted_resync(e: &StoreError) {
 
 fn build_route(app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>) -> AppRoute {
     let upstream = Upstream::new(&app.backends, app.balancer, previous.map(|p| &p.upstream));
-    let mirror = app
-        .mirror
-        .as_ref()
-        .map(|_| MirrorState::new(app.name.as_str(), previous.and_then(|p| p.mirror.as_ref())));
+    let mirror = app.mirror.as_ref().map(|_| {
+        let previous = previous.and_then(|p| p.mirror.as_deref());
+        Box::new(MirrorState::new(app.name.as_str(), previous))
+    });
     // A change that keeps the cache's size keeps its responses (a scale or deploy does not
     // empty the cache); purges are explicit.
     let response_cache = app.cache.as_ref().map(|policy| {
@@ -340,11 +343,13 @@ fn build_route(app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>)
                 Arc::new(AppResponseCache::new(app.name.as_str(), in_memory, budget))
             })
     });
+    let requests = REQUEST_COUNTS.for_app(app.name.as_str());
     AppRoute {
         app,
         upstream,
         loaded_at: Instant::now(),
         mirror,
         response_cache,
+        requests,
     }
 }
