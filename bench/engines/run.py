@@ -377,11 +377,8 @@ def table(results):
             f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
             for key, label in CPU_RUNS)
         rows += ["", f"Switchyard's CPU per request over the floor of its engine (pingora-floor): {over}."]
-    apps = results.get("cached_app_memory")
-    if apps:
-        rows += ["", f"Switchyard's resident memory per cached app: {apps['bytes_per_app']:.0f} B at "
-                     f"{apps['apps']} stored apps, {apps['apps_cached']:.0f} of them in the route cache "
-                     f"(target ≤ 1024 B)."]
+    if results.get("cached_app_memory"):
+        rows += ["", bench.cached_app_memory_sentence(results["cached_app_memory"])]
     return rows
 
 
