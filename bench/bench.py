@@ -411,6 +411,30 @@ def summarize(samples):
     }
 
 
+def cached_app_memory(work, apps, backend, started):
+    """Switchyard's resident memory per cached app: a router with `apps` stored apps, each
+    requested once (so each is in the route cache, with its route, counters and domain
+    entry), against an empty router after the same warm-up. Routers started are in
+    `started` while they run."""
+    empty, empty_port, _ = start_switchyard(work, 0, backend, "empty")
+    started.append(empty)
+    wrk_throughput(empty_port, 3)
+    rss_empty = rss_kib(empty.pid)
+    empty.stop()
+    started.remove(empty)
+    router, port, admin = start_switchyard(work, apps, backend, "memory")
+    started.append(router)
+    wrk_throughput(port, 3)
+    rss_idle = rss_kib(router.pid)
+    touch_all_apps(port, apps, work)
+    rss_touched = rss_kib(router.pid)
+    cached = metric(admin, 'switchyard_route_cache_entries{table="apps"}') or 0
+    router.stop()
+    started.remove(router)
+    return {"apps": apps, "apps_cached": cached, "rss_empty_kib": rss_empty, "rss_idle_kib": rss_idle,
+            "rss_touched_kib": rss_touched, "bytes_per_app": (rss_touched - rss_empty) * 1024 / apps}
+
+
 def touch_all_apps(port, apps, work):
     script = work / "touch.lua"
     script.write_text(
@@ -923,24 +947,10 @@ def main():
             started.remove(ng)
 
         # Memory per stored app.
-        empty, empty_port, _ = start_switchyard(work, 0, b1, "empty")
-        started.append(empty)
-        wrk_throughput(empty_port, 3)
-        rss_empty = rss_kib(empty.pid)
-        empty.stop()
-        started.remove(empty)
-        sy, sy_port, sy_admin = start_switchyard(work, memory_apps, b1, "memory")
-        started.append(sy)
-        wrk_throughput(sy_port, 3)
-        rss_idle = rss_kib(sy.pid)
-        touch_all_apps(sy_port, memory_apps, work)
-        rss_touched = rss_kib(sy.pid)
-        cached = metric(sy_admin, 'switchyard_route_cache_entries{table="apps"}') or 0
-        results["memory"] = {"apps": memory_apps, "rss_empty_kib": rss_empty, "rss_idle_kib": rss_idle,
-                             "rss_touched_kib": rss_touched, "apps_cached": cached}
-        print(f"memory: empty {rss_empty} KiB, idle {rss_idle} KiB, touched {rss_touched} KiB, cached {cached}", flush=True)
-        sy.stop()
-        started.remove(sy)
+        results["memory"] = cached_app_memory(work, memory_apps, b1, started)
+        m = results["memory"]
+        print(f"memory: empty {m['rss_empty_kib']} KiB, idle {m['rss_idle_kib']} KiB, "
+              f"touched {m['rss_touched_kib']} KiB, cached {m['apps_cached']}", flush=True)
 
         # Targets of issue 2, from the figures above.
         ratio = results["throughput"]["switchyard"]["rps"] / results["throughput"]["nginx"]["rps"]
@@ -953,7 +963,7 @@ def main():
             growth = biggest["p99_ms"] / by_size[1000]["p99_ms"]
             results["targets"].append({"name": f"route change p99 at {max(by_size)} apps ≤ 2× the 1000-app figure",
                                        "measured": f"{growth:.2f}×", "met": growth <= 2})
-        per_app = (rss_touched - rss_empty) * 1024 / memory_apps
+        per_app = results["memory"]["bytes_per_app"]
         results["targets"].append({"name": f"resident memory ≤ 2 KB per stored app at {memory_apps} apps (all cached)",
                                    "measured": f"{per_app:.0f} B", "met": per_app <= 2048})
     finally:

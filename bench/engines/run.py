@@ -299,26 +299,12 @@ def measure_proxy(name, start, work, args, procs, tls):
 
 
 def cached_app_memory(work, apps, procs):
-    """Switchyard's resident memory per cached app: a router with `apps` stored apps, each
-    requested once (so each is in the route cache, with its route, counters and domain
-    entry), against an empty router after the same warm-up."""
+    """bench.py's memory per cached app, against this script's origin."""
     origin, backend, _ = start_origin(work)
     procs.append(origin)
-    empty, empty_port, _ = bench.start_switchyard(work, 0, backend, "apps-empty")
-    procs.append(empty)
-    bench.wrk_throughput(empty_port, 3)
-    rss_empty = bench.rss_kib(empty.pid)
-    empty.stop()
-    router, port, admin = bench.start_switchyard(work, apps, backend, "apps-full")
-    procs.append(router)
-    bench.wrk_throughput(port, 3)
-    bench.touch_all_apps(port, apps, work)
-    rss_touched = bench.rss_kib(router.pid)
-    cached = bench.metric(admin, 'switchyard_route_cache_entries{table="apps"}') or 0
-    router.stop()
+    result = bench.cached_app_memory(work, apps, backend, procs)
     origin.stop()
-    return {"apps": apps, "apps_cached": cached, "rss_empty_kib": rss_empty,
-            "rss_touched_kib": rss_touched, "bytes_per_app": (rss_touched - rss_empty) * 1024 / apps}
+    return result
 
 
 # ------------------------------------------------------------------ report

@@ -16,29 +16,20 @@ use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 
+use crate::metrics::{self, status_class_index, STATUS_CLASSES};
+
 const NAME: &str = "switchyard_requests_total";
 const HELP: &str = "Requests answered, by app and status class (1xx..5xx).";
-/// Label values of the six slots, in slot order; `none` when nothing was sent.
-const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
-
-/// One app's answered requests by status class.
+/// One app's answered requests, a counter per status class in [`STATUS_CLASSES`]' order.
 #[derive(Debug, Default)]
 pub(crate) struct AppRequests {
-    by_class: [AtomicU64; 6],
+    by_class: [AtomicU64; STATUS_CLASSES.len()],
 }
 
 impl AppRequests {
     /// Counts one answer with `status` (0 when nothing was sent).
     pub(crate) fn record(&self, status: u16) {
-        let slot = match status {
-            100..=199 => 0,
-            200..=299 => 1,
-            300..=399 => 2,
-            400..=499 => 3,
-            500..=599 => 4,
-            _ => 5,
-        };
-        self.by_class[slot].fetch_add(1, Ordering::Relaxed);
+        self.by_class[status_class_index(status)].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -50,9 +41,14 @@ pub(crate) struct RequestCounts {
     desc: Desc,
 }
 
-/// The process's table, registered with the default registry by [`crate::metrics::register_all`].
-pub(crate) static REQUEST_COUNTS: LazyLock<Arc<RequestCounts>> =
-    LazyLock::new(|| Arc::new(RequestCounts::new()));
+/// The process's table, registered with the default registry when first used (before
+/// that it has nothing to show: the registry leaves out a family without samples).
+pub(crate) static REQUEST_COUNTS: LazyLock<Arc<RequestCounts>> = LazyLock::new(|| {
+    let counts = Arc::new(RequestCounts::new());
+    let collector = RequestCountsCollector(counts.clone());
+    metrics::registered(prometheus::register(Box::new(collector)));
+    counts
+});
 
 // The name and help are constants checked by the first test that touches metrics.
 #[allow(clippy::expect_used)]
@@ -95,7 +91,7 @@ impl RequestCounts {
     fn family(&self) -> MetricFamily {
         let mut metrics = Vec::new();
         let mut add = |app: &str, counts: &AppRequests| {
-            for (class, count) in CLASSES.iter().zip(&counts.by_class) {
+            for (class, count) in STATUS_CLASSES.iter().zip(&counts.by_class) {
                 let count = count.load(Ordering::Relaxed);
                 // As with Prometheus children, a pair appears once it has counted something.
                 if count > 0 {
@@ -132,7 +128,7 @@ fn counter(app: &str, class: &str, count: u64) -> Metric {
 }
 
 /// The registry holds this handle; the table itself stays where the request path reaches it.
-pub(crate) struct RequestCountsCollector(pub(crate) Arc<RequestCounts>);
+struct RequestCountsCollector(Arc<RequestCounts>);
 
 impl Collector for RequestCountsCollector {
     fn desc(&self) -> Vec<&Desc> {

@@ -1,12 +1,12 @@
 //! The proxy's Prometheus metrics, registered in the default registry that the admin API's
 //! `/metrics` exposes. Labels are bounded: `app` only ever holds a stored app's name (unknown
 //! hosts count under `app=""`), and `class`/`kind`/`result` are small fixed sets.
+//! `switchyard_requests_total` is the exception to "registered here": `app_requests.rs` keeps it
+//! as a slot per app.
 
 #![allow(missing_docs)]
 
 use std::sync::LazyLock;
-
-use crate::app_requests::{RequestCountsCollector, REQUEST_COUNTS};
 
 use prometheus::{
     register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
@@ -16,15 +16,9 @@ use prometheus::{
 // A failed registration means the same name was registered twice: a programming error
 // caught by the first test that touches metrics, never a runtime condition.
 #[allow(clippy::expect_used)]
-fn registered<T>(result: prometheus::Result<T>) -> T {
+pub(crate) fn registered<T>(result: prometheus::Result<T>) -> T {
     result.expect("metric names are unique")
 }
-
-/// `switchyard_requests_total` lives in [`crate::app_requests`]: a slot per app, not a child.
-static REQUESTS: LazyLock<()> = LazyLock::new(|| {
-    let collector = RequestCountsCollector(REQUEST_COUNTS.clone());
-    registered(prometheus::register(Box::new(collector)));
-});
 
 pub(crate) static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     registered(register_histogram_vec!(
@@ -393,7 +387,6 @@ pub(crate) static IMAGE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 
 pub(crate) fn register_all() {
-    LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&UPSTREAM_ERRORS);
     LazyLock::force(&UPSTREAM_RETRIES);
@@ -445,14 +438,22 @@ pub(crate) fn register_all() {
     LazyLock::force(&IMAGE_REQUESTS);
 }
 
+/// The `class` label values, in the order [`status_class_index`] numbers them.
+pub(crate) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// Position of a status code's class in [`STATUS_CLASSES`]; `none` when nothing was sent.
+pub(crate) fn status_class_index(status: u16) -> usize {
+    match status {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        500..=599 => 4,
+        _ => 5,
+    }
+}
+
 /// `2xx`-style class of a status code; `none` when nothing was sent.
 pub(crate) fn status_class(status: u16) -> &'static str {
-    match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        500..=599 => "5xx",
-        _ => "none",
-    }
+    STATUS_CLASSES[status_class_index(status)]
 }
