@@ -381,8 +381,7 @@ impl ProxyHttp for Router {
             Some(route) => route.requests.record(status),
             None => REQUEST_COUNTS.unrouted().record(status),
         }
-        metrics::REQUEST_DURATION
-            .with_label_values(&[metrics::status_class(status)])
+        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
             .observe(ctx.started.elapsed().as_secs_f64());
         self.access_log.record(session, ctx, status);
         ctx.release_attempt();
