@@ -566,3 +566,39 @@ fn a_silent_websocket_client_outlives_the_body_timeout() {
         );
     });
 }
+
+/// Clients leave without a goodbye all day (a phone loses its network under a WebSocket):
+/// the router frees what the WebSocket held and logs no error for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_resetting_its_websocket_is_not_an_error_in_the_log() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("home");
+    router.put_app(
+        "chat",
+        json!({"domains": ["chat.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut socket = open_websocket(router.http, "chat.test").await;
+    assert_eq!(exchange(&mut socket, "hello").await, "home:hello");
+    assert_eq!(router.metric("switchyard_open_websockets"), 1.0);
+    if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
+        // Closing with a zero linger sends a reset, as a vanished client's network does.
+        stream.set_zero_linger().expect("SO_LINGER 0");
+    }
+    drop(socket);
+    eventually(
+        Duration::from_secs(5),
+        "the router to let the WebSocket go",
+        || router.metric("switchyard_open_websockets") == 0.0 && backend.open_websockets() == 0,
+    );
+    // Only this request's lines: the harness's own probes of the ports at start leave
+    // their traces too.
+    let logs = router.logs();
+    let errors: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" ERROR ") && l.contains("/chat"))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "no error logged for a client's reset: {errors:#?}"
+    );
+}

@@ -361,9 +361,23 @@ impl ProxyHttp for Router {
         }
     }
 
-    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
+    fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, error: &Error) -> bool {
         // Local answers (404, 503 …) travel as HTTPStatus errors; they are not faults.
-        matches!(error.etype(), pingora::ErrorType::HTTPStatus(_))
+        if matches!(error.etype(), pingora::ErrorType::HTTPStatus(_)) {
+            return true;
+        }
+        // A client that goes away (a phone losing its network under a WebSocket, a tab
+        // closed mid-download) is neither the router's fault nor the backend's, and happens
+        // all day: an ERROR line each would bury the real faults. The access log still has
+        // the request.
+        if error.esource() == &pingora::ErrorSource::Downstream {
+            log::debug!(
+                "request {}: the client's side failed: {error}",
+                ctx.request_id
+            );
+            return true;
+        }
+        false
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
