@@ -39,11 +39,16 @@ use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafR
 /// streaming is not delayed.
 const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
 
-/// Bytes a client connection reads at a time ahead of the parser. Pingora's default, 64 KiB,
-/// is zero-filled for every connection, idle keep-alive ones and WebSockets included; 16 KiB
-/// still takes an ordinary request head in one read, and bodies are read past it straight into
-/// their own buffer.
-const CLIENT_READ_BUFFER: usize = 16 * 1024;
+/// Bytes a TLS client connection reads at a time ahead of OpenSSL, which otherwise asks the
+/// socket for each record's 5-byte header and then its body, two reads a record. Pingora's
+/// default, 64 KiB, is zero-filled for every connection, idle keep-alive ones and WebSockets
+/// included; 16 KiB takes a whole record in one read.
+const TLS_CLIENT_READ_BUFFER: usize = 16 * 1024;
+
+/// A cleartext client connection reads with no buffer ahead of the parser: Pingora reads a
+/// request head straight into its own head buffer and a body straight into the body's, so a
+/// read-ahead buffer only added a zero-filled allocation, and a copy, per connection.
+const CLEARTEXT_CLIENT_READ_BUFFER: usize = 0;
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
@@ -53,18 +58,15 @@ const LOG_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// to two rotation intervals.
 const TICKET_KEYS_KEPT: usize = 2;
 
-fn client_buffers() -> L4BufferSettings {
-    L4BufferSettings::new(CLIENT_READ_BUFFER, CLIENT_WRITE_BUFFER)
-}
-
 /// Thread `thread`'s own listening socket on `address`, in the SO_REUSEPORT group of all
 /// threads: the kernel spreads new connections over them, and no thread wakes for another's.
-fn thread_listener(address: SocketAddr, thread: usize) -> ListenerConfig {
+/// Its connections read `read_buffer` bytes ahead of the parser.
+fn thread_listener(address: SocketAddr, thread: usize, read_buffer: usize) -> ListenerConfig {
     let mut options = TcpSocketOptions::default();
     options.so_reuseport = Some(true);
     ListenerConfig::tcp(thread_listen_key(address, thread))
         .tcp_socket_options(options)
-        .l4_buffer(client_buffers())
+        .l4_buffer(L4BufferSettings::new(read_buffer, CLIENT_WRITE_BUFFER))
 }
 
 /// `address` spelled differently for each thread: Pingora keys the listening sockets it
@@ -257,11 +259,16 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             HeadDeadline::new(http_proxy, config.client_timeouts.header),
         );
         proxy.threads = Some(1);
-        proxy.add_listener(thread_listener(config.http, thread));
+        proxy.add_listener(thread_listener(
+            config.http,
+            thread,
+            CLEARTEXT_CLIENT_READ_BUFFER,
+        ));
         if let (Some(https), Some((certs, tickets))) = (config.https, &certs) {
             let settings =
                 https_settings(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
-            proxy.add_listener(thread_listener(https, thread).tls(settings));
+            proxy
+                .add_listener(thread_listener(https, thread, TLS_CLIENT_READ_BUFFER).tls(settings));
         }
         server.add_service(proxy);
     }
