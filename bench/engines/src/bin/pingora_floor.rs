@@ -1,7 +1,8 @@
 //! The floor of the Pingora engine: Host → backend and nothing else, with the settings
 //! Switchyard runs Pingora with (one single-threaded service per thread, each with its own
 //! SO_REUSEPORT listeners and its own pool of 4096/threads idle backend connections kept
-//! 30 s; client buffers of 16 KiB read / 8 KiB write). Whatever Switchyard costs above this
+//! 30 s; client connections read unbuffered on cleartext and through 16 KiB under TLS, and
+//! write through 8 KiB). Whatever Switchyard costs above this
 //! is its own; whatever this costs above nginx is the engine's.
 //!
 //! `pingora-floor --listen 127.0.0.1:8080 --threads 2 --route app7.bench=127.0.0.1:9001 …`
