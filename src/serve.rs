@@ -22,8 +22,8 @@ use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
-    Inspector, RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation,
-    WorkerPool,
+    HyperListener, HyperListenerStop, Inspector, RouteCache, RouteCacheLimits, Router, ServedCert,
+    SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -102,6 +102,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         ensure_bindable(config.http, "http")?;
         if let Some(https) = config.https {
             ensure_bindable(https, "https")?;
+        }
+        if let Some(http_hyper) = config.http_hyper {
+            ensure_bindable(http_hyper, "http_hyper")?;
         }
         Duration::ZERO
     };
@@ -247,6 +250,14 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // connection is only ever taken again by the thread whose runtime watches it
     // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
     // this opens fewer than nginx). Routes, caches, limits and logs are shared.
+    let hyper_listener = match config.http_hyper {
+        Some(address) => Some(
+            HyperListener::bind(address, config.threads)
+                .and_then(|listener| listener.start(&router))
+                .with_context(|| format!("cannot listen on the http_hyper address {address}"))?,
+        ),
+        None => None,
+    };
     let others: Vec<Router> = (1..config.threads)
         .map(|_| router.for_another_thread())
         .collect();
@@ -291,6 +302,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "stop",
         AtShutdown {
             stopping,
+            hyper_listener,
             store: embedded,
         },
     ));
@@ -308,14 +320,17 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     log::info!(
-        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}",
+        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}{}",
         config.http,
         config
             .https
             .map_or_else(|| "off".to_string(), |a| a.to_string()),
         config.admin,
         config.store,
-        config.data_dir.display()
+        config.data_dir.display(),
+        config
+            .http_hyper
+            .map_or_else(String::new, |a| format!(", http on hyper on {a}"))
     );
     server.run(RunArgs::default());
     // Every request has finished: what the access log still holds is delivered or spooled.
@@ -352,6 +367,7 @@ fn server_conf(config: &Config) -> ServerConf {
 /// taking over (`--upgrade`) can open it while this one finishes its requests.
 struct AtShutdown {
     stopping: Arc<AtomicBool>,
+    hyper_listener: Option<HyperListenerStop>,
     store: Option<EmbeddedStore>,
 }
 
@@ -360,6 +376,9 @@ impl pingora::services::background::BackgroundService for AtShutdown {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
         let _ = shutdown.changed().await;
         self.stopping.store(true, Ordering::Relaxed);
+        if let Some(hyper_listener) = &self.hyper_listener {
+            hyper_listener.stop();
+        }
         if let Some(store) = self.store.clone() {
             // Closing writes redb's allocator state and syncs: not on the event loop.
             let _ = tokio::task::spawn_blocking(move || store.release()).await;

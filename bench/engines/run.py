@@ -164,23 +164,31 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None):
+def start_switchyard(work, backend, host=HOST, tls=None, hyper=False):
     port, admin = free_port(), free_port()
-    tls_port = free_port() if tls else None
+    tls_port = free_port() if tls and not hyper else None
     https = (["--https", f"127.0.0.1:{tls_port}", "--default-cert", str(tls[0]),
-              "--default-key", str(tls[1])] if tls else ["--https", "off"])
+              "--default-key", str(tls[1])] if tls_port else ["--https", "off"])
+    # The hyper listener takes the measured traffic; the Pingora one idles on another port.
+    hyper_port = free_port() if hyper else None
+    hyper_args = ["--http-hyper", f"127.0.0.1:{hyper_port}"] if hyper else []
     name = f"switchyard-{port}"
     proc = Process(name, [
-        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *https,
+        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *https, *hyper_args,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
         "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
-    for listening in (port, admin, tls_port):
+    for listening in (port, admin, tls_port, hyper_port):
         if listening:
             wait_port(listening)
     put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
     proc.tls_port = tls_port
-    return proc, port
+    return proc, hyper_port or port
+
+
+def start_switchyard_hyper(work, backend, host=HOST, tls=None):
+    """Switchyard measured on its hyper listener (plain HTTP only, so far)."""
+    return start_switchyard(work, backend, host, tls, hyper=True)
 
 
 def floor_starter(binary):
@@ -204,6 +212,7 @@ PROXIES = {
     "nginx": start_nginx,
     "haproxy": start_haproxy,
     "switchyard": start_switchyard,
+    "switchyard-hyper": start_switchyard_hyper,
     "pingora-floor": floor_starter("pingora-floor"),
     "hyper-floor": floor_starter("hyper-floor"),
 }
@@ -281,13 +290,15 @@ def measure_proxy(name, start, work, args, procs, tls):
     proxy, port = start(work, backend, tls=tls)
     procs.append(proxy)
     bench.get(port, HOST)  # warm: routes, pools
+    tls_port = proxy.tls_port
     result = {
         "constant_rate": constant_rate(proxy, port, status_port, args.rate, args.seconds),
-        "https_keepalive": constant_rate(proxy, proxy.tls_port, status_port, args.rate,
-                                         args.seconds, scheme="https"),
-        "https_new_connection": constant_rate(proxy, proxy.tls_port, status_port,
-                                              args.tls_new_rate, args.seconds, scheme="https",
-                                              keepalive=False),
+        # A target without HTTPS (Switchyard's hyper listener, so far) has no HTTPS runs.
+        "https_keepalive": tls_port and constant_rate(proxy, tls_port, status_port, args.rate,
+                                                      args.seconds, scheme="https"),
+        "https_new_connection": tls_port and constant_rate(proxy, tls_port, status_port,
+                                                           args.tls_new_rate, args.seconds,
+                                                           scheme="https", keepalive=False),
         "closed_loop": closed_loop(port, max(args.seconds // 2, 3)),
         "idle": idle_cpu(proxy, args.idle_seconds),
         "keepalive_memory": keepalive_memory(proxy, port, args.connections),
@@ -339,6 +350,9 @@ def table(results):
     for name, r in proxies.items():
         for key, label in CPU_RUNS:
             c, base = r[key], nginx and nginx[key]
+            if not c:
+                rows.append(f"| {name} | {label} | not served | | | | | | |")
+                continue
             rows.append(
                 f"| {name} | {label} | {c['cpu_us_per_request']:.0f} | "
                 f"{ratio(c['cpu_us_per_request'], base and base['cpu_us_per_request'])} | "
@@ -365,6 +379,11 @@ def table(results):
             f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
             for key, label in CPU_RUNS)
         rows += ["", f"Switchyard's CPU per request over the floor of its engine (pingora-floor): {over}."]
+    on_hyper, hyper_floor = proxies.get("switchyard-hyper"), proxies.get("hyper-floor")
+    if on_hyper and hyper_floor:
+        key = "constant_rate"
+        rows += ["", "Switchyard's hyper listener over the hyper floor, HTTP keep-alive: "
+                 f"{ratio(on_hyper[key]['cpu_us_per_request'], hyper_floor[key]['cpu_us_per_request'])}."]
     if results.get("cached_app_memory"):
         rows += ["", bench.cached_app_memory_sentence(results["cached_app_memory"])]
     return rows
@@ -373,8 +392,8 @@ def table(results):
 def headline(results):
     return {"date": results["date"], "commit": results["commit"],
             "proxies": {name: {"cpu_us_http": r["constant_rate"]["cpu_us_per_request"],
-                               "cpu_us_https_keepalive": r["https_keepalive"]["cpu_us_per_request"],
-                               "cpu_us_https_new": r["https_new_connection"]["cpu_us_per_request"],
+                               "cpu_us_https_keepalive": (r["https_keepalive"] or {}).get("cpu_us_per_request"),
+                               "cpu_us_https_new": (r["https_new_connection"] or {}).get("cpu_us_per_request"),
                                "closed_loop_rps": r["closed_loop"]["median_rps"],
                                "backend_connections_per_10k": r["constant_rate"]["backend_connections_per_10k"],
                                "websocket_kib": r["websocket_memory"]["bytes_per_connection"] / 1024}
@@ -389,6 +408,10 @@ def earlier_runs():
     return [headline(previous), *previous.get("earlier_runs", [])]
 
 
+def micro(value):
+    return "–" if value is None else f"{value:.0f}"
+
+
 def earlier_table(runs):
     rows = ["", "Earlier runs (CPU µs per request HTTP / HTTPS keep-alive / HTTPS new connection; "
             "closed-loop req/s; backend connections per 10k requests; KiB per idle WebSocket):", "",
@@ -397,7 +420,7 @@ def earlier_table(runs):
     for run in runs:
         for name, p in run["proxies"].items():
             rows.append(f"| {run['date']}, {run['commit']} | {name} | {p['cpu_us_http']:.0f} / "
-                        f"{p['cpu_us_https_keepalive']:.0f} / {p['cpu_us_https_new']:.0f} | "
+                        f"{micro(p['cpu_us_https_keepalive'])} / {micro(p['cpu_us_https_new'])} | "
                         f"{p['closed_loop_rps']:.0f} | {p['backend_connections_per_10k']:.1f} | "
                         f"{p['websocket_kib']:.1f} |")
     return rows if runs else []

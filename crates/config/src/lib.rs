@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// HTTPS listener address, or `off`.
     #[arg(long, env = "SWITCHYARD_HTTPS")]
     https: Option<String>,
+    /// A second plain HTTP listener served on hyper, the engine the request path is moving
+    /// to (`off` by default). Apps using a stage it does not run yet are answered 501 there.
+    #[arg(long, env = "SWITCHYARD_HTTP_HYPER")]
+    http_hyper: Option<String>,
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     #[arg(long, env = "SWITCHYARD_DEFAULT_CERT")]
     default_cert: Option<PathBuf>,
@@ -155,6 +159,7 @@ pub struct ServeArgs {
 struct FileConfig {
     http: Option<Spanned<String>>,
     https: Option<Spanned<String>>,
+    http_hyper: Option<Spanned<String>>,
     default_cert: Option<PathBuf>,
     default_key: Option<PathBuf>,
     https_redirect_port: Option<u16>,
@@ -229,6 +234,8 @@ pub struct Config {
     pub http: SocketAddr,
     /// HTTPS listener, unless switched off.
     pub https: Option<SocketAddr>,
+    /// The plain HTTP listener served on hyper, when asked for.
+    pub http_hyper: Option<SocketAddr>,
     /// Certificates and session tickets of the HTTPS listener.
     pub tls: TlsConfig,
     /// Admin API listener.
@@ -359,6 +366,11 @@ impl Config {
         let https = match pick(args.https, file.https) {
             Some((value, _)) if value == "off" => None,
             given => Some(parse_address(&source, "https", given, "0.0.0.0:8443")?),
+        };
+        let http_hyper = match pick(args.http_hyper, file.http_hyper) {
+            None => None,
+            Some((value, _)) if value == "off" => None,
+            given => Some(parse_address(&source, "http_hyper", given, "")?),
         };
         let tls = TlsConfig {
             default_cert: match (
@@ -500,6 +512,7 @@ impl Config {
         Ok(Self {
             http,
             https,
+            http_hyper,
             tls,
             admin,
             data_dir,
@@ -830,6 +843,19 @@ mod tests {
         assert!(err.to_string().contains("default_key"), "{err}");
         let err = with_file("\ncert_cache_size = 0\n").expect_err("zero cache");
         assert!(err.to_string().contains("line 2: cert_cache_size"), "{err}");
+    }
+
+    #[test]
+    fn the_hyper_listener_is_off_unless_given_an_address() {
+        assert!(with_file("").expect("valid").http_hyper.is_none());
+        assert!(with_file("http_hyper = \"off\"\n")
+            .expect("valid")
+            .http_hyper
+            .is_none());
+        let config = with_file("http_hyper = \"127.0.0.1:9080\"\n").expect("valid");
+        assert_eq!(config.http_hyper.map(|a| a.port()), Some(9080));
+        let err = with_file("\nhttp_hyper = \"9080\"\n").expect_err("no ip");
+        assert!(err.to_string().contains("line 2: http_hyper"), "{err}");
     }
 
     #[test]

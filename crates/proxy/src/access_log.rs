@@ -22,6 +22,16 @@ pub const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
 /// How often the writer flushes a local sink when records trickle in.
 const WRITER_TICK: Duration = Duration::from_millis(200);
 
+/// What the access log needs to know of a request besides its context.
+pub(crate) struct Exchange<'a> {
+    pub(crate) method: &'a http::Method,
+    pub(crate) target: &'a http::Uri,
+    pub(crate) version: http::Version,
+    pub(crate) bytes_in: usize,
+    pub(crate) bytes_out: usize,
+    pub(crate) client: Option<std::net::IpAddr>,
+}
+
 /// Where access-log lines go.
 #[derive(Debug, Clone)]
 pub enum AccessLogTarget {
@@ -87,30 +97,46 @@ impl AccessLog {
 
     /// Queues one request's record.
     pub fn record(&self, session: &Session, ctx: &RequestCtx, status: u16) {
+        let request = session.req_header();
+        self.record_exchange(
+            &Exchange {
+                method: &request.method,
+                target: &request.uri,
+                version: request.version,
+                bytes_in: session.body_bytes_read(),
+                bytes_out: session.body_bytes_sent(),
+                client: session
+                    .client_addr()
+                    .and_then(|a| a.as_inet())
+                    .map(|a| a.ip()),
+            },
+            ctx,
+            status,
+        );
+    }
+
+    /// Queues the record of a request described by `exchange`, whatever engine served it.
+    pub(crate) fn record_exchange(&self, exchange: &Exchange<'_>, ctx: &RequestCtx, status: u16) {
         let Some(queue) = &self.queue else {
             return;
         };
-        let request = session.req_header();
         let app = ctx.app_name();
         let record = Record {
             time: rfc3339_now(),
             request_id: &ctx.request_id,
             app,
             host: ctx.host.as_deref().unwrap_or(""),
-            method: request.method.as_str(),
-            path: request.uri.path_and_query().map_or("/", |p| p.as_str()),
-            protocol: protocol_name(request.version),
+            method: exchange.method.as_str(),
+            path: exchange.target.path_and_query().map_or("/", |p| p.as_str()),
+            protocol: protocol_name(exchange.version),
             status,
-            bytes_in: session.body_bytes_read(),
-            bytes_out: session.body_bytes_sent(),
+            bytes_in: exchange.bytes_in,
+            bytes_out: exchange.bytes_out,
             duration_ms: millis(ctx.started.elapsed()),
             upstream: ctx.tried.last().map(ToString::to_string),
             upstream_ms: ctx.upstream_time.map(millis),
             attempts: ctx.tried.len(),
-            client: session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip().to_string()),
+            client: exchange.client.map(|ip| ip.to_string()),
             upgraded: ctx.upgraded,
         };
         let Ok(line) = serde_json::to_string(&record) else {

@@ -7,7 +7,8 @@
 //! framing headers repeated or spelled in ways other servers read differently, and protocol
 //! upgrades that would hand the client a raw tunnel to the backend.
 
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderValue};
 use pingora::http::RequestHeader;
 
 use crate::respond::LocalAnswer;
@@ -15,14 +16,34 @@ use crate::respond::LocalAnswer;
 /// Refuses what cannot be made unambiguous and drops an upgrade the router will not tunnel.
 /// Runs on the request as read, before routing, so later stages see the normalised form.
 pub(crate) fn check_request(request: &mut RequestHeader) -> Result<(), LocalAnswer> {
-    let chunked_count = transfer_codings(request)
+    check_codings(&request.headers)?;
+    if has_non_websocket_upgrade(&request.headers) {
+        for name in NON_WEBSOCKET_UPGRADE_HEADERS {
+            request.remove_header(name);
+        }
+    }
+    Ok(())
+}
+
+/// [`check_request`] on a bare header map (the hyper listener's requests).
+pub(crate) fn check_headers(headers: &mut HeaderMap) -> Result<(), LocalAnswer> {
+    check_codings(headers)?;
+    if has_non_websocket_upgrade(headers) {
+        for name in NON_WEBSOCKET_UPGRADE_HEADERS {
+            headers.remove(name);
+        }
+    }
+    Ok(())
+}
+
+fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {
+    let chunked_count = transfer_codings(headers)
         .filter(|coding| coding.eq_ignore_ascii_case("chunked"))
         .count();
     // Chunked applied twice cannot be forwarded faithfully: the body is de-chunked once.
     if chunked_count > 1 {
         return Err(LocalAnswer::AmbiguousFraming);
     }
-    drop_non_websocket_upgrade(request);
     Ok(())
 }
 
@@ -31,14 +52,9 @@ pub(crate) fn check_request(request: &mut RequestHeader) -> Result<(), LocalAnsw
 /// Content-Length.
 pub(crate) fn normalise_for_backend(request: &mut RequestHeader) -> pingora::Result<()> {
     if request.headers.contains_key(TRANSFER_ENCODING) {
-        // `identity` is no coding at all (and unknown to RFC 9112 readers); the rest is kept
-        // in order, ending with the chunked that Pingora checked is last.
-        let codings: Vec<String> = transfer_codings(request)
-            .filter(|coding| !coding.eq_ignore_ascii_case("identity"))
-            .map(|coding| coding.to_ascii_lowercase())
-            .collect();
+        let codings = canonical_codings(&request.headers);
         request.remove_header(&CONTENT_LENGTH);
-        request.insert_header(TRANSFER_ENCODING, codings.join(", "))?;
+        request.insert_header(TRANSFER_ENCODING, codings)?;
         return Ok(());
     }
     // Pingora accepts repeated Content-Length lines only when they agree; one is enough.
@@ -49,9 +65,33 @@ pub(crate) fn normalise_for_backend(request: &mut RequestHeader) -> pingora::Res
     Ok(())
 }
 
-fn transfer_codings(request: &RequestHeader) -> impl Iterator<Item = &str> {
-    request
-        .headers
+/// [`normalise_for_backend`] on a bare header map (the hyper listener's requests).
+pub(crate) fn normalise_header_map_for_backend(headers: &mut HeaderMap) {
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let codings = canonical_codings(headers);
+        headers.remove(CONTENT_LENGTH);
+        if let Ok(value) = HeaderValue::try_from(codings) {
+            headers.insert(TRANSFER_ENCODING, value);
+        }
+        return;
+    }
+    if let Some(length) = headers.get(CONTENT_LENGTH).cloned() {
+        headers.insert(CONTENT_LENGTH, length);
+    }
+}
+
+/// `identity` is no coding at all (and unknown to RFC 9112 readers); the rest is kept in
+/// order, ending with the chunked the HTTP reader checked is last.
+fn canonical_codings(headers: &HeaderMap) -> String {
+    let codings: Vec<String> = transfer_codings(headers)
+        .filter(|coding| !coding.eq_ignore_ascii_case("identity"))
+        .map(|coding| coding.to_ascii_lowercase())
+        .collect();
+    codings.join(", ")
+}
+
+fn transfer_codings(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
         .get_all(TRANSFER_ENCODING)
         .into_iter()
         .filter_map(|value| value.to_str().ok())
@@ -63,19 +103,17 @@ fn transfer_codings(request: &RequestHeader) -> impl Iterator<Item = &str> {
 /// An `Upgrade` to anything but WebSocket (`h2c` above all) is removed, so the backend
 /// answers the request as plain HTTP/1.1: a backend that switched protocols would give the
 /// client a tunnel past every per-request rule of the router.
-fn drop_non_websocket_upgrade(request: &mut RequestHeader) {
-    let Some(upgrade) = request.headers.get(UPGRADE) else {
-        return;
+fn has_non_websocket_upgrade(headers: &HeaderMap) -> bool {
+    let Some(upgrade) = headers.get(UPGRADE) else {
+        return false;
     };
-    let websocket = request.headers.get_all(UPGRADE).iter().count() == 1
+    let websocket = headers.get_all(UPGRADE).iter().count() == 1
         && upgrade.as_bytes().eq_ignore_ascii_case(b"websocket");
-    if websocket {
-        return;
-    }
-    request.remove_header(&UPGRADE);
-    request.remove_header("http2-settings");
-    request.remove_header(&CONNECTION);
+    !websocket
 }
+
+/// What goes with an upgrade the router will not tunnel.
+const NON_WEBSOCKET_UPGRADE_HEADERS: [&str; 3] = ["upgrade", "http2-settings", "connection"];
 
 #[cfg(test)]
 mod tests {

@@ -19,16 +19,21 @@ pub(crate) fn redirect_location(
     ctx: &RequestCtx,
     https_port: Option<u16>,
 ) -> Option<String> {
+    redirect_location_for(&session.req_header().uri, ctx, https_port)
+}
+
+/// [`redirect_location`] for a request given by its target.
+pub(crate) fn redirect_location_for(
+    target: &http::Uri,
+    ctx: &RequestCtx,
+    https_port: Option<u16>,
+) -> Option<String> {
     let https_port = https_port?;
     let route = ctx.route.as_ref()?;
     if ctx.tls || !route.app.https_redirect {
         return None;
     }
-    let path = session
-        .req_header()
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str());
+    let path = target.path_and_query().map_or("/", |p| p.as_str());
     if path.starts_with(ACME_CHALLENGE_PREFIX) {
         return None;
     }

@@ -5,6 +5,8 @@
 //! a domain transfer leaves behind, found in the [`ConnectionTable`];
 //! [`HealthChecker`] probes backends of apps that ask for it.
 //! On the HTTPS listener, [`CertCache`] hands each handshake its certificate (see `tls.rs`).
+//! [`HyperListener`] serves the same routes on hyper, the engine the request path is moving
+//! to (see `hyper_engine`).
 
 mod access_log;
 mod app_requests;
@@ -21,6 +23,7 @@ mod h2_resets;
 mod head_deadline;
 mod health;
 mod https;
+mod hyper_engine;
 mod images;
 mod metrics;
 mod mirror;
@@ -46,6 +49,7 @@ pub use drain::ConnectionDrain;
 pub use follower::ChangeFollower;
 pub use head_deadline::HeadDeadline;
 pub use health::HealthChecker;
+pub use hyper_engine::{HyperListener, HyperListenerStop};
 pub use mirror::MirrorState;
 pub use pipeline::Router;
 pub use response_store::{AppResponseCache, CacheBudget};

@@ -393,6 +393,21 @@ pub(crate) static IMAGE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     ))
 });
 
+pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: LazyLock<IntGauge> = LazyLock::new(|| {
+    registered(register_int_gauge!(
+        "switchyard_hyper_idle_backend_connections",
+        "Idle backend connections kept by the hyper listener's threads (at most 2,048 per \
+         thread; a connection finished when the pool is full is closed)."
+    ))
+});
+
+pub(crate) static HYPER_BACKEND_CONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
+    registered(register_int_counter!(
+        "switchyard_hyper_backend_connections_opened_total",
+        "Backend connections the hyper listener opened."
+    ))
+});
+
 pub(crate) fn register_all() {
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&REQUEST_DURATION_BY_CLASS);
@@ -444,6 +459,8 @@ pub(crate) fn register_all() {
     LazyLock::force(&WAF_SPOOL_BYTES);
     LazyLock::force(&WAF_SPOOL_BUDGET);
     LazyLock::force(&IMAGE_REQUESTS);
+    LazyLock::force(&HYPER_IDLE_BACKEND_CONNECTIONS);
+    LazyLock::force(&HYPER_BACKEND_CONNECTS);
 }
 
 /// The `class` label values, in the order [`status_class_index`] numbers them.

@@ -132,6 +132,17 @@ impl Router {
         self
     }
 
+    /// What a thread of the hyper listener shares with this router's.
+    pub(crate) fn shared_with_hyper_listener(&self) -> crate::hyper_engine::Shared {
+        crate::hyper_engine::Shared {
+            routes: self.routes.clone(),
+            connections: self.connections.clone(),
+            access_log: self.access_log.clone(),
+            https_port: self.https_port,
+            client_timeouts: self.client_timeouts,
+        }
+    }
+
     /// The router for another server thread: the same routes, logs, limits and stop flag,
     /// with its own pools of idle backend connections (mirrors' and images' too). Pingora
     /// watches an idle connection from a task on a random thread of its runtime; one thread
@@ -176,7 +187,7 @@ impl ProxyHttp for Router {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        ctx.request_id = request_id(session);
+        ctx.request_id = request_id(&session.req_header().headers);
         if self.stopping.load(Ordering::Relaxed) {
             session.set_keepalive(None);
         } else if session.get_keepalive().is_some() {
@@ -404,10 +415,8 @@ impl ProxyHttp for Router {
 
 /// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
 /// request end to end), otherwise a fresh random id.
-fn request_id(session: &Session) -> String {
-    let given = session
-        .req_header()
-        .headers
+pub(crate) fn request_id(headers: &http::HeaderMap) -> String {
+    let given = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .filter(|v| {

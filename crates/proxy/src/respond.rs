@@ -44,7 +44,7 @@ impl LocalAnswer {
         }
     }
 
-    fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Self::UnknownHost => "no app is configured for this host",
             Self::MissingHost => "the request has no valid Host header",
@@ -124,6 +124,12 @@ pub(crate) fn text_for(status: u16) -> &'static str {
     }
 }
 
+/// The body of an answer the router makes itself: short, with nothing internal but the
+/// request id.
+pub(crate) fn error_body(status: u16, text: &str, request_id: &str) -> String {
+    format!("{status} {text}\nrequest id: {request_id}\n")
+}
+
 /// Sends a permanent redirect that keeps the method and body (308).
 pub(crate) async fn write_redirect(
     session: &mut Session,
@@ -167,7 +173,7 @@ pub(crate) async fn write_error_with(
     if session.response_written().is_some() {
         return Ok(());
     }
-    let body = Bytes::from(format!("{status} {text}\nrequest id: {}\n", ctx.request_id));
+    let body = Bytes::from(error_body(status, text, &ctx.request_id));
     let mut header = ResponseHeader::build(status, Some(4))?;
     header.insert_header("content-type", "text/plain; charset=utf-8")?;
     header.insert_header("content-length", body.len().to_string())?;

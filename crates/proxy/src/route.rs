@@ -1,6 +1,7 @@
 //! Stage 1, route: Host → app. The authority of an absolute-form URI (and HTTP/2's
 //! `:authority`) wins over the Host header, as RFC 9112 requires.
 
+use http::{HeaderMap, Uri};
 use pingora::proxy::Session;
 use switchyard_model::normalize_host;
 
@@ -20,21 +21,29 @@ pub(crate) async fn route(
     routes: &RouteCache,
 ) -> Result<(), LocalAnswer> {
     let request = session.req_header();
-    let target_bytes = request.uri.path_and_query().map_or(1, |p| p.as_str().len())
-        + request.uri.authority().map_or(0, |a| a.as_str().len());
+    route_request(&request.uri, &request.headers, ctx, routes).await
+}
+
+/// [`route`] for a request given by its target and headers, whatever engine read it.
+pub(crate) async fn route_request(
+    target: &Uri,
+    headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    routes: &RouteCache,
+) -> Result<(), LocalAnswer> {
+    let target_bytes = target.path_and_query().map_or(1, |p| p.as_str().len())
+        + target.authority().map_or(0, |a| a.as_str().len());
     let head_bytes: usize = target_bytes
-        + request
-            .headers
+        + headers
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len() + 4)
             .sum::<usize>();
     if head_bytes > MAX_REQUEST_HEAD_BYTES {
         return Err(LocalAnswer::HeadersTooLarge);
     }
-    let raw_host = match request.uri.authority() {
+    let raw_host = match target.authority() {
         Some(authority) => Some(authority.as_str()),
-        None => request
-            .headers
+        None => headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok()),
     };

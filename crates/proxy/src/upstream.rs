@@ -1,6 +1,7 @@
 //! Stage last-but-one, upstream: pick a backend, tell it who is asking, and decide what a
 //! failure means — mark the backend down, retry elsewhere, or give up.
 
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -64,20 +65,20 @@ pub(crate) fn set_forwarded_headers(
     ctx: &RequestCtx,
 ) -> pingora::Result<()> {
     if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
-        let client_ip = client.ip().to_string();
-        let forwarded_for = match request
-            .headers
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(previous) if !previous.trim().is_empty() => format!("{previous}, {client_ip}"),
-            _ => client_ip,
-        };
+        let forwarded_for = forwarded_for(request.headers.get("x-forwarded-for"), client.ip());
         request.insert_header("x-forwarded-for", forwarded_for)?;
     }
     request.insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
     request.insert_header("x-request-id", ctx.request_id.as_str())?;
     Ok(())
+}
+
+/// `X-Forwarded-For` with `client` appended to what the request carried.
+pub(crate) fn forwarded_for(previous: Option<&http::HeaderValue>, client: IpAddr) -> String {
+    match previous.and_then(|v| v.to_str().ok()) {
+        Some(previous) if !previous.trim().is_empty() => format!("{previous}, {client}"),
+        _ => client.to_string(),
+    }
 }
 
 /// Enters the upstream socket in the connection table, so that a drain can find it (see
@@ -114,26 +115,37 @@ pub(crate) fn on_connected(
 /// A connection to the backend could not be made. Nothing reached it, so any request may
 /// be retried on another backend, whatever its method.
 pub(crate) fn on_connect_failure(ctx: &mut RequestCtx, mut error: Box<Error>) -> Box<Error> {
+    let retry = record_connect_failure(ctx, kind_of(&error), error.etype().as_str());
+    error.set_retry(retry);
+    error
+}
+
+/// Marks the backend of the current attempt down for a while after a failed connect
+/// (`kind` as in the errors metric, `detail` for the log) and tells whether another attempt
+/// is allowed.
+pub(crate) fn record_connect_failure(
+    ctx: &mut RequestCtx,
+    kind: &'static str,
+    detail: &str,
+) -> bool {
     let app = ctx.app_name().to_string();
     if let Some(backend) = ctx.backend.as_ref() {
         backend.backend().mark_passively_down();
         log::warn!(
-            "request {}: app {app}: backend {} unreachable ({}); skipping it for {:?}",
+            "request {}: app {app}: backend {} unreachable ({detail}); skipping it for {:?}",
             ctx.request_id,
             backend.backend().address,
-            error.etype().as_str(),
             crate::balancer::PASSIVE_DOWN_FOR
         );
     }
     metrics::UPSTREAM_ERRORS
-        .with_label_values(&[app.as_str(), kind_of(&error)])
+        .with_label_values(&[app.as_str(), kind])
         .inc();
     let retry = attempts_left(ctx);
-    error.set_retry(retry);
     if retry {
         metrics::UPSTREAM_RETRIES.inc();
     }
-    error
+    retry
 }
 
 /// The backend failed after the connection was made. Retrying is safe only for idempotent
@@ -207,7 +219,7 @@ pub(crate) fn on_upgraded_body(
     }
 }
 
-fn attempts_left(ctx: &RequestCtx) -> bool {
+pub(crate) fn attempts_left(ctx: &RequestCtx) -> bool {
     let allowed = ctx.route.as_ref().map_or(0, |r| usize::from(r.app.retries));
     ctx.tried.len() <= allowed
 }

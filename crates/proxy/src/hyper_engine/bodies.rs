@@ -1,0 +1,319 @@
+//! The two bodies a proxied request streams: the client's to the backend, and the answer to
+//! the client. Each counts its bytes for the access log and holds the deadline of each read;
+//! the answer also carries the request's end: when it is done (or dropped, when the client
+//! leaves) the backend connection goes back to the pool if it was read to the end, and the
+//! request is logged and counted.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use super::pool::BackendConnection;
+use super::Worker;
+use crate::access_log::Exchange;
+use crate::app_requests::REQUEST_COUNTS;
+use crate::context::RequestCtx;
+use crate::metrics;
+
+/// Why a body stopped short.
+#[derive(Debug)]
+pub(super) enum BodyError {
+    /// The peer's side failed (reset, malformed chunk).
+    Peer(hyper::Error),
+    /// No byte came within the read deadline.
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Peer(e) => write!(f, "{e}"),
+            Self::TimedOut(after) => write!(f, "no data for {after:?}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// A read deadline re-armed after each piece that arrives, created only when a read waits.
+struct ReadDeadline {
+    after: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl ReadDeadline {
+    fn new(after: Duration) -> Self {
+        Self { after, sleep: None }
+    }
+
+    /// Called when a read is pending: true once the deadline has passed.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let after = self.after;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+        sleep.as_mut().poll(cx).is_ready()
+    }
+
+    fn data_arrived(&mut self) {
+        self.sleep = None;
+    }
+}
+
+fn poll_with_deadline(
+    incoming: &mut Incoming,
+    deadline: &mut ReadDeadline,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    match Pin::new(incoming).poll_frame(cx) {
+        Poll::Ready(frame) => {
+            deadline.data_arrived();
+            Poll::Ready(frame.map(|f| f.map_err(BodyError::Peer)))
+        }
+        Poll::Pending if deadline.expired(cx) => {
+            Poll::Ready(Some(Err(BodyError::TimedOut(deadline.after))))
+        }
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+fn data_len(frame: &Frame<Bytes>) -> usize {
+    frame.data_ref().map_or(0, Bytes::len)
+}
+
+/// The client's request body on its way to the backend.
+pub(super) struct ForwardBody {
+    incoming: Option<Incoming>,
+    deadline: ReadDeadline,
+    bytes_in: Rc<Cell<usize>>,
+}
+
+impl ForwardBody {
+    /// `incoming`, each read within `read_deadline`, counted into `bytes_in`.
+    pub(super) fn new(
+        incoming: Incoming,
+        read_deadline: Duration,
+        bytes_in: Rc<Cell<usize>>,
+    ) -> Self {
+        Self {
+            incoming: Some(incoming),
+            deadline: ReadDeadline::new(read_deadline),
+            bytes_in,
+        }
+    }
+
+    /// No body (a retried request never had one).
+    pub(super) fn empty() -> Self {
+        Self {
+            incoming: None,
+            deadline: ReadDeadline::new(Duration::MAX),
+            bytes_in: Rc::default(),
+        }
+    }
+}
+
+impl Body for ForwardBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let Some(incoming) = this.incoming.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
+        if let Some(Ok(frame)) = &frame {
+            this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+/// What the log needs of a request, kept until its answer is done (or, for a WebSocket,
+/// until the relay ends); recorded when dropped, so a request whose client left midway is
+/// logged too.
+pub(super) struct RequestEnd {
+    pub(super) worker: Rc<Worker>,
+    pub(super) ctx: RequestCtx,
+    pub(super) method: Method,
+    pub(super) target: Uri,
+    pub(super) version: Version,
+    pub(super) client: IpAddr,
+    pub(super) bytes_in: Rc<Cell<usize>>,
+    /// The status sent, 0 until one is.
+    pub(super) status: u16,
+    pub(super) bytes_out: usize,
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        let (ctx, status) = (&self.ctx, self.status);
+        match &ctx.route {
+            Some(route) => route.requests.record(status),
+            None => REQUEST_COUNTS.unrouted().record(status),
+        }
+        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
+            .observe(ctx.started.elapsed().as_secs_f64());
+        self.worker.shared.access_log.record_exchange(
+            &Exchange {
+                method: &self.method,
+                target: &self.target,
+                version: self.version,
+                bytes_in: self.bytes_in.get(),
+                bytes_out: self.bytes_out,
+                client: Some(self.client),
+            },
+            ctx,
+            status,
+        );
+        self.ctx.release_attempt();
+    }
+}
+
+enum Source {
+    Backend {
+        incoming: Incoming,
+        deadline: ReadDeadline,
+        /// Back to the pool once the body has been read to its end.
+        connection: Option<BackendConnection>,
+    },
+    Local(Option<Bytes>),
+}
+
+/// The answer on its way to the client.
+pub(super) struct ClientBody {
+    source: Source,
+    end: Option<RequestEnd>,
+}
+
+impl ClientBody {
+    /// The backend's body, read within `read_deadline` per piece, from `connection`.
+    pub(super) fn from_backend(
+        incoming: Incoming,
+        read_deadline: Duration,
+        connection: BackendConnection,
+        end: RequestEnd,
+    ) -> Self {
+        Self {
+            source: Source::Backend {
+                incoming,
+                deadline: ReadDeadline::new(read_deadline),
+                connection: Some(connection),
+            },
+            end: Some(end),
+        }
+    }
+
+    /// A body the router wrote itself; `end` is `None` when the request is logged elsewhere
+    /// (an upgraded connection is logged when it closes).
+    pub(super) fn local(body: Bytes, end: Option<RequestEnd>) -> Self {
+        Self {
+            source: Source::Local((!body.is_empty()).then_some(body)),
+            end,
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let frame = match &mut this.source {
+            Source::Local(body) => body.take().map(|bytes| Ok(Frame::data(bytes))),
+            Source::Backend {
+                incoming,
+                deadline,
+                connection,
+            } => {
+                let frame = ready!(poll_with_deadline(incoming, deadline, cx));
+                match &frame {
+                    // Read to the end: the connection can carry the next request.
+                    None => {
+                        if let (Some(connection), Some(end)) = (connection.take(), &this.end) {
+                            end.worker.pool.put(connection);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        connection.take();
+                        if let Some(end) = &this.end {
+                            log::warn!(
+                                "request {}: app {}: the backend's answer stopped: {e}",
+                                end.ctx.request_id,
+                                end.ctx.app_name()
+                            );
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                }
+                frame
+            }
+        };
+        if let (Some(Ok(frame)), Some(end)) = (&frame, this.end.as_mut()) {
+            end.bytes_out += data_len(frame);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.source {
+            Source::Local(body) => body.is_none(),
+            Source::Backend { incoming, .. } => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.source {
+            Source::Local(body) => {
+                SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Source::Backend { incoming, .. } => incoming.size_hint(),
+        }
+    }
+}
+
+impl Drop for ClientBody {
+    fn drop(&mut self) {
+        // An empty body (204, 304, a HEAD's answer) is never read: hyper sees its end from
+        // the head, and so is the connection's response over.
+        if let Source::Backend {
+            incoming,
+            connection,
+            ..
+        } = &mut self.source
+        {
+            if let (true, Some(connection), Some(end)) =
+                (incoming.is_end_stream(), connection.take(), &self.end)
+            {
+                end.worker.pool.put(connection);
+            }
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! One request on the hyper listener, through the stages of `pipeline.rs` this listener
+//! serves, in the same order: request id, framing, route, HTTPS redirect, upstream (pick,
+//! connect, retries, passive health, drain registration), the answer, the log.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, TE, TRAILER, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use switchyard_model::App;
+
+use super::bodies::{ClientBody, ForwardBody, RequestEnd};
+use super::pool::{BackendConnection, ConnectFailure};
+use super::{relay, Worker};
+use crate::balancer::Pick;
+use crate::context::RequestCtx;
+use crate::pipeline::request_id;
+use crate::respond::{self, LocalAnswer};
+use crate::{framing, https, metrics, route, upstream};
+
+/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
+/// `Upgrade` and `Connection` are put back where one is relayed.
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// What the router answers a request with. Moved once per request: boxing the large
+/// variant would cost every proxied request an allocation to save a copy.
+#[allow(clippy::large_enum_variant)]
+enum Answer {
+    /// The backend's response, read from `connection` within `read_deadline` per piece.
+    Backend {
+        response: Response<Incoming>,
+        connection: BackendConnection,
+        read_deadline: Duration,
+    },
+    /// An answer of the router's own.
+    Local { status: u16, text: &'static str },
+    /// A 308 to HTTPS.
+    Redirect(String),
+}
+
+impl From<LocalAnswer> for Answer {
+    fn from(answer: LocalAnswer) -> Self {
+        Self::Local {
+            status: answer.status(),
+            text: answer.text(),
+        }
+    }
+}
+
+/// Serves one request.
+pub(super) async fn handle(
+    mut request: Request<Incoming>,
+    client: IpAddr,
+    worker: Rc<Worker>,
+) -> Result<Response<ClientBody>, Infallible> {
+    let mut ctx = RequestCtx::new();
+    ctx.request_id = request_id(request.headers());
+    let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
+    let bytes_in = Rc::new(Cell::new(0));
+    let mut end = RequestEnd {
+        worker: worker.clone(),
+        ctx,
+        method: request.method().clone(),
+        target: request.uri().clone(),
+        version: request.version(),
+        client,
+        bytes_in: bytes_in.clone(),
+        status: 0,
+        bytes_out: 0,
+    };
+    let answer = proxy(request, client, &mut end.ctx, &worker, bytes_in).await;
+    Ok(match answer {
+        Answer::Backend {
+            response,
+            connection,
+            read_deadline,
+        } => backend_response(response, connection, read_deadline, client_upgrade, end),
+        Answer::Local { status, text } => {
+            let body = respond::error_body(status, text, &end.ctx.request_id);
+            local_response(status, body, None, end)
+        }
+        Answer::Redirect(location) => {
+            let body = format!("308 moved to {location}\n");
+            local_response(308, body, Some(location), end)
+        }
+    })
+}
+
+async fn proxy(
+    request: Request<Incoming>,
+    client: IpAddr,
+    ctx: &mut RequestCtx,
+    worker: &Worker,
+    bytes_in: Rc<Cell<usize>>,
+) -> Answer {
+    let (mut head, incoming) = request.into_parts();
+    if let Err(answer) = framing::check_headers(&mut head.headers) {
+        return answer.into();
+    }
+    let shared = &worker.shared;
+    if let Err(answer) = route::route_request(&head.uri, &head.headers, ctx, &shared.routes).await {
+        return answer.into();
+    }
+    if let Some(location) = https::redirect_location_for(&head.uri, ctx, shared.https_port) {
+        return Answer::Redirect(location);
+    }
+    let Some(route) = ctx.route.clone() else {
+        return LocalAnswer::UnknownHost.into();
+    };
+    if let Some(stage) = stage_not_served_here(&route.app) {
+        log::debug!(
+            "request {}: app {} uses {stage}, not served on the hyper listener yet",
+            ctx.request_id,
+            route.app.name.as_str()
+        );
+        return Answer::Local {
+            status: 501,
+            text: "this app's options are not served on this listener yet",
+        };
+    }
+    let upgrade = head.headers.contains_key(UPGRADE);
+    prepare_for_backend(&mut head, ctx, client, upgrade);
+
+    let timeouts = &route.app.timeouts;
+    let connect_timeout = Duration::from_millis(timeouts.connect_ms);
+    let read_deadline = Duration::from_millis(timeouts.read_ms);
+    // Only a request with nothing left to send can be sent again after a failure.
+    let repeatable = head.method.is_idempotent() && incoming.is_end_stream() && !upgrade;
+    let mut body = Some(ForwardBody::new(
+        incoming,
+        shared.client_timeouts.body,
+        bytes_in,
+    ));
+    loop {
+        ctx.release_attempt();
+        let guard = match route.upstream.pick(&ctx.tried) {
+            Pick::Backend(guard) => guard,
+            Pick::NoBackends => return LocalAnswer::NoBackends.into(),
+            Pick::NoneHealthy => return LocalAnswer::NoHealthyBackend.into(),
+        };
+        let address = guard.backend().address;
+        ctx.tried.push(address);
+        ctx.backend = Some(guard);
+        ctx.attempt_started = Some(Instant::now());
+        let mut connection = match worker.pool.get(address, connect_timeout).await {
+            Ok(connection) => connection,
+            Err(failure) => {
+                if upstream::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
+                    continue;
+                }
+                return failed(matches!(failure, ConnectFailure::TimedOut));
+            }
+        };
+        if let Some(host) = ctx.host.as_deref() {
+            ctx.upstream_connection = Some(shared.connections.register(
+                route.clone(),
+                host,
+                address,
+                connection.socket,
+            ));
+        }
+        let may_retry = repeatable && upstream::attempts_left(ctx);
+        let mut outgoing = Request::new(body.take().unwrap_or_else(ForwardBody::empty));
+        *outgoing.method_mut() = head.method.clone();
+        *outgoing.uri_mut() = head.uri.clone();
+        *outgoing.headers_mut() = if may_retry {
+            head.headers.clone()
+        } else {
+            std::mem::take(&mut head.headers)
+        };
+        let sent = tokio::time::timeout(read_deadline, connection.sender.send_request(outgoing));
+        let error = match sent.await {
+            Ok(Ok(response)) => {
+                upstream::on_response_header(ctx, response.status().as_u16());
+                return Answer::Backend {
+                    response,
+                    connection,
+                    read_deadline,
+                };
+            }
+            Ok(Err(e)) => e,
+            Err(_) => {
+                count_upstream_error(ctx, "timeout");
+                log::warn!(
+                    "request {}: app {}: backend {address} sent no answer within {read_deadline:?}",
+                    ctx.request_id,
+                    ctx.app_name()
+                );
+                return failed(true);
+            }
+        };
+        count_upstream_error(ctx, error_kind(&error));
+        if may_retry {
+            metrics::UPSTREAM_RETRIES.inc();
+            continue;
+        }
+        log::warn!(
+            "request {}: app {}: backend {address} failed: {error}",
+            ctx.request_id,
+            ctx.app_name()
+        );
+        return failed(false);
+    }
+}
+
+/// The stage an app uses that this listener does not run yet, if any: such an app is never
+/// served here without it.
+fn stage_not_served_here(app: &App) -> Option<&'static str> {
+    if app.waf.is_some() {
+        Some("the WAF")
+    } else if app.cache.is_some() {
+        Some("the response cache")
+    } else if app.images.is_some() {
+        Some("image resizing")
+    } else if app.mirror.is_some() {
+        Some("mirroring")
+    } else if app.static_root.is_some() {
+        Some("static files")
+    } else {
+        None
+    }
+}
+
+/// The request head as the backend gets it: origin-form target, the Host routed on, no
+/// hop-by-hop headers (an upgrade's put back), forwarded headers.
+fn prepare_for_backend(
+    head: &mut http::request::Parts,
+    ctx: &RequestCtx,
+    client: IpAddr,
+    upgrade: bool,
+) {
+    let headers = &mut head.headers;
+    if let Some(authority) = head.uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            headers.insert(HOST, host);
+        }
+    }
+    head.uri = head
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+    head.version = Version::HTTP_11;
+    remove_hop_by_hop(headers);
+    if upgrade {
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    framing::normalise_header_map_for_backend(headers);
+    let forwarded_for = upstream::forwarded_for(headers.get("x-forwarded-for"), client);
+    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
+        headers.insert("x-forwarded-for", value);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
+        headers.insert("x-request-id", id);
+    }
+}
+
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Names a Connection header lists are hop-by-hop too.
+    if headers.contains_key(CONNECTION) {
+        let listed: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn backend_response(
+    mut response: Response<Incoming>,
+    connection: BackendConnection,
+    read_deadline: Duration,
+    client_upgrade: Option<OnUpgrade>,
+    mut end: RequestEnd,
+) -> Response<ClientBody> {
+    end.status = response.status().as_u16();
+    // The client's connection speaks its own version, whatever the backend's was (hyper
+    // answers an HTTP/1.0 client in kind).
+    *response.version_mut() = Version::HTTP_11;
+    let request_id = HeaderValue::from_str(&end.ctx.request_id).ok();
+    let headers = response.headers_mut();
+    if let Some(id) = request_id {
+        headers.insert("x-request-id", id);
+    }
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            end.ctx.local_status = Some(502);
+            log::warn!(
+                "request {}: app {}: the backend switched protocols unasked",
+                end.ctx.request_id,
+                end.ctx.app_name()
+            );
+            let body = respond::error_body(502, respond::text_for(502), &end.ctx.request_id);
+            return local_response(502, body, None, end);
+        };
+        let backend_upgrade = hyper::upgrade::on(&mut response);
+        drop(connection);
+        tokio::task::spawn_local(relay::run(client_upgrade, backend_upgrade, end));
+        return response.map(|_| ClientBody::local(Bytes::new(), None));
+    }
+    remove_hop_by_hop(response.headers_mut());
+    for name in [TE, TRAILER] {
+        response.headers_mut().remove(name);
+    }
+    response.map(|incoming| ClientBody::from_backend(incoming, read_deadline, connection, end))
+}
+
+fn local_response(
+    status: u16,
+    body: String,
+    location: Option<String>,
+    mut end: RequestEnd,
+) -> Response<ClientBody> {
+    end.ctx.local_status = Some(status);
+    end.status = status;
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Ok(id) = HeaderValue::from_str(&end.ctx.request_id) {
+        headers.insert("x-request-id", id);
+    }
+    match location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        Some(location) => {
+            headers.insert(LOCATION, location);
+        }
+        None => {
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+    }
+    response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
+}
+
+/// The answer to a request no backend answered: 504 when one took too long, 502 otherwise.
+fn failed(timed_out: bool) -> Answer {
+    let status = if timed_out { 504 } else { 502 };
+    Answer::Local {
+        status,
+        text: respond::text_for(status),
+    }
+}
+
+fn count_upstream_error(ctx: &RequestCtx, kind: &'static str) {
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[ctx.app_name(), kind])
+        .inc();
+}
+
+fn error_kind(error: &hyper::Error) -> &'static str {
+    if error.is_incomplete_message() || error.is_closed() || error.is_canceled() {
+        "closed"
+    } else if error.is_parse() || error.is_parse_status() {
+        "protocol"
+    } else if error.is_timeout() {
+        "timeout"
+    } else {
+        "io"
+    }
+}

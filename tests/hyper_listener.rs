@@ -1,0 +1,311 @@
+//! The hyper listener (`--http-hyper`): the same routes as the main listeners, served on the
+//! engine the request path is moving to (issue 17). Routing, local answers, forwarded
+//! headers, retries past a dead backend, the access log, backend connection reuse,
+//! WebSockets that outlive a deploy and end with 1001 when their app is deleted, and apps
+//! using a stage it does not run yet refused rather than served without it.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use support::{free_port, Backend, RouterProcess};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+fn router_with_hyper_listener() -> (RouterProcess, SocketAddr) {
+    let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let router = RouterProcess::start_with(&["--http-hyper", &hyper.to_string()]);
+    (router, hyper)
+}
+
+#[test]
+fn the_hyper_listener_routes_by_host_and_answers_as_the_main_listener_does() {
+    let (router, hyper) = router_with_hyper_listener();
+    let shop = Backend::start("shop");
+    let blog = Backend::start("blog");
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test", "*.shop.test"], "backends": [shop.addr.to_string()]}),
+    );
+    router.put_app(
+        "blog",
+        json!({"domains": ["blog.test"], "backends": [blog.addr.to_string()]}),
+    );
+    router.put_app("empty", json!({"domains": ["empty.test"], "backends": []}));
+
+    for (host, app) in [
+        ("shop.test", "shop"),
+        ("WWW.shop.test:80", "shop"),
+        ("blog.test", "blog"),
+    ] {
+        let response = support::get(hyper, host, "/").expect("response");
+        assert_eq!(response.status, 200, "{host}: {}", response.text());
+        assert_eq!(response.json()["backend"], app, "{host}");
+        let id = response.header("x-request-id").expect("a request id");
+        assert_eq!(id.len(), 32, "{id}");
+    }
+
+    let unknown = support::get(hyper, "nobody.test", "/").expect("response");
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.text().contains("no app"), "{}", unknown.text());
+    let empty = support::get(hyper, "empty.test", "/").expect("response");
+    assert_eq!(empty.status, 503, "{}", empty.text());
+    let no_host =
+        support::request(hyper, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").expect("response");
+    assert_eq!(no_host.status, 400);
+
+    // Forwarded headers in, hop-by-hop headers out, the client's request id kept.
+    let given_id = "trace-0123456789abcdef-xyz";
+    let response = support::request(
+        hyper,
+        &format!(
+            "GET /path?q=1 HTTP/1.1\r\nHost: blog.test\r\nX-Request-Id: {given_id}\r\n\
+             X-Forwarded-For: 203.0.113.9\r\nConnection: close, X-Secret-Hop\r\n\
+             X-Secret-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n"
+        ),
+    )
+    .expect("response");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-request-id"), Some(given_id));
+    let seen = blog.recorded().pop().expect("a request reached blog");
+    assert_eq!(seen.target, "/path?q=1");
+    assert_eq!(
+        seen.headers.get("x-forwarded-for").map(String::as_str),
+        Some("203.0.113.9, 127.0.0.1")
+    );
+    assert_eq!(
+        seen.headers.get("x-forwarded-proto").map(String::as_str),
+        Some("http")
+    );
+    assert_eq!(
+        seen.headers.get("x-request-id").map(String::as_str),
+        Some(given_id)
+    );
+    assert!(!seen.headers.contains_key("x-secret-hop"), "{seen:?}");
+    assert!(!seen.headers.contains_key("keep-alive"), "{seen:?}");
+
+    // The access log has the request, as the main listener logs its own.
+    support::eventually(
+        Duration::from_secs(3),
+        "the hyper listener's request in the access log",
+        || {
+            std::fs::read_to_string(router.access_log())
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                .any(|record| {
+                    record["request_id"] == given_id
+                        && record["status"] == 200
+                        && record["app"] == "blog"
+                        && record["path"] == "/path?q=1"
+                        && record["upstream"] == blog.addr.to_string()
+                })
+        },
+    );
+}
+
+#[test]
+fn a_dead_backend_is_skipped_and_the_request_answered_by_another() {
+    let (router, hyper) = router_with_hyper_listener();
+    let alive = Backend::start("alive");
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    router.put_app(
+        "retry",
+        json!({"domains": ["retry.test"], "backends": [dead.to_string(), alive.addr.to_string()]}),
+    );
+    for _ in 0..6 {
+        let response = support::get(hyper, "retry.test", "/").expect("response");
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.json()["backend"], "alive");
+    }
+    assert!(router.metric("switchyard_upstream_retries_total") >= 1.0);
+
+    router.put_app(
+        "gone",
+        json!({"domains": ["gone.test"], "backends": [dead.to_string()]}),
+    );
+    let response = support::get(hyper, "gone.test", "/").expect("response");
+    assert_eq!(response.status, 502, "{}", response.text());
+}
+
+/// Reads one response with a Content-Length body from a kept-alive connection.
+fn read_response(reader: &mut BufReader<TcpStream>) -> (u16, Vec<u8>) {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).expect("status line");
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {status_line:?}"));
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("header line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().expect("a length");
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).expect("body");
+    (status, body)
+}
+
+#[test]
+fn kept_alive_clients_reuse_a_few_backend_connections() {
+    let (router, hyper) = router_with_hyper_listener();
+    let backend = Backend::start("pooled");
+    router.put_app(
+        "pooled",
+        json!({"domains": ["pooled.test"], "backends": [backend.addr.to_string()]}),
+    );
+    const CLIENTS: usize = 4;
+    const REQUESTS: usize = 100;
+    for _ in 0..CLIENTS {
+        let stream = TcpStream::connect(hyper).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut writer = stream.try_clone().expect("clone");
+        let mut reader = BufReader::new(stream);
+        for i in 0..REQUESTS {
+            writer
+                .write_all(format!("GET /{i} HTTP/1.1\r\nHost: pooled.test\r\n\r\n").as_bytes())
+                .expect("send");
+            let (status, body) = read_response(&mut reader);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        }
+    }
+    assert_eq!(backend.requests(), CLIENTS * REQUESTS);
+    // One connection per thread serves every request made one after another.
+    let opened = router.metric("switchyard_hyper_backend_connections_opened_total");
+    assert!(
+        (1.0..=2.0).contains(&opened),
+        "{opened} backend connections for {} requests",
+        CLIENTS * REQUESTS
+    );
+    assert!(router.metric("switchyard_hyper_idle_backend_connections") >= 1.0);
+}
+
+#[test]
+fn an_app_using_a_stage_not_moved_yet_is_refused_there_and_served_on_the_main_listener() {
+    let (router, hyper) = router_with_hyper_listener();
+    let backend = Backend::start("cached");
+    router.put_app(
+        "cached",
+        json!({"domains": ["cached.test"], "backends": [backend.addr.to_string()],
+               "cache": {"paths": ["/*"]}}),
+    );
+    let refused = support::get(hyper, "cached.test", "/").expect("response");
+    assert_eq!(refused.status, 501, "{}", refused.text());
+    assert_eq!(backend.requests(), 0, "never served without its cache");
+    let served = router.get("cached.test", "/");
+    assert_eq!(served.status, 200, "{}", served.text());
+
+    router.put_app(
+        "secure",
+        json!({"domains": ["secure.test"], "backends": [backend.addr.to_string()],
+               "https_redirect": true}),
+    );
+    let redirect = support::get(hyper, "secure.test", "/a?b=c").expect("response");
+    assert_eq!(redirect.status, 308);
+    assert_eq!(
+        redirect.header("location"),
+        Some(format!("https://secure.test:{}/a?b=c", router.https.port()).as_str())
+    );
+}
+
+type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn open_websocket(router: SocketAddr, host: &str) -> Socket {
+    let stream = tokio::net::TcpStream::connect(router)
+        .await
+        .expect("connect to the router");
+    let url = format!("ws://{host}:{}/chat", router.port());
+    let (socket, response) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
+        .await
+        .expect("WebSocket handshake through the hyper listener");
+    assert_eq!(response.status(), 101);
+    socket
+}
+
+async fn exchange(socket: &mut Socket, text: &str) -> String {
+    socket.send(Message::text(text)).await.expect("send");
+    let reply = tokio::time::timeout(Duration::from_secs(5), socket.next())
+        .await
+        .expect("a reply within 5 s")
+        .expect("the socket is open")
+        .expect("a frame");
+    reply.into_text().expect("text").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_outlive_a_deploy_and_end_with_1001_when_their_app_is_deleted() {
+    let (router, hyper) = router_with_hyper_listener();
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+    router.put_app(
+        "chat",
+        json!({"domains": ["chat.test"], "backends": [first.addr.to_string()]}),
+    );
+    let mut old = open_websocket(hyper, "chat.test").await;
+    assert_eq!(exchange(&mut old, "hello").await, "first:hello");
+    assert_eq!(router.metric("switchyard_open_websockets"), 1.0);
+
+    router.scale("chat", &[second.addr]);
+    // Three drain graces: a deploy alone closes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(exchange(&mut old, "still").await, "first:still");
+    let mut new = open_websocket(hyper, "chat.test").await;
+    assert_eq!(exchange(&mut new, "hi").await, "second:hi");
+    // Long and many messages cross intact both ways.
+    let long = "x".repeat(200_000);
+    assert_eq!(exchange(&mut new, &long).await, format!("second:{long}"));
+    for i in 0..200 {
+        assert_eq!(
+            exchange(&mut old, &i.to_string()).await,
+            format!("first:{i}")
+        );
+    }
+
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/chat", None).0, 204);
+    let deleted = Instant::now();
+    for socket in [&mut old, &mut new] {
+        let frame = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match socket.next().await {
+                    Some(Ok(Message::Close(frame))) => return frame,
+                    Some(Ok(_)) => {}
+                    other => panic!("the connection ended without a close frame: {other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("a close frame within 5 s")
+        .expect("a close frame with a status");
+        assert_eq!(frame.code, CloseCode::Away);
+        assert_eq!(frame.reason, "backend connection closed by the router");
+    }
+    assert!(
+        deleted.elapsed() >= Duration::from_millis(900),
+        "not before the grace: {:?}",
+        deleted.elapsed()
+    );
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"app_deleted\"}"),
+        2.0
+    );
+    support::eventually(Duration::from_secs(3), "the relays to end", || {
+        router.metric("switchyard_open_websockets") == 0.0
+    });
+}
