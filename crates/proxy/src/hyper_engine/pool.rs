@@ -22,6 +22,9 @@ use crate::upstream_connections::Socket;
 /// timeouts (60 s and up) so the backend rarely closes first.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a kept connection that is not ready yet may take to become so.
+const READY_WAIT: Duration = Duration::from_millis(50);
+
 /// How often expired idle connections are closed when no request comes to take them.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -92,8 +95,14 @@ impl BackendPool {
                 continue;
             }
             let mut connection = idle.connection;
-            // Ready at once unless the backend closed it meanwhile.
-            if connection.sender.ready().await.is_ok() {
+            if connection.sender.is_ready() {
+                return Ok(connection);
+            }
+            // Its task may not have run since the last answer ended; but a connection still
+            // sending the body of a request answered early (a 413 before the upload ended)
+            // is not waited for: a new one is quicker than an upload.
+            let ready = tokio::time::timeout(READY_WAIT, connection.sender.ready()).await;
+            if matches!(ready, Ok(Ok(()))) {
                 return Ok(connection);
             }
         }
