@@ -10,12 +10,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::json;
+use support::websocket::{exchange, open_websocket};
 use support::{free_port, Backend, RouterProcess};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 fn router_with_hyper_listener() -> (RouterProcess, SocketAddr) {
     let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -223,30 +223,6 @@ fn an_app_using_a_stage_not_moved_yet_is_refused_there_and_served_on_the_main_li
         redirect.header("location"),
         Some(format!("https://secure.test:{}/a?b=c", router.https.port()).as_str())
     );
-}
-
-type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn open_websocket(router: SocketAddr, host: &str) -> Socket {
-    let stream = tokio::net::TcpStream::connect(router)
-        .await
-        .expect("connect to the router");
-    let url = format!("ws://{host}:{}/chat", router.port());
-    let (socket, response) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
-        .await
-        .expect("WebSocket handshake through the hyper listener");
-    assert_eq!(response.status(), 101);
-    socket
-}
-
-async fn exchange(socket: &mut Socket, text: &str) -> String {
-    socket.send(Message::text(text)).await.expect("send");
-    let reply = tokio::time::timeout(Duration::from_secs(5), socket.next())
-        .await
-        .expect("a reply within 5 s")
-        .expect("the socket is open")
-        .expect("a frame");
-    reply.into_text().expect("text").to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,41 +5,16 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::json;
+use support::websocket::{exchange, open_websocket, Socket};
 use support::{eventually, Backend, RouterProcess};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-async fn open_websocket(router: SocketAddr, host: &str) -> Socket {
-    let stream = TcpStream::connect(router)
-        .await
-        .expect("connect to the router");
-    let url = format!("ws://{host}:{}/chat", router.port());
-    let (socket, response) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
-        .await
-        .expect("WebSocket handshake through the router");
-    assert_eq!(response.status(), 101);
-    socket
-}
-
-async fn exchange(socket: &mut Socket, text: &str) -> String {
-    socket.send(Message::text(text)).await.expect("send");
-    let reply = tokio::time::timeout(Duration::from_secs(5), socket.next())
-        .await
-        .expect("a reply within 5 s")
-        .expect("the socket is open")
-        .expect("a frame");
-    reply.into_text().expect("text").to_string()
-}
+use tokio_tungstenite::MaybeTlsStream;
 
 /// Waits for the peer's close frame, skipping other messages; fails on anything else.
 async fn close_frame_within(socket: &mut Socket, limit: Duration) -> (CloseCode, String) {

@@ -12,6 +12,7 @@ pub mod pki;
 mod redis;
 mod router;
 pub mod tls;
+pub mod websocket;
 pub mod wiretap;
 
 pub use backend::{Backend, Behaviour, Recorded};
