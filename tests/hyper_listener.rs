@@ -10,12 +10,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use serde_json::json;
-use support::websocket::{exchange, open_websocket};
+use support::websocket::{close_frame_within, exchange, open_websocket};
 use support::{free_port, Backend, RouterProcess};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::Message;
 
 fn router_with_hyper_listener() -> (RouterProcess, SocketAddr) {
     let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -257,20 +255,9 @@ async fn websockets_outlive_a_deploy_and_end_with_1001_when_their_app_is_deleted
     assert_eq!(router.admin_call("DELETE", "/v1/apps/chat", None).0, 204);
     let deleted = Instant::now();
     for socket in [&mut old, &mut new] {
-        let frame = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match socket.next().await {
-                    Some(Ok(Message::Close(frame))) => return frame,
-                    Some(Ok(_)) => {}
-                    other => panic!("the connection ended without a close frame: {other:?}"),
-                }
-            }
-        })
-        .await
-        .expect("a close frame within 5 s")
-        .expect("a close frame with a status");
-        assert_eq!(frame.code, CloseCode::Away);
-        assert_eq!(frame.reason, "backend connection closed by the router");
+        let (code, reason) = close_frame_within(socket, Duration::from_secs(5)).await;
+        assert_eq!(code, CloseCode::Away);
+        assert_eq!(reason, "backend connection closed by the router");
     }
     assert!(
         deleted.elapsed() >= Duration::from_millis(900),

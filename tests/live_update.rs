@@ -9,31 +9,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::json;
-use support::websocket::{exchange, open_websocket, Socket};
+use support::websocket::{close_frame_within, exchange, open_websocket};
 use support::{eventually, Backend, RouterProcess};
 use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::MaybeTlsStream;
-
-/// Waits for the peer's close frame, skipping other messages; fails on anything else.
-async fn close_frame_within(socket: &mut Socket, limit: Duration) -> (CloseCode, String) {
-    let waited = tokio::time::timeout(limit, async {
-        loop {
-            match socket.next().await {
-                Some(Ok(Message::Close(Some(frame)))) => {
-                    return (frame.code, frame.reason.to_string())
-                }
-                Some(Ok(Message::Close(None))) => panic!("a close frame without a status"),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => panic!("the connection ended without a close frame: {e}"),
-                None => panic!("the connection ended without a close frame"),
-            }
-        }
-    })
-    .await;
-    waited.unwrap_or_else(|_| panic!("no close frame within {limit:?}"))
-}
 
 #[test]
 fn a_new_app_and_a_new_backend_answer_within_a_second_of_the_put() {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::app_requests::REQUEST_COUNTS;
 use crate::balancer::InFlight;
 use crate::cache::CacheCtx;
 use crate::h2_resets::TakenStream;
@@ -90,6 +91,17 @@ impl RequestCtx {
     /// The app's name, or "" before routing / for unknown hosts.
     pub fn app_name(&self) -> &str {
         self.route.as_ref().map_or("", |r| r.app.name.as_str())
+    }
+
+    /// Counts the request, answered with `status` (0 when nothing was sent), in its app's
+    /// requests and in the duration histogram.
+    pub(crate) fn count_answer(&self, status: u16) {
+        match &self.route {
+            Some(route) => route.requests.record(status),
+            None => REQUEST_COUNTS.unrouted().record(status),
+        }
+        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
+            .observe(self.started.elapsed().as_secs_f64());
     }
 
     /// Ends the current attempt's bookkeeping (in-flight count, connection registration).

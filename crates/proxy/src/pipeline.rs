@@ -39,7 +39,6 @@ use pingora::Error;
 use switchyard_model::ClientTimeouts;
 
 use crate::access_log::AccessLog;
-use crate::app_requests::REQUEST_COUNTS;
 use crate::cache;
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
@@ -48,7 +47,6 @@ use crate::h2_resets;
 use crate::head_deadline;
 use crate::https;
 use crate::images::{self, ImageStage};
-use crate::metrics;
 use crate::mirror::{self, MirrorClient};
 use crate::respond;
 use crate::route;
@@ -402,12 +400,7 @@ impl ProxyHttp for Router {
             .map(|r| r.status.as_u16())
             .or(ctx.local_status)
             .unwrap_or(0);
-        match &ctx.route {
-            Some(route) => route.requests.record(status),
-            None => REQUEST_COUNTS.unrouted().record(status),
-        }
-        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
-            .observe(ctx.started.elapsed().as_secs_f64());
+        ctx.count_answer(status);
         self.access_log.record(session, ctx, status);
         ctx.release_attempt();
     }

@@ -90,6 +90,22 @@ pub(crate) fn on_connected(
     fd: std::os::fd::RawFd,
     digest: Option<&Digest>,
 ) {
+    let local = digest
+        .and_then(|d| d.socket_digest.as_ref())
+        .and_then(|s| s.local_addr())
+        .and_then(|a| a.as_inet().copied());
+    if let Some(local) = local {
+        register_connection(ctx, connections, Socket { fd, local });
+    }
+}
+
+/// Enters `socket`, the current attempt's connection to its backend, in the connection
+/// table under the request's app and Host, whatever engine made it.
+pub(crate) fn register_connection(
+    ctx: &mut RequestCtx,
+    connections: &Arc<ConnectionTable>,
+    socket: Socket,
+) {
     let (Some(backend), Some(route), Some(host)) = (
         ctx.backend.as_ref(),
         ctx.route.as_ref(),
@@ -97,19 +113,8 @@ pub(crate) fn on_connected(
     ) else {
         return;
     };
-    let local = digest
-        .and_then(|d| d.socket_digest.as_ref())
-        .and_then(|s| s.local_addr())
-        .and_then(|a| a.as_inet().copied());
-    if let Some(local) = local {
-        let ticket = connections.register(
-            route.clone(),
-            host,
-            backend.backend().address,
-            Socket { fd, local },
-        );
-        ctx.upstream_connection = Some(ticket);
-    }
+    let ticket = connections.register(route.clone(), host, backend.backend().address, socket);
+    ctx.upstream_connection = Some(ticket);
 }
 
 /// A connection to the backend could not be made. Nothing reached it, so any request may

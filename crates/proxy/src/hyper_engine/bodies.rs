@@ -21,9 +21,7 @@ use tokio::time::Sleep;
 use super::pool::BackendConnection;
 use super::Worker;
 use crate::access_log::Exchange;
-use crate::app_requests::REQUEST_COUNTS;
 use crate::context::RequestCtx;
-use crate::metrics;
 
 /// Why a body stopped short.
 #[derive(Debug)]
@@ -171,12 +169,7 @@ pub(super) struct RequestEnd {
 impl Drop for RequestEnd {
     fn drop(&mut self) {
         let (ctx, status) = (&self.ctx, self.status);
-        match &ctx.route {
-            Some(route) => route.requests.record(status),
-            None => REQUEST_COUNTS.unrouted().record(status),
-        }
-        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
-            .observe(ctx.started.elapsed().as_secs_f64());
+        ctx.count_answer(status);
         self.worker.shared.access_log.record_exchange(
             &Exchange {
                 method: &self.method,

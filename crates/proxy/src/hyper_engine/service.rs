@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, TE, TRAILER, UPGRADE};
+use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
@@ -165,14 +165,7 @@ async fn proxy(
                 return failed(matches!(failure, ConnectFailure::TimedOut));
             }
         };
-        if let Some(host) = ctx.host.as_deref() {
-            ctx.upstream_connection = Some(shared.connections.register(
-                route.clone(),
-                host,
-                address,
-                connection.socket,
-            ));
-        }
+        upstream::register_connection(ctx, &shared.connections, connection.socket);
         let may_retry = repeatable && upstream::attempts_left(ctx);
         let mut outgoing = Request::new(body.take().unwrap_or_else(ForwardBody::empty));
         *outgoing.method_mut() = head.method.clone();
@@ -322,9 +315,6 @@ fn backend_response(
         return response.map(|_| ClientBody::local(Bytes::new(), None));
     }
     remove_hop_by_hop(response.headers_mut());
-    for name in [TE, TRAILER] {
-        response.headers_mut().remove(name);
-    }
     response.map(|incoming| ClientBody::from_backend(incoming, read_deadline, connection, end))
 }
 
