@@ -22,8 +22,8 @@ use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
-    HyperListener, HyperListenerStop, Inspector, RouteCache, RouteCacheLimits, Router, ServedCert,
-    SpoolSettings, TicketKeyRotation, WorkerPool,
+    HyperListener, HyperListenerStop, HyperTls, Inspector, RouteCache, RouteCacheLimits, Router,
+    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -105,6 +105,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         }
         if let Some(http_hyper) = config.http_hyper {
             ensure_bindable(http_hyper, "http_hyper")?;
+        }
+        if let Some(https_hyper) = config.https_hyper {
+            ensure_bindable(https_hyper, "https_hyper")?;
         }
         Duration::ZERO
     };
@@ -220,7 +223,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let certs = match config.https {
+    let certs = match config.https.or(config.https_hyper) {
         Some(_) => {
             let certs = Arc::new(CertCache::new(
                 store.clone(),
@@ -250,13 +253,26 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // connection is only ever taken again by the thread whose runtime watches it
     // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
     // this opens fewer than nginx). Routes, caches, limits and logs are shared.
-    let hyper_listener = match config.http_hyper {
-        Some(address) => Some(
-            HyperListener::bind(address, config.threads)
-                .and_then(|listener| listener.start(&router))
-                .with_context(|| format!("cannot listen on the http_hyper address {address}"))?,
-        ),
-        None => None,
+    let hyper_listener = if config.http_hyper.is_some() || config.https_hyper.is_some() {
+        let mut listener = HyperListener::new(config.threads);
+        if let Some(address) = config.http_hyper {
+            listener = listener
+                .listen_http(address)
+                .with_context(|| format!("cannot listen on the http_hyper address {address}"))?;
+        }
+        if let (Some(address), Some((certs, tickets))) = (config.https_hyper, &certs) {
+            let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
+            listener = listener
+                .listen_https(address, tls)
+                .with_context(|| format!("cannot listen on the https_hyper address {address}"))?;
+        }
+        Some(
+            listener
+                .start(&router)
+                .context("cannot start the hyper listener")?,
+        )
+    } else {
+        None
     };
     let others: Vec<Router> = (1..config.threads)
         .map(|_| router.for_another_thread())
@@ -320,7 +336,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     log::info!(
-        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}{}",
+        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}{}{}",
         config.http,
         config
             .https
@@ -330,7 +346,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.data_dir.display(),
         config
             .http_hyper
-            .map_or_else(String::new, |a| format!(", http on hyper on {a}"))
+            .map_or_else(String::new, |a| format!(", http on hyper on {a}")),
+        config
+            .https_hyper
+            .map_or_else(String::new, |a| format!(", https on hyper on {a}"))
     );
     server.run(RunArgs::default());
     // Every request has finished: what the access log still holds is delivered or spooled.

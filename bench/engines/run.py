@@ -166,15 +166,21 @@ backend app
 
 def start_switchyard(work, backend, host=HOST, tls=None, hyper=False):
     port, admin = free_port(), free_port()
-    tls_port = free_port() if tls and not hyper else None
-    https = (["--https", f"127.0.0.1:{tls_port}", "--default-cert", str(tls[0]),
-              "--default-key", str(tls[1])] if tls_port else ["--https", "off"])
-    # The hyper listener takes the measured traffic; the Pingora one idles on another port.
+    tls_port = free_port() if tls else None
+    cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
+    # On the hyper listeners the measured traffic goes to them; the Pingora plain listener
+    # idles on another port (its HTTPS one is off).
     hyper_port = free_port() if hyper else None
-    hyper_args = ["--http-hyper", f"127.0.0.1:{hyper_port}"] if hyper else []
+    if hyper:
+        listeners = ["--https", "off", "--http-hyper", f"127.0.0.1:{hyper_port}"]
+        if tls_port:
+            listeners += ["--https-hyper", f"127.0.0.1:{tls_port}", *cert]
+    else:
+        listeners = (["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port
+                     else ["--https", "off"])
     name = f"switchyard-{port}"
     proc = Process(name, [
-        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *https, *hyper_args,
+        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
         "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
@@ -187,7 +193,7 @@ def start_switchyard(work, backend, host=HOST, tls=None, hyper=False):
 
 
 def start_switchyard_hyper(work, backend, host=HOST, tls=None):
-    """Switchyard measured on its hyper listener (plain HTTP only, so far)."""
+    """Switchyard measured on its hyper listeners (HTTP/1.1, plain and TLS)."""
     return start_switchyard(work, backend, host, tls, hyper=True)
 
 
@@ -293,7 +299,7 @@ def measure_proxy(name, start, work, args, procs, tls):
     tls_port = proxy.tls_port
     result = {
         "constant_rate": constant_rate(proxy, port, status_port, args.rate, args.seconds),
-        # A target without HTTPS (Switchyard's hyper listener, so far) has no HTTPS runs.
+        # A target without HTTPS has no HTTPS runs.
         "https_keepalive": tls_port and constant_rate(proxy, tls_port, status_port, args.rate,
                                                       args.seconds, scheme="https"),
         "https_new_connection": tls_port and constant_rate(proxy, tls_port, status_port,

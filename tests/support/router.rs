@@ -14,6 +14,9 @@ pub struct RouterProcess {
     pub http: SocketAddr,
     pub https: SocketAddr,
     pub admin: SocketAddr,
+    /// The hyper listeners, when started with them (`start_on_both_engines`).
+    pub http_hyper: Option<SocketAddr>,
+    pub https_hyper: Option<SocketAddr>,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
     token: Option<String>,
@@ -33,6 +36,8 @@ impl RouterProcess {
             http: SocketAddr::from(([127, 0, 0, 1], free_port())),
             https: SocketAddr::from(([127, 0, 0, 1], free_port())),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            http_hyper: address_after(extra, "--http-hyper"),
+            https_hyper: address_after(extra, "--https-hyper"),
             dir: tempfile::tempdir().expect("tempdir"),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             token: extra
@@ -44,6 +49,23 @@ impl RouterProcess {
         };
         router.spawn();
         router
+    }
+
+    /// Starts a router whose routes are also served by the hyper listeners (plain and TLS),
+    /// so a test can check the same behaviour on both engines of one process.
+    pub fn start_on_both_engines(extra: &[&str]) -> Self {
+        let http_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
+        let https_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
+        let mut args = vec!["--http-hyper", &http_hyper, "--https-hyper", &https_hyper];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
+    }
+
+    /// The HTTPS listeners, named by engine: the Pingora one, and the hyper one if started.
+    pub fn https_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        std::iter::once(("pingora", self.https))
+            .chain(self.https_hyper.map(|a| ("hyper", a)))
+            .collect()
     }
 
     pub fn binary() -> &'static str {
@@ -280,4 +302,10 @@ impl Drop for RouterProcess {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The address given after `flag` in a router's arguments.
+fn address_after(args: &[&str], flag: &str) -> Option<SocketAddr> {
+    let at = args.iter().position(|a| *a == flag)?;
+    args.get(at + 1).and_then(|a| a.parse().ok())
 }

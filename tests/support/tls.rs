@@ -16,6 +16,8 @@ pub struct TlsConnection {
     pub stream: SslStream<TcpStream>,
     /// SHA-256 of the leaf certificate the server presented.
     pub fingerprint: Vec<u8>,
+    /// Certificates the server sent, the leaf included.
+    pub chain_length: usize,
     pub alpn: Option<String>,
 }
 
@@ -52,6 +54,10 @@ pub fn connect(
         .peer_certificate()
         .map(|c| fingerprint(&c))
         .ok_or("no peer certificate")?;
+    let chain_length = stream
+        .ssl()
+        .peer_cert_chain()
+        .map_or(0, |chain| chain.len());
     let alpn = stream
         .ssl()
         .selected_alpn_protocol()
@@ -59,6 +65,7 @@ pub fn connect(
     Ok(TlsConnection {
         stream,
         fingerprint,
+        chain_length,
         alpn,
     })
 }

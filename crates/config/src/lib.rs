@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// to (`off` by default). Apps using a stage it does not run yet are answered 501 there.
     #[arg(long, env = "SWITCHYARD_HTTP_HYPER")]
     http_hyper: Option<String>,
+    /// A second HTTPS listener served on hyper (`off` by default), with the HTTPS listener's
+    /// certificates and session-ticket keys; HTTP/1.1 only for now.
+    #[arg(long, env = "SWITCHYARD_HTTPS_HYPER")]
+    https_hyper: Option<String>,
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     #[arg(long, env = "SWITCHYARD_DEFAULT_CERT")]
     default_cert: Option<PathBuf>,
@@ -160,6 +164,7 @@ struct FileConfig {
     http: Option<Spanned<String>>,
     https: Option<Spanned<String>>,
     http_hyper: Option<Spanned<String>>,
+    https_hyper: Option<Spanned<String>>,
     default_cert: Option<PathBuf>,
     default_key: Option<PathBuf>,
     https_redirect_port: Option<u16>,
@@ -236,6 +241,8 @@ pub struct Config {
     pub https: Option<SocketAddr>,
     /// The plain HTTP listener served on hyper, when asked for.
     pub http_hyper: Option<SocketAddr>,
+    /// The HTTPS listener served on hyper, when asked for.
+    pub https_hyper: Option<SocketAddr>,
     /// Certificates and session tickets of the HTTPS listener.
     pub tls: TlsConfig,
     /// Admin API listener.
@@ -371,6 +378,11 @@ impl Config {
             None => None,
             Some((value, _)) if value == "off" => None,
             given => Some(parse_address(&source, "http_hyper", given, "")?),
+        };
+        let https_hyper = match pick(args.https_hyper, file.https_hyper) {
+            None => None,
+            Some((value, _)) if value == "off" => None,
+            given => Some(parse_address(&source, "https_hyper", given, "")?),
         };
         let tls = TlsConfig {
             default_cert: match (
@@ -513,6 +525,7 @@ impl Config {
             http,
             https,
             http_hyper,
+            https_hyper,
             tls,
             admin,
             data_dir,
@@ -856,6 +869,11 @@ mod tests {
         assert_eq!(config.http_hyper.map(|a| a.port()), Some(9080));
         let err = with_file("\nhttp_hyper = \"9080\"\n").expect_err("no ip");
         assert!(err.to_string().contains("line 2: http_hyper"), "{err}");
+        assert!(with_file("").expect("valid").https_hyper.is_none());
+        let config = with_file("https_hyper = \"127.0.0.1:9443\"\n").expect("valid");
+        assert_eq!(config.https_hyper.map(|a| a.port()), Some(9443));
+        let err = with_file("https_hyper = \"nowhere\"\n").expect_err("not an address");
+        assert!(err.to_string().contains("line 1: https_hyper"), "{err}");
     }
 
     #[test]

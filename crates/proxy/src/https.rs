@@ -52,11 +52,19 @@ pub(crate) fn redirect_location_for(
 
 /// Adds the app's HSTS header to a response sent over TLS (RFC 6797 forbids it over HTTP).
 pub(crate) fn add_hsts(response: &mut ResponseHeader, ctx: &RequestCtx) -> pingora::Result<()> {
-    if !ctx.tls {
-        return Ok(());
-    }
-    if let Some(hsts) = ctx.route.as_ref().and_then(|r| r.app.hsts) {
-        response.insert_header("strict-transport-security", hsts.header_value())?;
+    if let Some(value) = hsts_value(ctx) {
+        response.insert_header("strict-transport-security", value)?;
     }
     Ok(())
+}
+
+/// The `Strict-Transport-Security` value a response to this request carries, if any.
+pub(crate) fn hsts_value(ctx: &RequestCtx) -> Option<String> {
+    if !ctx.tls {
+        return None;
+    }
+    ctx.route
+        .as_ref()
+        .and_then(|r| r.app.hsts)
+        .map(|hsts| hsts.header_value())
 }

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use openssl::ssl::{NameType, SslContextBuilder, SslMode, SslOptions, SslRef};
 use pingora::listeners::tls::TlsSettings;
 use pingora::listeners::TlsAccept;
 use pingora::protocols::tls::TlsRef;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use pingora::tls::ext;
-use pingora::tls::ssl::{NameType, SslOptions};
 use switchyard_tls_tickets::TicketKeys;
 
 use crate::cert_cache::{CertCache, Selected, ServedCert};
@@ -26,7 +25,7 @@ pub(crate) struct CertSelector {
 }
 
 impl CertSelector {
-    fn new(certs: Arc<CertCache>) -> Self {
+    pub(crate) fn new(certs: Arc<CertCache>) -> Self {
         Self {
             certs,
             last_refusal_log: AtomicU64::new(0),
@@ -50,33 +49,62 @@ impl CertSelector {
     }
 }
 
-#[async_trait]
-impl TlsAccept for CertSelector {
-    async fn certificate_callback(&self, ssl: &mut TlsRef) {
-        let server_name = ssl.servername(NameType::HOST_NAME).map(str::to_owned);
-        let cert = match self.certs.select(server_name.as_deref()).await {
-            Ok(Selected::Stored(cert) | Selected::Default(cert)) => cert,
+impl CertSelector {
+    /// The certificate a handshake for `server_name` is served, counted and logged when
+    /// there is none (the handshake then fails with a handshake_failure alert).
+    pub(crate) async fn choose(&self, server_name: Option<&str>) -> Option<Arc<ServedCert>> {
+        match self.certs.select(server_name).await {
+            Ok(Selected::Stored(cert) | Selected::Default(cert)) => Some(cert),
             Ok(Selected::Nothing) => {
                 metrics::TLS_HANDSHAKES
                     .with_label_values(&["no_certificate"])
                     .inc();
-                self.log_refusal(server_name.as_deref(), "no certificate and no default");
-                return;
+                self.log_refusal(server_name, "no certificate and no default");
+                None
             }
             Err(e) => {
                 metrics::TLS_HANDSHAKES
                     .with_label_values(&["store_error"])
                     .inc();
-                self.log_refusal(server_name.as_deref(), &format!("certificate lookup: {e}"));
-                return;
+                self.log_refusal(server_name, &format!("certificate lookup: {e}"));
+                None
             }
-        };
-        // Without a certificate OpenSSL ends the handshake with a handshake_failure alert.
-        if let Err(e) = use_certificate(ssl, &cert) {
-            metrics::TLS_HANDSHAKES
-                .with_label_values(&["store_error"])
-                .inc();
-            self.log_refusal(server_name.as_deref(), &format!("OpenSSL refused it: {e}"));
+        }
+    }
+
+    /// Puts `cert` on one connection's handshake; false (counted, logged) when OpenSSL
+    /// refuses it.
+    pub(crate) fn serve(&self, ssl: &mut SslRef, cert: &ServedCert) -> bool {
+        match use_certificate(ssl, cert) {
+            Ok(()) => true,
+            Err(e) => {
+                metrics::TLS_HANDSHAKES
+                    .with_label_values(&["store_error"])
+                    .inc();
+                let name = ssl.servername(NameType::HOST_NAME).map(str::to_owned);
+                self.log_refusal(name.as_deref(), &format!("OpenSSL refused it: {e}"));
+                false
+            }
+        }
+    }
+}
+
+/// Counts a completed handshake as full or resumed.
+pub(crate) fn count_completed(ssl: &SslRef) {
+    let result = if ssl.session_reused() {
+        "resumed"
+    } else {
+        "full"
+    };
+    metrics::TLS_HANDSHAKES.with_label_values(&[result]).inc();
+}
+
+#[async_trait]
+impl TlsAccept for CertSelector {
+    async fn certificate_callback(&self, ssl: &mut TlsRef) {
+        let server_name = ssl.servername(NameType::HOST_NAME).map(str::to_owned);
+        if let Some(cert) = self.choose(server_name.as_deref()).await {
+            self.serve(ssl, &cert);
         }
     }
 
@@ -84,21 +112,16 @@ impl TlsAccept for CertSelector {
         &self,
         ssl: &TlsRef,
     ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-        let result = if ssl.session_reused() {
-            "resumed"
-        } else {
-            "full"
-        };
-        metrics::TLS_HANDSHAKES.with_label_values(&[result]).inc();
+        count_completed(ssl);
         None
     }
 }
 
-fn use_certificate(ssl: &mut TlsRef, cert: &ServedCert) -> Result<(), openssl::error::ErrorStack> {
-    ext::ssl_use_certificate(ssl, &cert.leaf)?;
-    ext::ssl_use_private_key(ssl, &cert.key)?;
+fn use_certificate(ssl: &mut SslRef, cert: &ServedCert) -> Result<(), openssl::error::ErrorStack> {
+    ssl.set_certificate(&cert.leaf)?;
+    ssl.set_private_key(&cert.key)?;
     for intermediate in &cert.chain {
-        ext::ssl_add_chain_cert(ssl, intermediate)?;
+        ssl.add_chain_cert(intermediate.clone())?;
     }
     Ok(())
 }
@@ -114,18 +137,35 @@ pub fn https_settings(
     let mut settings = TlsSettings::with_callbacks(Box::new(CertSelector::new(certs)))
         .map_err(|e| format!("cannot set up TLS: {e}"))?;
     settings.enable_h2();
+    configure_context(&mut settings, tickets)?;
+    Ok(settings)
+}
+
+/// What both engines' TLS listeners set alike: key-exchange groups, cipher order, no
+/// renegotiation, buffers released while idle, and the rotating session-ticket keys.
+pub(crate) fn configure_context(
+    context: &mut SslContextBuilder,
+    tickets: Arc<TicketKeys>,
+) -> Result<(), String> {
     // Mozilla's intermediate profile lists these groups; OpenSSL's default also offers
     // X448 and P-521, which no mainstream client needs and which scanners flag.
-    settings
+    context
         .set_groups_list(KEY_EXCHANGE_GROUPS)
         .map_err(|e| format!("cannot set the TLS key-exchange groups: {e}"))?;
     // The server picks from its own (Mozilla-ordered, all strong) list so a client cannot
     // steer a TLS 1.2 handshake to its weakest common cipher; a client that puts ChaCha20
-    // first (no AES hardware: phones) still gets it.
-    settings.set_options(SslOptions::CIPHER_SERVER_PREFERENCE | SslOptions::PRIORITIZE_CHACHA);
-    switchyard_tls_tickets::install(&mut settings, tickets)
-        .map_err(|e| format!("cannot install session-ticket keys: {e}"))?;
-    Ok(settings)
+    // first (no AES hardware: phones) still gets it. Client-started renegotiation is a
+    // CPU lever for an attacker and nothing a browser needs (nginx refuses it too).
+    context.set_options(
+        SslOptions::CIPHER_SERVER_PREFERENCE
+            | SslOptions::PRIORITIZE_CHACHA
+            | SslOptions::NO_RENEGOTIATION,
+    );
+    // An idle connection gives its ~34 KiB of OpenSSL read and write buffers back, as
+    // nginx's do: a router holds far more idle connections than busy ones.
+    context.set_mode(SslMode::RELEASE_BUFFERS);
+    switchyard_tls_tickets::install(context, tickets)
+        .map_err(|e| format!("cannot install session-ticket keys: {e}"))
 }
 
 /// Rotates the session-ticket keys every `interval`.

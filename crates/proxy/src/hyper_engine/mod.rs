@@ -1,6 +1,7 @@
 //! The request path on hyper: the first part of issue 17's engine change (bench/ENGINE.md).
 //! Pingora's own floor costs 1.9–2.2× nginx's CPU per request; a shared-nothing hyper
-//! proxy, 1.1–1.3×. This listener serves plain HTTP/1.1 with Switchyard's routing,
+//! proxy, 1.1–1.3×. This listener serves HTTP/1.1, in clear and over TLS (certificates by
+//! SNI from the same cache, same ticket keys as the Pingora listener), with Switchyard's routing,
 //! balancing, retries, passive health, drains, WebSocket relay, access log and metrics on
 //! hyper, laid out as nginx's workers are: one thread per worker with its own
 //! single-threaded runtime, its own SO_REUSEPORT listening socket and its own pool of idle
@@ -15,6 +16,9 @@ mod bodies;
 mod pool;
 mod relay;
 mod service;
+mod tls;
+
+pub use tls::HyperTls;
 
 use std::cell::Cell;
 use std::net::{SocketAddr, TcpListener};
@@ -27,6 +31,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Socket, Type};
 use switchyard_model::ClientTimeouts;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
@@ -50,11 +56,12 @@ const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
 /// that it does not spin while the process is at its limit.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// The listening sockets of the hyper listener, one per thread, bound before anything
-/// starts so that a taken address is an error at start-up.
+/// The listening sockets of the hyper listener, one per thread and address, bound before
+/// anything starts so that a taken address is an error at start-up.
 pub struct HyperListener {
-    address: SocketAddr,
-    sockets: Vec<TcpListener>,
+    threads: usize,
+    http: Option<(SocketAddr, Vec<TcpListener>)>,
+    https: Option<(SocketAddr, Vec<TcpListener>, Arc<HyperTls>)>,
 }
 
 /// Stops the hyper listener's threads from accepting and asks their connections to finish
@@ -68,31 +75,67 @@ impl HyperListenerStop {
     }
 }
 
+/// One thread's listening sockets.
+struct ThreadSockets {
+    http: Option<TcpListener>,
+    https: Option<(TcpListener, Arc<HyperTls>)>,
+}
+
 impl HyperListener {
-    /// Binds `threads` sockets on `address`, in one SO_REUSEPORT group.
-    pub fn bind(address: SocketAddr, threads: usize) -> std::io::Result<Self> {
-        let sockets = (0..threads.max(1))
-            .map(|_| reuse_port_listener(address))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Self { address, sockets })
+    /// A listener run by `threads` threads, on no address yet.
+    pub fn new(threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            http: None,
+            https: None,
+        }
     }
 
-    /// Starts one thread per socket, serving with `router`'s routes, connection table,
+    /// Serves plain HTTP on `address`: one socket per thread, in one SO_REUSEPORT group.
+    pub fn listen_http(mut self, address: SocketAddr) -> std::io::Result<Self> {
+        self.http = Some((address, self.bind(address)?));
+        Ok(self)
+    }
+
+    /// Serves HTTPS on `address` with `tls`.
+    pub fn listen_https(mut self, address: SocketAddr, tls: HyperTls) -> std::io::Result<Self> {
+        self.https = Some((address, self.bind(address)?, Arc::new(tls)));
+        Ok(self)
+    }
+
+    fn bind(&self, address: SocketAddr) -> std::io::Result<Vec<TcpListener>> {
+        (0..self.threads)
+            .map(|_| reuse_port_listener(address))
+            .collect()
+    }
+
+    /// Starts one thread per socket pair, serving with `router`'s routes, connection table,
     /// access log, redirect port and client deadlines.
     pub fn start(self, router: &Router) -> std::io::Result<HyperListenerStop> {
         let (stop, stopped) = watch::channel(false);
-        for (thread, socket) in self.sockets.into_iter().enumerate() {
+        let mut http = self.http.map(|(address, sockets)| {
+            log::info!("hyper listener serving http on {address}");
+            sockets.into_iter()
+        });
+        let mut https = self.https.map(|(address, sockets, tls)| {
+            log::info!("hyper listener serving https on {address}");
+            sockets.into_iter().map(move |socket| (socket, tls.clone()))
+        });
+        for thread in 0..self.threads {
+            let sockets = ThreadSockets {
+                http: http.as_mut().and_then(Iterator::next),
+                https: https.as_mut().and_then(Iterator::next),
+            };
             let shared = router.shared_with_hyper_listener();
             let stopped = stopped.clone();
             std::thread::Builder::new()
                 .name(format!("hyper-listener-{thread}"))
                 .spawn(move || {
-                    if let Err(e) = run_thread(socket, shared, stopped) {
+                    if let Err(e) = run_thread(sockets, shared, stopped) {
                         log::error!("hyper listener thread {thread} stopped: {e}");
                     }
                 })?;
         }
-        log::info!("hyper listener serving http on {}", self.address);
         Ok(HyperListenerStop(stop))
     }
 }
@@ -114,42 +157,43 @@ struct Worker {
 }
 
 fn run_thread(
-    socket: TcpListener,
+    sockets: ThreadSockets,
     shared: Shared,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let listener = tokio::net::TcpListener::from_std(socket)?;
         let worker = Rc::new(Worker {
             shared,
             pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
             open_connections: Cell::new(0),
         });
         tokio::task::spawn_local(pool::sweep_idle(worker.clone()));
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        tokio::task::spawn_local(serve_connection(
-                            stream,
-                            peer,
-                            worker.clone(),
-                            stopped.clone(),
-                        ));
-                    }
-                    Err(e) => {
-                        log::warn!("hyper listener: accept failed: {e}");
-                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                    }
-                },
-                _ = stopped.changed() => break,
-            }
+        let mut accepting = Vec::new();
+        if let Some(socket) = sockets.http {
+            let listener = tokio::net::TcpListener::from_std(socket)?;
+            accepting.push(tokio::task::spawn_local(accept(
+                listener,
+                None,
+                worker.clone(),
+                stopped.clone(),
+            )));
         }
-        drop(listener);
+        if let Some((socket, tls)) = sockets.https {
+            let listener = tokio::net::TcpListener::from_std(socket)?;
+            accepting.push(tokio::task::spawn_local(accept(
+                listener,
+                Some(tls),
+                worker.clone(),
+                stopped.clone(),
+            )));
+        }
+        for task in accepting {
+            let _ = task.await;
+        }
         // The process exits once Pingora's grace period is over; until then the connections
         // still open finish their requests on this runtime.
         while worker.open_connections.get() > 0 {
@@ -159,38 +203,91 @@ fn run_thread(
     })
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+/// Accepts on one socket until the listener stops; each connection is served by its own
+/// task, its TLS handshake included, so a slow handshake never holds the accept loop.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<HyperTls>>,
     worker: Rc<Worker>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let _open = OpenConnection::count(&worker);
-    let timeouts = worker.shared.client_timeouts;
-    let client = peer.ip();
-    let service_worker = worker.clone();
-    let service =
-        service_fn(move |request| service::handle(request, client, service_worker.clone()));
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        // A kept-alive connection idles, then reads its next head: both within this.
-        .header_read_timeout(timeouts.idle + timeouts.header)
-        .max_buf_size(MAX_CLIENT_READ_BUFFER);
-    let connection = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let outcome = tokio::select! {
-        outcome = connection.as_mut() => outcome,
-        _ = stopped.changed() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let open = OpenConnection::count(&worker);
+                    let connection = Connection {
+                        peer,
+                        worker: worker.clone(),
+                        stopped: stopped.clone(),
+                        _open: open,
+                    };
+                    match &tls {
+                        None => tokio::task::spawn_local(connection.serve(stream, false)),
+                        Some(tls) => tokio::task::spawn_local(connection.handshake(stream, tls.clone())),
+                    };
+                }
+                Err(e) => {
+                    log::warn!("hyper listener: accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+            },
+            _ = stopped.changed() => return,
         }
-    };
-    if let Err(e) = outcome {
-        log::debug!("hyper listener: connection from {peer} ended: {e}");
+    }
+}
+
+/// One client connection.
+struct Connection {
+    peer: SocketAddr,
+    worker: Rc<Worker>,
+    stopped: watch::Receiver<bool>,
+    _open: OpenConnection,
+}
+
+impl Connection {
+    async fn handshake(self, stream: TcpStream, tls: Arc<HyperTls>) {
+        let deadline = self.worker.shared.client_timeouts.header;
+        match tls.accept(stream, deadline).await {
+            Ok(stream) => self.serve(stream, true).await,
+            Err(failure) => log::debug!(
+                "hyper listener: TLS handshake with {} not completed: {failure}",
+                self.peer
+            ),
+        }
+    }
+
+    async fn serve<S>(mut self, stream: S, tls: bool)
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let timeouts = self.worker.shared.client_timeouts;
+        let client = self.peer.ip();
+        let service_worker = self.worker.clone();
+        let service = service_fn(move |request| {
+            service::handle(request, client, tls, service_worker.clone())
+        });
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            // A kept-alive connection idles, then reads its next head: both within this.
+            .header_read_timeout(timeouts.idle + timeouts.header)
+            .max_buf_size(MAX_CLIENT_READ_BUFFER);
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(connection);
+        let outcome = tokio::select! {
+            outcome = connection.as_mut() => outcome,
+            _ = self.stopped.changed() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(e) = outcome {
+            log::debug!("hyper listener: connection from {} ended: {e}", self.peer);
+        }
     }
 }
 

@@ -1,20 +1,27 @@
 //! An upgraded connection (WebSocket) relayed between the client's and the backend's
-//! sockets. A direction holds a buffer only while data flows: it waits for its socket to be
-//! readable with none, takes one for what is there, and lets it go as soon as a read would
-//! wait again, so an idle WebSocket costs its two sockets and a task, not two buffers.
+//! sockets (the client's through TLS on the HTTPS listener). A direction holds a buffer only
+//! while data flows: it waits for its socket to be readable with none, takes one for what is
+//! there, and lets it go as soon as a read would wait again, so an idle WebSocket costs its
+//! two sockets and a task, not two buffers (and OpenSSL gives its buffers back while idle).
 //!
 //! When the router closes the backend's side (a drain), the client gets a close frame 1001
 //! between two of the backend's frames, as on the Pingora listeners (`websocket_close`).
 
 use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
 use std::io::ErrorKind;
 use std::net::Shutdown;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use socket2::SockRef;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio_openssl::SslStream;
 
 use super::bodies::RequestEnd;
 use crate::websocket_close::{self, FrameBoundary};
@@ -38,10 +45,10 @@ pub(super) async fn run(client: OnUpgrade, backend: OnUpgrade, end: RequestEnd) 
         }
     };
     let (Some((client, client_early)), Some((backend, backend_early))) =
-        (into_tcp(client), into_tcp(backend))
+        (Side::of(client), Side::of(backend))
     else {
         log::warn!(
-            "request {}: an upgraded connection is not a TCP socket; closed",
+            "request {}: an upgraded connection is neither a TCP socket nor TLS over one; closed",
             end.ctx.request_id
         );
         return;
@@ -53,23 +60,102 @@ pub(super) async fn run(client: OnUpgrade, backend: OnUpgrade, end: RequestEnd) 
     }
 }
 
-/// The socket under an upgraded connection, with what hyper had read past the head.
-fn into_tcp(upgraded: Upgraded) -> Option<(TcpStream, bytes::Bytes)> {
-    let parts = upgraded.downcast::<TokioIo<TcpStream>>().ok()?;
-    Some((parts.io.into_inner(), parts.read_buf))
+/// One side of a relayed connection. TLS is in a `RefCell` because both directions use the
+/// one OpenSSL session, each only within a single poll, never across an await.
+enum Side {
+    Plain(TcpStream),
+    Tls(RefCell<SslStream<TcpStream>>),
+}
+
+impl Side {
+    /// The connection under an upgrade, with what hyper had read past the head.
+    fn of(upgraded: Upgraded) -> Option<(Self, bytes::Bytes)> {
+        match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => Some((Self::Plain(parts.io.into_inner()), parts.read_buf)),
+            Err(upgraded) => {
+                let parts = upgraded.downcast::<TokioIo<SslStream<TcpStream>>>().ok()?;
+                let stream = RefCell::new(parts.io.into_inner());
+                Some((Self::Tls(stream), parts.read_buf))
+            }
+        }
+    }
+
+    async fn readable(&self) -> std::io::Result<()> {
+        match self {
+            Self::Plain(stream) => stream.readable().await,
+            Self::Tls(stream) => poll_fn(|cx| stream.borrow().get_ref().poll_read_ready(cx)).await,
+        }
+    }
+
+    /// Reads what is there; `None` when a read would wait.
+    async fn try_read(&self, buffer: &mut BytesMut) -> std::io::Result<Option<usize>> {
+        match self {
+            Self::Plain(stream) => match stream.try_read_buf(buffer) {
+                Ok(n) => Ok(Some(n)),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            },
+            // OpenSSL may hold decrypted bytes the socket no longer shows as readable, so
+            // the session is asked, not the socket.
+            Self::Tls(stream) => {
+                poll_fn(|cx| {
+                    let mut stream = stream.borrow_mut();
+                    Poll::Ready(
+                        match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buffer) {
+                            Poll::Ready(read) => read.map(Some),
+                            Poll::Pending => Ok(None),
+                        },
+                    )
+                })
+                .await
+            }
+        }
+    }
+
+    async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            let written = match self {
+                Self::Plain(stream) => {
+                    stream.writable().await?;
+                    match stream.try_write(data) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => 0,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Self::Tls(stream) => {
+                    poll_fn(|cx| Pin::new(&mut *stream.borrow_mut()).poll_write(cx, data)).await?
+                }
+            };
+            data = &data[written..];
+        }
+        Ok(())
+    }
+
+    /// Ends this side's sending (a TLS side sends its close_notify first).
+    async fn shutdown_write(&self) {
+        match self {
+            Self::Plain(stream) => {
+                let _ = SockRef::from(stream).shutdown(Shutdown::Write);
+            }
+            Self::Tls(stream) => {
+                let _ = poll_fn(|cx| Pin::new(&mut *stream.borrow_mut()).poll_shutdown(cx)).await;
+            }
+        }
+    }
 }
 
 async fn relay(
-    client: &TcpStream,
-    backend: &TcpStream,
+    client: &Side,
+    backend: &Side,
     client_early: &[u8],
     backend_early: &[u8],
     end: &mut RequestEnd,
 ) -> std::io::Result<()> {
     let frames = RefCell::new(FrameBoundary::default());
-    write_all(backend, client_early).await?;
+    backend.write_all(client_early).await?;
     frames.borrow_mut().advance(backend_early);
-    write_all(client, backend_early).await?;
+    client.write_all(backend_early).await?;
     end.bytes_out += backend_early.len();
     end.bytes_in.set(end.bytes_in.get() + client_early.len());
 
@@ -90,14 +176,14 @@ async fn relay(
                 .as_ref()
                 .is_some_and(|c| c.connection().closed_for().is_some());
             if closed_by_router && frames.borrow().at_boundary() {
-                let _ = write_all(client, &websocket_close::going_away_frame()).await;
+                let _ = client.write_all(&websocket_close::going_away_frame()).await;
             }
-            let _ = SockRef::from(client).shutdown(Shutdown::Write);
+            client.shutdown_write().await;
             let _ = tokio::time::timeout(HALF_CLOSED_GRACE, &mut to_backend).await;
             result
         }
         result = &mut to_backend => {
-            let _ = SockRef::from(backend).shutdown(Shutdown::Write);
+            backend.shutdown_write().await;
             let _ = tokio::time::timeout(HALF_CLOSED_GRACE, &mut to_client).await;
             result
         }
@@ -107,38 +193,22 @@ async fn relay(
 }
 
 /// Copies `from` to `to` until `from` ends, calling `seen` with each piece.
-async fn pump(
-    from: &TcpStream,
-    to: &TcpStream,
-    mut seen: impl FnMut(usize, &[u8]),
-) -> std::io::Result<()> {
+async fn pump(from: &Side, to: &Side, mut seen: impl FnMut(usize, &[u8])) -> std::io::Result<()> {
     loop {
-        from.readable().await?;
-        let mut buffer = Vec::with_capacity(READ_CHUNK);
+        let mut buffer = BytesMut::with_capacity(READ_CHUNK);
         loop {
             buffer.clear();
-            match from.try_read_buf(&mut buffer) {
-                Ok(0) => return Ok(()),
-                Ok(n) => {
+            match from.try_read(&mut buffer).await? {
+                Some(0) => return Ok(()),
+                Some(n) => {
                     seen(n, &buffer);
-                    write_all(to, &buffer).await?;
+                    to.write_all(&buffer).await?;
                 }
                 // Nothing more for now: the buffer goes until data comes again.
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
+                None => break,
             }
         }
+        drop(buffer);
+        from.readable().await?;
     }
-}
-
-async fn write_all(to: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
-    while !data.is_empty() {
-        to.writable().await?;
-        match to.try_write(data) {
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

@@ -9,7 +9,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, UPGRADE};
+use http::header::{
+    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, STRICT_TRANSPORT_SECURITY, UPGRADE,
+};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
@@ -65,9 +67,11 @@ impl From<LocalAnswer> for Answer {
 pub(super) async fn handle(
     mut request: Request<Incoming>,
     client: IpAddr,
+    tls: bool,
     worker: Rc<Worker>,
 ) -> Result<Response<ClientBody>, Infallible> {
     let mut ctx = RequestCtx::new();
+    ctx.tls = tls;
     ctx.request_id = request_id(request.headers());
     let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
     let bytes_in = Rc::new(Cell::new(0));
@@ -257,7 +261,8 @@ fn prepare_for_backend(
     if let Ok(value) = HeaderValue::try_from(forwarded_for) {
         headers.insert("x-forwarded-for", value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let scheme = if ctx.tls { "https" } else { "http" };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
     if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
         headers.insert("x-request-id", id);
     }
@@ -294,9 +299,13 @@ fn backend_response(
     // answers an HTTP/1.0 client in kind).
     *response.version_mut() = Version::HTTP_11;
     let request_id = HeaderValue::from_str(&end.ctx.request_id).ok();
+    let hsts = https::hsts_value(&end.ctx).and_then(|v| HeaderValue::try_from(v).ok());
     let headers = response.headers_mut();
     if let Some(id) = request_id {
         headers.insert("x-request-id", id);
+    }
+    if let Some(hsts) = hsts {
+        headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
     }
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
