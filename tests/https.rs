@@ -110,19 +110,20 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
         "plain HTTP still serves"
     );
 
-    let alpn = tls::connect(router.https, Some("shop.test"), &["h2", "http/1.1"])
-        .expect("handshake")
-        .alpn;
-    assert_eq!(alpn.as_deref(), Some("h2"), "HTTP/2 is offered by ALPN");
-    let https_hyper = router.https_hyper.expect("the hyper listener");
-    let alpn = tls::connect(https_hyper, Some("shop.test"), &["h2", "http/1.1"])
-        .expect("handshake")
-        .alpn;
-    assert_eq!(
-        alpn.as_deref(),
-        Some("http/1.1"),
-        "hyper: HTTP/1.1 only until it serves HTTP/2"
-    );
+    for (engine, https) in router.https_listeners() {
+        let offered_both = tls::connect(https, Some("shop.test"), &["h2", "http/1.1"])
+            .expect("handshake")
+            .alpn;
+        assert_eq!(
+            offered_both.as_deref(),
+            Some("h2"),
+            "{engine}: HTTP/2 is preferred by ALPN"
+        );
+        let http11_only = tls::connect(https, Some("shop.test"), &["http/1.1"])
+            .expect("handshake")
+            .alpn;
+        assert_eq!(http11_only.as_deref(), Some("http/1.1"), "{engine}");
+    }
 }
 
 #[test]

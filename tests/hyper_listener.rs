@@ -272,3 +272,41 @@ async fn websockets_outlive_a_deploy_and_end_with_1001_when_their_app_is_deleted
         router.metric("switchyard_open_websockets") == 0.0
     });
 }
+
+#[test]
+fn an_idle_http2_connection_is_asked_to_go_away_after_the_client_idle_timeout() {
+    use support::h2_raw::{
+        frame, request_block, Connection, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
+    };
+    let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let router = RouterProcess::start_with(&[
+        "--http-hyper",
+        &hyper.to_string(),
+        "--client-idle-timeout-s",
+        "1",
+    ]);
+    let backend = Backend::start("idle");
+    router.put_app(
+        "idle",
+        json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut connection = Connection::open(hyper);
+    let request = request_block("GET", "idle.test", b"/", &[]);
+    connection
+        .send(&frame(HEADERS, END_HEADERS | END_STREAM, 1, &request))
+        .expect("send");
+    let opened = Instant::now();
+    let mut goaway = None;
+    while goaway.is_none() && opened.elapsed() < Duration::from_secs(5) {
+        match connection.next_frame(Instant::now() + Duration::from_millis(100)) {
+            Some(frame) if frame.kind == GOAWAY => goaway = Some(opened.elapsed()),
+            _ => {}
+        }
+    }
+    let after = goaway.expect("a GOAWAY within 5 s of the last request");
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(3),
+        "GOAWAY after {after:?}, the idle timeout being 1 s"
+    );
+    assert_eq!(backend.requests(), 1, "the request was served first");
+}

@@ -375,29 +375,52 @@ fn metrics_count_requests_by_app_and_class_without_unknown_host_labels() {
 
 #[test]
 fn http2_clients_are_routed_by_authority() {
-    let router = RouterProcess::start();
+    let router = RouterProcess::start_on_both_engines(&[]);
     let backend = Backend::start("h2");
     router.put_app(
         "h2",
         json!({"domains": ["h2.test"], "backends": [backend.addr.to_string()]}),
     );
-    let output = std::process::Command::new("curl")
-        .args([
-            "-s",
-            "--http2-prior-knowledge",
-            "-w",
-            "\n%{http_version} %{http_code}",
-        ])
-        .args(["--connect-to", &format!("h2.test:80:{}", router.http)])
-        .arg("http://h2.test/over-h2")
-        .output()
-        .expect("curl (installed by scripts/test)");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let (body, status_line) = text.rsplit_once('\n').expect("curl's status line");
-    assert_eq!(status_line, "2 200", "{text}");
-    let seen: serde_json::Value = serde_json::from_str(body).expect("backend JSON");
-    assert_eq!(seen["backend"], "h2");
-    assert_eq!(seen["path"], "/over-h2");
+    let cert = support::pki::Ca::root("Test Root").issue(&["h2.test"], -1, 30);
+    let (status, body) = router.admin_call(
+        "PUT",
+        "/v1/certs/h2.test",
+        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
+    );
+    assert_eq!(status, 200, "{body}");
+    let http_hyper = router.http_hyper.expect("the hyper listener");
+    let https_hyper = router.https_hyper.expect("the hyper listener");
+    // Prior knowledge on the plain listeners, ALPN h2 on the TLS ones, on both engines; a
+    // request split over two cookie fields reaches the HTTP/1.1 backend as one field.
+    for (engine, scheme, at, mode) in [
+        ("pingora", "http", router.http, "--http2-prior-knowledge"),
+        ("hyper", "http", http_hyper, "--http2-prior-knowledge"),
+        ("pingora", "https", router.https, "--http2"),
+        ("hyper", "https", https_hyper, "--http2"),
+    ] {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-k", mode, "-w", "\n%{http_version} %{http_code}"])
+            .args(["-H", "cookie: a=1", "-H", "cookie: b=2"])
+            .args(["--connect-to", &format!("h2.test:443:{at}")])
+            .args(["--connect-to", &format!("h2.test:80:{at}")])
+            .arg(format!("{scheme}://h2.test/over-h2"))
+            .output()
+            .expect("curl (installed by scripts/test)");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let (body, status_line) = text.rsplit_once('\n').expect("curl's status line");
+        assert_eq!(status_line, "2 200", "{engine} {scheme}: {text}");
+        let seen: serde_json::Value = serde_json::from_str(body).expect("backend JSON");
+        assert_eq!(seen["backend"], "h2", "{engine} {scheme}");
+        assert_eq!(seen["path"], "/over-h2", "{engine} {scheme}");
+        let proto = if scheme == "https" { "https" } else { "http" };
+        assert_eq!(
+            seen["headers"]["x-forwarded-proto"], proto,
+            "{engine} {scheme}"
+        );
+        if engine == "hyper" {
+            assert_eq!(seen["headers"]["cookie"], "a=1; b=2", "{engine} {scheme}");
+        }
+    }
 }
 
 #[test]

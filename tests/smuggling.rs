@@ -522,7 +522,12 @@ fn post_with(extra: &[(&[u8], &[u8])], body: &[u8]) -> Vec<Vec<u8>> {
 #[test]
 fn http2_requests_that_would_smuggle_when_downgraded_to_http1_are_refused() {
     use h2_raw::{exchange, Outcome};
-    let (router, wiretap) = start();
+    let router = RouterProcess::start_on_both_engines(&[]);
+    let wiretap = Wiretap::start();
+    router.put_app(
+        "smuggle",
+        json!({"domains": [HOST], "backends": [wiretap.addr.to_string()]}),
+    );
     let s = smuggled();
     let crlf_value = format!("a\r\n\r\n{s}");
     let crlf_path = format!("/ HTTP/1.1\r\nHost: {HOST}\r\n\r\n{s}");
@@ -562,8 +567,14 @@ fn http2_requests_that_would_smuggle_when_downgraded_to_http1_are_refused() {
         ),
     ];
     let mut report = Vec::new();
-    for (name, frames) in malformed {
-        let outcome = exchange(router.http, &frames);
+    let http_hyper = router.http_hyper.expect("the hyper listener");
+    let listeners = [("pingora", router.http), ("hyper", http_hyper)];
+    for ((name, frames), (engine, at)) in malformed
+        .iter()
+        .flat_map(|case| listeners.iter().map(move |listener| (case, *listener)))
+    {
+        let name = &format!("{engine}: {name}");
+        let outcome = exchange(at, frames);
         std::thread::sleep(Duration::from_millis(50));
         let reached = check_backend_wires(&wiretap, name);
         report.push(format!("{name}: {outcome:?}"));
@@ -577,7 +588,7 @@ fn http2_requests_that_would_smuggle_when_downgraded_to_http1_are_refused() {
         // HTTP/2 checks a declared content-length against DATA only as the DATA arrives,
         // after the request head may have gone on: the backend then has a complete request
         // with the declared (empty) body, and the rest never leaves the router.
-        let declared_empty = name == "content-length shorter than DATA";
+        let declared_empty = name.ends_with("content-length shorter than DATA");
         assert!(
             reached.iter().all(|r| declared_empty && r.body.is_empty()),
             "{name}: reached the backend: {reached:?}"
@@ -587,13 +598,12 @@ fn http2_requests_that_would_smuggle_when_downgraded_to_http1_are_refused() {
     eprintln!("{}", report.join("\n"));
 
     // Well-formed HTTP/2 still goes through, framed cleanly for the HTTP/1.1 backend.
-    let outcome = exchange(
-        router.http,
-        &post_with(&[(b"content-length", b"5")], b"hello"),
-    );
-    assert_eq!(outcome, Outcome::Answered(200));
-    std::thread::sleep(Duration::from_millis(50));
-    let reached = check_backend_wires(&wiretap, "valid HTTP/2 POST");
-    assert_eq!(reached.len(), 1, "{reached:?}");
-    assert_eq!(reached[0].body, b"hello");
+    for (engine, at) in listeners {
+        let outcome = exchange(at, &post_with(&[(b"content-length", b"5")], b"hello"));
+        assert_eq!(outcome, Outcome::Answered(200), "{engine}");
+        std::thread::sleep(Duration::from_millis(50));
+        let reached = check_backend_wires(&wiretap, "valid HTTP/2 POST");
+        assert_eq!(reached.len(), 1, "{engine}: {reached:?}");
+        assert_eq!(reached[0].body, b"hello", "{engine}");
+    }
 }

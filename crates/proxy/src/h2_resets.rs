@@ -17,9 +17,10 @@ use tokio::sync::Notify;
 
 use crate::metrics;
 
-/// Streams a connection may cancel after the router took them on, within [`WINDOW`].
+/// Streams a connection may cancel after the router took them on, within [`CANCELLATION_WINDOW`].
 pub(crate) const MOST_CANCELLED_STREAMS: u32 = 200;
-const WINDOW: Duration = Duration::from_secs(10);
+/// The window [`MOST_CANCELLED_STREAMS`] is counted in.
+pub(crate) const CANCELLATION_WINDOW: Duration = Duration::from_secs(10);
 
 /// One HTTP/2 connection's cancellations, and the signal that closes it.
 pub(crate) struct Cancellations {
@@ -112,7 +113,7 @@ fn cancelled(digest: &Arc<SocketDigest>) {
     };
     {
         let mut started = cancellations.window_started.lock();
-        if started.elapsed() > WINDOW {
+        if started.elapsed() > CANCELLATION_WINDOW {
             *started = Instant::now();
             cancellations.in_window.store(0, Ordering::Relaxed);
         }

@@ -13,6 +13,7 @@
 //! here, never served without it; they stay fully served on the Pingora listeners.
 
 mod bodies;
+mod h2;
 mod pool;
 mod relay;
 mod service;
@@ -224,7 +225,7 @@ async fn accept(
                         _open: open,
                     };
                     match &tls {
-                        None => tokio::task::spawn_local(connection.serve(stream, false)),
+                        None => tokio::task::spawn_local(connection.serve_plain(stream)),
                         Some(tls) => tokio::task::spawn_local(connection.handshake(stream, tls.clone())),
                     };
                 }
@@ -247,10 +248,22 @@ struct Connection {
 }
 
 impl Connection {
+    async fn serve_plain(self, stream: TcpStream) {
+        let deadline = self.worker.shared.client_timeouts.header;
+        if h2::opens_with_preface(&stream, deadline).await {
+            h2::serve(self, stream, false).await;
+        } else {
+            self.serve_http1(stream, false).await;
+        }
+    }
+
     async fn handshake(self, stream: TcpStream, tls: Arc<HyperTls>) {
         let deadline = self.worker.shared.client_timeouts.header;
         match tls.accept(stream, deadline).await {
-            Ok(stream) => self.serve(stream, true).await,
+            Ok(stream) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
+                h2::serve(self, stream, true).await;
+            }
+            Ok(stream) => self.serve_http1(stream, true).await,
             Err(failure) => log::debug!(
                 "hyper listener: TLS handshake with {} not completed: {failure}",
                 self.peer
@@ -258,7 +271,7 @@ impl Connection {
         }
     }
 
-    async fn serve<S>(mut self, stream: S, tls: bool)
+    async fn serve_http1<S>(mut self, stream: S, tls: bool)
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {

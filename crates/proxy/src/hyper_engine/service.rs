@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{
-    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST, LOCATION, STRICT_TRANSPORT_SECURITY, UPGRADE,
+    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, COOKIE, HOST, LOCATION, STRICT_TRANSPORT_SECURITY,
+    UPGRADE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -250,6 +251,9 @@ fn prepare_for_backend(
         .uri
         .path_and_query()
         .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+    if head.version == Version::HTTP_2 {
+        join_cookies(headers);
+    }
     head.version = Version::HTTP_11;
     remove_hop_by_hop(headers);
     if upgrade {
@@ -265,6 +269,23 @@ fn prepare_for_backend(
     headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
     if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
         headers.insert("x-request-id", id);
+    }
+}
+
+/// HTTP/2 clients may split `Cookie` into one field per cookie; an HTTP/1.1 backend gets
+/// them as the one field HTTP/1.1 allows (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut cookies = headers.get_all(COOKIE).iter();
+    let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for cookie in headers.get_all(COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(cookie.as_bytes());
+    }
+    if let Ok(joined) = HeaderValue::from_bytes(&joined) {
+        headers.insert(COOKIE, joined);
     }
 }
 

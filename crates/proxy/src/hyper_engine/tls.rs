@@ -31,8 +31,8 @@ const HANDSHAKE_RECORD: u8 = 22;
 /// looking again. A peek leaves the socket readable, so waiting for readiness would spin.
 const PARTIAL_HELLO_PAUSE: Duration = Duration::from_millis(1);
 
-/// ALPN offered: HTTP/1.1 only, until this listener serves HTTP/2.
-const ALPN_HTTP11: &[u8] = b"\x08http/1.1";
+/// ALPN offered, in the server's order of preference: HTTP/2, then HTTP/1.1.
+const ALPN_H2_HTTP11: &[u8] = b"\x02h2\x08http/1.1";
 
 /// The hyper listener's TLS acceptor.
 pub struct HyperTls {
@@ -68,7 +68,7 @@ impl HyperTls {
             .map_err(|e| format!("cannot set up TLS: {e}"))?;
         configure_context(&mut builder, tickets)?;
         builder.set_alpn_select_callback(|_, offered| {
-            select_next_proto(ALPN_HTTP11, offered).ok_or(AlpnError::NOACK)
+            select_next_proto(ALPN_H2_HTTP11, offered).ok_or(AlpnError::NOACK)
         });
         Ok(Self {
             acceptor: builder.build(),
