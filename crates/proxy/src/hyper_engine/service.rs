@@ -5,13 +5,14 @@
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{
-    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, COOKIE, HOST, LOCATION, STRICT_TRANSPORT_SECURITY,
-    UPGRADE,
+    CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION,
+    STRICT_TRANSPORT_SECURITY, UPGRADE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -137,6 +138,14 @@ async fn proxy(
             text: "this app's options are not served on this listener yet",
         };
     }
+    let mut incoming = incoming;
+    if head.version == Version::HTTP_2
+        && declares_empty_body(&head.headers)
+        && !incoming.is_end_stream()
+        && !empty_body_ends(&mut incoming, shared.client_timeouts.body).await
+    {
+        return LocalAnswer::AmbiguousFraming.into();
+    }
     let upgrade = head.headers.contains_key(UPGRADE);
     prepare_for_backend(&mut head, ctx, client, upgrade);
 
@@ -212,6 +221,28 @@ async fn proxy(
             ctx.app_name()
         );
         return failed(false);
+    }
+}
+
+fn declares_empty_body(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_LENGTH)
+        .is_some_and(|length| length.as_bytes() == b"0")
+}
+
+/// An HTTP/2 request that declares an empty body but has not ended its stream is held until
+/// it does: DATA that follows would make it malformed (RFC 9113 §8.1.1), and the backend's
+/// answer must not reach the client first as if the request had been well formed. False
+/// when the stream carried data, failed or did not end within `deadline`.
+async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
+    loop {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
+        match tokio::time::timeout(deadline, next).await {
+            Ok(None) => return true,
+            Ok(Some(Ok(frame))) if frame.data_ref().is_some_and(Bytes::is_empty) => {}
+            Ok(Some(Ok(frame))) if frame.is_trailers() => {}
+            _ => return false,
+        }
     }
 }
 
