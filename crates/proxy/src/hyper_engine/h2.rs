@@ -132,7 +132,7 @@ where
         window_started: Cell::new(Instant::now()),
         too_many: Notify::new(),
     });
-    let client = peer.ip();
+    let client = service::Client::new(peer.ip(), tls);
     let service = {
         let (last_request, cancellations) = (last_request.clone(), cancellations.clone());
         service_fn(move |request| {
@@ -141,7 +141,7 @@ where
                 cancellations: cancellations.clone(),
                 answered: false,
             };
-            let answer = service::handle(request, client, tls, worker.clone());
+            let answer = service::handle(request, client.clone(), worker.clone());
             async move {
                 let response = answer.await;
                 taken.answered();

@@ -276,10 +276,10 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let timeouts = self.worker.shared.client_timeouts;
-        let client = self.peer.ip();
+        let client = service::Client::new(self.peer.ip(), tls);
         let service_worker = self.worker.clone();
         let service = service_fn(move |request| {
-            service::handle(request, client, tls, service_worker.clone())
+            service::handle(request, client.clone(), service_worker.clone())
         });
         let mut builder = http1::Builder::new();
         builder

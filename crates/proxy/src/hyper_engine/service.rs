@@ -40,6 +40,8 @@ const HOP_BY_HOP: [&str; 6] = [
     "upgrade",
 ];
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// What the router answers a request with. Moved once per request: boxing the large
 /// variant would cost every proxied request an allocation to save a copy.
 #[allow(clippy::large_enum_variant)]
@@ -65,15 +67,33 @@ impl From<LocalAnswer> for Answer {
     }
 }
 
+/// The client end of a connection, as each of its requests needs it.
+pub(super) struct Client {
+    ip: IpAddr,
+    tls: bool,
+    /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
+    /// connection rather than per request.
+    forwarded_for: Option<HeaderValue>,
+}
+
+impl Client {
+    pub(super) fn new(ip: IpAddr, tls: bool) -> Rc<Self> {
+        Rc::new(Self {
+            ip,
+            tls,
+            forwarded_for: HeaderValue::try_from(ip.to_string()).ok(),
+        })
+    }
+}
+
 /// Serves one request.
 pub(super) async fn handle(
     mut request: Request<Incoming>,
-    client: IpAddr,
-    tls: bool,
+    client: Rc<Client>,
     worker: Rc<Worker>,
 ) -> Result<Response<ClientBody>, Infallible> {
     let mut ctx = RequestCtx::new();
-    ctx.tls = tls;
+    ctx.tls = client.tls;
     ctx.request_id = request_id(request.headers());
     let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
     let bytes_in = Rc::new(Cell::new(0));
@@ -83,12 +103,12 @@ pub(super) async fn handle(
         method: request.method().clone(),
         target: request.uri().clone(),
         version: request.version(),
-        client,
+        client: client.ip,
         bytes_in: bytes_in.clone(),
         status: 0,
         bytes_out: 0,
     };
-    let answer = proxy(request, client, &mut end.ctx, &worker, bytes_in).await;
+    let answer = proxy(request, &client, &mut end.ctx, &worker, bytes_in).await;
     Ok(match answer {
         Answer::Backend {
             response,
@@ -108,7 +128,7 @@ pub(super) async fn handle(
 
 async fn proxy(
     request: Request<Incoming>,
-    client: IpAddr,
+    client: &Client,
     ctx: &mut RequestCtx,
     worker: &Worker,
     bytes_in: Rc<Cell<usize>>,
@@ -269,7 +289,7 @@ fn stage_not_served_here(app: &App) -> Option<&'static str> {
 fn prepare_for_backend(
     head: &mut http::request::Parts,
     ctx: &RequestCtx,
-    client: IpAddr,
+    client: &Client,
     upgrade: bool,
 ) {
     let headers = &mut head.headers;
@@ -292,9 +312,12 @@ fn prepare_for_backend(
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     }
     framing::normalise_header_map_for_backend(headers);
-    let forwarded_for = upstream::forwarded_for(headers.get("x-forwarded-for"), client);
-    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
-        headers.insert("x-forwarded-for", value);
+    let forwarded_for = match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
+        (None, Some(own)) => Some(own.clone()),
+        (previous, _) => HeaderValue::try_from(upstream::forwarded_for(previous, client.ip)).ok(),
+    };
+    if let Some(value) = forwarded_for {
+        headers.insert(X_FORWARDED_FOR, value);
     }
     let scheme = if ctx.tls { "https" } else { "http" };
     headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
@@ -321,6 +344,13 @@ fn join_cookies(headers: &mut HeaderMap) {
 }
 
 fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one look at each name costs less than six removals.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(&name.as_str()))
+    {
+        return;
+    }
     // Names a Connection header lists are hop-by-hop too.
     if headers.contains_key(CONNECTION) {
         let listed: Vec<HeaderName> = headers
