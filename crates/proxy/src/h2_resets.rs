@@ -30,9 +30,35 @@ pub(crate) struct Cancellations {
 }
 
 impl Cancellations {
+    /// A connection that has cancelled nothing yet.
+    pub(crate) fn new() -> Self {
+        Self {
+            in_window: AtomicU32::new(0),
+            window_started: Mutex::new(Instant::now()),
+            close: Notify::new(),
+        }
+    }
+
     /// Resolves once the connection has cancelled too many streams.
     pub(crate) async fn too_many(&self) {
         self.close.notified().await;
+    }
+
+    /// Counts one stream cancelled after it was taken on; the one past the limit within
+    /// the window closes the connection (both engines' HTTP/2 connections count here).
+    pub(crate) fn count_one(&self) {
+        {
+            let mut started = self.window_started.lock();
+            if started.elapsed() > CANCELLATION_WINDOW {
+                *started = Instant::now();
+                self.in_window.store(0, Ordering::Relaxed);
+            }
+        }
+        let count = self.in_window.fetch_add(1, Ordering::Relaxed) + 1;
+        if count == MOST_CANCELLED_STREAMS + 1 {
+            metrics::H2_CONNECTIONS_CLOSED_FOR_RESETS.inc();
+            self.close.notify_one();
+        }
     }
 }
 
@@ -46,11 +72,7 @@ fn key(digest: &Arc<SocketDigest>) -> usize {
 
 /// Watches a connection's cancellations until the returned guard is dropped.
 pub(crate) fn watch(digest: &Arc<SocketDigest>) -> Watched {
-    let cancellations = Arc::new(Cancellations {
-        in_window: AtomicU32::new(0),
-        window_started: Mutex::new(Instant::now()),
-        close: Notify::new(),
-    });
+    let cancellations = Arc::new(Cancellations::new());
     OPEN.lock().insert(key(digest), cancellations.clone());
     Watched {
         key: key(digest),
@@ -111,16 +133,5 @@ fn cancelled(digest: &Arc<SocketDigest>) {
     let Some(cancellations) = OPEN.lock().get(&key(digest)).cloned() else {
         return;
     };
-    {
-        let mut started = cancellations.window_started.lock();
-        if started.elapsed() > CANCELLATION_WINDOW {
-            *started = Instant::now();
-            cancellations.in_window.store(0, Ordering::Relaxed);
-        }
-    }
-    let count = cancellations.in_window.fetch_add(1, Ordering::Relaxed) + 1;
-    if count == MOST_CANCELLED_STREAMS + 1 {
-        metrics::H2_CONNECTIONS_CLOSED_FOR_RESETS.inc();
-        cancellations.close.notify_one();
-    }
+    cancellations.count_one();
 }

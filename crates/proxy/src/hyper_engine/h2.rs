@@ -16,17 +16,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 
-use super::{service, Connection};
-use crate::h2_resets::{CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
-use crate::metrics;
+use super::{peek_until, service, Connection};
+use crate::h2_resets::{Cancellations, CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// While the first bytes have come in part, how long to wait before looking again (a peek
-/// leaves the socket readable, so waiting for readiness would spin).
-const PARTIAL_PREFACE_PAUSE: Duration = Duration::from_millis(1);
 
 /// Streams served at once on one connection: nginx's `http2_max_concurrent_streams`.
 const MAX_CONCURRENT_STREAMS: u32 = 128;
@@ -51,44 +46,15 @@ where
 /// Whether a plain connection opens with the HTTP/2 preface. Decided on the first bytes:
 /// anything else is HTTP/1.1 (hyper then answers what is not HTTP at all).
 pub(super) async fn opens_with_preface(stream: &TcpStream, deadline: Duration) -> bool {
-    let sniff = async {
-        let mut first = [0u8; PREFACE.len()];
-        loop {
-            let Ok(peeked) = stream.peek(&mut first).await else {
-                return false;
-            };
-            if peeked == 0 || first[..peeked] != PREFACE[..peeked] {
-                return false;
-            }
-            if peeked == PREFACE.len() {
-                return true;
-            }
-            tokio::time::sleep(PARTIAL_PREFACE_PAUSE).await;
+    let mut first = [0u8; PREFACE.len()];
+    let sniff = peek_until(stream, &mut first, |data| {
+        if data != &PREFACE[..data.len()] {
+            Some(false)
+        } else {
+            (data.len() == PREFACE.len()).then_some(true)
         }
-    };
-    tokio::time::timeout(deadline, sniff).await.unwrap_or(false)
-}
-
-/// One HTTP/2 connection's streams cancelled by its client after the router took them on.
-struct Cancellations {
-    in_window: Cell<u32>,
-    window_started: Cell<Instant>,
-    too_many: Notify,
-}
-
-impl Cancellations {
-    fn count_one(&self) {
-        if self.window_started.get().elapsed() > CANCELLATION_WINDOW {
-            self.window_started.set(Instant::now());
-            self.in_window.set(0);
-        }
-        let count = self.in_window.get() + 1;
-        self.in_window.set(count);
-        if count == MOST_CANCELLED_STREAMS + 1 {
-            metrics::H2_CONNECTIONS_CLOSED_FOR_RESETS.inc();
-            self.too_many.notify_one();
-        }
-    }
+    });
+    matches!(tokio::time::timeout(deadline, sniff).await, Ok(Ok(true)))
 }
 
 /// A stream taken on; counted as cancelled when dropped before its answer's head was made
@@ -127,11 +93,7 @@ where
     } = connection;
     let idle = worker.shared.client_timeouts.idle;
     let last_request = Rc::new(Cell::new(Instant::now()));
-    let cancellations = Rc::new(Cancellations {
-        in_window: Cell::new(0),
-        window_started: Cell::new(Instant::now()),
-        too_many: Notify::new(),
-    });
+    let cancellations = Rc::new(Cancellations::new());
     let client = service::Client::new(peer.ip(), tls);
     let service = {
         let (last_request, cancellations) = (last_request.clone(), cancellations.clone());
@@ -167,7 +129,7 @@ where
             connection.as_mut().graceful_shutdown();
             connection.await
         }
-        _ = cancellations.too_many.notified() => {
+        _ = cancellations.too_many() => {
             log::warn!(
                 "hyper listener: HTTP/2 connection from {peer} closed: it cancelled more than \
                  {MOST_CANCELLED_STREAMS} streams in {CANCELLATION_WINDOW:?}"

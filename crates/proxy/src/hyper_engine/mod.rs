@@ -53,6 +53,9 @@ const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
 /// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
 const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
 
+/// While a client's first bytes have come in part, how long to wait before looking again.
+const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
+
 /// When accept fails (out of descriptors), how long a thread waits before trying again, so
 /// that it does not spin while the process is at its limit.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -320,6 +323,30 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         let open = &self.0.open_connections;
         open.set(open.get().saturating_sub(1));
+    }
+}
+
+/// Looks at what a client sent first, leaving it on the socket for whoever reads next,
+/// until `decide` can tell from it (`None` while too little has come). A peek leaves the
+/// socket readable, so between looks this sleeps a moment rather than waiting for
+/// readiness, which would spin.
+async fn peek_until<T>(
+    stream: &TcpStream,
+    buffer: &mut [u8],
+    mut decide: impl FnMut(&[u8]) -> Option<T>,
+) -> std::io::Result<T> {
+    loop {
+        let peeked = stream.peek(buffer).await?;
+        if peeked == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before its first bytes were complete",
+            ));
+        }
+        if let Some(decided) = decide(&buffer[..peeked]) {
+            return Ok(decided);
+        }
+        tokio::time::sleep(PARTIAL_PEEK_PAUSE).await;
     }
 }
 

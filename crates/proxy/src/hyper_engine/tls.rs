@@ -18,6 +18,7 @@ use tls_parser::{
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
+use super::peek_until;
 use crate::cert_cache::CertCache;
 use crate::tls::{configure_context, count_completed, CertSelector};
 
@@ -27,9 +28,6 @@ const RECORD_HEADER: usize = 5;
 const MAX_RECORD: usize = 16 * 1024;
 /// A handshake record.
 const HANDSHAKE_RECORD: u8 = 22;
-/// While a ClientHello has come in part (it spans TCP segments), how long to wait before
-/// looking again. A peek leaves the socket readable, so waiting for readiness would spin.
-const PARTIAL_HELLO_PAUSE: Duration = Duration::from_millis(1);
 
 /// ALPN offered, in the server's order of preference: HTTP/2, then HTTP/1.1.
 const ALPN_H2_HTTP11: &[u8] = b"\x02h2\x08http/1.1";
@@ -115,28 +113,16 @@ fn failed(e: impl std::fmt::Display) -> HandshakeFailure {
 /// then fails the handshake itself, or serves the default certificate).
 async fn peek_server_name(stream: &TcpStream) -> Result<Option<String>, HandshakeFailure> {
     let mut buffer = vec![0u8; RECORD_HEADER + MAX_RECORD];
-    loop {
-        let peeked = stream.peek(&mut buffer).await.map_err(failed)?;
-        if peeked == 0 {
-            return Err(HandshakeFailure::Failed(
-                "closed before its ClientHello".into(),
-            ));
-        }
-        let data = &buffer[..peeked];
+    peek_until(stream, &mut buffer, |data| {
         if data[0] != HANDSHAKE_RECORD {
-            return Ok(None);
+            return Some(None);
         }
-        if peeked < RECORD_HEADER {
-            tokio::time::sleep(PARTIAL_HELLO_PAUSE).await;
-            continue;
-        }
-        let length = usize::from(u16::from_be_bytes([data[3], data[4]]));
-        if peeked < RECORD_HEADER + length.min(MAX_RECORD) {
-            tokio::time::sleep(PARTIAL_HELLO_PAUSE).await;
-            continue;
-        }
-        return Ok(server_name_in(data));
-    }
+        // A ClientHello spanning TCP segments has come in part: wait for the rest.
+        let length = usize::from(u16::from_be_bytes([*data.get(3)?, *data.get(4)?]));
+        (data.len() >= RECORD_HEADER + length.min(MAX_RECORD)).then(|| server_name_in(data))
+    })
+    .await
+    .map_err(failed)
 }
 
 /// The host name in a ClientHello record (a ClientHello split over several records, which
