@@ -1,5 +1,6 @@
 //! Requests reach the right app by Host, and failures get the statuses of the contract.
 
+#[macro_use]
 mod support;
 
 use std::net::SocketAddr;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{eventually, Backend, RouterProcess};
+use support::{eventually, Backend, Engine, RouterProcess};
 
 #[test]
 fn exact_and_wildcard_hosts_route_to_their_apps() {
@@ -734,3 +735,120 @@ fn a_client_that_leaves_mid_request_is_not_retried_on_another_backend() {
         "the request went to a second backend after its client left"
     );
 }
+
+/// An app's static root answers GET and HEAD for the files under it, and only those: a
+/// missing file, a symlink out of the root, `..` or another method goes to the app.
+fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
+    let backend = Backend::start("app");
+    let root = tempfile::tempdir().expect("static root");
+    std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
+    std::fs::write(root.path().join("assets/site.css"), "body{}").expect("css");
+    std::fs::write(root.path().join("index.html"), "<h1>home</h1>").expect("index");
+    std::fs::write(root.path().join("empty.txt"), "").expect("empty file");
+    // Not a multiple of any read size, so the last piece is a short one.
+    let big: String = (0..300_001u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    std::fs::write(root.path().join("big.txt"), &big).expect("big file");
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("secret.txt"), "secret").expect("secret");
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        root.path().join("leak.txt"),
+    )
+    .expect("symlink");
+    router.put_app(
+        "site",
+        json!({
+            "domains": ["site.test"], "backends": [backend.addr.to_string()],
+            "static_root": root.path().to_str().expect("utf-8 path"),
+            "hsts": {"max_age_s": 600}
+        }),
+    );
+    let send = |raw: String| {
+        support::request(router.http, &raw).unwrap_or_else(|e| panic!("{engine:?}: {e}"))
+    };
+    let get = |path: &str| {
+        send(format!(
+            "GET {path} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n"
+        ))
+    };
+
+    let css = get("/assets/site.css");
+    assert_eq!(
+        (css.status, css.text().as_str()),
+        (200, "body{}"),
+        "{engine:?}"
+    );
+    assert_eq!(css.header("content-type"), Some("text/css; charset=utf-8"));
+    assert_eq!(css.header("content-length"), Some("6"), "{engine:?}");
+    assert_eq!(
+        css.header("x-request-id").map(str::len),
+        Some(32),
+        "{engine:?}: the router's own answers carry the request id"
+    );
+    assert_eq!(
+        css.header("strict-transport-security"),
+        None,
+        "not over TLS"
+    );
+    assert_eq!(get("/").text(), "<h1>home</h1>", "{engine:?}: index.html");
+    let empty = get("/empty.txt");
+    assert_eq!((empty.status, empty.body.len()), (200, 0), "{engine:?}");
+    let large = get("/big.txt");
+    assert_eq!(large.status, 200, "{engine:?}");
+    assert!(
+        large.body == big.as_bytes(),
+        "{engine:?}: sent whole and in order"
+    );
+    let head = send(
+        "HEAD /assets/site.css HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n".into(),
+    );
+    assert_eq!((head.status, head.body.len()), (200, 0), "{engine:?}");
+    assert_eq!(head.header("content-length"), Some("6"), "{engine:?}");
+    assert_eq!(backend.requests(), 0, "{engine:?}: the app was never asked");
+
+    for path in [
+        "/missing.css",
+        "/leak.txt",
+        "/assets/../../etc/passwd",
+        "/assets",
+    ] {
+        let answer = get(path);
+        assert_eq!(answer.status, 200, "{engine:?} {path}");
+        assert!(
+            answer.text().contains("\"backend\":\"app\""),
+            "{engine:?} {path}: the app answers, not a file: {}",
+            answer.text()
+        );
+    }
+    let post = send(
+        "POST /assets/site.css HTTP/1.1\r\nHost: site.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi".into(),
+    );
+    assert!(post.text().contains("\"backend\":\"app\""), "{engine:?}");
+    assert_eq!(backend.requests(), 5, "{engine:?}");
+
+    let cert = support::pki::Ca::root("Static Test Root").issue(&["site.test"], -1, 30);
+    let (status, stored) = router.admin_call(
+        "PUT",
+        "/v1/certs/site.test",
+        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
+    );
+    assert_eq!(status, 200, "{stored}");
+    let over_tls = support::tls::connect(router.https, Some("site.test"), &["http/1.1"])
+        .and_then(|mut tls| tls.get("site.test", "/assets/site.css"))
+        .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
+    assert_eq!(
+        (over_tls.status, over_tls.text().as_str()),
+        (200, "body{}"),
+        "{engine:?}"
+    );
+    assert_eq!(
+        over_tls.header("strict-transport-security"),
+        Some("max-age=600"),
+        "{engine:?}"
+    );
+}
+
+test_on_each_engine!(files_under_the_static_root_answer_and_nothing_outside_it);

@@ -11,8 +11,12 @@ use super::{client, free_port};
 
 pub struct RouterProcess {
     child: Option<Child>,
+    /// The listeners under test: Pingora's, or hyper's when started with `start_on(Hyper)`.
     pub http: SocketAddr,
     pub https: SocketAddr,
+    /// Where the Pingora listeners are bound (`--http`, `--https`).
+    pingora_http: SocketAddr,
+    pingora_https: SocketAddr,
     pub admin: SocketAddr,
     /// The hyper listeners, when started with them (`start_on_both_engines`).
     pub http_hyper: Option<SocketAddr>,
@@ -23,6 +27,16 @@ pub struct RouterProcess {
     starts: usize,
 }
 
+/// The engines a listener of the router runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Pingora,
+    Hyper,
+}
+
+/// Every engine, for a test that proves one behaviour on each.
+pub const ENGINES: [Engine; 2] = [Engine::Pingora, Engine::Hyper];
+
 impl RouterProcess {
     /// Starts a router with default options (drain grace 1 s, shutdown grace 2 s).
     pub fn start() -> Self {
@@ -31,10 +45,14 @@ impl RouterProcess {
 
     /// Starts a router with extra `serve` flags.
     pub fn start_with(extra: &[&str]) -> Self {
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut router = Self {
             child: None,
-            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            https: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            http,
+            https,
+            pingora_http: http,
+            pingora_https: https,
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             http_hyper: address_after(extra, "--http-hyper"),
             https_hyper: address_after(extra, "--https-hyper"),
@@ -61,9 +79,23 @@ impl RouterProcess {
         Self::start_with(&args)
     }
 
+    /// Starts a router whose `http` and `https` are served by `engine` (with hyper, the
+    /// Pingora listeners run too, on ports the test does not use).
+    pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
+        match engine {
+            Engine::Pingora => Self::start_with(extra),
+            Engine::Hyper => {
+                let mut router = Self::start_on_both_engines(extra);
+                router.http = router.http_hyper.expect("the hyper listener");
+                router.https = router.https_hyper.expect("the hyper TLS listener");
+                router
+            }
+        }
+    }
+
     /// The HTTPS listeners, named by engine: the Pingora one, and the hyper one if started.
     pub fn https_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
-        std::iter::once(("pingora", self.https))
+        std::iter::once(("pingora", self.pingora_https))
             .chain(self.https_hyper.map(|a| ("hyper", a)))
             .collect()
     }
@@ -115,8 +147,8 @@ impl RouterProcess {
         };
         let child = Command::new(Self::binary())
             .arg("serve")
-            .args(["--http", &self.http.to_string()])
-            .args(["--https", &self.https.to_string()])
+            .args(["--http", &self.pingora_http.to_string()])
+            .args(["--https", &self.pingora_https.to_string()])
             .args(["--admin", &self.admin.to_string()])
             .args(["--data-dir", &self.data_dir().display().to_string()])
             .args(&access_log)

@@ -7,7 +7,7 @@
 //! `max_in_flight` copies per app (more are dropped, not queued) and at most
 //! `max_body_bytes` of body per copy (a larger body is not mirrored).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,20 +165,34 @@ impl Dropped {
 
 /// Starts a copy of this request when its app mirrors and the request is in the share.
 pub(crate) fn start(client: &Arc<MirrorClient>, session: &mut Session, ctx: &mut RequestCtx) {
-    let Some(route) = ctx.route.clone() else {
-        return;
-    };
-    let (Some(mirror), Some(state)) = (route.app.mirror.as_ref(), route.mirror.as_ref()) else {
-        return;
-    };
     if session.is_upgrade_req() {
         return;
     }
-    let request = session.req_header();
+    let client_ip = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    let has_body = !session.is_body_empty();
+    ctx.mirror = start_copy(client, session.req_header(), client_ip, has_body, ctx);
+}
+
+/// Starts a copy of `request` (not an upgrade) when its app mirrors and the request is in
+/// the share; the feed its body must be pushed into, when `has_body`.
+pub(crate) fn start_copy(
+    client: &Arc<MirrorClient>,
+    request: &http::request::Parts,
+    client_ip: Option<IpAddr>,
+    has_body: bool,
+    ctx: &RequestCtx,
+) -> Option<MirrorFeed> {
+    let route = ctx.route.as_ref()?;
+    let (Some(mirror), Some(state)) = (route.app.mirror.as_ref(), route.mirror.as_ref()) else {
+        return None;
+    };
     if !mirror.applies_to(request.method.as_str(), request.uri.path())
-        || !is_selected(mirror, session)
+        || !is_selected(mirror, request, client_ip)
     {
-        return;
+        return None;
     }
     let app = route.app.name.as_str();
     let declared_length = request
@@ -188,36 +202,33 @@ pub(crate) fn start(client: &Arc<MirrorClient>, session: &mut Session, ctx: &mut
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > mirror.max_body_bytes) {
         Dropped::BodyLimit.count(app);
-        return;
+        return None;
     }
     let Some(in_flight) = state.try_acquire(mirror.max_in_flight) else {
         Dropped::InFlightLimit.count(app);
-        return;
+        return None;
     };
-    let has_body = !session.is_body_empty();
-    let header = match copy_header(session, ctx, has_body) {
+    let header = match copy_header(request, client_ip, ctx, has_body) {
         Ok(header) => header,
         Err(e) => {
             log::debug!("request {}: mirror copy not built: {e}", ctx.request_id);
             Dropped::Error.count(app);
-            return;
+            return None;
         }
     };
-    let Some(address) = state.pick(&mirror.backends) else {
-        return;
-    };
-    let body = if has_body {
+    let address = state.pick(&mirror.backends)?;
+    let (feed, body) = if has_body {
         // Unbounded in count but not in bytes: the feed stops at `max_body_bytes`.
         let (sender, receiver) = mpsc::unbounded_channel();
-        ctx.mirror = Some(MirrorFeed {
+        let feed = MirrorFeed {
             sender,
             limit: mirror.max_body_bytes,
             forwarded: 0,
             seen_this_attempt: 0,
-        });
-        Some(receiver)
+        };
+        (Some(feed), Some(receiver))
     } else {
-        None
+        (None, None)
     };
     let copy = Copy {
         peer: shadow_peer(mirror, address),
@@ -229,35 +240,43 @@ pub(crate) fn start(client: &Arc<MirrorClient>, session: &mut Session, ctx: &mut
         _in_flight: in_flight,
     };
     tokio::spawn(copy.run(client.clone()));
+    feed
 }
 
 /// Hands a piece of the client's body to the copy in progress, if any. Never waits.
 pub(crate) fn forward_body(ctx: &mut RequestCtx, chunk: Option<&Bytes>, end_of_stream: bool) {
-    let Some(feed) = ctx.mirror.as_mut() else {
-        return;
-    };
-    let mut keep = true;
-    if let Some(chunk) = chunk.filter(|c| !c.is_empty()) {
-        let start = feed.seen_this_attempt;
-        feed.seen_this_attempt += chunk.len() as u64;
-        if feed.seen_this_attempt > feed.forwarded {
-            let fresh = chunk.slice((feed.forwarded.saturating_sub(start)) as usize..);
-            feed.forwarded = feed.seen_this_attempt;
-            keep = if feed.forwarded > feed.limit {
-                let _ = feed.sender.send(BodyEvent::OverLimit);
-                false
-            } else {
-                // An error means the copy already ended (e.g. the shadow was unreachable).
-                feed.sender.send(BodyEvent::Data(fresh)).is_ok()
-            };
+    if let Some(feed) = ctx.mirror.as_mut() {
+        if !feed.push(chunk, end_of_stream) {
+            ctx.mirror = None;
         }
     }
-    if keep && end_of_stream {
-        let _ = feed.sender.send(BodyEvent::End);
-        keep = false;
-    }
-    if !keep {
-        ctx.mirror = None;
+}
+
+impl MirrorFeed {
+    /// Hands a piece of the client's body to the copy. Never waits. False once the copy
+    /// needs nothing more (the body ended, passed the limit, or the copy is over).
+    pub(crate) fn push(&mut self, chunk: Option<&Bytes>, end_of_stream: bool) -> bool {
+        let mut keep = true;
+        if let Some(chunk) = chunk.filter(|c| !c.is_empty()) {
+            let start = self.seen_this_attempt;
+            self.seen_this_attempt += chunk.len() as u64;
+            if self.seen_this_attempt > self.forwarded {
+                let fresh = chunk.slice((self.forwarded.saturating_sub(start)) as usize..);
+                self.forwarded = self.seen_this_attempt;
+                keep = if self.forwarded > self.limit {
+                    let _ = self.sender.send(BodyEvent::OverLimit);
+                    false
+                } else {
+                    // An error means the copy already ended (e.g. the shadow was unreachable).
+                    self.sender.send(BodyEvent::Data(fresh)).is_ok()
+                };
+            }
+        }
+        if keep && end_of_stream {
+            let _ = self.sender.send(BodyEvent::End);
+            keep = false;
+        }
+        keep
     }
 }
 
@@ -268,14 +287,12 @@ pub(crate) fn on_new_attempt(ctx: &mut RequestCtx) {
     }
 }
 
-fn is_selected(mirror: &Mirror, session: &Session) -> bool {
-    let request = session.req_header();
+fn is_selected(mirror: &Mirror, request: &http::request::Parts, client_ip: Option<IpAddr>) -> bool {
     match &mirror.key {
         MirrorKey::Random => mirror.selects_draw(rand::random()),
-        MirrorKey::ClientIp => session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .is_some_and(|a| mirror.selects(a.ip().to_string().as_bytes())),
+        MirrorKey::ClientIp => {
+            client_ip.is_some_and(|ip| mirror.selects(ip.to_string().as_bytes()))
+        }
         MirrorKey::Header(name) => request
             .headers
             .get(name.as_str())
@@ -313,11 +330,11 @@ fn cookie_value<'c>(cookies: &'c str, name: &str) -> Option<&'c str> {
 /// The request as the shadow sees it: the client's method, path, query and end-to-end
 /// headers, the forwarding headers the primary gets, and `X-Mirrored-By`.
 fn copy_header(
-    session: &Session,
+    request: &http::request::Parts,
+    client_ip: Option<IpAddr>,
     ctx: &RequestCtx,
     has_body: bool,
 ) -> pingora::Result<RequestHeader> {
-    let request = session.req_header();
     let target = request
         .uri
         .path_and_query()
@@ -352,7 +369,7 @@ fn copy_header(
     if has_body && copy.headers.get(header::CONTENT_LENGTH).is_none() {
         copy.insert_header(header::TRANSFER_ENCODING, "chunked")?;
     }
-    upstream::set_forwarded_headers(session, &mut copy, ctx)?;
+    upstream::set_forwarded_headers_for(client_ip, &mut copy, ctx)?;
     copy.insert_header("x-mirrored-by", "switchyard")?;
     Ok(copy)
 }

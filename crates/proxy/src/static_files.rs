@@ -17,27 +17,48 @@ use tokio::io::AsyncReadExt;
 use crate::context::RequestCtx;
 use crate::https;
 
+/// A file under an app's static root that answers a request.
+pub(crate) struct StaticFile {
+    pub(crate) file: tokio::fs::File,
+    pub(crate) length: u64,
+    pub(crate) content_type: &'static str,
+    /// A HEAD request: the head only.
+    pub(crate) head_only: bool,
+}
+
+/// The file that answers a `method` request for `uri_path`, when the routed app has a
+/// static root and a regular file under it matches.
+pub(crate) async fn find(ctx: &RequestCtx, method: &Method, uri_path: &str) -> Option<StaticFile> {
+    let route = ctx.route.as_ref()?;
+    let root = route.app.static_root.as_deref()?;
+    let head_only = method == Method::HEAD;
+    if method != Method::GET && !head_only {
+        return None;
+    }
+    let relative = relative_path(uri_path)?;
+    let (file, length, path) = open_under(Path::new(root), &relative).await?;
+    Some(StaticFile {
+        file,
+        length,
+        content_type: content_type(&path),
+        head_only,
+    })
+}
+
 /// Serves the request from the app's static root when a file matches. `Ok(true)`: answered.
 pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
-    let Some(route) = ctx.route.clone() else {
-        return Ok(false);
-    };
-    let Some(root) = route.app.static_root.as_deref() else {
-        return Ok(false);
-    };
     let request = session.req_header();
-    let head_only = request.method == Method::HEAD;
-    if request.method != Method::GET && !head_only {
-        return Ok(false);
-    }
-    let Some(relative) = relative_path(request.uri.path()) else {
+    let Some(found) = find(ctx, &request.method, request.uri.path()).await else {
         return Ok(false);
     };
-    let Some((mut file, length, path)) = open_under(Path::new(root), &relative).await else {
-        return Ok(false);
-    };
+    let StaticFile {
+        mut file,
+        length,
+        content_type,
+        head_only,
+    } = found;
     let mut head = ResponseHeader::build(200, Some(4))?;
-    head.insert_header("content-type", content_type(&path))?;
+    head.insert_header("content-type", content_type)?;
     head.insert_header("content-length", length.to_string())?;
     head.insert_header("x-request-id", ctx.request_id.as_str())?;
     https::add_hsts(&mut head, ctx)?;

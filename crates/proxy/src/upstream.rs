@@ -64,8 +64,21 @@ pub(crate) fn set_forwarded_headers(
     request: &mut RequestHeader,
     ctx: &RequestCtx,
 ) -> pingora::Result<()> {
-    if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
-        let forwarded_for = forwarded_for(request.headers.get("x-forwarded-for"), client.ip());
+    let client_ip = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    set_forwarded_headers_for(client_ip, request, ctx)
+}
+
+/// `X-Forwarded-For` (with `client_ip` appended), `X-Forwarded-Proto` and `X-Request-Id`.
+pub(crate) fn set_forwarded_headers_for(
+    client_ip: Option<IpAddr>,
+    request: &mut RequestHeader,
+    ctx: &RequestCtx,
+) -> pingora::Result<()> {
+    if let Some(client_ip) = client_ip {
+        let forwarded_for = forwarded_for(request.headers.get("x-forwarded-for"), client_ip);
         request.insert_header("x-forwarded-for", forwarded_for)?;
     }
     request.insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;

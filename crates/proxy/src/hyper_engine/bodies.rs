@@ -12,16 +12,19 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
 
 use super::pool::BackendConnection;
 use super::Worker;
 use crate::access_log::Exchange;
 use crate::context::RequestCtx;
+use crate::mirror::MirrorFeed;
+use crate::respond::BODY_PIECE;
 
 /// Why a body stopped short.
 #[derive(Debug)]
@@ -30,6 +33,8 @@ pub(super) enum BodyError {
     Peer(hyper::Error),
     /// No byte came within the read deadline.
     TimedOut(Duration),
+    /// A file being sent could not be read.
+    File(std::io::Error),
 }
 
 impl std::fmt::Display for BodyError {
@@ -37,6 +42,7 @@ impl std::fmt::Display for BodyError {
         match self {
             Self::Peer(e) => write!(f, "{e}"),
             Self::TimedOut(after) => write!(f, "no data for {after:?}"),
+            Self::File(e) => write!(f, "reading the file: {e}"),
         }
     }
 }
@@ -94,6 +100,9 @@ pub(super) struct ForwardBody {
     incoming: Option<Incoming>,
     deadline: ReadDeadline,
     bytes_in: Rc<Cell<usize>>,
+    /// A copy of the body for the app's shadow backend, pushed as it is read; dropped (the
+    /// copy then aborts) if the body stops short.
+    mirror: Option<MirrorFeed>,
 }
 
 impl ForwardBody {
@@ -107,7 +116,14 @@ impl ForwardBody {
             incoming: Some(incoming),
             deadline: ReadDeadline::new(read_deadline),
             bytes_in,
+            mirror: None,
         }
+    }
+
+    /// Each piece read is also pushed into `feed`.
+    pub(super) fn mirrored_into(mut self, feed: Option<MirrorFeed>) -> Self {
+        self.mirror = feed;
+        self
     }
 
     /// No body (a retried request never had one).
@@ -116,6 +132,7 @@ impl ForwardBody {
             incoming: None,
             deadline: ReadDeadline::new(Duration::MAX),
             bytes_in: Rc::default(),
+            mirror: None,
         }
     }
 }
@@ -135,6 +152,18 @@ impl Body for ForwardBody {
         let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
         if let Some(Ok(frame)) = &frame {
             this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+        }
+        if let Some(feed) = this.mirror.as_mut() {
+            // hyper stops reading once the body says it has ended, so the end is told with
+            // the last piece rather than waited for.
+            let keep = match &frame {
+                Some(Ok(frame)) => feed.push(frame.data_ref(), incoming.is_end_stream()),
+                None => feed.push(None, true),
+                Some(Err(_)) => false,
+            };
+            if !keep {
+                this.mirror = None;
+            }
         }
         Poll::Ready(frame)
     }
@@ -194,6 +223,12 @@ enum Source {
         connection: Option<BackendConnection>,
     },
     Local(Option<Bytes>),
+    /// A static file, sent up to the length its head announced.
+    File {
+        file: tokio::fs::File,
+        remaining: u64,
+        buffer: BytesMut,
+    },
 }
 
 /// The answer on its way to the client.
@@ -220,6 +255,18 @@ impl ClientBody {
         }
     }
 
+    /// The first `length` bytes of `file`, in pieces of at most `BODY_PIECE`.
+    pub(super) fn file(file: tokio::fs::File, length: u64, end: RequestEnd) -> Self {
+        Self {
+            source: Source::File {
+                file,
+                remaining: length,
+                buffer: BytesMut::new(),
+            },
+            end: Some(end),
+        }
+    }
+
     /// A body the router wrote itself; `end` is `None` when the request is logged elsewhere
     /// (an upgraded connection is logged when it closes).
     pub(super) fn local(body: Bytes, end: Option<RequestEnd>) -> Self {
@@ -241,6 +288,11 @@ impl Body for ClientBody {
         let this = self.get_mut();
         let frame = match &mut this.source {
             Source::Local(body) => body.take().map(|bytes| Ok(Frame::data(bytes))),
+            Source::File {
+                file,
+                remaining,
+                buffer,
+            } => ready!(poll_file(file, remaining, buffer, cx)),
             Source::Backend {
                 incoming,
                 deadline,
@@ -278,6 +330,7 @@ impl Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match &self.source {
             Source::Local(body) => body.is_none(),
+            Source::File { remaining, .. } => *remaining == 0,
             Source::Backend { incoming, .. } => incoming.is_end_stream(),
         }
     }
@@ -287,9 +340,41 @@ impl Body for ClientBody {
             Source::Local(body) => {
                 SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
             }
+            Source::File { remaining, .. } => SizeHint::with_exact(*remaining),
             Source::Backend { incoming, .. } => incoming.size_hint(),
         }
     }
+}
+
+/// The next piece of a file being sent. A file that shrank while being sent ends early
+/// (the client sees a short body, as with nginx); one that grew is cut at its announced
+/// length.
+fn poll_file(
+    file: &mut tokio::fs::File,
+    remaining: &mut u64,
+    buffer: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    if *remaining == 0 {
+        return Poll::Ready(None);
+    }
+    let piece = usize::try_from(*remaining).map_or(BODY_PIECE, |r| r.min(BODY_PIECE));
+    buffer.reserve(piece);
+    let mut limited = (&mut *file).take(piece as u64);
+    let read = match ready!(tokio_util::io::poll_read_buf(
+        Pin::new(&mut limited),
+        cx,
+        buffer
+    )) {
+        Ok(read) => read,
+        Err(e) => return Poll::Ready(Some(Err(BodyError::File(e)))),
+    };
+    if read == 0 {
+        *remaining = 0;
+        return Poll::Ready(None);
+    }
+    *remaining -= read as u64;
+    Poll::Ready(Some(Ok(Frame::data(buffer.split().freeze()))))
 }
 
 impl Drop for ClientBody {

@@ -8,9 +8,10 @@
 //! backend connections, so no request touches state another thread owns.
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process and the stages can move over one by one. Apps that use a stage
-//! not moved yet (WAF, response cache, images, mirroring, static files) are answered 501
-//! here, never served without it; they stay fully served on the Pingora listeners.
+//! measured in one process and the stages can move over one by one. Static files and
+//! mirroring have moved; apps that use a stage not moved yet (WAF, response cache, images)
+//! are answered 501 here, never served without it; they stay fully served on the Pingora
+//! listeners.
 
 mod bodies;
 mod h2;
@@ -37,6 +38,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
+use crate::mirror::MirrorClient;
 use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
 use crate::upstream_connections::ConnectionTable;
@@ -157,6 +159,8 @@ pub(crate) struct Shared {
 struct Worker {
     shared: Shared,
     pool: pool::BackendPool,
+    /// This thread's connections to shadow backends.
+    mirrors: Arc<MirrorClient>,
     open_connections: Cell<usize>,
 }
 
@@ -173,6 +177,7 @@ fn run_thread(
         let worker = Rc::new(Worker {
             shared,
             pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
+            mirrors: Arc::new(MirrorClient::new()),
             open_connections: Cell::new(0),
         });
         tokio::task::spawn_local(pool::sweep_idle(worker.clone()));

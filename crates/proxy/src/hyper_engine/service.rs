@@ -27,7 +27,8 @@ use crate::balancer::Pick;
 use crate::context::RequestCtx;
 use crate::pipeline::request_id;
 use crate::respond::{self, LocalAnswer};
-use crate::{framing, https, metrics, route, upstream};
+use crate::static_files::{self, StaticFile};
+use crate::{framing, https, metrics, mirror, route, upstream};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
 /// `Upgrade` and `Connection` are put back where one is relayed.
@@ -56,6 +57,8 @@ enum Answer {
     Local { status: u16, text: &'static str },
     /// A 308 to HTTPS.
     Redirect(String),
+    /// A file under the app's static root.
+    File(StaticFile),
 }
 
 impl From<LocalAnswer> for Answer {
@@ -123,6 +126,7 @@ pub(super) async fn handle(
             let body = format!("308 moved to {location}\n");
             local_response(308, body, Some(location), end)
         }
+        Answer::File(file) => file_response(file, end),
     })
 }
 
@@ -158,6 +162,9 @@ async fn proxy(
             text: "this app's options are not served on this listener yet",
         };
     }
+    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
+        return Answer::File(file);
+    }
     let mut incoming = incoming;
     if head.version == Version::HTTP_2
         && declares_empty_body(&head.headers)
@@ -167,6 +174,12 @@ async fn proxy(
         return LocalAnswer::AmbiguousFraming.into();
     }
     let upgrade = head.headers.contains_key(UPGRADE);
+    let mirror_feed = if upgrade {
+        None
+    } else {
+        let has_body = !incoming.is_end_stream();
+        mirror::start_copy(&worker.mirrors, &head, Some(client.ip), has_body, ctx)
+    };
     prepare_for_backend(&mut head, ctx, client, upgrade);
 
     let timeouts = &route.app.timeouts;
@@ -174,11 +187,10 @@ async fn proxy(
     let read_deadline = Duration::from_millis(timeouts.read_ms);
     // Only a request with nothing left to send can be sent again after a failure.
     let repeatable = head.method.is_idempotent() && incoming.is_end_stream() && !upgrade;
-    let mut body = Some(ForwardBody::new(
-        incoming,
-        shared.client_timeouts.body,
-        bytes_in,
-    ));
+    let mut body = Some(
+        ForwardBody::new(incoming, shared.client_timeouts.body, bytes_in)
+            .mirrored_into(mirror_feed),
+    );
     loop {
         ctx.release_attempt();
         let guard = match route.upstream.pick(&ctx.tried) {
@@ -275,10 +287,6 @@ fn stage_not_served_here(app: &App) -> Option<&'static str> {
         Some("the response cache")
     } else if app.images.is_some() {
         Some("image resizing")
-    } else if app.mirror.is_some() {
-        Some("mirroring")
-    } else if app.static_root.is_some() {
-        Some("static files")
     } else {
         None
     }
@@ -380,15 +388,7 @@ fn backend_response(
     // The client's connection speaks its own version, whatever the backend's was (hyper
     // answers an HTTP/1.0 client in kind).
     *response.version_mut() = Version::HTTP_11;
-    let request_id = HeaderValue::from_str(&end.ctx.request_id).ok();
-    let hsts = https::hsts_value(&end.ctx).and_then(|v| HeaderValue::try_from(v).ok());
-    let headers = response.headers_mut();
-    if let Some(id) = request_id {
-        headers.insert("x-request-id", id);
-    }
-    if let Some(hsts) = hsts {
-        headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
-    }
+    set_router_headers(response.headers_mut(), &end.ctx);
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
             end.ctx.local_status = Some(502);
@@ -436,6 +436,33 @@ fn local_response(
         }
     }
     response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
+}
+
+fn file_response(file: StaticFile, mut end: RequestEnd) -> Response<ClientBody> {
+    end.ctx.local_status = Some(200);
+    end.status = 200;
+    let mut response = Response::new(());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(file.content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(file.length));
+    set_router_headers(headers, &end.ctx);
+    let body = if file.head_only {
+        ClientBody::local(Bytes::new(), Some(end))
+    } else {
+        ClientBody::file(file.file, file.length, end)
+    };
+    response.map(|()| body)
+}
+
+/// The headers every answer of the router carries: the request id, and HSTS over TLS for
+/// apps that ask.
+fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
+    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
+        headers.insert("x-request-id", id);
+    }
+    if let Some(hsts) = https::hsts_value(ctx).and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
+    }
 }
 
 /// The answer to a request no backend answered: 504 when one took too long, 502 otherwise.
