@@ -2,7 +2,8 @@
 //! engine the request path is moving to (issue 17). Routing, local answers, forwarded
 //! headers, retries past a dead backend, the access log, backend connection reuse,
 //! WebSockets that outlive a deploy and end with 1001 when their app is deleted, and apps
-//! using a stage it does not run yet refused rather than served without it.
+//! using a stage it does not run yet refused rather than served without it, and uploads
+//! answered before they are read still getting their answer.
 
 mod support;
 
@@ -193,6 +194,33 @@ fn kept_alive_clients_reuse_a_few_backend_connections() {
         CLIENTS * REQUESTS
     );
     assert!(router.metric("switchyard_hyper_idle_backend_connections") >= 1.0);
+}
+
+/// A client still sending a body the router has answered without reading (an unknown host,
+/// a refused upload) gets that answer: the rest of the body is read and dropped, then the
+/// connection closes, rather than a reset that could cost the client the answer.
+#[test]
+fn an_upload_answered_before_it_is_read_still_gets_its_answer() {
+    let (_router, hyper) = router_with_hyper_listener();
+    let body = vec![b'x'; 32 << 20];
+    let mut client = TcpStream::connect(hyper).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        client,
+        "POST /upload HTTP/1.1\r\nHost: nobody.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("head");
+    // More than the sockets' buffers hold: this only returns if the router reads it all.
+    client.write_all(&body).expect("the whole body is taken");
+    let mut answer = String::new();
+    client
+        .read_to_string(&mut answer)
+        .expect("the answer, then the end");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
 }
 
 #[test]

@@ -1,12 +1,13 @@
 //! The WAF end to end: the real router with libmodsecurity and Debian's OWASP Core Rule Set,
 //! in front of a real backend that records what reaches it.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use support::{Backend, RouterProcess};
+use support::{Backend, Behaviour, Engine, RouterProcess};
 
 fn protect(router: &RouterProcess, backend: &Backend, waf: Value) {
     router.put_app(
@@ -43,9 +44,8 @@ fn post(router: &RouterProcess, target: &str, content_type: &str, body: &str) ->
 
 const FORM: &str = "application/x-www-form-urlencoded";
 
-#[test]
-fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through() {
-    let router = RouterProcess::start();
+fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
 
@@ -158,9 +158,8 @@ fn post_chunked(router: &RouterProcess, body: &str) -> support::Response {
     support::request(router.http, &request).unwrap_or_else(|e| panic!("chunked: {e}"))
 }
 
-#[test]
-fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole() {
-    let router = RouterProcess::start();
+fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -226,10 +225,9 @@ fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-#[test]
-fn a_full_spool_follows_the_apps_overload_policy() {
+fn a_full_spool_follows_the_apps_overload_policy(engine: Engine) {
     use std::io::{Read, Write};
-    let router = RouterProcess::start_with(&["--waf-spool-mb", "1"]);
+    let router = RouterProcess::start_on(engine, &["--waf-spool-mb", "1"]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -275,9 +273,38 @@ fn a_full_spool_follows_the_apps_overload_policy() {
     );
 }
 
-#[test]
-fn detect_mode_logs_matches_and_lets_them_through() {
-    let router = RouterProcess::start();
+/// A small body is read whole for its inspection: a retry (an idempotent PUT whose first
+/// backend resets the connection) must still send all of it.
+fn a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
+    let (failing, healthy) = (Backend::start("failing"), Backend::start("healthy"));
+    failing.set_behaviour(Behaviour::Reset);
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test"], "retries": 1,
+               "backends": [failing.addr.to_string(), healthy.addr.to_string()],
+               // Detect: the CRS refuses PUT by policy; the body is read and inspected the same.
+               "waf": {"mode": "detect", "timeout_ms": 30_000}}),
+    );
+    let bodies: Vec<String> = (0..4)
+        .map(|n| format!("item={n}&note={}", "lorem+ipsum+".repeat(300)))
+        .collect();
+    for body in &bodies {
+        let response = send(
+            &router,
+            &format!("PUT /cart HTTP/1.1\r\nContent-Type: {FORM}\r\n"),
+            body,
+        );
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    let recorded: Vec<Vec<u8>> = healthy.recorded().into_iter().map(|r| r.body).collect();
+    let sent: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
+    assert_eq!(recorded, sent);
+    assert!(router.metric("switchyard_upstream_retries_total") >= 1.0);
+}
+
+fn detect_mode_logs_matches_and_lets_them_through(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -325,10 +352,9 @@ fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<u16> {
         .collect()
 }
 
-#[test]
-fn an_overloaded_pool_fails_open_or_closed_as_configured() {
+fn an_overloaded_pool_fails_open_or_closed_as_configured(engine: Engine) {
     let args = ["--pool-threads", "1", "--pool-queue", "1"];
-    let router = Arc::new(RouterProcess::start_with(&args));
+    let router = Arc::new(RouterProcess::start_on(engine, &args));
     let (strict, lenient) = (Backend::start("strict"), Backend::start("lenient"));
     for (name, backend, policy) in [("strict", &strict, "closed"), ("lenient", &lenient, "open")] {
         router.put_app(
@@ -367,9 +393,8 @@ fn an_overloaded_pool_fails_open_or_closed_as_configured() {
     );
 }
 
-#[test]
-fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
-    let router = RouterProcess::start_with(&["--waf", "off"]);
+fn without_the_rule_set_protected_apps_follow_their_overload_policy(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &["--waf", "off"]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -408,12 +433,14 @@ fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
     );
 }
 
-#[test]
-fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use() {
+fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use(engine: Engine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("custom.conf");
     std::fs::write(&rules, "# the platform's own rules\n").expect("rules");
-    let router = RouterProcess::start_with(&["--waf-rules", rules.to_str().expect("utf-8 path")]);
+    let router = RouterProcess::start_on(
+        engine,
+        &["--waf-rules", rules.to_str().expect("utf-8 path")],
+    );
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
     assert_eq!(get(&router, "/internal/debug", "").status, 200);
@@ -462,10 +489,9 @@ fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_us
     assert_eq!(get(&router, "/products?page=2", "").status, 200);
 }
 
-#[test]
-fn a_router_forced_to_inspect_inline_still_inspects() {
+fn a_router_forced_to_inspect_inline_still_inspects(engine: Engine) {
     // `--pool-mode inline` exists for the benchmarks' comparison; it must inspect the same.
-    let router = RouterProcess::start_with(&["--pool-mode", "inline"]);
+    let router = RouterProcess::start_on(engine, &["--pool-mode", "inline"]);
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
     assert_eq!(get(&router, "/products?page=2", "").status, 200);
@@ -475,3 +501,15 @@ fn a_router_forced_to_inspect_inline_still_inspects() {
     assert_eq!(router.metric("switchyard_pool_threads"), 0.0);
     assert!(router.logs().contains("run inline on the event loops"));
 }
+
+test_on_each_engine!(
+    block_mode_stops_attack_probes_and_lets_ordinary_requests_through,
+    large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole,
+    a_full_spool_follows_the_apps_overload_policy,
+    a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks,
+    detect_mode_logs_matches_and_lets_them_through,
+    an_overloaded_pool_fails_open_or_closed_as_configured,
+    without_the_rule_set_protected_apps_follow_their_overload_policy,
+    custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use,
+    a_router_forced_to_inspect_inline_still_inspects,
+);

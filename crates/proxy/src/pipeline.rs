@@ -138,6 +138,7 @@ impl Router {
             access_log: self.access_log.clone(),
             https_port: self.https_port,
             client_timeouts: self.client_timeouts,
+            waf: self.waf.clone(),
         }
     }
 

@@ -14,8 +14,13 @@
 //! `block` answers 403 when the rules block; `detect` only logs. An inspection the pool
 //! cannot start or finish by `timeout_ms`, or a body the spool has no room for, follows
 //! `on_overload`: pass, or 503.
+//!
+//! The decisions (what to inspect when, the verdict, the spool) are the same on both engines;
+//! Pingora pushes the body through [`on_body`], the hyper listener pulls it
+//! (`hyper_engine::inspection`).
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,7 +42,7 @@ use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Bodies of a declared length up to this are read into memory and inspected before the
 /// request goes on: Pingora's replay buffer, which then sends them, holds 64 KiB.
-const IN_MEMORY_BODY: u64 = 64 * 1024;
+pub(crate) const IN_MEMORY_BODY: u64 = 64 * 1024;
 
 /// Where large bodies wait for their inspection, and how much disk they may use at once.
 #[derive(Debug, Clone)]
@@ -95,6 +100,20 @@ impl Inspector {
         Ok(count)
     }
 
+    /// A spool for the body of `request`, drawing on the shared disk budget.
+    pub(crate) fn start_spool(&self, request: OwnedRequest, policy: WafPolicy) -> BodySpool {
+        BodySpool {
+            request,
+            policy,
+            reservation: Reservation {
+                budget: self.spool.clone(),
+                bytes: 0,
+            },
+            file: None,
+            written: 0,
+        }
+    }
+
     /// Runs one inspection on the pool, by `deadline`.
     async fn run(
         &self,
@@ -116,6 +135,88 @@ impl Inspector {
     }
 }
 
+/// The app's WAF policy, when its requests are inspected.
+pub(crate) fn policy_of(ctx: &RequestCtx) -> Option<WafPolicy> {
+    ctx.route.as_ref().and_then(|route| route.app.waf)
+}
+
+/// How a protected request's body is inspected, decided from its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyInspection {
+    /// No body, or none to inspect (`max_body_bytes` 0, counted as uninspected): the head
+    /// is inspected alone.
+    None,
+    /// A declared length within memory's share: read whole, inspected with the head.
+    InMemory,
+    /// Larger, or of unknown length: the head alone first (block mode), then the body
+    /// spooled up to `max_body_bytes` and inspected before any of it goes on.
+    Spooled,
+}
+
+/// The way `policy` inspects a body; `declared` is its Content-Length.
+pub(crate) fn body_inspection(
+    app: &str,
+    policy: &WafPolicy,
+    has_body: bool,
+    declared: Option<u64>,
+) -> BodyInspection {
+    if !has_body {
+        BodyInspection::None
+    } else if policy.max_body_bytes == 0 {
+        metrics::WAF_BODY_UNINSPECTED
+            .with_label_values(&[app])
+            .inc();
+        BodyInspection::None
+    } else if declared.is_some_and(|n| n <= IN_MEMORY_BODY.min(policy.max_body_bytes)) {
+        BodyInspection::InMemory
+    } else {
+        BodyInspection::Spooled
+    }
+}
+
+/// Inspects `request` (with whatever body it carries) and judges: the answer when the
+/// request is refused. Without a rule set, the app's `on_overload` decides.
+pub(crate) async fn inspect_now(
+    ctx: &RequestCtx,
+    inspector: Option<&Inspector>,
+    policy: WafPolicy,
+    request: OwnedRequest,
+) -> Option<LocalAnswer> {
+    let app = ctx.app_name();
+    let Some(inspector) = inspector else {
+        report_no_waf(app);
+        return overloaded(app, policy.on_overload);
+    };
+    let allowed = Duration::from_millis(policy.timeout_ms);
+    let verdict = inspector
+        .run(request, policy.paranoia, Instant::now() + allowed)
+        .await;
+    judge(ctx, app, &policy, allowed, verdict)
+}
+
+/// Before a large body is read: the head alone, when a match could refuse the request.
+/// Only a block is acted on; anything else waits for the body's inspection.
+pub(crate) async fn refuse_on_head(
+    ctx: &RequestCtx,
+    inspector: &Inspector,
+    policy: WafPolicy,
+    request: OwnedRequest,
+) -> Option<LocalAnswer> {
+    if policy.mode != WafMode::Block {
+        return None;
+    }
+    let allowed = Duration::from_millis(policy.timeout_ms);
+    let verdict = inspector
+        .run(request, policy.paranoia, Instant::now() + allowed)
+        .await;
+    match verdict {
+        Ok(verdict) if verdict.block_status.is_some() => {
+            judge(ctx, ctx.app_name(), &policy, allowed, Ok(verdict))
+        }
+        _ => None,
+    }
+}
+
 /// Request-filter part: what the stage decided now. `None` lets the request go on (a large
 /// body is then inspected as it arrives, by [`on_body`]).
 pub(crate) async fn inspect(
@@ -123,64 +224,35 @@ pub(crate) async fn inspect(
     ctx: &mut RequestCtx,
     inspector: Option<&Inspector>,
 ) -> pingora::Result<Option<LocalAnswer>> {
-    let Some(route) = ctx.route.clone() else {
+    let Some(policy) = policy_of(ctx) else {
         return Ok(None);
     };
-    let Some(policy) = route.app.waf else {
-        return Ok(None);
-    };
-    let app = route.app.name.as_str();
-    let allowed = Duration::from_millis(policy.timeout_ms);
-    let deadline = Instant::now() + allowed;
+    let request = OwnedRequest::head_only(session.req_header(), Endpoints::of(session));
     let Some(inspector) = inspector else {
-        report_no_waf(app);
-        return Ok(overloaded(app, policy.on_overload));
+        return Ok(inspect_now(ctx, None, policy, request).await);
     };
-    // No body, or none to inspect; or a small one, read now: inspected with the request.
-    let declared = declared_length(session);
-    let body = if session.is_body_empty() || policy.max_body_bytes == 0 {
-        if !session.is_body_empty() {
-            metrics::WAF_BODY_UNINSPECTED
-                .with_label_values(&[app])
-                .inc();
+    let has_body = !session.is_body_empty();
+    let declared = declared_length(&session.req_header().headers);
+    match body_inspection(ctx.app_name(), &policy, has_body, declared) {
+        BodyInspection::None => Ok(inspect_now(ctx, Some(inspector), policy, request).await),
+        BodyInspection::InMemory => {
+            let request = request.with_body(read_small_body(session).await?);
+            Ok(inspect_now(ctx, Some(inspector), policy, request).await)
         }
-        Some(BodyCopy::Absent)
-    } else if declared.is_some_and(|n| n <= IN_MEMORY_BODY.min(policy.max_body_bytes)) {
-        Some(BodyCopy::Bytes(read_small_body(session).await?))
-    } else {
-        None
-    };
-    if let Some(body) = body {
-        let request = OwnedRequest::of(session, body);
-        let verdict = inspector.run(request, policy.paranoia, deadline).await;
-        return Ok(judge(ctx, app, &policy, allowed, verdict));
-    }
-    // A large body: the headers alone first, when a match could refuse the request.
-    if policy.mode == WafMode::Block {
-        let request = OwnedRequest::of(session, BodyCopy::Absent);
-        if let Ok(verdict) = inspector.run(request, policy.paranoia, deadline).await {
-            if verdict.block_status.is_some() {
-                return Ok(judge(ctx, app, &policy, allowed, Ok(verdict)));
+        BodyInspection::Spooled => {
+            if let Some(answer) = refuse_on_head(ctx, inspector, policy, request.clone()).await {
+                return Ok(Some(answer));
             }
+            ctx.waf_spool = Some(inspector.start_spool(request, policy));
+            Ok(None)
         }
     }
-    ctx.waf_spool = Some(BodySpool {
-        request: OwnedRequest::of(session, BodyCopy::Absent),
-        policy,
-        reservation: Reservation {
-            budget: inspector.spool.clone(),
-            bytes: 0,
-        },
-        file: None,
-        written: 0,
-    });
-    Ok(None)
 }
 
 /// Request-body part, for a body being spooled: each piece goes to the spool and is held
-/// back (an empty piece goes on); at the end of the body (or once `max_body_bytes` are in) the spooled part is
-/// inspected, then sent on whole, or the request is refused (an error carrying the answer
-/// for `fail_to_proxy`).
+/// back (an empty piece goes on); at the end of the body (or once `max_body_bytes` are in)
+/// the spooled part is inspected, then sent on whole, or the request is refused (an error
+/// carrying the answer for `fail_to_proxy`).
 pub(crate) async fn on_body(
     ctx: &mut RequestCtx,
     body: &mut Option<Bytes>,
@@ -192,13 +264,18 @@ pub(crate) async fn on_body(
     };
     let mut past_limit = None;
     if let Some(mut piece) = body.take() {
-        let room = spool.policy.max_body_bytes.saturating_sub(spool.written);
-        if piece.len() as u64 > room {
-            past_limit = Some(piece.split_off(room as usize));
-        }
+        past_limit = spool.split_past_limit(&mut piece);
         if let Err(refusal) = spool.append(piece.clone()).await {
             log::warn!("request {}: WAF spool: {refusal}", ctx.request_id);
-            return give_up_spooling(ctx, body, piece, past_limit).await;
+            let Some(spool) = ctx.waf_spool.take() else {
+                return Ok(());
+            };
+            let held = spool.give_up(ctx).await;
+            *body = Some(concat(
+                concat(on_pingora(ctx, held)?, Some(piece)),
+                past_limit,
+            ));
+            return Ok(());
         }
     }
     if past_limit.is_none() && !end_of_stream {
@@ -209,33 +286,38 @@ pub(crate) async fn on_body(
     let Some(spool) = ctx.waf_spool.take() else {
         return Ok(());
     };
-    let app = ctx.app_name().to_string();
-    if past_limit.is_some() {
-        metrics::WAF_BODY_UNINSPECTED
-            .with_label_values(&[&app])
-            .inc();
-    }
-    // The CRS takes time in proportion to the body (about 1.4 ms per KiB of form here), so
-    // a spooled body gets `timeout_ms` per 64 KiB inspected.
-    let pieces = spool.written.div_ceil(IN_MEMORY_BODY).max(1);
-    let allowed = Duration::from_millis(spool.policy.timeout_ms.saturating_mul(pieces));
-    let deadline = Instant::now() + allowed;
-    let BodySpool {
-        mut request,
-        policy,
-        reservation,
-        file,
-        written,
-    } = spool;
-    request.body = file.clone().map_or(BodyCopy::Absent, BodyCopy::Spooled);
-    let verdict = inspector.run(request, policy.paranoia, deadline).await;
-    if let Some(answer) = judge(ctx, &app, &policy, allowed, verdict) {
-        return refuse(ctx, answer, "refused by the WAF after its body");
-    }
-    let held = read_back(file, written).await?;
-    drop(reservation);
-    *body = Some(concat(held, past_limit));
+    let held = spool.finish(ctx, inspector, past_limit.is_some()).await;
+    *body = Some(concat(on_pingora(ctx, held)?, past_limit));
     Ok(())
+}
+
+/// A spool's outcome as Pingora takes it: a refusal is an error carrying the answer for
+/// `fail_to_proxy`.
+fn on_pingora(ctx: &mut RequestCtx, held: Result<Bytes, SpoolRefusal>) -> pingora::Result<Bytes> {
+    match held {
+        Ok(held) => Ok(held),
+        Err(SpoolRefusal::Answer(answer)) => {
+            ctx.refused_with = Some(answer);
+            Err(Error::explain(
+                ErrorType::HTTPStatus(answer.status()),
+                "refused by the WAF after its body (or for want of room to spool it)",
+            ))
+        }
+        Err(SpoolRefusal::Unreadable(e)) => Err(Error::because(
+            ErrorType::InternalError,
+            "reading the WAF spool",
+            e,
+        )),
+    }
+}
+
+/// Why a spooled body does not go on.
+#[derive(Debug)]
+pub(crate) enum SpoolRefusal {
+    /// Refused by the rules, or by `on_overload` (no room, inspection overloaded).
+    Answer(LocalAnswer),
+    /// What was spooled could not be read back.
+    Unreadable(std::io::Error),
 }
 
 /// A retry of the upstream connection replays the body from its start: start the spool over.
@@ -243,32 +325,6 @@ pub(crate) fn on_new_attempt(ctx: &mut RequestCtx) {
     if let Some(spool) = ctx.waf_spool.as_mut() {
         spool.written = 0;
     }
-}
-
-/// The spool cannot take the body (disk budget, a write error): `on_overload` decides
-/// between sending what was held back and the rest uninspected, or 503.
-async fn give_up_spooling(
-    ctx: &mut RequestCtx,
-    body: &mut Option<Bytes>,
-    piece: Bytes,
-    past_limit: Option<Bytes>,
-) -> pingora::Result<()> {
-    let Some(spool) = ctx.waf_spool.take() else {
-        return Ok(());
-    };
-    if let Some(answer) = overloaded(ctx.app_name(), spool.policy.on_overload) {
-        return refuse(ctx, answer, "no room to spool the body for the WAF");
-    }
-    let held = read_back(spool.file, spool.written).await?;
-    *body = Some(concat(concat(held, Some(piece)), past_limit));
-    Ok(())
-}
-
-/// Refuses a request already on its way to the backend: the error stops the proxying, and
-/// `fail_to_proxy` sends `answer`.
-fn refuse(ctx: &mut RequestCtx, answer: LocalAnswer, why: &'static str) -> pingora::Result<()> {
-    ctx.refused_with = Some(answer);
-    Err(Error::explain(ErrorType::HTTPStatus(answer.status()), why))
 }
 
 fn concat(head: Bytes, tail: Option<Bytes>) -> Bytes {
@@ -355,10 +411,9 @@ fn report_no_waf(app: &str) {
     }
 }
 
-fn declared_length(session: &Session) -> Option<u64> {
-    session
-        .req_header()
-        .headers
+/// The Content-Length a request declares, if a valid one.
+pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -439,8 +494,63 @@ impl std::fmt::Debug for BodySpool {
 }
 
 impl BodySpool {
+    /// Cuts `piece` at `max_body_bytes`: what lies past it is returned, to go on
+    /// uninspected.
+    pub(crate) fn split_past_limit(&self, piece: &mut Bytes) -> Option<Bytes> {
+        let room = self.policy.max_body_bytes.saturating_sub(self.written);
+        (piece.len() as u64 > room).then(|| piece.split_off(room as usize))
+    }
+
+    /// The body is in (or `max_body_bytes` of it, `past_limit` telling that more came):
+    /// inspects it from the file and judges; what was spooled, read back, when it may go
+    /// on. The CRS takes time in proportion to the body (about 1.4 ms per KiB of form
+    /// here), so a spooled body gets `timeout_ms` per 64 KiB inspected.
+    pub(crate) async fn finish(
+        self,
+        ctx: &RequestCtx,
+        inspector: &Inspector,
+        past_limit: bool,
+    ) -> Result<Bytes, SpoolRefusal> {
+        let app = ctx.app_name();
+        if past_limit {
+            metrics::WAF_BODY_UNINSPECTED
+                .with_label_values(&[app])
+                .inc();
+        }
+        let pieces = self.written.div_ceil(IN_MEMORY_BODY).max(1);
+        let allowed = Duration::from_millis(self.policy.timeout_ms.saturating_mul(pieces));
+        let Self {
+            mut request,
+            policy,
+            reservation,
+            file,
+            written,
+        } = self;
+        request.body = file.clone().map_or(BodyCopy::Absent, BodyCopy::Spooled);
+        let verdict = inspector
+            .run(request, policy.paranoia, Instant::now() + allowed)
+            .await;
+        if let Some(answer) = judge(ctx, app, &policy, allowed, verdict) {
+            return Err(SpoolRefusal::Answer(answer));
+        }
+        let held = read_back(file, written).await;
+        drop(reservation);
+        held.map_err(SpoolRefusal::Unreadable)
+    }
+
+    /// The spool could not take a piece (disk budget, a write error): `on_overload`
+    /// decides between sending on what was held back, uninspected, and 503.
+    pub(crate) async fn give_up(self, ctx: &RequestCtx) -> Result<Bytes, SpoolRefusal> {
+        if let Some(answer) = overloaded(ctx.app_name(), self.policy.on_overload) {
+            return Err(SpoolRefusal::Answer(answer));
+        }
+        read_back(self.file, self.written)
+            .await
+            .map_err(SpoolRefusal::Unreadable)
+    }
+
     /// Writes `piece` after what is spooled, off the event loop.
-    async fn append(&mut self, piece: Bytes) -> Result<(), String> {
+    pub(crate) async fn append(&mut self, piece: Bytes) -> Result<(), String> {
         let end = self.written + piece.len() as u64;
         let budget = &self.reservation.budget;
         if end > self.reservation.bytes {
@@ -479,7 +589,7 @@ impl BodySpool {
 }
 
 /// The first `written` bytes of a spool file, read back in one piece to be sent on.
-async fn read_back(file: Option<Arc<File>>, written: u64) -> pingora::Result<Bytes> {
+async fn read_back(file: Option<Arc<File>>, written: u64) -> std::io::Result<Bytes> {
     let Some(file) = file else {
         return Ok(Bytes::new());
     };
@@ -490,19 +600,39 @@ async fn read_back(file: Option<Arc<File>>, written: u64) -> pingora::Result<Byt
         Ok(Bytes::from(body))
     })
     .await
-    .map_err(|e| Error::because(ErrorType::InternalError, "WAF spool reader", e))?
-    .map_err(|e| Error::because(ErrorType::InternalError, "reading the WAF spool", e))
+    .map_err(std::io::Error::other)?
 }
 
 /// The body as the worker thread gets it.
+#[derive(Clone)]
 enum BodyCopy {
     Absent,
     Bytes(Bytes),
     Spooled(Arc<File>),
 }
 
-/// What the worker thread needs, copied off the session.
-struct OwnedRequest {
+/// Where a request came from and where it arrived, as the rules see them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Endpoints {
+    pub(crate) client: Option<SocketAddr>,
+    pub(crate) server_port: u16,
+}
+
+impl Endpoints {
+    fn of(session: &Session) -> Self {
+        Self {
+            client: session.client_addr().and_then(|a| a.as_inet()).copied(),
+            server_port: session
+                .server_addr()
+                .and_then(|a| a.as_inet())
+                .map_or(0, |a| a.port()),
+        }
+    }
+}
+
+/// What the worker thread needs, copied off the request.
+#[derive(Clone)]
+pub(crate) struct OwnedRequest {
     client_ip: String,
     client_port: u16,
     server_port: u16,
@@ -514,35 +644,45 @@ struct OwnedRequest {
 }
 
 impl OwnedRequest {
-    fn of(session: &Session, body: BodyCopy) -> Self {
-        let request = session.req_header();
-        let client = session.client_addr().and_then(|a| a.as_inet());
-        let server_port = session
-            .server_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(0, |a| a.port());
+    /// The request's head, as the client sent it, without its body.
+    pub(crate) fn head_only(head: &http::request::Parts, endpoints: Endpoints) -> Self {
+        let mut headers: Vec<(Vec<u8>, Vec<u8>)> = head
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
+            .collect();
+        // HTTP/2 carries the host in `:authority`; the rules look for a Host header.
+        if !head.headers.contains_key(header::HOST) {
+            if let Some(authority) = head.uri.authority() {
+                headers.push((b"host".to_vec(), authority.as_str().as_bytes().to_vec()));
+            }
+        }
         Self {
-            client_ip: client.map_or_else(String::new, |a| a.ip().to_string()),
-            client_port: client.map_or(0, |a| a.port()),
-            server_port,
-            method: request.method.as_str().to_string(),
-            uri: request
+            client_ip: endpoints
+                .client
+                .map_or_else(String::new, |a| a.ip().to_string()),
+            client_port: endpoints.client.map_or(0, |a| a.port()),
+            server_port: endpoints.server_port,
+            method: head.method.as_str().to_string(),
+            uri: head
                 .uri
                 .path_and_query()
                 .map_or("/", |pq| pq.as_str())
                 .to_string(),
-            http_version: match request.version {
+            http_version: match head.version {
                 http::Version::HTTP_2 => "2.0",
                 http::Version::HTTP_10 => "1.0",
                 _ => "1.1",
             },
-            headers: request
-                .headers
-                .iter()
-                .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
-                .collect(),
-            body,
+            headers,
+            body: BodyCopy::Absent,
         }
+    }
+
+    /// The same request with its whole body.
+    pub(crate) fn with_body(mut self, body: Bytes) -> Self {
+        self.body = BodyCopy::Bytes(body);
+        self
     }
 
     fn as_waf_request<'a>(&'a self, headers: &'a [(&'a [u8], &'a [u8])]) -> Request<'a> {

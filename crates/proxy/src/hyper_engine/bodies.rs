@@ -13,12 +13,13 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{Method, Uri, Version};
+use http::{HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
 
+use super::inspection::Held;
 use super::pool::BackendConnection;
 use super::Worker;
 use crate::access_log::Exchange;
@@ -97,6 +98,10 @@ fn data_len(frame: &Frame<Bytes>) -> usize {
 
 /// The client's request body on its way to the backend.
 pub(super) struct ForwardBody {
+    /// What was read before the request went on (for the WAF), sent first; its trailers,
+    /// if the body had any, are sent last.
+    held: Option<Bytes>,
+    held_trailers: Option<HeaderMap>,
     incoming: Option<Incoming>,
     deadline: ReadDeadline,
     bytes_in: Rc<Cell<usize>>,
@@ -113,11 +118,27 @@ impl ForwardBody {
         bytes_in: Rc<Cell<usize>>,
     ) -> Self {
         Self {
+            held: None,
+            held_trailers: None,
             incoming: Some(incoming),
             deadline: ReadDeadline::new(read_deadline),
             bytes_in,
             mirror: None,
         }
+    }
+
+    /// `held` (already read and counted) goes before the rest of the body.
+    pub(super) fn after(mut self, held: Option<Held>) -> Self {
+        if let Some(held) = held {
+            self.held = (!held.data.is_empty()).then_some(held.data);
+            self.held_trailers = held.trailers;
+        }
+        self
+    }
+
+    /// A body read whole before, sent again to another backend.
+    pub(super) fn replay(held: Held) -> Self {
+        Self::empty().after(Some(held))
     }
 
     /// Each piece read is also pushed into `feed`.
@@ -129,6 +150,8 @@ impl ForwardBody {
     /// No body (a retried request never had one).
     pub(super) fn empty() -> Self {
         Self {
+            held: None,
+            held_trailers: None,
             incoming: None,
             deadline: ReadDeadline::new(Duration::MAX),
             bytes_in: Rc::default(),
@@ -146,8 +169,18 @@ impl Body for ForwardBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let Some(incoming) = this.incoming.as_mut() else {
-            return Poll::Ready(None);
+        let incoming_ended = this.incoming.as_ref().is_none_or(Body::is_end_stream);
+        if let Some(held) = this.held.take() {
+            if let Some(feed) = this.mirror.as_mut() {
+                let end = incoming_ended && this.held_trailers.is_none();
+                if !feed.push(Some(&held), end) {
+                    this.mirror = None;
+                }
+            }
+            return Poll::Ready(Some(Ok(Frame::data(held))));
+        }
+        let Some(incoming) = this.incoming.as_mut().filter(|_| !incoming_ended) else {
+            return Poll::Ready(this.held_trailers.take().map(|t| Ok(Frame::trailers(t))));
         };
         let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
         if let Some(Ok(frame)) = &frame {
@@ -169,13 +202,23 @@ impl Body for ForwardBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.as_ref().is_none_or(Body::is_end_stream)
+        self.held.is_none()
+            && self.held_trailers.is_none()
+            && self.incoming.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming
+        let held = self.held.as_ref().map_or(0, |held| held.len() as u64);
+        let rest = self
+            .incoming
             .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + held);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
     }
 }
 

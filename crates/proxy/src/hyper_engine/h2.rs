@@ -87,6 +87,7 @@ where
 {
     let Connection {
         peer,
+        server_port,
         worker,
         mut stopped,
         _open,
@@ -94,7 +95,7 @@ where
     let idle = worker.shared.client_timeouts.idle;
     let last_request = Rc::new(Cell::new(Instant::now()));
     let cancellations = Rc::new(Cancellations::new());
-    let client = service::Client::new(peer.ip(), tls);
+    let client = service::Client::new(peer, server_port, tls);
     let service = {
         let (last_request, cancellations) = (last_request.clone(), cancellations.clone());
         service_fn(move |request| {

@@ -8,13 +8,14 @@
 //! backend connections, so no request touches state another thread owns.
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process and the stages can move over one by one. Static files and
-//! mirroring have moved; apps that use a stage not moved yet (WAF, response cache, images)
-//! are answered 501 here, never served without it; they stay fully served on the Pingora
+//! measured in one process and the stages can move over one by one. Static files,
+//! mirroring and the WAF have moved; apps that use a stage not moved yet (response cache,
+//! images) are answered 501 here, never served without it; they stay fully served on the Pingora
 //! listeners.
 
 mod bodies;
 mod h2;
+mod inspection;
 mod pool;
 mod relay;
 mod service;
@@ -42,6 +43,7 @@ use crate::mirror::MirrorClient;
 use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
 use crate::upstream_connections::ConnectionTable;
+use crate::waf::Inspector;
 
 /// Connections waiting to be accepted, per thread's socket.
 const LISTEN_BACKLOG: i32 = 4096;
@@ -153,6 +155,8 @@ pub(crate) struct Shared {
     pub(crate) access_log: AccessLog,
     pub(crate) https_port: Option<u16>,
     pub(crate) client_timeouts: ClientTimeouts,
+    /// The WAF's rules and spool; `None` when the router runs without (`--waf off`).
+    pub(crate) waf: Option<Arc<Inspector>>,
 }
 
 /// One thread's state: the shared parts and its own backend pool.
@@ -220,6 +224,7 @@ async fn accept(
     worker: Rc<Worker>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let server_port = listener.local_addr().map_or(0, |a| a.port());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -228,6 +233,7 @@ async fn accept(
                     let open = OpenConnection::count(&worker);
                     let connection = Connection {
                         peer,
+                        server_port,
                         worker: worker.clone(),
                         stopped: stopped.clone(),
                         _open: open,
@@ -250,6 +256,8 @@ async fn accept(
 /// One client connection.
 struct Connection {
     peer: SocketAddr,
+    /// The port the client connected to, as the WAF's rules see it.
+    server_port: u16,
     worker: Rc<Worker>,
     stopped: watch::Receiver<bool>,
     _open: OpenConnection,
@@ -284,7 +292,7 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let timeouts = self.worker.shared.client_timeouts;
-        let client = service::Client::new(self.peer.ip(), tls);
+        let client = service::Client::new(self.peer, self.server_port, tls);
         let service_worker = self.worker.clone();
         let service = service_fn(move |request| {
             service::handle(request, client.clone(), service_worker.clone())

@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use hyper::upgrade::OnUpgrade;
 use switchyard_model::App;
 
 use super::bodies::{ClientBody, ForwardBody, RequestEnd};
+use super::inspection;
 use super::pool::{BackendConnection, ConnectFailure};
 use super::{relay, Worker};
 use crate::balancer::Pick;
@@ -28,6 +29,7 @@ use crate::context::RequestCtx;
 use crate::pipeline::request_id;
 use crate::respond::{self, LocalAnswer};
 use crate::static_files::{self, StaticFile};
+use crate::waf::Endpoints;
 use crate::{framing, https, metrics, mirror, route, upstream};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
@@ -46,7 +48,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// What the router answers a request with. Moved once per request: boxing the large
 /// variant would cost every proxied request an allocation to save a copy.
 #[allow(clippy::large_enum_variant)]
-enum Answer {
+pub(super) enum Answer {
     /// The backend's response, read from `connection` within `read_deadline` per piece.
     Backend {
         response: Response<Incoming>,
@@ -73,6 +75,9 @@ impl From<LocalAnswer> for Answer {
 /// The client end of a connection, as each of its requests needs it.
 pub(super) struct Client {
     ip: IpAddr,
+    port: u16,
+    /// The port the client connected to.
+    server_port: u16,
     tls: bool,
     /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
     /// connection rather than per request.
@@ -80,12 +85,21 @@ pub(super) struct Client {
 }
 
 impl Client {
-    pub(super) fn new(ip: IpAddr, tls: bool) -> Rc<Self> {
+    pub(super) fn new(peer: SocketAddr, server_port: u16, tls: bool) -> Rc<Self> {
         Rc::new(Self {
-            ip,
+            ip: peer.ip(),
+            port: peer.port(),
+            server_port,
             tls,
-            forwarded_for: HeaderValue::try_from(ip.to_string()).ok(),
+            forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
         })
+    }
+
+    fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            client: Some(SocketAddr::new(self.ip, self.port)),
+            server_port: self.server_port,
+        }
     }
 }
 
@@ -111,8 +125,10 @@ pub(super) async fn handle(
         status: 0,
         bytes_out: 0,
     };
-    let answer = proxy(request, &client, &mut end.ctx, &worker, bytes_in).await;
-    Ok(match answer {
+    let (head, incoming) = request.into_parts();
+    let mut unread = Some(incoming);
+    let answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    let mut response = match answer {
         Answer::Backend {
             response,
             connection,
@@ -127,17 +143,53 @@ pub(super) async fn handle(
             local_response(308, body, Some(location), end)
         }
         Answer::File(file) => file_response(file, end),
-    })
+    };
+    if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
+        linger(incoming, &mut response);
+    }
+    Ok(response)
 }
 
+/// How long the rest of a body the router answered without reading may take to come in
+/// before the connection is closed anyway (nginx's `lingering_timeout`).
+const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
+
+/// An HTTP/1 client may still be sending the body of a request the router has answered (a
+/// refused upload, an unknown host): closing with its bytes unread would reset the
+/// connection, and the client could lose the answer. The connection closes after this
+/// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
+/// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
+fn linger(mut incoming: Incoming, response: &mut Response<ClientBody>) {
+    if response.version() == Version::HTTP_2 {
+        return;
+    }
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    tokio::task::spawn_local(async move {
+        let drained = async {
+            while let Some(Ok(_)) =
+                std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await
+            {
+            }
+        };
+        let _ = tokio::time::timeout(REFUSED_BODY_LINGER, drained).await;
+    });
+}
+
+/// The answer to a request; its body is taken from `unread` once it goes to a backend, and
+/// left there otherwise.
 async fn proxy(
-    request: Request<Incoming>,
+    mut head: http::request::Parts,
+    unread: &mut Option<Incoming>,
     client: &Client,
     ctx: &mut RequestCtx,
     worker: &Worker,
     bytes_in: Rc<Cell<usize>>,
 ) -> Answer {
-    let (mut head, incoming) = request.into_parts();
+    let Some(incoming) = unread.as_mut() else {
+        return failed(false);
+    };
     if let Err(answer) = framing::check_headers(&mut head.headers) {
         return answer.into();
     }
@@ -162,22 +214,39 @@ async fn proxy(
             text: "this app's options are not served on this listener yet",
         };
     }
-    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
-        return Answer::File(file);
-    }
-    let mut incoming = incoming;
+    let body_deadline = shared.client_timeouts.body;
     if head.version == Version::HTTP_2
         && declares_empty_body(&head.headers)
         && !incoming.is_end_stream()
-        && !empty_body_ends(&mut incoming, shared.client_timeouts.body).await
+        && !empty_body_ends(incoming, body_deadline).await
     {
         return LocalAnswer::AmbiguousFraming.into();
     }
+    let inspector = shared.waf.as_deref();
+    let endpoints = client.endpoints();
+    let held = match inspection::inspect(
+        &head,
+        incoming,
+        endpoints,
+        ctx,
+        inspector,
+        body_deadline,
+        &bytes_in,
+    )
+    .await
+    {
+        Ok(held) => held,
+        Err(refused) => return refused.into(),
+    };
+    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
+        return Answer::File(file);
+    }
     let upgrade = head.headers.contains_key(UPGRADE);
+    let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
         None
     } else {
-        let has_body = !incoming.is_end_stream();
+        let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
         mirror::start_copy(&worker.mirrors, &head, Some(client.ip), has_body, ctx)
     };
     prepare_for_backend(&mut head, ctx, client, upgrade);
@@ -185,10 +254,16 @@ async fn proxy(
     let timeouts = &route.app.timeouts;
     let connect_timeout = Duration::from_millis(timeouts.connect_ms);
     let read_deadline = Duration::from_millis(timeouts.read_ms);
-    // Only a request with nothing left to send can be sent again after a failure.
-    let repeatable = head.method.is_idempotent() && incoming.is_end_stream() && !upgrade;
+    // Only a request whose body is all in hand (none, or read whole for the WAF) can be
+    // sent again after a failure.
+    let repeatable = head.method.is_idempotent() && body_ended && !upgrade;
+    let replay = if repeatable { held.clone() } else { None };
+    let Some(incoming) = unread.take() else {
+        return failed(false);
+    };
     let mut body = Some(
-        ForwardBody::new(incoming, shared.client_timeouts.body, bytes_in)
+        ForwardBody::new(incoming, body_deadline, bytes_in)
+            .after(held)
             .mirrored_into(mirror_feed),
     );
     loop {
@@ -213,7 +288,12 @@ async fn proxy(
         };
         upstream::register_connection(ctx, &shared.connections, connection.socket);
         let may_retry = repeatable && upstream::attempts_left(ctx);
-        let mut outgoing = Request::new(body.take().unwrap_or_else(ForwardBody::empty));
+        let again = || {
+            replay
+                .clone()
+                .map_or_else(ForwardBody::empty, ForwardBody::replay)
+        };
+        let mut outgoing = Request::new(body.take().unwrap_or_else(again));
         *outgoing.method_mut() = head.method.clone();
         *outgoing.uri_mut() = head.uri.clone();
         *outgoing.headers_mut() = if may_retry {
@@ -281,9 +361,7 @@ async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
 /// The stage an app uses that this listener does not run yet, if any: such an app is never
 /// served here without it.
 fn stage_not_served_here(app: &App) -> Option<&'static str> {
-    if app.waf.is_some() {
-        Some("the WAF")
-    } else if app.cache.is_some() {
+    if app.cache.is_some() {
         Some("the response cache")
     } else if app.images.is_some() {
         Some("image resizing")
