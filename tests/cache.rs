@@ -1,13 +1,14 @@
 //! The response cache end to end: the real router in front of a real backend that counts
 //! what reaches it and sets caching headers on demand.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{Backend, Behaviour, RouterProcess};
+use support::{Backend, Behaviour, Engine, RouterProcess};
 
 fn cached_app(router: &RouterProcess, backend: &Backend, cache: Value) {
     router.put_app(
@@ -38,9 +39,8 @@ fn request_with(
     .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", router.logs()))
 }
 
-#[test]
-fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
-    let router = RouterProcess::start();
+fn only_opted_in_paths_are_cached_and_headers_decide_the_rest(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -87,9 +87,8 @@ fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
     assert_eq!(fetch(&router, "/assets/e?cc=max-age=60").1, "HIT");
 }
 
-#[test]
-fn vary_keeps_one_copy_per_variant() {
-    let router = RouterProcess::start();
+fn vary_keeps_one_copy_per_variant(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     cached_app(&router, &backend, json!({"paths": ["/*"]}));
     let path = "/page?vary=Accept-Language";
@@ -116,9 +115,8 @@ fn vary_keeps_one_copy_per_variant() {
     assert_eq!(backend.requests(), 2);
 }
 
-#[test]
-fn concurrent_misses_send_one_request_to_the_app() {
-    let router = Arc::new(RouterProcess::start());
+fn concurrent_misses_send_one_request_to_the_app(engine: Engine) {
+    let router = Arc::new(RouterProcess::start_on(engine, &[]));
     let backend = Backend::start("app");
     cached_app(&router, &backend, json!({"paths": ["/slow"]}));
     let clients: Vec<_> = (0..100)
@@ -141,9 +139,8 @@ fn concurrent_misses_send_one_request_to_the_app() {
     );
 }
 
-#[test]
-fn stale_copies_stand_in_while_the_app_fails_then_expire() {
-    let router = RouterProcess::start();
+fn stale_copies_stand_in_while_the_app_fails_then_expire(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -183,9 +180,8 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 3.0);
 }
 
-#[test]
-fn memory_stays_within_the_apps_bound() {
-    let router = RouterProcess::start();
+fn memory_stays_within_the_apps_bound(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -219,11 +215,10 @@ fn cache_options_are_validated_field_by_field() {
     assert_eq!(status, 404, "nothing was stored");
 }
 
-#[test]
-fn a_purge_on_one_router_empties_the_entry_on_every_router() {
+fn a_purge_on_one_router_empties_the_entry_on_every_router(engine: Engine) {
     let redis = support::RedisServer::start();
     let subscribed = || {
-        let router = RouterProcess::start_with(&["--store", &redis.url()]);
+        let router = RouterProcess::start_on(engine, &["--store", &redis.url()]);
         support::eventually(Duration::from_secs(5), "the change subscription", || {
             router.metric("switchyard_store_subscription_connected") == 1.0
         });
@@ -275,9 +270,8 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router() {
     assert_eq!(status, 404);
 }
 
-#[test]
-fn files_under_the_static_root_answer_before_the_cache_and_the_app() {
-    let router = RouterProcess::start();
+fn files_under_the_static_root_answer_before_the_cache_and_the_app(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     let root = tempfile::tempdir().expect("static root");
     std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
@@ -365,10 +359,9 @@ fn rails_cache_response(redis: &support::RedisServer, full_url: &str, body: &str
         .expect("SET");
 }
 
-#[test]
-fn the_redis_versioned_layout_written_by_the_app_is_served() {
+fn the_redis_versioned_layout_written_by_the_app_is_served(engine: Engine) {
     let mut redis = support::RedisServer::start();
-    let router = RouterProcess::start_with(&["--cache-redis", &redis.url()]);
+    let router = RouterProcess::start_on(engine, &["--cache-redis", &redis.url()]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -438,10 +431,9 @@ fn redis_keys(redis: &support::RedisServer, pattern: &str) -> Vec<String> {
         .expect("KEYS")
 }
 
-#[test]
-fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
+fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away(engine: Engine) {
     let mut redis = support::RedisServer::start();
-    let start = || RouterProcess::start_with(&["--cache-redis", &redis.url()]);
+    let start = || RouterProcess::start_on(engine, &["--cache-redis", &redis.url()]);
     let (a, b) = (start(), start());
     let backend = Backend::start("app");
     let policy = json!({"store": "redis", "paths": ["/*"], "ttl_s": 60});
@@ -548,9 +540,8 @@ fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
     assert!(a.metric("switchyard_cache_redis_writes_total{result=\"stored\"}") >= 3.0);
 }
 
-#[test]
-fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app() {
-    let router = RouterProcess::start();
+fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app(engine: Engine) {
+    let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -577,3 +568,16 @@ fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app() {
         "{error}"
     );
 }
+
+test_on_each_engine!(
+    only_opted_in_paths_are_cached_and_headers_decide_the_rest,
+    vary_keeps_one_copy_per_variant,
+    concurrent_misses_send_one_request_to_the_app,
+    stale_copies_stand_in_while_the_app_fails_then_expire,
+    memory_stays_within_the_apps_bound,
+    a_purge_on_one_router_empties_the_entry_on_every_router,
+    files_under_the_static_root_answer_before_the_cache_and_the_app,
+    the_redis_versioned_layout_written_by_the_app_is_served,
+    the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away,
+    a_router_without_cache_redis_passes_shared_cache_apps_to_the_app,
+);

@@ -226,16 +226,16 @@ fn an_upload_answered_before_it_is_read_still_gets_its_answer() {
 #[test]
 fn an_app_using_a_stage_not_moved_yet_is_refused_there_and_served_on_the_main_listener() {
     let (router, hyper) = router_with_hyper_listener();
-    let backend = Backend::start("cached");
+    let backend = Backend::start("gallery");
     router.put_app(
-        "cached",
-        json!({"domains": ["cached.test"], "backends": [backend.addr.to_string()],
-               "cache": {"paths": ["/*"]}}),
+        "gallery",
+        json!({"domains": ["gallery.test"], "backends": [backend.addr.to_string()],
+               "images": {}}),
     );
-    let refused = support::get(hyper, "cached.test", "/").expect("response");
+    let refused = support::get(hyper, "gallery.test", "/").expect("response");
     assert_eq!(refused.status, 501, "{}", refused.text());
-    assert_eq!(backend.requests(), 0, "never served without its cache");
-    let served = router.get("cached.test", "/");
+    assert_eq!(backend.requests(), 0, "never served without its stage");
+    let served = router.get("gallery.test", "/");
     assert_eq!(served.status, 200, "{}", served.text());
 
     router.put_app(

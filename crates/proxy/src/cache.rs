@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{header, HeaderName, Method};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use switchyard_model::{CacheStore, ResponseCache};
@@ -105,15 +105,29 @@ pub(crate) async fn serve_or_prepare(
     ctx: &mut RequestCtx,
     redis: Option<&Arc<CacheRedis>>,
 ) -> pingora::Result<bool> {
-    let Some(route) = ctx.route.clone() else {
-        return Ok(false);
-    };
+    match look_up_request(ctx, session.req_header(), redis).await {
+        Some(fresh) => {
+            write_cached(session, ctx, &fresh, CacheStatus::Hit).await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Looks the request up: a fresh copy to answer with (counted as a hit), or `None` to go on
+/// to the app, with what the cache needs to keep its response (or stand in for it) left in
+/// `ctx`.
+pub(crate) async fn look_up_request(
+    ctx: &mut RequestCtx,
+    request: &http::request::Parts,
+    redis: Option<&Arc<CacheRedis>>,
+) -> Option<Arc<CachedResponse>> {
+    let route = ctx.route.clone()?;
     let (Some(policy), Some(cache)) = (route.app.cache.as_ref(), route.response_cache.as_ref())
     else {
-        return Ok(false);
+        return None;
     };
-    let request = session.req_header();
-    let method = request.method.clone();
+    let method = &request.method;
     let eligible = (method == Method::GET || method == Method::HEAD)
         && policy.covers(request.uri.path())
         && (policy.cache_authorized || request.headers.get(header::AUTHORIZATION).is_none());
@@ -134,7 +148,7 @@ pub(crate) async fn serve_or_prepare(
     if !eligible {
         count(ctx, CacheStatus::Bypass);
         ctx.cache = Some(state);
-        return Ok(false);
+        return None;
     }
     state.status = CacheStatus::Miss;
     match (policy.store, redis) {
@@ -142,22 +156,23 @@ pub(crate) async fn serve_or_prepare(
         (_, None) => {
             report_no_cache_redis(ctx.app_name());
             ctx.cache = Some(state);
-            return Ok(false);
+            return None;
         }
         (CacheStore::RedisVersioned, Some(redis)) => {
-            return serve_versioned(session, ctx, state, redis).await;
+            return versioned(ctx, state, redis).await;
         }
         (CacheStore::Redis, Some(redis)) => state.shared = Some(redis.clone()),
     }
     let app = route.app.name.as_str();
-    let mut looked = look_up(session, &state, app).await;
+    let headers = &request.headers;
+    let mut looked = look_up(headers, &state, app).await;
     let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
     if needs_fetch && method == Method::GET {
         match cache.begin_fill(&state.key) {
             FillTicket::Leader(guard) => {
                 // Another leader may have stored the response between the look-up above and
                 // taking the lock: look once more before going to the app.
-                looked = look_up(session, &state, app).await.or(looked);
+                looked = look_up(headers, &state, app).await.or(looked);
                 if !matches!(looked, Some(Looked::Fresh(_))) {
                     state.fill = Some(Fill::new(Some(guard), &state.key));
                 }
@@ -166,7 +181,7 @@ pub(crate) async fn serve_or_prepare(
             FillTicket::Follower(done) => {
                 let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
                 let _ = tokio::time::timeout(wait, done).await;
-                looked = look_up(session, &state, app).await.or(looked);
+                looked = look_up(headers, &state, app).await.or(looked);
                 if !matches!(looked, Some(Looked::Fresh(_))) {
                     state.fill = Some(Fill::new(None, &state.key));
                 }
@@ -178,32 +193,30 @@ pub(crate) async fn serve_or_prepare(
             count(ctx, CacheStatus::Hit);
             state.status = CacheStatus::Hit;
             ctx.cache = Some(state);
-            write_cached(session, ctx, &response, CacheStatus::Hit).await?;
-            Ok(true)
+            Some(response)
         }
         Some(Looked::Stale(response)) => {
             state.stale = Some(response);
             ctx.cache = Some(state);
-            Ok(false)
+            None
         }
         None => {
             ctx.cache = Some(state);
-            Ok(false)
+            None
         }
     }
 }
 
 /// Seed 004's layout: the app wrote the body of this URL's current version; serve it, or
 /// let the app answer (and write it). The router never writes here.
-async fn serve_versioned(
-    session: &mut Session,
+async fn versioned(
     ctx: &mut RequestCtx,
     state: CacheCtx,
     redis: &CacheRedis,
-) -> pingora::Result<bool> {
+) -> Option<Arc<CachedResponse>> {
     let Some(body) = redis.versioned_body(&state.key).await else {
         ctx.cache = Some(state);
-        return Ok(false);
+        return None;
     };
     count(ctx, CacheStatus::Hit);
     ctx.cache = Some(CacheCtx {
@@ -211,7 +224,7 @@ async fn serve_versioned(
         ..state
     });
     let now = Instant::now();
-    let page = CachedResponse {
+    Some(Arc::new(CachedResponse {
         status: 200,
         headers: vec![(
             header::CONTENT_TYPE,
@@ -221,9 +234,7 @@ async fn serve_versioned(
         stored_at: now,
         fresh_until: now,
         stale_until: now,
-    };
-    write_cached(session, ctx, &page, CacheStatus::Hit).await?;
-    Ok(true)
+    }))
 }
 
 /// An app's cache lives in Redis but this router has none: its pages come from the app.
@@ -244,10 +255,10 @@ enum Looked {
     Stale(Arc<CachedResponse>),
 }
 
-async fn look_up(session: &Session, state: &CacheCtx, app: &str) -> Option<Looked> {
+async fn look_up(headers: &HeaderMap, state: &CacheCtx, app: &str) -> Option<Looked> {
     let (entry, variant) = match entry_at(state, app, &state.key).await? {
         Entry::Varies(names) => {
-            let key = variant_key(&state.key, &names, session);
+            let key = variant_key(&state.key, &names, headers);
             (entry_at(state, app, &key).await?, Some(key))
         }
         entry => (entry, None),
@@ -276,8 +287,7 @@ async fn entry_at(state: &CacheCtx, app: &str, key: &str) -> Option<Entry> {
     }
 }
 
-fn variant_key(key: &str, names: &[HeaderName], session: &Session) -> String {
-    let headers = &session.req_header().headers;
+fn variant_key(key: &str, names: &[HeaderName], headers: &HeaderMap) -> String {
     let mut variant = key.to_string();
     for name in names {
         variant.push('\n');
@@ -311,30 +321,57 @@ pub(crate) fn on_upstream_response(
     ctx: &mut RequestCtx,
     response: &ResponseHeader,
 ) -> pingora::Result<()> {
-    let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
-        return Ok(());
-    };
     let status = response.status.as_u16();
-    if status >= 500 && state.stale.is_some() {
-        state.fill = None;
-        return pingora::Error::e_explain(
+    match on_app_response(
+        &session.req_header().headers,
+        ctx,
+        status,
+        &response.headers,
+    ) {
+        AppAnswer::GoesOn => Ok(()),
+        AppAnswer::StaleStandsIn => pingora::Error::e_explain(
             pingora::ErrorType::HTTPStatus(status),
             "the app failed; a stale copy stands in",
-        );
+        ),
+    }
+}
+
+/// What becomes of the app's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AppAnswer {
+    /// It goes to the client (and is kept if the fill decided so).
+    GoesOn,
+    /// The app failed and a stale copy is at hand: [`take_stale`] answers instead.
+    StaleStandsIn,
+}
+
+/// The app answered `status` with `headers` to a request with `request_headers`: decide
+/// whether to keep this response, or whether a stale copy stands in for an app error.
+pub(crate) fn on_app_response(
+    request_headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    status: u16,
+    headers: &HeaderMap,
+) -> AppAnswer {
+    let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
+        return AppAnswer::GoesOn;
+    };
+    if status >= 500 && state.stale.is_some() {
+        state.fill = None;
+        return AppAnswer::StaleStandsIn;
     }
     let Some(fill) = state.fill.as_mut() else {
-        return Ok(());
+        return AppAnswer::GoesOn;
     };
-    match storable(policy, response) {
+    match storable(policy, status, headers) {
         Some((fresh_for, vary)) => {
             if let Some(names) = &vary {
-                fill.stored_key = variant_key(&state.key, names, session);
+                fill.stored_key = variant_key(&state.key, names, request_headers);
             }
             fill.vary = vary;
             fill.response = Some(PendingResponse {
                 status,
-                headers: response
-                    .headers
+                headers: headers
                     .iter()
                     .filter(|(name, _)| !NOT_STORED.contains(&name.as_str()))
                     .map(|(name, value)| (name.clone(), value.clone()))
@@ -344,19 +381,25 @@ pub(crate) fn on_upstream_response(
         }
         None => state.fill = None,
     }
-    Ok(())
+    AppAnswer::GoesOn
+}
+
+/// Whether this request would keep the app's response: the request headers are then needed
+/// after the request has gone (a `Vary` names some).
+pub(crate) fn fills(ctx: &RequestCtx) -> bool {
+    ctx.cache.as_ref().is_some_and(|state| state.fill.is_some())
 }
 
 /// How long `response` may be served, and the headers it varies by; `None` if it must not
 /// be kept.
 fn storable(
     policy: &ResponseCache,
-    response: &ResponseHeader,
+    status: u16,
+    headers: &HeaderMap,
 ) -> Option<(Duration, Option<Arc<[HeaderName]>>)> {
-    if !CACHEABLE_STATUSES.contains(&response.status.as_u16()) {
+    if !CACHEABLE_STATUSES.contains(&status) {
         return None;
     }
-    let headers = &response.headers;
     if headers.get(header::SET_COOKIE).is_some() && !policy.cache_set_cookie {
         return None;
     }
@@ -416,13 +459,20 @@ pub(crate) fn on_response_header(
     ctx: &mut RequestCtx,
     response: &mut ResponseHeader,
 ) -> pingora::Result<()> {
-    let Some(state) = ctx.cache.as_ref() else {
-        return Ok(());
-    };
+    match x_cache(ctx) {
+        Some(label) => response.insert_header("x-cache", label),
+        None => Ok(()),
+    }
+}
+
+/// The `X-Cache` of a response from the app, for an app that caches (a miss is counted
+/// here, once its answer is known to go out).
+pub(crate) fn x_cache(ctx: &RequestCtx) -> Option<&'static str> {
+    let state = ctx.cache.as_ref()?;
     if state.status == CacheStatus::Miss {
         count(ctx, CacheStatus::Miss);
     }
-    response.insert_header("x-cache", state.status.label())
+    Some(state.status.label())
 }
 
 /// Collects the body of a response being kept, storing it at its end.
@@ -481,18 +531,19 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
 }
 
 /// A response the router made itself for an app that caches (a resized image) goes through
-/// the same decisions as the app's own: kept when storable (the request held the fill), and
-/// marked with `X-Cache`.
+/// the same decisions as the app's own: kept when storable (the request held the fill).
+/// Returns its `X-Cache`.
 pub(crate) fn keep_local_answer(
-    session: &Session,
+    request_headers: &HeaderMap,
     ctx: &mut RequestCtx,
-    head: &mut ResponseHeader,
+    status: u16,
+    headers: &HeaderMap,
     body: &Bytes,
-) -> pingora::Result<()> {
-    on_upstream_response(session, ctx, head)?;
-    on_response_header(ctx, head)?;
+) -> Option<&'static str> {
+    on_app_response(request_headers, ctx, status, headers);
+    let label = x_cache(ctx);
     on_response_body(ctx, &Some(body.clone()), true);
-    Ok(())
+    label
 }
 
 /// The app could not be reached (or failed before answering): serve the stale copy if one is
@@ -504,11 +555,7 @@ pub(crate) async fn serve_stale_on_failure(
     if session.response_written().is_some() {
         return None;
     }
-    let state = ctx.cache.as_mut()?;
-    let stale = state.stale.take()?;
-    state.status = CacheStatus::Stale;
-    state.fill = None;
-    count(ctx, CacheStatus::Stale);
+    let stale = take_stale(ctx)?;
     match write_cached(session, ctx, &stale, CacheStatus::Stale).await {
         Ok(()) => Some(stale.status),
         Err(e) => {
@@ -518,17 +565,40 @@ pub(crate) async fn serve_stale_on_failure(
     }
 }
 
-fn cached_head(response: &CachedResponse, status: CacheStatus) -> pingora::Result<ResponseHeader> {
-    let mut head = ResponseHeader::build(response.status, Some(response.headers.len() + 4))?;
+/// The stale copy that stands in for an app that failed or could not be reached, if one is
+/// allowed (counted as stale).
+pub(crate) fn take_stale(ctx: &mut RequestCtx) -> Option<Arc<CachedResponse>> {
+    let state = ctx.cache.as_mut()?;
+    let stale = state.stale.take()?;
+    state.status = CacheStatus::Stale;
+    state.fill = None;
+    count(ctx, CacheStatus::Stale);
+    Some(stale)
+}
+
+/// The head of an answer from the cache: the stored headers, its length, age and `X-Cache`.
+pub(crate) fn cached_headers(response: &CachedResponse, status: CacheStatus) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(response.headers.len() + 5);
     for (name, value) in &response.headers {
-        head.append_header(name.clone(), value.clone())?;
+        headers.append(name.clone(), value.clone());
     }
-    head.insert_header(header::CONTENT_LENGTH, response.body.len().to_string())?;
-    head.insert_header(
-        header::AGE,
-        response.stored_at.elapsed().as_secs().to_string(),
-    )?;
-    head.insert_header("x-cache", status.label())?;
+    headers.insert(header::CONTENT_LENGTH, response.body.len().into());
+    headers.insert(header::AGE, response.stored_at.elapsed().as_secs().into());
+    headers.insert(
+        HeaderName::from_static("x-cache"),
+        HeaderValue::from_static(status.label()),
+    );
+    headers
+}
+
+fn cached_head(response: &CachedResponse, status: CacheStatus) -> pingora::Result<ResponseHeader> {
+    let headers = cached_headers(response, status);
+    let mut head = ResponseHeader::build(response.status, Some(headers.len()))?;
+    for (name, value) in headers {
+        if let Some(name) = name {
+            head.append_header(name, value)?;
+        }
+    }
     Ok(head)
 }
 
@@ -588,7 +658,9 @@ mod tests {
     #[test]
     fn cache_control_set_cookie_and_vary_decide_what_is_kept() {
         let p = policy();
-        let fresh = |h: &[(&str, &str)]| storable(&p, &response(200, h)).map(|(d, _)| d.as_secs());
+        let kept =
+            |status: u16, h: &[(&str, &str)]| storable(&p, status, &response(status, h).headers);
+        let fresh = |h: &[(&str, &str)]| kept(200, h).map(|(d, _)| d.as_secs());
         assert_eq!(fresh(&[]), Some(60));
         assert_eq!(fresh(&[("cache-control", "public, max-age=5")]), Some(5));
         assert_eq!(
@@ -602,12 +674,8 @@ mod tests {
         assert_eq!(fresh(&[("set-cookie", "sid=1")]), None);
         assert_eq!(fresh(&[("vary", "*")]), None);
         assert_eq!(fresh(&[("content-length", "101")]), None);
-        assert_eq!(storable(&p, &response(500, &[])).map(|_| ()), None);
-        let (_, vary) = storable(
-            &p,
-            &response(200, &[("vary", "Accept-Encoding, accept-language")]),
-        )
-        .expect("kept");
+        assert_eq!(kept(500, &[]).map(|_| ()), None);
+        let (_, vary) = kept(200, &[("vary", "Accept-Encoding, accept-language")]).expect("kept");
         let names: Vec<&str> = vary
             .iter()
             .flat_map(|v| v.iter())

@@ -220,7 +220,12 @@ pub(crate) async fn serve(
     }
     crate::https::add_hsts(&mut head, ctx)?;
     let body = Bytes::from(resized.bytes);
-    crate::cache::keep_local_answer(session, ctx, &mut head, &body)?;
+    let request_headers = &session.req_header().headers;
+    if let Some(label) =
+        crate::cache::keep_local_answer(request_headers, ctx, 200, &head.headers, &body)
+    {
+        head.insert_header("x-cache", label)?;
+    }
     ctx.local_status = Some(200);
     session
         .write_response_header(Box::new(head), head_only)

@@ -139,6 +139,7 @@ impl Router {
             https_port: self.https_port,
             client_timeouts: self.client_timeouts,
             waf: self.waf.clone(),
+            cache_redis: self.cache_redis.clone(),
         }
     }
 

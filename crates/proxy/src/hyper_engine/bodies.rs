@@ -23,6 +23,7 @@ use super::inspection::Held;
 use super::pool::BackendConnection;
 use super::Worker;
 use crate::access_log::Exchange;
+use crate::cache;
 use crate::context::RequestCtx;
 use crate::mirror::MirrorFeed;
 use crate::respond::BODY_PIECE;
@@ -360,6 +361,21 @@ impl Body for ClientBody {
                         }
                     }
                     Some(Ok(_)) => {}
+                }
+                if let Some(end) = this.end.as_mut().filter(|end| end.ctx.cache.is_some()) {
+                    // A response the cache keeps: each piece is collected, stored at the end.
+                    match &frame {
+                        Some(Ok(piece)) => {
+                            let ended = incoming.is_end_stream();
+                            cache::on_response_body(
+                                &mut end.ctx,
+                                &piece.data_ref().cloned(),
+                                ended,
+                            );
+                        }
+                        None => cache::on_response_body(&mut end.ctx, &None, true),
+                        Some(Err(_)) => {}
+                    }
                 }
                 frame
             }

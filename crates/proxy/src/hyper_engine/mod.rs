@@ -9,8 +9,8 @@
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
 //! measured in one process and the stages can move over one by one. Static files,
-//! mirroring and the WAF have moved; apps that use a stage not moved yet (response cache,
-//! images) are answered 501 here, never served without it; they stay fully served on the Pingora
+//! mirroring, the WAF and the response cache have moved; apps that use image resizing, not
+//! moved yet, are answered 501 here, never served without it; they stay fully served on the Pingora
 //! listeners.
 
 mod bodies;
@@ -39,6 +39,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
+use crate::cache_redis::CacheRedis;
 use crate::mirror::MirrorClient;
 use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
@@ -157,6 +158,8 @@ pub(crate) struct Shared {
     pub(crate) client_timeouts: ClientTimeouts,
     /// The WAF's rules and spool; `None` when the router runs without (`--waf off`).
     pub(crate) waf: Option<Arc<Inspector>>,
+    /// The cache Redis, for apps whose responses are kept there.
+    pub(crate) cache_redis: Option<Arc<CacheRedis>>,
 }
 
 /// One thread's state: the shared parts and its own backend pool.

@@ -1,12 +1,14 @@
 //! One request on the hyper listener, through the stages of `pipeline.rs` this listener
-//! serves, in the same order: request id, framing, route, HTTPS redirect, upstream (pick,
-//! connect, retries, passive health, drain registration), the answer, the log.
+//! serves, in the same order: request id, framing, route, HTTPS redirect, WAF, static files,
+//! cache, mirror, upstream (pick, connect, retries, passive health, drain registration), the
+//! answer (kept by the cache, or a stale copy in its place), the log.
 
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,7 +16,9 @@ use http::header::{
     CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION,
     STRICT_TRANSPORT_SECURITY, UPGRADE,
 };
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
 use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
@@ -25,9 +29,11 @@ use super::inspection;
 use super::pool::{BackendConnection, ConnectFailure};
 use super::{relay, Worker};
 use crate::balancer::Pick;
+use crate::cache::{self, AppAnswer, CacheStatus};
 use crate::context::RequestCtx;
 use crate::pipeline::request_id;
 use crate::respond::{self, LocalAnswer};
+use crate::response_store::CachedResponse;
 use crate::static_files::{self, StaticFile};
 use crate::waf::Endpoints;
 use crate::{framing, https, metrics, mirror, route, upstream};
@@ -44,6 +50,7 @@ const HOP_BY_HOP: [&str; 6] = [
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// What the router answers a request with. Moved once per request: boxing the large
 /// variant would cost every proxied request an allocation to save a copy.
@@ -61,6 +68,8 @@ pub(super) enum Answer {
     Redirect(String),
     /// A file under the app's static root.
     File(StaticFile),
+    /// A copy from the app's response cache: fresh, or stale standing in for the app.
+    Cached(Arc<CachedResponse>, CacheStatus),
 }
 
 impl From<LocalAnswer> for Answer {
@@ -127,7 +136,13 @@ pub(super) async fn handle(
     };
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
-    let answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    if let Answer::Local { status: 500.., .. } = answer {
+        // The app failed or could not be reached: a stale copy stands in if one may.
+        if let Some(stale) = cache::take_stale(&mut end.ctx) {
+            answer = Answer::Cached(stale, CacheStatus::Stale);
+        }
+    }
     let mut response = match answer {
         Answer::Backend {
             response,
@@ -143,6 +158,7 @@ pub(super) async fn handle(
             local_response(308, body, Some(location), end)
         }
         Answer::File(file) => file_response(file, end),
+        Answer::Cached(copy, status) => cached_response(&copy, status, end),
     };
     if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
         linger(incoming, &mut response);
@@ -241,6 +257,9 @@ async fn proxy(
     if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
         return Answer::File(file);
     }
+    if let Some(fresh) = cache::look_up_request(ctx, &head, shared.cache_redis.as_ref()).await {
+        return Answer::Cached(fresh, CacheStatus::Hit);
+    }
     let upgrade = head.headers.contains_key(UPGRADE);
     let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
@@ -296,7 +315,8 @@ async fn proxy(
         let mut outgoing = Request::new(body.take().unwrap_or_else(again));
         *outgoing.method_mut() = head.method.clone();
         *outgoing.uri_mut() = head.uri.clone();
-        *outgoing.headers_mut() = if may_retry {
+        // Kept for another attempt, or for the cache's `Vary` once the answer is in.
+        *outgoing.headers_mut() = if may_retry || cache::fills(ctx) {
             head.headers.clone()
         } else {
             std::mem::take(&mut head.headers)
@@ -304,7 +324,15 @@ async fn proxy(
         let sent = tokio::time::timeout(read_deadline, connection.sender.send_request(outgoing));
         let error = match sent.await {
             Ok(Ok(response)) => {
-                upstream::on_response_header(ctx, response.status().as_u16());
+                let status = response.status().as_u16();
+                upstream::on_response_header(ctx, status);
+                let verdict =
+                    cache::on_app_response(&head.headers, ctx, status, response.headers());
+                if verdict == AppAnswer::StaleStandsIn {
+                    if let Some(stale) = cache::take_stale(ctx) {
+                        return Answer::Cached(stale, CacheStatus::Stale);
+                    }
+                }
                 return Answer::Backend {
                     response,
                     connection,
@@ -361,9 +389,7 @@ async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
 /// The stage an app uses that this listener does not run yet, if any: such an app is never
 /// served here without it.
 fn stage_not_served_here(app: &App) -> Option<&'static str> {
-    if app.cache.is_some() {
-        Some("the response cache")
-    } else if app.images.is_some() {
+    if app.images.is_some() {
         Some("image resizing")
     } else {
         None
@@ -467,6 +493,11 @@ fn backend_response(
     // answers an HTTP/1.0 client in kind).
     *response.version_mut() = Version::HTTP_11;
     set_router_headers(response.headers_mut(), &end.ctx);
+    if let Some(label) = cache::x_cache(&end.ctx) {
+        response
+            .headers_mut()
+            .insert(X_CACHE, HeaderValue::from_static(label));
+    }
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
             end.ctx.local_status = Some(502);
@@ -484,6 +515,10 @@ fn backend_response(
         return response.map(|_| ClientBody::local(Bytes::new(), None));
     }
     remove_hop_by_hop(response.headers_mut());
+    if end.ctx.cache.is_some() && response.body().is_end_stream() {
+        // An empty body is never read: a response the cache keeps is complete now.
+        cache::on_response_body(&mut end.ctx, &None, true);
+    }
     response.map(|incoming| ClientBody::from_backend(incoming, read_deadline, connection, end))
 }
 
@@ -514,6 +549,25 @@ fn local_response(
         }
     }
     response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
+}
+
+fn cached_response(
+    copy: &CachedResponse,
+    status: CacheStatus,
+    mut end: RequestEnd,
+) -> Response<ClientBody> {
+    end.ctx.local_status = Some(copy.status);
+    end.status = copy.status;
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(copy.status).unwrap_or(StatusCode::OK);
+    *response.headers_mut() = cache::cached_headers(copy, status);
+    set_router_headers(response.headers_mut(), &end.ctx);
+    let body = if end.method == Method::HEAD {
+        Bytes::new()
+    } else {
+        copy.body.clone()
+    };
+    response.map(|()| ClientBody::local(body, Some(end)))
 }
 
 fn file_response(file: StaticFile, mut end: RequestEnd) -> Response<ClientBody> {
