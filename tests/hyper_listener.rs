@@ -1,9 +1,10 @@
 //! The hyper listener (`--http-hyper`): the same routes as the main listeners, served on the
 //! engine the request path is moving to (issue 17). Routing, local answers, forwarded
 //! headers, retries past a dead backend, the access log, backend connection reuse,
-//! WebSockets that outlive a deploy and end with 1001 when their app is deleted, and apps
-//! using a stage it does not run yet refused rather than served without it, and uploads
-//! answered before they are read still getting their answer.
+//! WebSockets that outlive a deploy and end with 1001 when their app is deleted, HTTPS
+//! redirects, and uploads answered before they are read still getting their answer. The
+//! stages (WAF, cache, images, mirror, static files) are run on both engines by their own
+//! suites.
 
 mod support;
 
@@ -224,20 +225,9 @@ fn an_upload_answered_before_it_is_read_still_gets_its_answer() {
 }
 
 #[test]
-fn an_app_using_a_stage_not_moved_yet_is_refused_there_and_served_on_the_main_listener() {
+fn an_app_that_asks_for_https_is_redirected_there() {
     let (router, hyper) = router_with_hyper_listener();
-    let backend = Backend::start("gallery");
-    router.put_app(
-        "gallery",
-        json!({"domains": ["gallery.test"], "backends": [backend.addr.to_string()],
-               "images": {}}),
-    );
-    let refused = support::get(hyper, "gallery.test", "/").expect("response");
-    assert_eq!(refused.status, 501, "{}", refused.text());
-    assert_eq!(backend.requests(), 0, "never served without its stage");
-    let served = router.get("gallery.test", "/");
-    assert_eq!(served.status, 200, "{}", served.text());
-
+    let backend = Backend::start("secure");
     router.put_app(
         "secure",
         json!({"domains": ["secure.test"], "backends": [backend.addr.to_string()],

@@ -8,6 +8,7 @@
 //! image (or over `max_source_bytes`) 422; an original the app does not answer with 200 keeps
 //! the app's status; a pool that is full or too slow 503 with `Retry-After`.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,7 +41,7 @@ const IN_FLIGHT_PER_WORKER: usize = 8;
 /// Requests waiting for a place, per place; past that they are refused at once with 503.
 const WAITING_PER_PLACE: usize = 64;
 /// Seconds a client is asked to wait after the pool refused a resize.
-const RETRY_AFTER_S: &str = "1";
+pub(crate) const RETRY_AFTER_S: &str = "1";
 
 /// What the images stage needs from the router: the admission shared by all threads and
 /// this thread's own connections.
@@ -131,6 +132,24 @@ struct Asked {
     original_path: String,
 }
 
+/// What the stage answers a resize request with.
+pub(crate) enum ImageAnswer {
+    /// The resized image.
+    Resized {
+        content_type: &'static str,
+        body: Bytes,
+        /// The original's `Cache-Control`, passed on.
+        cache_control: Option<String>,
+    },
+    /// A refusal: 400, 422, the app's status for the original, 503.
+    Refused {
+        status: u16,
+        text: String,
+        /// A 503 from an overloaded pool asks the client to come back in a second.
+        retry_after: bool,
+    },
+}
+
 /// Answers resize requests (503 for all of them on a router without a worker pool).
 /// `Ok(true)`: answered.
 pub(crate) async fn serve(
@@ -138,44 +157,99 @@ pub(crate) async fn serve(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
-    let Some(route) = ctx.route.clone() else {
+    let client_ip = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    let Some(answer) = resize_for(stage, ctx, session.req_header(), client_ip).await else {
         return Ok(false);
     };
-    let Some(images) = route.app.images.as_ref() else {
-        return Ok(false);
+    let (content_type, body, cache_control) = match answer {
+        ImageAnswer::Refused {
+            status,
+            text,
+            retry_after,
+        } => {
+            let extra: &[(&str, &str)] = if retry_after {
+                &[("retry-after", RETRY_AFTER_S)]
+            } else {
+                &[]
+            };
+            respond::write_error_with(session, ctx, status, &text, extra).await?;
+            return Ok(true);
+        }
+        ImageAnswer::Resized {
+            content_type,
+            body,
+            cache_control,
+        } => (content_type, body, cache_control),
     };
-    let request = session.req_header();
-    let head_only = request.method == Method::HEAD;
-    if (request.method != Method::GET && !head_only)
+    let mut head = ResponseHeader::build(200, Some(6))?;
+    head.insert_header("content-type", content_type)?;
+    head.insert_header("content-length", body.len().to_string())?;
+    head.insert_header("x-request-id", ctx.request_id.as_str())?;
+    if let Some(cache_control) = cache_control {
+        head.insert_header("cache-control", cache_control)?;
+    }
+    crate::https::add_hsts(&mut head, ctx)?;
+    let request_headers = &session.req_header().headers;
+    if let Some(label) =
+        crate::cache::keep_local_answer(request_headers, ctx, 200, &head.headers, &body)
+    {
+        head.insert_header("x-cache", label)?;
+    }
+    ctx.local_status = Some(200);
+    let head_only = session.req_header().method == Method::HEAD;
+    session
+        .write_response_header(Box::new(head), head_only)
+        .await?;
+    if !head_only {
+        crate::respond::write_whole_body(session, body).await?;
+    }
+    Ok(true)
+}
+
+/// The answer to `request` when it asks for a resized image of an app with the `images`
+/// option; `None` for every other request.
+pub(crate) async fn resize_for(
+    stage: Option<&ImageStage>,
+    ctx: &mut RequestCtx,
+    request: &http::request::Parts,
+    client_ip: Option<IpAddr>,
+) -> Option<ImageAnswer> {
+    let route = ctx.route.clone()?;
+    let images = route.app.images.as_ref()?;
+    if (request.method != Method::GET && request.method != Method::HEAD)
         || !request.uri.path().starts_with(&images.prefix)
     {
-        return Ok(false);
+        return None;
     }
     let app = route.app.name.as_str();
+    let refused = |status: u16, text: String| ImageAnswer::Refused {
+        status,
+        text,
+        retry_after: false,
+    };
     let asked = match parse(images, request.uri.path(), request.uri.query()) {
         Ok(asked) => asked,
         Err(reason) => {
             count(app, "bad_request");
-            respond::write_error(session, ctx, 400, &reason).await?;
-            return Ok(true);
+            return Some(refused(400, reason));
         }
     };
     let Some(stage) = stage else {
         count(app, "overloaded");
-        respond::write_error(session, ctx, 503, "image resizing is not available").await?;
-        return Ok(true);
+        return Some(refused(503, "image resizing is not available".into()));
     };
     let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
     let Some(_place) = stage.admit(deadline).await else {
-        refuse_for_now(session, ctx, app, PoolRefusal::Full).await?;
-        return Ok(true);
+        return Some(refuse_for_now(app, PoolRefusal::Full));
     };
-    let original = match fetch_original(stage, session, ctx, images, &asked.original_path).await {
+    let original = match fetch_original(stage, client_ip, ctx, images, &asked.original_path).await {
         Ok(original) => original,
         Err(failure) => {
             count(app, failure.label);
-            respond::write_error(session, ctx, failure.status, &failure.text).await?;
-            return Ok(true);
+            return Some(refused(failure.status, failure.text));
         }
     };
     let resize = asked.resize;
@@ -194,13 +268,9 @@ pub(crate) async fn serve(
                 ctx.request_id,
                 asked.original_path
             );
-            respond::write_error(session, ctx, 422, &unprocessable.to_string()).await?;
-            return Ok(true);
+            return Some(refused(422, unprocessable.to_string()));
         }
-        Err(refusal) => {
-            refuse_for_now(session, ctx, app, refusal).await?;
-            return Ok(true);
-        }
+        Err(refusal) => return Some(refuse_for_now(app, refusal)),
     };
     count(app, "resized");
     log::debug!(
@@ -211,45 +281,26 @@ pub(crate) async fn serve(
         resized.height,
         resized.bytes.len()
     );
-    let mut head = ResponseHeader::build(200, Some(6))?;
-    head.insert_header("content-type", resized.encoding.content_type())?;
-    head.insert_header("content-length", resized.bytes.len().to_string())?;
-    head.insert_header("x-request-id", ctx.request_id.as_str())?;
-    if let Some(cache_control) = original.cache_control {
-        head.insert_header("cache-control", cache_control)?;
-    }
-    crate::https::add_hsts(&mut head, ctx)?;
-    let body = Bytes::from(resized.bytes);
-    let request_headers = &session.req_header().headers;
-    if let Some(label) =
-        crate::cache::keep_local_answer(request_headers, ctx, 200, &head.headers, &body)
-    {
-        head.insert_header("x-cache", label)?;
-    }
-    ctx.local_status = Some(200);
-    session
-        .write_response_header(Box::new(head), head_only)
-        .await?;
-    if !head_only {
-        crate::respond::write_whole_body(session, body).await?;
-    }
-    Ok(true)
+    Some(ImageAnswer::Resized {
+        content_type: resized.encoding.content_type(),
+        body: Bytes::from(resized.bytes),
+        cache_control: original.cache_control,
+    })
 }
 
 /// 503 with `Retry-After`: no place among the requests under way, a full pool queue, or a
 /// missed deadline.
-async fn refuse_for_now(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    app: &str,
-    refusal: PoolRefusal,
-) -> pingora::Result<()> {
+fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
     count(app, "overloaded");
     let why = match refusal {
         PoolRefusal::Full => "the image workers are busy, try again shortly",
         PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
     };
-    respond::write_error_with(session, ctx, 503, why, &[("retry-after", RETRY_AFTER_S)]).await
+    ImageAnswer::Refused {
+        status: 503,
+        text: why.into(),
+        retry_after: true,
+    }
 }
 
 fn count(app: &str, result: &str) {
@@ -337,7 +388,7 @@ impl FetchFailure {
 
 async fn fetch_original(
     stage: &ImageStage,
-    session: &Session,
+    client_ip: Option<IpAddr>,
     ctx: &mut RequestCtx,
     images: &Images,
     path: &str,
@@ -345,7 +396,7 @@ async fn fetch_original(
     if let Some(original) = from_static_root(ctx, images, path).await? {
         return Ok(original);
     }
-    from_backend(stage, session, ctx, images, path).await
+    from_backend(stage, client_ip, ctx, images, path).await
 }
 
 async fn from_static_root(
@@ -389,12 +440,12 @@ async fn from_static_root(
 
 async fn from_backend(
     stage: &ImageStage,
-    session: &Session,
+    client_ip: Option<IpAddr>,
     ctx: &mut RequestCtx,
     images: &Images,
     path: &str,
 ) -> Result<Original, FetchFailure> {
-    let peer = upstream::choose_peer(session, ctx).map_err(|answer| {
+    let peer = upstream::choose_peer_for(ctx, false).map_err(|answer| {
         FetchFailure::new(
             answer.status(),
             "the app has no reachable container",
@@ -428,7 +479,7 @@ async fn from_backend(
     request
         .insert_header("accept", "image/*")
         .map_err(unreachable)?;
-    upstream::set_forwarded_headers(session, &mut request, ctx).map_err(unreachable)?;
+    upstream::set_forwarded_headers_for(client_ip, &mut request, ctx).map_err(unreachable)?;
     let exchange = async {
         http.write_request_header(Box::new(request)).await?;
         http.finish_body().await?;

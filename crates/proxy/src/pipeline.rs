@@ -140,6 +140,7 @@ impl Router {
             client_timeouts: self.client_timeouts,
             waf: self.waf.clone(),
             cache_redis: self.cache_redis.clone(),
+            images: self.images.as_ref().map(ImageStage::for_another_thread),
         }
     }
 

@@ -29,6 +29,15 @@ pub(crate) fn choose_peer(
     session: &Session,
     ctx: &mut RequestCtx,
 ) -> Result<Box<HttpPeer>, LocalAnswer> {
+    choose_peer_for(ctx, session.is_upgrade_req())
+}
+
+/// [`choose_peer`] for a request that is an upgrade (`upgrade`) or not, whatever engine
+/// serves it.
+pub(crate) fn choose_peer_for(
+    ctx: &mut RequestCtx,
+    upgrade: bool,
+) -> Result<Box<HttpPeer>, LocalAnswer> {
     ctx.release_attempt();
     let Some(route) = ctx.route.clone() else {
         return Err(LocalAnswer::UnknownHost);
@@ -49,7 +58,7 @@ pub(crate) fn choose_peer(
     peer.options.write_timeout = Some(Duration::from_millis(timeouts.write_ms));
     // An upgraded connection (WebSocket) may legitimately stay silent for hours; its own
     // pings keep it alive, so only ordinary requests get a read deadline.
-    peer.options.read_timeout = if session.is_upgrade_req() {
+    peer.options.read_timeout = if upgrade {
         None
     } else {
         Some(Duration::from_millis(timeouts.read_ms))

@@ -1,6 +1,6 @@
 //! The request path on hyper: the first part of issue 17's engine change (bench/ENGINE.md).
 //! Pingora's own floor costs 1.9–2.2× nginx's CPU per request; a shared-nothing hyper
-//! proxy, 1.1–1.3×. This listener serves HTTP/1.1, in clear and over TLS (certificates by
+//! proxy, 1.1–1.3×. This listener serves HTTP/1.1 and HTTP/2, in clear and over TLS (certificates by
 //! SNI from the same cache, same ticket keys as the Pingora listener), with Switchyard's routing,
 //! balancing, retries, passive health, drains, WebSocket relay, access log and metrics on
 //! hyper, laid out as nginx's workers are: one thread per worker with its own
@@ -8,10 +8,9 @@
 //! backend connections, so no request touches state another thread owns.
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process and the stages can move over one by one. Static files,
-//! mirroring, the WAF and the response cache have moved; apps that use image resizing, not
-//! moved yet, are answered 501 here, never served without it; they stay fully served on the Pingora
-//! listeners.
+//! measured in one process while the last parts move (a whole-head deadline, the socket
+//! hand-over on `--upgrade`); every stage of `pipeline.rs` runs here, through the same
+//! engine-neutral stage modules as on Pingora.
 
 mod bodies;
 mod h2;
@@ -40,6 +39,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::cache_redis::CacheRedis;
+use crate::images::ImageStage;
 use crate::mirror::MirrorClient;
 use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
@@ -160,6 +160,9 @@ pub(crate) struct Shared {
     pub(crate) waf: Option<Arc<Inspector>>,
     /// The cache Redis, for apps whose responses are kept there.
     pub(crate) cache_redis: Option<Arc<CacheRedis>>,
+    /// This thread's image stage (its own connections for originals); `None` without a
+    /// worker pool.
+    pub(crate) images: Option<ImageStage>,
 }
 
 /// One thread's state: the shared parts and its own backend pool.

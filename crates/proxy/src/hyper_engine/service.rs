@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{
-    CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION,
+    CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION, RETRY_AFTER,
     STRICT_TRANSPORT_SECURITY, UPGRADE,
 };
 use http::{
@@ -22,7 +22,6 @@ use http::{
 use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use switchyard_model::App;
 
 use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
@@ -31,6 +30,7 @@ use super::{relay, Worker};
 use crate::balancer::Pick;
 use crate::cache::{self, AppAnswer, CacheStatus};
 use crate::context::RequestCtx;
+use crate::images::{self, ImageAnswer};
 use crate::pipeline::request_id;
 use crate::respond::{self, LocalAnswer};
 use crate::response_store::CachedResponse;
@@ -70,6 +70,15 @@ pub(super) enum Answer {
     File(StaticFile),
     /// A copy from the app's response cache: fresh, or stale standing in for the app.
     Cached(Arc<CachedResponse>, CacheStatus),
+    /// A 200 the router made (a resized image).
+    Made { headers: HeaderMap, body: Bytes },
+    /// A refusal whose text says what was wrong with the request; `retry_after` asks the
+    /// client to come back shortly.
+    Refused {
+        status: u16,
+        text: String,
+        retry_after: bool,
+    },
 }
 
 impl From<LocalAnswer> for Answer {
@@ -158,7 +167,25 @@ pub(super) async fn handle(
             local_response(308, body, Some(location), end)
         }
         Answer::File(file) => file_response(file, end),
-        Answer::Cached(copy, status) => cached_response(&copy, status, end),
+        Answer::Cached(copy, status) => {
+            let headers = cache::cached_headers(&copy, status);
+            made_response(copy.status, headers, copy.body.clone(), end)
+        }
+        Answer::Made { headers, body } => made_response(200, headers, body, end),
+        Answer::Refused {
+            status,
+            text,
+            retry_after,
+        } => {
+            let body = respond::error_body(status, &text, &end.ctx.request_id);
+            let mut response = local_response(status, body, None, end);
+            if retry_after {
+                response
+                    .headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from_static(images::RETRY_AFTER_S));
+            }
+            response
+        }
     };
     if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
         linger(incoming, &mut response);
@@ -219,17 +246,6 @@ async fn proxy(
     let Some(route) = ctx.route.clone() else {
         return LocalAnswer::UnknownHost.into();
     };
-    if let Some(stage) = stage_not_served_here(&route.app) {
-        log::debug!(
-            "request {}: app {} uses {stage}, not served on the hyper listener yet",
-            ctx.request_id,
-            route.app.name.as_str()
-        );
-        return Answer::Local {
-            status: 501,
-            text: "this app's options are not served on this listener yet",
-        };
-    }
     let body_deadline = shared.client_timeouts.body;
     if head.version == Version::HTTP_2
         && declares_empty_body(&head.headers)
@@ -259,6 +275,11 @@ async fn proxy(
     }
     if let Some(fresh) = cache::look_up_request(ctx, &head, shared.cache_redis.as_ref()).await {
         return Answer::Cached(fresh, CacheStatus::Hit);
+    }
+    // After the cache: a resized image the app lets be cached is made once.
+    let stage = shared.images.as_ref();
+    if let Some(image) = images::resize_for(stage, ctx, &head, Some(client.ip)).await {
+        return image_answer(image, &head.headers, ctx);
     }
     let upgrade = head.headers.contains_key(UPGRADE);
     let body_ended = incoming.is_end_stream();
@@ -383,16 +404,6 @@ async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
             Ok(Some(Ok(frame))) if frame.is_trailers() => {}
             _ => return false,
         }
-    }
-}
-
-/// The stage an app uses that this listener does not run yet, if any: such an app is never
-/// served here without it.
-fn stage_not_served_here(app: &App) -> Option<&'static str> {
-    if app.images.is_some() {
-        Some("image resizing")
-    } else {
-        None
     }
 }
 
@@ -551,21 +562,56 @@ fn local_response(
     response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
 }
 
-fn cached_response(
-    copy: &CachedResponse,
-    status: CacheStatus,
+/// The answer of the images stage; a resized image goes through the cache's decisions as
+/// the app's own answers do.
+fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut RequestCtx) -> Answer {
+    let (content_type, body, cache_control) = match image {
+        ImageAnswer::Refused {
+            status,
+            text,
+            retry_after,
+        } => {
+            return Answer::Refused {
+                status,
+                text,
+                retry_after,
+            }
+        }
+        ImageAnswer::Resized {
+            content_type,
+            body,
+            cache_control,
+        } => (content_type, body, cache_control),
+    };
+    let mut headers = HeaderMap::with_capacity(4);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Some(value) = cache_control.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(CACHE_CONTROL, value);
+    }
+    if let Some(label) = cache::keep_local_answer(request_headers, ctx, 200, &headers, &body) {
+        headers.insert(X_CACHE, HeaderValue::from_static(label));
+    }
+    Answer::Made { headers, body }
+}
+
+/// An answer the router has whole: from the cache, or made here. A HEAD gets its head.
+fn made_response(
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
     mut end: RequestEnd,
 ) -> Response<ClientBody> {
-    end.ctx.local_status = Some(copy.status);
-    end.status = copy.status;
+    end.ctx.local_status = Some(status);
+    end.status = status;
     let mut response = Response::new(());
-    *response.status_mut() = StatusCode::from_u16(copy.status).unwrap_or(StatusCode::OK);
-    *response.headers_mut() = cache::cached_headers(copy, status);
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    *response.headers_mut() = headers;
     set_router_headers(response.headers_mut(), &end.ctx);
     let body = if end.method == Method::HEAD {
         Bytes::new()
     } else {
-        copy.body.clone()
+        body
     };
     response.map(|()| ClientBody::local(body, Some(end)))
 }
