@@ -44,17 +44,18 @@ where
 }
 
 /// Whether a plain connection opens with the HTTP/2 preface. Decided on the first bytes:
-/// anything else is HTTP/1.1 (hyper then answers what is not HTTP at all).
-pub(super) async fn opens_with_preface(stream: &TcpStream, deadline: Duration) -> bool {
+/// anything else is HTTP/1.1 (hyper then answers what is not HTTP at all). An error when the
+/// client closes first.
+pub(super) async fn opens_with_preface(stream: &TcpStream) -> std::io::Result<bool> {
     let mut first = [0u8; PREFACE.len()];
-    let sniff = peek_until(stream, &mut first, |data| {
+    peek_until(stream, &mut first, |data| {
         if data != &PREFACE[..data.len()] {
             Some(false)
         } else {
             (data.len() == PREFACE.len()).then_some(true)
         }
-    });
-    matches!(tokio::time::timeout(deadline, sniff).await, Ok(Ok(true)))
+    })
+    .await
 }
 
 /// A stream taken on; counted as cancelled when dropped before its answer's head was made

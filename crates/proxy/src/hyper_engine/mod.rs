@@ -8,8 +8,8 @@
 //! backend connections, so no request touches state another thread owns.
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process while the last parts move (a whole-head deadline, the socket
-//! hand-over on `--upgrade`); every stage of `pipeline.rs` runs here, through the same
+//! measured in one process while the last part moves (the socket hand-over on
+//! `--upgrade`); every stage of `pipeline.rs` runs here, through the same
 //! engine-neutral stage modules as on Pingora.
 
 mod bodies;
@@ -36,10 +36,12 @@ use switchyard_model::ClientTimeouts;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::access_log::AccessLog;
 use crate::cache_redis::CacheRedis;
 use crate::images::ImageStage;
+use crate::metrics;
 use crate::mirror::MirrorClient;
 use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
@@ -271,11 +273,14 @@ struct Connection {
 
 impl Connection {
     async fn serve_plain(self, stream: TcpStream) {
-        let deadline = self.worker.shared.client_timeouts.header;
-        if h2::opens_with_preface(&stream, deadline).await {
-            h2::serve(self, stream, false).await;
-        } else {
-            self.serve_http1(stream, false).await;
+        // The first head is due within the header timeout of the connection's start, the
+        // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
+        let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
+        match tokio::time::timeout_at(head_due, h2::opens_with_preface(&stream)).await {
+            Ok(Ok(true)) => h2::serve(self, stream, false).await,
+            Ok(Ok(false)) => self.serve_http1(stream, false, head_due).await,
+            Ok(Err(_)) => {}
+            Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
         }
     }
 
@@ -285,7 +290,10 @@ impl Connection {
             Ok(stream) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
                 h2::serve(self, stream, true).await;
             }
-            Ok(stream) => self.serve_http1(stream, true).await,
+            Ok(stream) => {
+                let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
+                self.serve_http1(stream, true, head_due).await;
+            }
             Err(failure) => log::debug!(
                 "hyper listener: TLS handshake with {} not completed: {failure}",
                 self.peer
@@ -293,16 +301,24 @@ impl Connection {
         }
     }
 
-    async fn serve_http1<S>(mut self, stream: S, tls: bool)
+    /// Serves HTTP/1.x until the client or the router closes. The first head must be in by
+    /// `first_head_due`; each later one within the idle and header timeouts of the previous
+    /// answer's end (hyper's header timer, which runs from when it starts waiting for a head).
+    async fn serve_http1<S>(mut self, stream: S, tls: bool, first_head_due: Instant)
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let timeouts = self.worker.shared.client_timeouts;
         let client = service::Client::new(self.peer, self.server_port, tls);
         let service_worker = self.worker.clone();
-        let service = service_fn(move |request| {
-            service::handle(request, client.clone(), service_worker.clone())
-        });
+        let head_seen = Rc::new(Cell::new(false));
+        let service = {
+            let head_seen = head_seen.clone();
+            service_fn(move |request| {
+                head_seen.set(true);
+                service::handle(request, client.clone(), service_worker.clone())
+            })
+        };
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
@@ -313,14 +329,29 @@ impl Connection {
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
         tokio::pin!(connection);
-        let outcome = tokio::select! {
-            outcome = connection.as_mut() => outcome,
-            _ = self.stopped.changed() => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
+        let first_head = tokio::time::sleep_until(first_head_due);
+        tokio::pin!(first_head);
+        let mut watching_first_head = true;
+        let outcome = loop {
+            tokio::select! {
+                outcome = connection.as_mut() => break outcome,
+                () = &mut first_head, if watching_first_head => {
+                    if !head_seen.get() {
+                        metrics::CLIENT_HEAD_TIMEOUTS.inc();
+                        return;
+                    }
+                    watching_first_head = false;
+                }
+                _ = self.stopped.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    break connection.await;
+                }
             }
         };
         if let Err(e) = outcome {
+            if e.is_timeout() {
+                metrics::CLIENT_HEAD_TIMEOUTS.inc();
+            }
             log::debug!("hyper listener: connection from {} ended: {e}", self.peer);
         }
     }
