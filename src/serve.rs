@@ -22,8 +22,8 @@ use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
-    HyperListener, HyperListenerStop, HyperTls, Inspector, RouteCache, RouteCacheLimits, Router,
-    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    HyperListener, HyperListenerStop, HyperTls, InheritedSockets, Inspector, RouteCache,
+    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -254,21 +254,34 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
     // this opens fewer than nginx). Routes, caches, limits and logs are shared.
     let hyper_listener = if config.http_hyper.is_some() || config.https_hyper.is_some() {
+        // Taking over: the running router's own sockets, so that nothing it queued is lost
+        // (Pingora's listeners came the same way in `bootstrap`).
+        let mut inherited = if config.upgrade {
+            InheritedSockets::take_over(&config.data_dir)
+                .context("cannot take over the hyper listener's sockets")?
+        } else {
+            InheritedSockets::default()
+        };
         let mut listener = HyperListener::new(config.threads);
         if let Some(address) = config.http_hyper {
             listener = listener
-                .listen_http(address)
+                .listen_http(address, &mut inherited)
                 .with_context(|| format!("cannot listen on the http_hyper address {address}"))?;
         }
         if let (Some(address), Some((certs, tickets))) = (config.https_hyper, &certs) {
             let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
             listener = listener
-                .listen_https(address, tls)
+                .listen_https(address, tls, &mut inherited)
                 .with_context(|| format!("cannot listen on the https_hyper address {address}"))?;
+        }
+        for address in inherited.unused() {
+            log::warn!(
+                "taken over a socket on {address}, where this router does not listen: closed"
+            );
         }
         Some(
             listener
-                .start(&router)
+                .start(&router, &config.data_dir)
                 .context("cannot start the hyper listener")?,
         )
     } else {

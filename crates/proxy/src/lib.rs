@@ -49,7 +49,7 @@ pub use drain::ConnectionDrain;
 pub use follower::ChangeFollower;
 pub use head_deadline::HeadDeadline;
 pub use health::HealthChecker;
-pub use hyper_engine::{HyperListener, HyperListenerStop, HyperTls};
+pub use hyper_engine::{HyperListener, HyperListenerStop, HyperTls, InheritedSockets};
 pub use mirror::MirrorState;
 pub use pipeline::Router;
 pub use response_store::{AppResponseCache, CacheBudget};

@@ -8,22 +8,25 @@
 //! backend connections, so no request touches state another thread owns.
 //!
 //! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process while the last part moves (the socket hand-over on
-//! `--upgrade`); every stage of `pipeline.rs` runs here, through the same
-//! engine-neutral stage modules as on Pingora.
+//! measured in one process until it replaces them; every stage of `pipeline.rs` runs here,
+//! through the same engine-neutral stage modules as on Pingora, and on `--upgrade` its
+//! sockets are handed to the new process (`handover`).
 
 mod bodies;
 mod h2;
+mod handover;
 mod inspection;
 mod pool;
 mod relay;
 mod service;
 mod tls;
 
+pub use handover::InheritedSockets;
 pub use tls::HyperTls;
 
 use std::cell::Cell;
 use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,10 +89,11 @@ impl HyperListenerStop {
     }
 }
 
-/// One thread's listening sockets.
+/// One thread's listening sockets: one per address, or more when more were taken over.
+#[derive(Default)]
 struct ThreadSockets {
-    http: Option<TcpListener>,
-    https: Option<(TcpListener, Arc<HyperTls>)>,
+    http: Vec<TcpListener>,
+    https: Vec<(TcpListener, Arc<HyperTls>)>,
 }
 
 impl HyperListener {
@@ -102,41 +106,75 @@ impl HyperListener {
         }
     }
 
-    /// Serves plain HTTP on `address`: one socket per thread, in one SO_REUSEPORT group.
-    pub fn listen_http(mut self, address: SocketAddr) -> std::io::Result<Self> {
-        self.http = Some((address, self.bind(address)?));
+    /// Serves plain HTTP on `address`: one socket per thread, in one SO_REUSEPORT group,
+    /// the sockets `inherited` has for it first.
+    pub fn listen_http(
+        mut self,
+        address: SocketAddr,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Self> {
+        self.http = Some((address, self.bind(address, inherited)?));
         Ok(self)
     }
 
     /// Serves HTTPS on `address` with `tls`.
-    pub fn listen_https(mut self, address: SocketAddr, tls: HyperTls) -> std::io::Result<Self> {
-        self.https = Some((address, self.bind(address)?, Arc::new(tls)));
+    pub fn listen_https(
+        mut self,
+        address: SocketAddr,
+        tls: HyperTls,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Self> {
+        self.https = Some((address, self.bind(address, inherited)?, Arc::new(tls)));
         Ok(self)
     }
 
-    fn bind(&self, address: SocketAddr) -> std::io::Result<Vec<TcpListener>> {
-        (0..self.threads)
-            .map(|_| reuse_port_listener(address))
-            .collect()
+    /// The sockets for `address`: all those taken over (each may hold queued connections,
+    /// so none is closed), and fresh ones until every thread has one.
+    fn bind(
+        &self,
+        address: SocketAddr,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Vec<TcpListener>> {
+        let mut sockets = inherited.take(address)?;
+        if !sockets.is_empty() {
+            log::info!(
+                "hyper listener took over {} sockets on {address}",
+                sockets.len()
+            );
+        }
+        while sockets.len() < self.threads {
+            sockets.push(reuse_port_listener(address)?);
+        }
+        Ok(sockets)
     }
 
-    /// Starts one thread per socket pair, serving with `router`'s routes, connection table,
-    /// access log, redirect port and client deadlines.
-    pub fn start(self, router: &Router) -> std::io::Result<HyperListenerStop> {
+    /// Starts the threads, serving with `router`'s routes, connection table, access log,
+    /// redirect port and client deadlines, and offers the sockets to a router that takes
+    /// over from this one (`handover_dir`: the data directory).
+    pub fn start(self, router: &Router, handover_dir: &Path) -> std::io::Result<HyperListenerStop> {
         let (stop, stopped) = watch::channel(false);
-        let mut http = self.http.map(|(address, sockets)| {
+        let mut offered = Vec::new();
+        let mut per_thread: Vec<ThreadSockets> = (0..self.threads)
+            .map(|_| ThreadSockets::default())
+            .collect();
+        if let Some((address, sockets)) = self.http {
             log::info!("hyper listener serving http on {address}");
-            sockets.into_iter()
-        });
-        let mut https = self.https.map(|(address, sockets, tls)| {
+            for (i, socket) in sockets.into_iter().enumerate() {
+                offered.push((address, socket.try_clone()?));
+                per_thread[i % self.threads].http.push(socket);
+            }
+        }
+        if let Some((address, sockets, tls)) = self.https {
             log::info!("hyper listener serving https on {address}");
-            sockets.into_iter().map(move |socket| (socket, tls.clone()))
-        });
-        for thread in 0..self.threads {
-            let sockets = ThreadSockets {
-                http: http.as_mut().and_then(Iterator::next),
-                https: https.as_mut().and_then(Iterator::next),
-            };
+            for (i, socket) in sockets.into_iter().enumerate() {
+                offered.push((address, socket.try_clone()?));
+                per_thread[i % self.threads]
+                    .https
+                    .push((socket, tls.clone()));
+            }
+        }
+        handover::offer(handover_dir, offered)?;
+        for (thread, sockets) in per_thread.into_iter().enumerate() {
             let shared = router.shared_with_hyper_listener();
             let stopped = stopped.clone();
             std::thread::Builder::new()
@@ -194,7 +232,7 @@ fn run_thread(
         });
         tokio::task::spawn_local(pool::sweep_idle(worker.clone()));
         let mut accepting = Vec::new();
-        if let Some(socket) = sockets.http {
+        for socket in sockets.http {
             let listener = tokio::net::TcpListener::from_std(socket)?;
             accepting.push(tokio::task::spawn_local(accept(
                 listener,
@@ -203,7 +241,7 @@ fn run_thread(
                 stopped.clone(),
             )));
         }
-        if let Some((socket, tls)) = sockets.https {
+        for (socket, tls) in sockets.https {
             let listener = tokio::net::TcpListener::from_std(socket)?;
             accepting.push(tokio::task::spawn_local(accept(
                 listener,

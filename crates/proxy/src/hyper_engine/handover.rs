@@ -1,0 +1,152 @@
+//! The hyper listeners' sockets, handed to the router that takes over (`--upgrade`).
+//!
+//! Joining the SO_REUSEPORT groups with sockets of its own is not enough for a new process:
+//! connections the kernel already queued on the old process's sockets are reset when that
+//! process closes them. So, as Pingora does for its listeners, the running router offers its
+//! listening sockets themselves over a Unix socket in its data directory, and the new one
+//! accepts on the very same sockets (the old one stops accepting a few seconds later, when
+//! its graceful shutdown begins): nothing queued is lost.
+//!
+//! One message: the sockets' addresses, one per line, and the descriptors in the same order
+//! (`SCM_RIGHTS`).
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// The Unix socket, in the data directory, where a running router offers its sockets.
+const OFFER_SOCKET: &str = "switchyard-hyper-upgrade.sock";
+
+/// Most sockets one hand-over carries: two addresses on up to 64 threads, with room to spare
+/// (the kernel's own limit per message is 253).
+const MOST_SOCKETS: usize = 200;
+
+/// Largest list of addresses a hand-over carries.
+const MOST_ADDRESS_BYTES: usize = 16 * 1024;
+
+/// Listening sockets taken over from the router this one replaces, by address.
+#[derive(Debug, Default)]
+pub struct InheritedSockets(HashMap<SocketAddr, Vec<TcpListener>>);
+
+impl InheritedSockets {
+    /// Asks the router running on `data_dir` for its sockets. A router with no hyper
+    /// listener offers none: nothing is inherited, and this one binds its own.
+    pub fn take_over(data_dir: &Path) -> std::io::Result<Self> {
+        let path = offer_path(data_dir);
+        let stream = match UnixStream::connect(&path) {
+            Ok(stream) => stream,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                return Ok(Self::default())
+            }
+            Err(e) => return Err(e),
+        };
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        let mut addresses = vec![0u8; MOST_ADDRESS_BYTES];
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MOST_SOCKETS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let length = {
+            let mut iov = [IoSliceMut::new(&mut addresses)];
+            recvmsg(&stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?.bytes
+        };
+        let mut sockets = Vec::new();
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(descriptors) = message {
+                sockets.extend(descriptors.map(TcpListener::from));
+            }
+        }
+        let text = String::from_utf8_lossy(&addresses[..length]).into_owned();
+        let mut inherited = HashMap::<SocketAddr, Vec<TcpListener>>::new();
+        for (line, socket) in text.lines().zip(sockets) {
+            match line.parse::<SocketAddr>() {
+                Ok(address) => inherited.entry(address).or_default().push(socket),
+                // Dropped (closed): what it queued is lost, as with no hand-over at all.
+                Err(_) => log::warn!("hand-over: {line:?} is not an address; socket closed"),
+            }
+        }
+        Ok(Self(inherited))
+    }
+
+    /// The sockets inherited for `address`, if any (then left nonblocking, as tokio needs).
+    pub(super) fn take(&mut self, address: SocketAddr) -> std::io::Result<Vec<TcpListener>> {
+        let sockets = self.0.remove(&address).unwrap_or_default();
+        for socket in &sockets {
+            socket.set_nonblocking(true)?;
+        }
+        Ok(sockets)
+    }
+
+    /// Sockets inherited for addresses this router no longer listens on.
+    pub fn unused(&self) -> Vec<SocketAddr> {
+        self.0.keys().copied().collect()
+    }
+}
+
+/// Offers `sockets` to whichever router takes over from this one, from a thread of its own
+/// for the life of the process. Replaces the offer of the router this one took over from.
+pub(super) fn offer(
+    data_dir: &Path,
+    sockets: Vec<(SocketAddr, TcpListener)>,
+) -> std::io::Result<()> {
+    let path = offer_path(data_dir);
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::thread::Builder::new()
+        .name("hyper-handover".into())
+        .spawn(move || serve_offer(&listener, &path, &sockets))?;
+    Ok(())
+}
+
+fn serve_offer(listener: &UnixListener, path: &Path, sockets: &[(SocketAddr, TcpListener)]) {
+    let addresses: String = sockets
+        .iter()
+        .map(|(address, _)| format!("{address}\n"))
+        .collect();
+    let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, s)| s.as_fd()).collect();
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                log::warn!("hand-over socket {}: {e}", path.display());
+                continue;
+            }
+        };
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let sent = if control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            sendmsg(
+                &stream,
+                &[IoSlice::new(addresses.as_bytes())],
+                &mut control,
+                SendFlags::empty(),
+            )
+            .map_err(std::io::Error::from)
+        } else {
+            Err(std::io::Error::other("too many sockets for one message"))
+        };
+        match sent {
+            Ok(_) => log::info!(
+                "hyper listener sockets ({}) handed to the router taking over",
+                fds.len()
+            ),
+            Err(e) => log::warn!("hyper listener sockets not handed over: {e}"),
+        }
+    }
+}
+
+fn offer_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(OFFER_SOCKET)
+}
