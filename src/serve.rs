@@ -119,6 +119,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // With --upgrade this waits for the running router's listening sockets (it sends them
     // on SIGQUIT): from here on no connection is refused, they queue until this one accepts.
     server.bootstrap();
+    // Taking over: the running router's hyper sockets too, now, while it still offers them
+    // (its shutdown, which withdraws them, begins a few seconds after it sent Pingora's),
+    // so that nothing it queued on them is lost.
+    let mut inherited_sockets = if config.upgrade {
+        InheritedSockets::take_over(&config.data_dir)
+            .context("cannot take over the hyper listener's sockets")?
+    } else {
+        InheritedSockets::default()
+    };
 
     let mut redis_follower = None;
     let mut embedded = None;
@@ -254,30 +263,18 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
     // this opens fewer than nginx). Routes, caches, limits and logs are shared.
     let hyper_listener = if config.http_hyper.is_some() || config.https_hyper.is_some() {
-        // Taking over: the running router's own sockets, so that nothing it queued is lost
-        // (Pingora's listeners came the same way in `bootstrap`).
-        let mut inherited = if config.upgrade {
-            InheritedSockets::take_over(&config.data_dir)
-                .context("cannot take over the hyper listener's sockets")?
-        } else {
-            InheritedSockets::default()
-        };
+        let inherited = &mut inherited_sockets;
         let mut listener = HyperListener::new(config.threads);
         if let Some(address) = config.http_hyper {
             listener = listener
-                .listen_http(address, &mut inherited)
+                .listen_http(address, inherited)
                 .with_context(|| format!("cannot listen on the http_hyper address {address}"))?;
         }
         if let (Some(address), Some((certs, tickets))) = (config.https_hyper, &certs) {
             let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
             listener = listener
-                .listen_https(address, tls, &mut inherited)
+                .listen_https(address, tls, inherited)
                 .with_context(|| format!("cannot listen on the https_hyper address {address}"))?;
-        }
-        for address in inherited.unused() {
-            log::warn!(
-                "taken over a socket on {address}, where this router does not listen: closed"
-            );
         }
         Some(
             listener
@@ -287,6 +284,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    for address in inherited_sockets.unused() {
+        log::warn!("taken over a socket on {address}, where this router does not listen: closed");
+    }
     let others: Vec<Router> = (1..config.threads)
         .map(|_| router.for_another_thread())
         .collect();

@@ -43,8 +43,18 @@ impl RouterProcess {
         Self::start_with(&[])
     }
 
-    /// Starts a router with extra `serve` flags.
+    /// Starts a router with extra `serve` flags, its `http` and `https` on the engine
+    /// `SWITCHYARD_TEST_ENGINE` names (`pingora`, the default, or `hyper`): the whole suite
+    /// can run against the hyper listeners before they become `--http` and `--https`.
     pub fn start_with(extra: &[&str]) -> Self {
+        let names_its_listeners = extra.iter().any(|a| a.ends_with("-hyper"));
+        match std::env::var("SWITCHYARD_TEST_ENGINE").as_deref() {
+            Ok("hyper") if !names_its_listeners => Self::start_on(Engine::Hyper, extra),
+            _ => Self::start_pingora_with(extra),
+        }
+    }
+
+    fn start_pingora_with(extra: &[&str]) -> Self {
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut router = Self {
@@ -76,14 +86,14 @@ impl RouterProcess {
         let https_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
         let mut args = vec!["--http-hyper", &http_hyper, "--https-hyper", &https_hyper];
         args.extend_from_slice(extra);
-        Self::start_with(&args)
+        Self::start_pingora_with(&args)
     }
 
     /// Starts a router whose `http` and `https` are served by `engine` (with hyper, the
     /// Pingora listeners run too, on ports the test does not use).
     pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
         match engine {
-            Engine::Pingora => Self::start_with(extra),
+            Engine::Pingora => Self::start_pingora_with(extra),
             Engine::Hyper => {
                 let mut router = Self::start_on_both_engines(extra);
                 router.http = router.http_hyper.expect("the hyper listener");

@@ -41,6 +41,19 @@ pub(crate) async fn route_request(
     if head_bytes > MAX_REQUEST_HEAD_BYTES {
         return Err(LocalAnswer::HeadersTooLarge);
     }
+    // Two Host lines could route differently here and at the backend: refused, as RFC 9112
+    // §3.2 requires (whatever the authority says).
+    if headers.get_all(http::header::HOST).iter().nth(1).is_some() {
+        return Err(LocalAnswer::MissingHost);
+    }
+    // An authority and a Host naming different hosts would be routed here by one and at the
+    // backend (or a cache between) by the other: refused (RFC 9113 §8.3.1 for HTTP/2).
+    if let (Some(authority), Some(host)) = (target.authority(), headers.get(http::header::HOST)) {
+        let host = host.to_str().ok().and_then(normalize_host);
+        if host.is_none() || host != normalize_host(authority.as_str()) {
+            return Err(LocalAnswer::MissingHost);
+        }
+    }
     let raw_host = match target.authority() {
         Some(authority) => Some(authority.as_str()),
         None => headers

@@ -6,7 +6,6 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
@@ -21,6 +20,7 @@ use tokio::time::Sleep;
 
 use super::inspection::Held;
 use super::pool::BackendConnection;
+use super::service::Client;
 use super::Worker;
 use crate::access_log::Exchange;
 use crate::cache;
@@ -97,8 +97,29 @@ fn data_len(frame: &Frame<Bytes>) -> usize {
     frame.data_ref().map_or(0, Bytes::len)
 }
 
+/// How the client's body failed on its way to the backend: the request's answer is then
+/// the client's doing (408, 400), not the backend's (502).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClientBodyFailure {
+    /// Nothing came within the body deadline.
+    TimedOut,
+    /// The body broke: a malformed chunk, a reset.
+    Broken,
+}
+
+impl ClientBodyFailure {
+    pub(super) fn status(self) -> u16 {
+        match self {
+            Self::TimedOut => 408,
+            Self::Broken => 400,
+        }
+    }
+}
+
 /// The client's request body on its way to the backend.
 pub(super) struct ForwardBody {
+    /// Where a failure of the client's side is told.
+    failure: Rc<Cell<Option<ClientBodyFailure>>>,
     /// What was read before the request went on (for the WAF), sent first; its trailers,
     /// if the body had any, are sent last.
     held: Option<Bytes>,
@@ -119,6 +140,7 @@ impl ForwardBody {
         bytes_in: Rc<Cell<usize>>,
     ) -> Self {
         Self {
+            failure: Rc::default(),
             held: None,
             held_trailers: None,
             incoming: Some(incoming),
@@ -142,6 +164,12 @@ impl ForwardBody {
         Self::empty().after(Some(held))
     }
 
+    /// A failure of the client's side is told in `failure`.
+    pub(super) fn failures_into(mut self, failure: Rc<Cell<Option<ClientBodyFailure>>>) -> Self {
+        self.failure = failure;
+        self
+    }
+
     /// Each piece read is also pushed into `feed`.
     pub(super) fn mirrored_into(mut self, feed: Option<MirrorFeed>) -> Self {
         self.mirror = feed;
@@ -151,6 +179,7 @@ impl ForwardBody {
     /// No body (a retried request never had one).
     pub(super) fn empty() -> Self {
         Self {
+            failure: Rc::default(),
             held: None,
             held_trailers: None,
             incoming: None,
@@ -184,8 +213,13 @@ impl Body for ForwardBody {
             return Poll::Ready(this.held_trailers.take().map(|t| Ok(Frame::trailers(t))));
         };
         let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
-        if let Some(Ok(frame)) = &frame {
-            this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+        match &frame {
+            Some(Ok(frame)) => this.bytes_in.set(this.bytes_in.get() + data_len(frame)),
+            Some(Err(BodyError::TimedOut(_))) => {
+                this.failure.set(Some(ClientBodyFailure::TimedOut))
+            }
+            Some(Err(_)) => this.failure.set(Some(ClientBodyFailure::Broken)),
+            None => {}
         }
         if let Some(feed) = this.mirror.as_mut() {
             // hyper stops reading once the body says it has ended, so the end is told with
@@ -232,7 +266,8 @@ pub(super) struct RequestEnd {
     pub(super) method: Method,
     pub(super) target: Uri,
     pub(super) version: Version,
-    pub(super) client: IpAddr,
+    /// The client's connection, told when the answer ends.
+    pub(super) connection: Rc<Client>,
     pub(super) bytes_in: Rc<Cell<usize>>,
     /// The status sent, 0 until one is.
     pub(super) status: u16,
@@ -250,12 +285,13 @@ impl Drop for RequestEnd {
                 version: self.version,
                 bytes_in: self.bytes_in.get(),
                 bytes_out: self.bytes_out,
-                client: Some(self.client),
+                client: Some(self.connection.ip()),
             },
             ctx,
             status,
         );
         self.ctx.release_attempt();
+        self.connection.answer_ended();
     }
 }
 

@@ -17,6 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::send_deadline::SendDeadline;
 use super::{peek_until, service, Connection};
 use crate::h2_resets::{Cancellations, CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
 
@@ -94,6 +95,7 @@ where
         _open,
     } = connection;
     let idle = worker.shared.client_timeouts.idle;
+    let stream = SendDeadline::new(stream, worker.shared.client_timeouts.send);
     let last_request = Rc::new(Cell::new(Instant::now()));
     let cancellations = Rc::new(Cancellations::new());
     let client = service::Client::new(peer, server_port, tls);

@@ -17,6 +17,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -95,27 +98,38 @@ impl InheritedSockets {
     }
 }
 
+/// The sockets on offer. The offer holds copies of the listening sockets: withdrawn when
+/// the listener stops, or a stopped router would keep them open, and connections would
+/// queue where nobody accepts.
+#[derive(Clone, Default)]
+pub(super) struct Offer(Arc<Mutex<Vec<(SocketAddr, TcpListener)>>>);
+
+impl Offer {
+    /// Closes the copies: from now on a router asking gets none.
+    pub(super) fn withdraw(&self) {
+        self.0.lock().clear();
+    }
+}
+
 /// Offers `sockets` to whichever router takes over from this one, from a thread of its own
-/// for the life of the process. Replaces the offer of the router this one took over from.
+/// for the life of the process, until withdrawn. Replaces the offer of the router this one
+/// took over from.
 pub(super) fn offer(
     data_dir: &Path,
     sockets: Vec<(SocketAddr, TcpListener)>,
-) -> std::io::Result<()> {
+) -> std::io::Result<Offer> {
     let path = offer_path(data_dir);
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
+    let offer = Offer(Arc::new(Mutex::new(sockets)));
+    let offered = offer.clone();
     std::thread::Builder::new()
         .name("hyper-handover".into())
-        .spawn(move || serve_offer(&listener, &path, &sockets))?;
-    Ok(())
+        .spawn(move || serve_offer(&listener, &path, &offered))?;
+    Ok(offer)
 }
 
-fn serve_offer(listener: &UnixListener, path: &Path, sockets: &[(SocketAddr, TcpListener)]) {
-    let addresses: String = sockets
-        .iter()
-        .map(|(address, _)| format!("{address}\n"))
-        .collect();
-    let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, s)| s.as_fd()).collect();
+fn serve_offer(listener: &UnixListener, path: &Path, offer: &Offer) {
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(stream) => stream,
@@ -124,6 +138,16 @@ fn serve_offer(listener: &UnixListener, path: &Path, sockets: &[(SocketAddr, Tcp
                 continue;
             }
         };
+        let sockets = offer.0.lock();
+        if sockets.is_empty() {
+            // Withdrawn: the asking router binds its own.
+            continue;
+        }
+        let addresses: String = sockets
+            .iter()
+            .map(|(address, _)| format!("{address}\n"))
+            .collect();
+        let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, s)| s.as_fd()).collect();
         let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         let sent = if control.push(SendAncillaryMessage::ScmRights(&fds)) {

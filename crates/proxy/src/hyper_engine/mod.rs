@@ -18,6 +18,7 @@ mod handover;
 mod inspection;
 mod pool;
 mod relay;
+mod send_deadline;
 mod service;
 mod tls;
 
@@ -50,6 +51,7 @@ use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
 use crate::upstream_connections::ConnectionTable;
 use crate::waf::Inspector;
+use send_deadline::SendDeadline;
 
 /// Connections waiting to be accepted, per thread's socket.
 const LISTEN_BACKLOG: i32 = 4096;
@@ -62,6 +64,10 @@ const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
 /// Largest buffer hyper keeps for one connection's reads: a request head larger than this
 /// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
 const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
+
+/// Header lines a request may have, as on the Pingora listeners (hyper's default is 100);
+/// more are refused with 431.
+const MAX_CLIENT_HEADER_LINES: usize = 256;
 
 /// While a client's first bytes have come in part, how long to wait before looking again.
 const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
@@ -80,12 +86,17 @@ pub struct HyperListener {
 
 /// Stops the hyper listener's threads from accepting and asks their connections to finish
 /// their current request and close.
-pub struct HyperListenerStop(watch::Sender<bool>);
+pub struct HyperListenerStop {
+    stop: watch::Sender<bool>,
+    offer: handover::Offer,
+}
 
 impl HyperListenerStop {
-    /// Stops accepting; connections close once their current answer is out.
+    /// Stops accepting and closes the listening sockets (a router taking over has its own
+    /// copies by now); connections close once their current answer is out.
     pub fn stop(&self) {
-        let _ = self.0.send(true);
+        self.offer.withdraw();
+        let _ = self.stop.send(true);
     }
 }
 
@@ -173,7 +184,7 @@ impl HyperListener {
                     .push((socket, tls.clone()));
             }
         }
-        handover::offer(handover_dir, offered)?;
+        let offer = handover::offer(handover_dir, offered)?;
         for (thread, sockets) in per_thread.into_iter().enumerate() {
             let shared = router.shared_with_hyper_listener();
             let stopped = stopped.clone();
@@ -185,7 +196,7 @@ impl HyperListener {
                     }
                 })?;
         }
-        Ok(HyperListenerStop(stop))
+        Ok(HyperListenerStop { stop, offer })
     }
 }
 
@@ -347,7 +358,9 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let timeouts = self.worker.shared.client_timeouts;
+        let stream = SendDeadline::new(stream, timeouts.send);
         let client = service::Client::new(self.peer, self.server_port, tls);
+        let idle_client = client.clone();
         let service_worker = self.worker.clone();
         let head_seen = Rc::new(Cell::new(false));
         let service = {
@@ -362,7 +375,8 @@ impl Connection {
             .timer(TokioTimer::new())
             // A kept-alive connection idles, then reads its next head: both within this.
             .header_read_timeout(timeouts.idle + timeouts.header)
-            .max_buf_size(MAX_CLIENT_READ_BUFFER);
+            .max_buf_size(MAX_CLIENT_READ_BUFFER)
+            .max_headers(MAX_CLIENT_HEADER_LINES);
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
@@ -370,9 +384,25 @@ impl Connection {
         let first_head = tokio::time::sleep_until(first_head_due);
         tokio::pin!(first_head);
         let mut watching_first_head = true;
+        // A kept-alive connection idle for the idle timeout is closed (hyper's own timer
+        // only bounds idle time and the next head together).
+        let idle_check = tokio::time::sleep(timeouts.idle);
+        tokio::pin!(idle_check);
+        let mut watching_idle = true;
+        let mut watching_stop = true;
         let outcome = loop {
             tokio::select! {
                 outcome = connection.as_mut() => break outcome,
+                () = &mut idle_check, if watching_idle => {
+                    match idle_client.idle_since() {
+                        Some(since) if since.elapsed() >= timeouts.idle => {
+                            connection.as_mut().graceful_shutdown();
+                            watching_idle = false;
+                        }
+                        Some(since) => idle_check.as_mut().reset(since + timeouts.idle),
+                        None => idle_check.as_mut().reset(Instant::now() + timeouts.idle),
+                    }
+                }
                 () = &mut first_head, if watching_first_head => {
                     if !head_seen.get() {
                         metrics::CLIENT_HEAD_TIMEOUTS.inc();
@@ -380,9 +410,16 @@ impl Connection {
                     }
                     watching_first_head = false;
                 }
-                _ = self.stopped.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    break connection.await;
+                _ = self.stopped.changed(), if watching_stop => {
+                    watching_stop = false;
+                    // Answers close from now on. A connection that has had none yet keeps
+                    // its chance at one (it was accepted: its client has sent, or is
+                    // sending, its request); one idle between requests closes now.
+                    idle_client.close_after_answer();
+                    if head_seen.get() {
+                        connection.as_mut().graceful_shutdown();
+                        break connection.await;
+                    }
                 }
             }
         };

@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use super::bodies::RequestEnd;
+use super::send_deadline::SendDeadline;
 use crate::websocket_close::{self, FrameBoundary};
 
 /// Most bytes read at once in one direction.
@@ -68,16 +69,26 @@ enum Side {
 }
 
 impl Side {
-    /// The connection under an upgrade, with what hyper had read past the head.
+    /// The connection under an upgrade, with what hyper had read past the head: a client's
+    /// (under its send deadline, which was for hyper's writes: the relay keeps its own
+    /// watch) or a backend's.
     fn of(upgraded: Upgraded) -> Option<(Self, bytes::Bytes)> {
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => Some((Self::Plain(parts.io.into_inner()), parts.read_buf)),
-            Err(upgraded) => {
-                let parts = upgraded.downcast::<TokioIo<SslStream<TcpStream>>>().ok()?;
-                let stream = RefCell::new(parts.io.into_inner());
-                Some((Self::Tls(stream), parts.read_buf))
+        let upgraded = match upgraded.downcast::<TokioIo<SendDeadline<TcpStream>>>() {
+            Ok(parts) => {
+                let stream = parts.io.into_inner().into_inner();
+                return Some((Self::Plain(stream), parts.read_buf));
             }
-        }
+            Err(upgraded) => upgraded,
+        };
+        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => return Some((Self::Plain(parts.io.into_inner()), parts.read_buf)),
+            Err(upgraded) => upgraded,
+        };
+        let parts = upgraded
+            .downcast::<TokioIo<SendDeadline<SslStream<TcpStream>>>>()
+            .ok()?;
+        let stream = RefCell::new(parts.io.into_inner().into_inner());
+        Some((Self::Tls(stream), parts.read_buf))
     }
 
     async fn readable(&self) -> std::io::Result<()> {

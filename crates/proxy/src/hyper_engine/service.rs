@@ -100,6 +100,12 @@ pub(super) struct Client {
     /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
     /// connection rather than per request.
     forwarded_for: Option<HeaderValue>,
+    /// Requests of this connection not answered yet (a WebSocket's until it closes).
+    in_flight: Cell<usize>,
+    /// When the last answer ended, once one has.
+    last_answer_end: Cell<Option<tokio::time::Instant>>,
+    /// The router is stopping: answers close the connection after them.
+    closing: Cell<bool>,
 }
 
 impl Client {
@@ -110,7 +116,32 @@ impl Client {
             server_port,
             tls,
             forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
+            in_flight: Cell::new(0),
+            last_answer_end: Cell::new(None),
+            closing: Cell::new(false),
         })
+    }
+
+    /// From now on, each answer closes the connection after it.
+    pub(super) fn close_after_answer(&self) {
+        self.closing.set(true);
+    }
+
+    /// Since when the connection has been idle between requests: `None` before its first
+    /// answer and while a request is under way.
+    pub(super) fn idle_since(&self) -> Option<tokio::time::Instant> {
+        (self.in_flight.get() == 0)
+            .then(|| self.last_answer_end.get())
+            .flatten()
+    }
+
+    pub(super) fn answer_ended(&self) {
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        self.last_answer_end.set(Some(tokio::time::Instant::now()));
+    }
+
+    pub(super) fn ip(&self) -> IpAddr {
+        self.ip
     }
 
     fn endpoints(&self) -> Endpoints {
@@ -127,6 +158,7 @@ pub(super) async fn handle(
     client: Rc<Client>,
     worker: Rc<Worker>,
 ) -> Result<Response<ClientBody>, Infallible> {
+    client.in_flight.set(client.in_flight.get() + 1);
     let mut ctx = RequestCtx::new();
     ctx.tls = client.tls;
     ctx.request_id = request_id(request.headers());
@@ -138,7 +170,7 @@ pub(super) async fn handle(
         method: request.method().clone(),
         target: request.uri().clone(),
         version: request.version(),
-        client: client.ip,
+        connection: client.clone(),
         bytes_in: bytes_in.clone(),
         status: 0,
         bytes_out: 0,
@@ -189,6 +221,11 @@ pub(super) async fn handle(
     };
     if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
         linger(incoming, &mut response);
+    }
+    if client.closing.get() && response.version() != Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(response)
 }
@@ -301,10 +338,12 @@ async fn proxy(
     let Some(incoming) = unread.take() else {
         return failed(false);
     };
+    let client_failure = Rc::new(Cell::new(None));
     let mut body = Some(
         ForwardBody::new(incoming, body_deadline, bytes_in)
             .after(held)
-            .mirrored_into(mirror_feed),
+            .mirrored_into(mirror_feed)
+            .failures_into(client_failure.clone()),
     );
     loop {
         ctx.release_attempt();
@@ -360,7 +399,21 @@ async fn proxy(
                     read_deadline,
                 };
             }
-            Ok(Err(e)) => e,
+            Ok(Err(e)) => {
+                if let Some(failure) = client_failure.get() {
+                    // The client's body stopped, not the backend: no retry, no 502.
+                    log::debug!(
+                        "request {}: the client's body failed ({failure:?}): {e}",
+                        ctx.request_id
+                    );
+                    let status = failure.status();
+                    return Answer::Local {
+                        status,
+                        text: respond::text_for(status),
+                    };
+                }
+                e
+            }
             Err(_) => {
                 count_upstream_error(ctx, "timeout");
                 log::warn!(
