@@ -453,6 +453,17 @@ def write_report(results):
     REPORT.write_text(head + "\n".join(lines) + tail)
 
 
+def refuse_stale_binary():
+    """The figures are reported against HEAD's commit: a release binary older than the last
+    commit of the router's code would be measured under the wrong name (this run does not
+    build; `cargo build --release` first)."""
+    changed = subprocess.run(["git", "log", "-1", "--format=%ct", "--", "crates", "src", "Cargo.lock"],
+                             cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if changed and bench.BIN.exists() and bench.BIN.stat().st_mtime < int(changed):
+        sys.exit(f"{bench.BIN} is older than the last commit of the router's code: "
+                 "run `cargo build --release` first")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=10, help="constant-rate run length")
@@ -467,6 +478,7 @@ def main():
                         help="stored apps for Switchyard's memory per cached app (0: skip)")
     parser.add_argument("--quick", action="store_true", help="3 s runs, 200 connections (smoke test)")
     args = parser.parse_args()
+    refuse_stale_binary()
     if args.quick:
         args.seconds, args.idle_seconds, args.connections, args.websockets = 3, 2, 200, 200
         args.apps = min(args.apps, 10_000)
