@@ -273,19 +273,8 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router(engine: Engine) {
 fn files_under_the_static_root_answer_before_the_cache_and_the_app(engine: Engine) {
     let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
-    let root = tempfile::tempdir().expect("static root");
-    std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
-    std::fs::write(root.path().join("assets/site.css"), "body{}").expect("css");
-    std::fs::write(root.path().join("index.html"), "<h1>home</h1>").expect("index");
     let big = "x".repeat(300_000);
-    std::fs::write(root.path().join("big.txt"), &big).expect("big file");
-    let outside = tempfile::tempdir().expect("outside");
-    std::fs::write(outside.path().join("secret.txt"), "secret").expect("secret");
-    std::os::unix::fs::symlink(
-        outside.path().join("secret.txt"),
-        root.path().join("leak.txt"),
-    )
-    .expect("symlink");
+    let (root, _outside) = support::static_root(&big);
     router.put_app(
         "site",
         json!({

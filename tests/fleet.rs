@@ -81,12 +81,7 @@ fn a_change_on_one_router_reaches_the_other_within_a_second() {
     assert_eq!((status, conflict["field"].as_str()), (409, Some("domains")));
 
     let cert = Ca::root("Test Root").issue(&["shop.test"], -1, 30);
-    let (status, _) = a.admin_call(
-        "PUT",
-        "/v1/certs/shop.test",
-        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
-    );
-    assert_eq!(status, 200);
+    a.store_cert("shop.test", &cert);
     assert!(tls::connect(a.https, Some("shop.test"), &[])
         .is_ok_and(|c| c.fingerprint == cert.fingerprint));
     eventually(

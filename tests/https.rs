@@ -15,19 +15,6 @@ use support::pki::{Ca, Issued};
 use support::tls::{self, TlsConnection};
 use support::{eventually, free_port, Backend, RouterProcess};
 
-fn put_cert(router: &RouterProcess, domain: &str, cert: &Issued) -> (u16, Value) {
-    router.admin_call(
-        "PUT",
-        &format!("/v1/certs/{domain}"),
-        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
-    )
-}
-
-fn store_cert(router: &RouterProcess, domain: &str, cert: &Issued) {
-    let (status, body) = put_cert(router, domain, cert);
-    assert_eq!(status, 200, "PUT cert {domain}: {body}");
-}
-
 fn handshake(router: &RouterProcess, at: SocketAddr, server_name: &str) -> TlsConnection {
     tls::connect(at, Some(server_name), &["http/1.1"]).unwrap_or_else(|e| {
         panic!(
@@ -44,8 +31,8 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
     let ca = Ca::root("Test Root");
     let shop = ca.issue(&["shop.test"], -1, 30);
     let wildcard = ca.issue(&["*.apps.test"], -1, 30);
-    store_cert(&router, "shop.test", &shop);
-    store_cert(&router, "*.apps.test", &wildcard);
+    router.store_cert("shop.test", &shop);
+    router.store_cert("*.apps.test", &wildcard);
     router.put_app(
         "shop",
         json!({"domains": ["shop.test", "*.apps.test"], "backends": [backend.addr.to_string()]}),
@@ -142,7 +129,7 @@ fn the_default_certificate_answers_names_without_their_own() {
         key_path.to_str().expect("path"),
     ]);
     let own = ca.issue(&["own.test"], -1, 30);
-    store_cert(&router, "own.test", &own);
+    router.store_cert("own.test", &own);
 
     for (engine, https) in router.https_listeners() {
         assert_eq!(
@@ -290,7 +277,7 @@ fn invalid_certificates_are_refused_naming_the_problem_and_nothing_is_stored() {
     assert_eq!(listing["certs"], json!([]), "nothing refused was stored");
 
     // A leaf followed by its issuer is accepted, and is what clients receive.
-    store_cert(&router, "good.test", &chained_in_order);
+    router.store_cert("good.test", &chained_in_order);
     for (engine, https) in router.https_listeners() {
         let served = handshake(&router, https, "good.test");
         assert_eq!(served.fingerprint, chained_in_order.fingerprint, "{engine}");
@@ -341,7 +328,7 @@ fn a_new_certificate_serves_the_next_handshake_while_open_connections_keep_worki
     let ca = Ca::root("Test Root");
     let old = ca.issue(&["site.test"], -1, 30);
     let new = ca.issue(&["site.test"], -1, 90);
-    store_cert(&router, "site.test", &old);
+    router.store_cert("site.test", &old);
 
     let mut before: Vec<_> = router
         .https_listeners()
@@ -357,7 +344,7 @@ fn a_new_certificate_serves_the_next_handshake_while_open_connections_keep_worki
         })
         .collect();
 
-    store_cert(&router, "site.test", &new);
+    router.store_cert("site.test", &new);
     for (engine, https) in router.https_listeners() {
         let took = eventually(Duration::from_secs(1), "the new certificate", || {
             handshake(&router, https, "site.test").fingerprint == new.fingerprint
@@ -395,7 +382,7 @@ fn http_redirects_to_https_keeping_path_and_query_and_hsts_is_sent_over_tls_only
         json!({"domains": ["plain.test"], "backends": [backend.addr.to_string()]}),
     );
     let cert = Ca::root("Test Root").issue(&["secure.test"], -1, 30);
-    store_cert(&router, "secure.test", &cert);
+    router.store_cert("secure.test", &cert);
 
     let redirected = router.get("secure.test", "/cart/items?id=7&x=a%20b");
     assert_eq!(redirected.status, 308);
@@ -470,7 +457,7 @@ fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
     let ca = Ca::root("Test Root");
     let old = ca.issue(&["chat.test"], -1, 30);
     let new = ca.issue(&["chat.test"], -1, 60);
-    store_cert(&router, "chat.test", &old);
+    router.store_cert("chat.test", &old);
 
     let mut sockets: Vec<_> = router
         .https_listeners()
@@ -505,7 +492,7 @@ fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
         );
     }
 
-    store_cert(&router, "chat.test", &new);
+    router.store_cert("chat.test", &new);
     for (_, https) in router.https_listeners() {
         eventually(Duration::from_secs(1), "the new certificate", || {
             handshake(&router, https, "chat.test").fingerprint == new.fingerprint
@@ -560,7 +547,7 @@ fn s_client(at: SocketAddr, save: &std::path::Path, offer: Option<&std::path::Pa
 fn sessions_resume_with_tickets_until_their_key_rotates_out() {
     let router = RouterProcess::start_on_both_engines(&["--tls-ticket-rotation-s", "2"]);
     let cert = Ca::root("Test Root").issue(&["resume.test"], -1, 30);
-    store_cert(&router, "resume.test", &cert);
+    router.store_cert("resume.test", &cert);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut first_sessions = Vec::new();
     for (engine, https) in router.https_listeners() {
@@ -601,8 +588,8 @@ fn sessions_resume_with_tickets_until_their_key_rotates_out() {
 fn certificates_expiring_soon_are_counted() {
     let router = RouterProcess::start_with(&["--cert-expiry-scan-s", "1"]);
     let ca = Ca::root("Test Root");
-    store_cert(&router, "soon.test", &ca.issue(&["soon.test"], -80, 5));
-    store_cert(&router, "later.test", &ca.issue(&["later.test"], -1, 60));
+    router.store_cert("soon.test", &ca.issue(&["soon.test"], -80, 5));
+    router.store_cert("later.test", &ca.issue(&["later.test"], -1, 60));
     eventually(Duration::from_secs(5), "the expiry scan", || {
         router.metric("switchyard_certificates_stored") == 2.0
     });
@@ -634,7 +621,7 @@ fn negotiated_cipher(at: SocketAddr, extra: &[&str]) -> Option<String> {
 fn tls_parameters_follow_mozillas_intermediate_profile() {
     let router = RouterProcess::start_on_both_engines(&[]);
     let cert = Ca::root("Test Root").issue(&["params.test"], -1, 30);
-    store_cert(&router, "params.test", &cert);
+    router.store_cert("params.test", &cert);
 
     for (engine, https) in router.https_listeners() {
         // Key exchange: X25519, P-256 and P-384 only.

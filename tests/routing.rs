@@ -383,12 +383,7 @@ fn http2_clients_are_routed_by_authority() {
         json!({"domains": ["h2.test"], "backends": [backend.addr.to_string()]}),
     );
     let cert = support::pki::Ca::root("Test Root").issue(&["h2.test"], -1, 30);
-    let (status, body) = router.admin_call(
-        "PUT",
-        "/v1/certs/h2.test",
-        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
-    );
-    assert_eq!(status, 200, "{body}");
+    router.store_cert("h2.test", &cert);
     let http_hyper = router.http_hyper.expect("the hyper listener");
     let https_hyper = router.https_hyper.expect("the hyper listener");
     // Prior knowledge on the plain listeners, ALPN h2 on the TLS ones, on both engines; a
@@ -742,23 +737,12 @@ fn a_client_that_leaves_mid_request_is_not_retried_on_another_backend() {
 fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
     let router = RouterProcess::start_on(engine, &[]);
     let backend = Backend::start("app");
-    let root = tempfile::tempdir().expect("static root");
-    std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
-    std::fs::write(root.path().join("assets/site.css"), "body{}").expect("css");
-    std::fs::write(root.path().join("index.html"), "<h1>home</h1>").expect("index");
-    std::fs::write(root.path().join("empty.txt"), "").expect("empty file");
     // Not a multiple of any read size, so the last piece is a short one.
     let big: String = (0..300_001u32)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
-    std::fs::write(root.path().join("big.txt"), &big).expect("big file");
-    let outside = tempfile::tempdir().expect("outside");
-    std::fs::write(outside.path().join("secret.txt"), "secret").expect("secret");
-    std::os::unix::fs::symlink(
-        outside.path().join("secret.txt"),
-        root.path().join("leak.txt"),
-    )
-    .expect("symlink");
+    let (root, _outside) = support::static_root(&big);
+    std::fs::write(root.path().join("empty.txt"), "").expect("empty file");
     router.put_app(
         "site",
         json!({
@@ -831,12 +815,7 @@ fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
     assert_eq!(backend.requests(), 5, "{engine:?}");
 
     let cert = support::pki::Ca::root("Static Test Root").issue(&["site.test"], -1, 30);
-    let (status, stored) = router.admin_call(
-        "PUT",
-        "/v1/certs/site.test",
-        Some(&json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()),
-    );
-    assert_eq!(status, 200, "{stored}");
+    router.store_cert("site.test", &cert);
     let over_tls = support::tls::connect(router.https, Some("site.test"), &["http/1.1"])
         .and_then(|mut tls| tls.get("site.test", "/assets/site.css"))
         .unwrap_or_else(|e| panic!("{engine:?}: {e}"));

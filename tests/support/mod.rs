@@ -43,6 +43,25 @@ macro_rules! test_on_each_engine {
     )+};
 }
 
+/// A static root for an app, and the directory outside it its symlink points into:
+/// `assets/site.css`, `index.html`, `big.txt` holding `big`, and `leak.txt`, a symlink to
+/// `secret.txt` outside the root (which must never be served).
+pub fn static_root(big: &str) -> (tempfile::TempDir, tempfile::TempDir) {
+    let root = tempfile::tempdir().expect("static root");
+    std::fs::create_dir_all(root.path().join("assets")).expect("assets dir");
+    std::fs::write(root.path().join("assets/site.css"), "body{}").expect("css");
+    std::fs::write(root.path().join("index.html"), "<h1>home</h1>").expect("index");
+    std::fs::write(root.path().join("big.txt"), big).expect("big file");
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("secret.txt"), "secret").expect("secret");
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        root.path().join("leak.txt"),
+    )
+    .expect("symlink");
+    (root, outside)
+}
+
 /// A free port on 127.0.0.1 that no other part of this test process will be handed.
 ///
 /// Ports come from just below the kernel's ephemeral range, so they never collide with the

@@ -280,6 +280,22 @@ impl RouterProcess {
         body
     }
 
+    /// Stores a certificate and its key for `domain`: the admin API's status and answer.
+    pub fn put_cert(&self, domain: &str, cert: &super::pki::Issued) -> (u16, Value) {
+        let body = serde_json::json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem});
+        self.admin_call(
+            "PUT",
+            &format!("/v1/certs/{domain}"),
+            Some(&body.to_string()),
+        )
+    }
+
+    /// [`Self::put_cert`], insisting on success.
+    pub fn store_cert(&self, domain: &str, cert: &super::pki::Issued) {
+        let (status, body) = self.put_cert(domain, cert);
+        assert_eq!(status, 200, "PUT cert {domain}: {body}");
+    }
+
     /// Replaces an app's backends and insists on success.
     pub fn scale(&self, name: &str, backends: &[SocketAddr]) {
         let list: Vec<String> = backends.iter().map(ToString::to_string).collect();
