@@ -18,7 +18,7 @@ use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use switchyard_admin::AdminState;
-use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
+use switchyard_config::{AccessLogChoice, Config, Engine, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
@@ -111,22 +111,38 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         }
         Duration::ZERO
     };
+    // On the hyper engine a new process takes the running one's listening sockets at once,
+    // from the offer the running one keeps open, and says so in its log: the operator's cue
+    // for SIGQUIT, on which the running one stops accepting (Pingora has no socket of its
+    // own to hand over then). Connections queue on the shared sockets meanwhile.
+    let taken_at_start = if config.upgrade && config.engine == Engine::Hyper {
+        let taken = InheritedSockets::take_over_required(&config.data_dir)
+            .context("cannot take over the running router's sockets (--upgrade)")?;
+        log::info!(
+            "took over {} listening sockets from the running router; it may be sent SIGQUIT",
+            taken.count()
+        );
+        Some(taken)
+    } else {
+        None
+    };
     let options = pingora::server::configuration::Opt {
-        upgrade: config.upgrade,
+        upgrade: config.upgrade && config.engine == Engine::Pingora,
         ..Default::default()
     };
     let mut server = Server::new_with_opt_and_conf(Some(options), server_conf(&config));
-    // With --upgrade this waits for the running router's listening sockets (it sends them
-    // on SIGQUIT): from here on no connection is refused, they queue until this one accepts.
+    // On Pingora, with --upgrade this waits for the running router's listening sockets (it
+    // sends them on SIGQUIT): from here on no connection is refused, they queue until this
+    // one accepts.
     server.bootstrap();
-    // Taking over: the running router's hyper sockets too, now, while it still offers them
-    // (its shutdown, which withdraws them, begins a few seconds after it sent Pingora's),
-    // so that nothing it queued on them is lost.
-    let mut inherited_sockets = if config.upgrade {
-        InheritedSockets::take_over(&config.data_dir)
-            .context("cannot take over the hyper listener's sockets")?
-    } else {
-        InheritedSockets::default()
+    // Taking over on Pingora: the running router's hyper sockets too, now, while it still
+    // offers them (its shutdown, which withdraws them, begins a few seconds after it sent
+    // Pingora's), so that nothing it queued on them is lost.
+    let mut inherited_sockets = match taken_at_start {
+        Some(taken) => taken,
+        None if config.upgrade => InheritedSockets::take_over(&config.data_dir)
+            .context("cannot take over the hyper listener's sockets")?,
+        None => InheritedSockets::default(),
     };
 
     let mut redis_follower = None;
@@ -232,6 +248,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    // The addresses the hyper listener serves: `http` and `https` on the hyper engine, and
+    // with Pingora's only the side-by-side ones asked for.
+    let (hyper_http, hyper_https) = match config.engine {
+        Engine::Hyper => (Some(config.http), config.https),
+        Engine::Pingora => (config.http_hyper, config.https_hyper),
+    };
     let certs = match config.https.or(config.https_hyper) {
         Some(_) => {
             let certs = Arc::new(CertCache::new(
@@ -262,19 +284,19 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // connection is only ever taken again by the thread whose runtime watches it
     // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
     // this opens fewer than nginx). Routes, caches, limits and logs are shared.
-    let hyper_listener = if config.http_hyper.is_some() || config.https_hyper.is_some() {
+    let hyper_listener = if hyper_http.is_some() || hyper_https.is_some() {
         let inherited = &mut inherited_sockets;
         let mut listener = HyperListener::new(config.threads);
-        if let Some(address) = config.http_hyper {
+        if let Some(address) = hyper_http {
             listener = listener
                 .listen_http(address, inherited)
-                .with_context(|| format!("cannot listen on the http_hyper address {address}"))?;
+                .with_context(|| format!("cannot listen for http on {address}"))?;
         }
-        if let (Some(address), Some((certs, tickets))) = (config.https_hyper, &certs) {
+        if let (Some(address), Some((certs, tickets))) = (hyper_https, &certs) {
             let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
             listener = listener
                 .listen_https(address, tls, inherited)
-                .with_context(|| format!("cannot listen on the https_hyper address {address}"))?;
+                .with_context(|| format!("cannot listen for https on {address}"))?;
         }
         Some(
             listener
@@ -287,10 +309,16 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     for address in inherited_sockets.unused() {
         log::warn!("taken over a socket on {address}, where this router does not listen: closed");
     }
-    let others: Vec<Router> = (1..config.threads)
+    // The Pingora engine's listeners: one service per thread.
+    let pingora_threads = match config.engine {
+        Engine::Pingora => config.threads,
+        Engine::Hyper => 0,
+    };
+    let others: Vec<Router> = (1..pingora_threads)
         .map(|_| router.for_another_thread())
         .collect();
-    for (thread, router) in std::iter::once(router).chain(others).enumerate() {
+    let first = (pingora_threads > 0).then_some(router);
+    for (thread, router) in first.into_iter().chain(others).enumerate() {
         let mut http_proxy = HttpProxy::new(router, server.configuration.clone());
         http_proxy.server_options = Some(server_options.clone());
         http_proxy.handle_init_modules();
@@ -349,7 +377,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     log::info!(
-        "switchyard serving http on {}, https on {}, admin on {}, store {:?} in {}{}{}",
+        "switchyard serving on {:?}: http on {}, https on {}, admin on {}, store {:?} in {}{}{}",
+        config.engine,
         config.http,
         config
             .https

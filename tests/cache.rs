@@ -422,7 +422,20 @@ fn redis_keys(redis: &support::RedisServer, pattern: &str) -> Vec<String> {
 
 fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away(engine: Engine) {
     let mut redis = support::RedisServer::start();
-    let start = || RouterProcess::start_on(engine, &["--cache-redis", &redis.url()]);
+    // A generous Redis deadline: on two loaded cores the 50 ms default can pass, and a
+    // read or write that times out is a miss by design (which would make the counts below
+    // measure the machine's load, not the sharing).
+    let start = || {
+        RouterProcess::start_on(
+            engine,
+            &[
+                "--cache-redis",
+                &redis.url(),
+                "--cache-redis-timeout-ms",
+                "1000",
+            ],
+        )
+    };
     let (a, b) = (start(), start());
     let backend = Backend::start("app");
     let policy = json!({"store": "redis", "paths": ["/*"], "ttl_s": 60});
@@ -433,6 +446,10 @@ fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away(eng
     // Kept by router A, served by router B without asking the app.
     let (status, verdict, body) = fetch(&a, "/news");
     assert_eq!((status, verdict.as_str()), (200, "MISS"));
+    // A writes its copy in the background, once its client has the answer.
+    support::eventually(Duration::from_secs(2), "A's copy in Redis", || {
+        !redis_keys(&redis, "switchyard:cache:site:*").is_empty()
+    });
     support::eventually(Duration::from_secs(2), "router B serving A's copy", || {
         fetch(&b, "/news").1 == "HIT"
     });

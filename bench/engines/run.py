@@ -164,37 +164,29 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None, hyper=False):
+def start_switchyard(work, backend, host=HOST, tls=None, engine="hyper"):
+    """Switchyard on `engine`: hyper (its default since the engine change) or pingora."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls else None
     cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
-    # On the hyper listeners the measured traffic goes to them; the Pingora plain listener
-    # idles on another port (its HTTPS one is off).
-    hyper_port = free_port() if hyper else None
-    if hyper:
-        listeners = ["--https", "off", "--http-hyper", f"127.0.0.1:{hyper_port}"]
-        if tls_port:
-            listeners += ["--https-hyper", f"127.0.0.1:{tls_port}", *cert]
-    else:
-        listeners = (["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port
-                     else ["--https", "off"])
-    name = f"switchyard-{port}"
+    listeners = ["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port else ["--https", "off"]
+    name = f"switchyard-{engine}-{port}"
     proc = Process(name, [
-        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
+        str(bench.BIN), "serve", "--engine", engine, "--http", f"127.0.0.1:{port}", *listeners,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
         "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
-    for listening in (port, admin, tls_port, hyper_port):
+    for listening in (port, admin, tls_port):
         if listening:
             wait_port(listening)
     put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
     proc.tls_port = tls_port
-    return proc, hyper_port or port
+    return proc, port
 
 
-def start_switchyard_hyper(work, backend, host=HOST, tls=None):
-    """Switchyard measured on its hyper listeners (HTTP/1.1, plain and TLS)."""
-    return start_switchyard(work, backend, host, tls, hyper=True)
+def start_switchyard_pingora(work, backend, host=HOST, tls=None):
+    """Switchyard on its earlier engine, Pingora (`--engine pingora`)."""
+    return start_switchyard(work, backend, host, tls, engine="pingora")
 
 
 def floor_starter(binary):
@@ -218,7 +210,7 @@ PROXIES = {
     "nginx": start_nginx,
     "haproxy": start_haproxy,
     "switchyard": start_switchyard,
-    "switchyard-hyper": start_switchyard_hyper,
+    "switchyard-pingora": start_switchyard_pingora,
     "pingora-floor": floor_starter("pingora-floor"),
     "hyper-floor": floor_starter("hyper-floor"),
 }
@@ -379,17 +371,13 @@ def table(results):
             f"{r['idle']['cpu_ms_per_s']:.2f} | {ka['bytes_per_connection'] / 1024:.1f} | "
             f"{wsm['bytes_per_connection'] / 1024:.1f} | "
             f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
-    router, floor = proxies.get("switchyard"), proxies.get("pingora-floor")
-    if router and floor:
-        over = ", ".join(
-            f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
-            for key, label in CPU_RUNS)
-        rows += ["", f"Switchyard's CPU per request over the floor of its engine (pingora-floor): {over}."]
-    on_hyper, hyper_floor = proxies.get("switchyard-hyper"), proxies.get("hyper-floor")
-    if on_hyper and hyper_floor:
-        key = "constant_rate"
-        rows += ["", "Switchyard's hyper listener over the hyper floor, HTTP keep-alive: "
-                 f"{ratio(on_hyper[key]['cpu_us_per_request'], hyper_floor[key]['cpu_us_per_request'])}."]
+    for router_name, floor_name in (("switchyard", "hyper-floor"), ("switchyard-pingora", "pingora-floor")):
+        router, floor = proxies.get(router_name), proxies.get(floor_name)
+        if router and floor:
+            over = ", ".join(
+                f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
+                for key, label in CPU_RUNS if router[key] and floor[key])
+            rows += ["", f"{router_name}'s CPU per request over the floor of its engine ({floor_name}): {over}."]
     if results.get("cached_app_memory"):
         rows += ["", bench.cached_app_memory_sentence(results["cached_app_memory"])]
     return rows

@@ -11,12 +11,15 @@ use super::{client, free_port};
 
 pub struct RouterProcess {
     child: Option<Child>,
-    /// The listeners under test: Pingora's, or hyper's when started with `start_on(Hyper)`.
+    /// The engine serving `--http` and `--https`.
+    engine: Engine,
+    /// The listeners under test: `--http` and `--https`, or the hyper ones beside Pingora's
+    /// when started with `start_on(Hyper)` on the Pingora engine.
     pub http: SocketAddr,
     pub https: SocketAddr,
-    /// Where the Pingora listeners are bound (`--http`, `--https`).
-    pingora_http: SocketAddr,
-    pingora_https: SocketAddr,
+    /// The `--http` and `--https` addresses.
+    engine_http: SocketAddr,
+    engine_https: SocketAddr,
     pub admin: SocketAddr,
     /// The hyper listeners, when started with them (`start_on_both_engines`).
     pub http_hyper: Option<SocketAddr>,
@@ -44,25 +47,28 @@ impl RouterProcess {
     }
 
     /// Starts a router with extra `serve` flags, its `http` and `https` on the engine
-    /// `SWITCHYARD_TEST_ENGINE` names (`pingora`, the default, or `hyper`): the whole suite
-    /// can run against the hyper listeners before they become `--http` and `--https`.
+    /// `SWITCHYARD_TEST_ENGINE` names (`hyper`, the default, or `pingora`): the whole suite
+    /// can run against either. A test that names hyper listeners of its own gets them beside
+    /// Pingora's.
     pub fn start_with(extra: &[&str]) -> Self {
         let names_its_listeners = extra.iter().any(|a| a.ends_with("-hyper"));
         match std::env::var("SWITCHYARD_TEST_ENGINE").as_deref() {
-            Ok("hyper") if !names_its_listeners => Self::start_on(Engine::Hyper, extra),
-            _ => Self::start_pingora_with(extra),
+            _ if names_its_listeners => Self::start_engine_with(Engine::Pingora, extra),
+            Ok("pingora") => Self::start_engine_with(Engine::Pingora, extra),
+            _ => Self::start_engine_with(Engine::Hyper, extra),
         }
     }
 
-    fn start_pingora_with(extra: &[&str]) -> Self {
+    fn start_engine_with(engine: Engine, extra: &[&str]) -> Self {
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut router = Self {
             child: None,
+            engine,
             http,
             https,
-            pingora_http: http,
-            pingora_https: https,
+            engine_http: http,
+            engine_https: https,
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             http_hyper: address_after(extra, "--http-hyper"),
             https_hyper: address_after(extra, "--https-hyper"),
@@ -79,33 +85,29 @@ impl RouterProcess {
         router
     }
 
-    /// Starts a router whose routes are also served by the hyper listeners (plain and TLS),
-    /// so a test can check the same behaviour on both engines of one process.
+    /// Starts a router on the Pingora engine whose routes are also served by hyper
+    /// listeners (plain and TLS), so a test can check the same behaviour on both engines of
+    /// one process.
     pub fn start_on_both_engines(extra: &[&str]) -> Self {
         let http_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
         let https_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
         let mut args = vec!["--http-hyper", &http_hyper, "--https-hyper", &https_hyper];
         args.extend_from_slice(extra);
-        Self::start_pingora_with(&args)
+        Self::start_engine_with(Engine::Pingora, &args)
     }
 
-    /// Starts a router whose `http` and `https` are served by `engine` (with hyper, the
-    /// Pingora listeners run too, on ports the test does not use).
+    /// Starts a router whose `http` and `https` are served by `engine`.
     pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
-        match engine {
-            Engine::Pingora => Self::start_pingora_with(extra),
-            Engine::Hyper => {
-                let mut router = Self::start_on_both_engines(extra);
-                router.http = router.http_hyper.expect("the hyper listener");
-                router.https = router.https_hyper.expect("the hyper TLS listener");
-                router
-            }
-        }
+        Self::start_engine_with(engine, extra)
     }
 
     /// The HTTPS listeners, named by engine: the Pingora one, and the hyper one if started.
     pub fn https_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
-        std::iter::once(("pingora", self.pingora_https))
+        let own = match self.engine {
+            Engine::Pingora => "pingora",
+            Engine::Hyper => "hyper",
+        };
+        std::iter::once((own, self.engine_https))
             .chain(self.https_hyper.map(|a| ("hyper", a)))
             .collect()
     }
@@ -157,8 +159,8 @@ impl RouterProcess {
         };
         let child = Command::new(Self::binary())
             .arg("serve")
-            .args(["--http", &self.pingora_http.to_string()])
-            .args(["--https", &self.pingora_https.to_string()])
+            .args(["--http", &self.engine_http.to_string()])
+            .args(["--https", &self.engine_https.to_string()])
             .args(["--admin", &self.admin.to_string()])
             .args(["--data-dir", &self.data_dir().display().to_string()])
             .args(&access_log)
@@ -170,6 +172,10 @@ impl RouterProcess {
                 "--threads",
                 "2",
             ])
+            .args(match self.engine {
+                Engine::Pingora => &["--engine", "pingora"][..],
+                Engine::Hyper => &[][..],
+            })
             .args(&self.extra_args)
             .args(more_args)
             .env("RUST_LOG", "info")
@@ -190,7 +196,13 @@ impl RouterProcess {
         let _ = std::fs::remove_file(&handover);
         self.spawn_process(&["--upgrade"]);
         let start = Instant::now();
-        while !handover.exists() {
+        // Pingora's new process waits for the sockets on its upgrade socket; hyper's takes
+        // them at once and logs it.
+        let ready = |router: &Self| match router.engine {
+            Engine::Pingora => handover.exists(),
+            Engine::Hyper => router.logs().contains("took over"),
+        };
+        while !ready(self) {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "the new process never waited for the sockets:\n{}",

@@ -26,12 +26,16 @@ pub struct ServeArgs {
     /// HTTPS listener address, or `off`.
     #[arg(long, env = "SWITCHYARD_HTTPS")]
     https: Option<String>,
-    /// A second plain HTTP listener served on hyper, the engine the request path is moving
-    /// to (`off` by default). Apps using a stage it does not run yet are answered 501 there.
+    /// The engine serving `http` and `https`: `hyper` (default) or `pingora`, the earlier
+    /// one, kept to compare them (bench/ENGINE.md).
+    #[arg(long, env = "SWITCHYARD_ENGINE")]
+    engine: Option<String>,
+    /// With `engine = "pingora"`: a second plain HTTP listener served on hyper, so both
+    /// engines serve the same routes in one process (`off` by default).
     #[arg(long, env = "SWITCHYARD_HTTP_HYPER")]
     http_hyper: Option<String>,
-    /// A second HTTPS listener served on hyper (`off` by default), with the HTTPS listener's
-    /// certificates and session-ticket keys; HTTP/1.1 only for now.
+    /// With `engine = "pingora"`: a second HTTPS listener served on hyper (`off` by default),
+    /// with the HTTPS listener's certificates and session-ticket keys.
     #[arg(long, env = "SWITCHYARD_HTTPS_HYPER")]
     https_hyper: Option<String>,
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
@@ -163,6 +167,7 @@ pub struct ServeArgs {
 struct FileConfig {
     http: Option<Spanned<String>>,
     https: Option<Spanned<String>>,
+    engine: Option<Spanned<String>>,
     http_hyper: Option<Spanned<String>>,
     https_hyper: Option<Spanned<String>>,
     default_cert: Option<PathBuf>,
@@ -232,6 +237,15 @@ impl std::fmt::Debug for StoreChoice {
     }
 }
 
+/// The engine of the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// hyper, one single-threaded runtime per thread (bench/ENGINE.md).
+    Hyper,
+    /// Pingora, the engine before hyper, kept to measure one beside the other.
+    Pingora,
+}
+
 /// Resolved, validated settings.
 #[derive(Debug)]
 pub struct Config {
@@ -239,6 +253,8 @@ pub struct Config {
     pub http: SocketAddr,
     /// HTTPS listener, unless switched off.
     pub https: Option<SocketAddr>,
+    /// The engine serving `http` and `https`.
+    pub engine: Engine,
     /// The plain HTTP listener served on hyper, when asked for.
     pub http_hyper: Option<SocketAddr>,
     /// The HTTPS listener served on hyper, when asked for.
@@ -374,6 +390,17 @@ impl Config {
             Some((value, _)) if value == "off" => None,
             given => Some(parse_address(&source, "https", given, "0.0.0.0:8443")?),
         };
+        let engine = match pick(args.engine, file.engine) {
+            None => Engine::Hyper,
+            Some((value, _)) if value == "hyper" => Engine::Hyper,
+            Some((value, _)) if value == "pingora" => Engine::Pingora,
+            Some((value, span)) => {
+                bail!(
+                    "{}: '{value}' is not `hyper` or `pingora`",
+                    source.at(span, "engine")
+                )
+            }
+        };
         let http_hyper = match pick(args.http_hyper, file.http_hyper) {
             None => None,
             Some((value, _)) if value == "off" => None,
@@ -384,6 +411,12 @@ impl Config {
             Some((value, _)) if value == "off" => None,
             given => Some(parse_address(&source, "https_hyper", given, "")?),
         };
+        if engine == Engine::Hyper && (http_hyper.is_some() || https_hyper.is_some()) {
+            bail!(
+                "http_hyper and https_hyper add hyper listeners beside the pingora engine's; \
+                 with engine = \"hyper\" (the default) http and https are served on hyper"
+            );
+        }
         let tls = TlsConfig {
             default_cert: match (
                 args.default_cert.or(file.default_cert),
@@ -524,6 +557,7 @@ impl Config {
         Ok(Self {
             http,
             https,
+            engine,
             http_hyper,
             https_hyper,
             tls,
@@ -860,20 +894,33 @@ mod tests {
 
     #[test]
     fn the_hyper_listener_is_off_unless_given_an_address() {
-        assert!(with_file("").expect("valid").http_hyper.is_none());
-        assert!(with_file("http_hyper = \"off\"\n")
+        let pingora = "engine = \"pingora\"\n";
+        let with = |rest: &str| with_file(&format!("{pingora}{rest}"));
+        assert!(with("").expect("valid").http_hyper.is_none());
+        assert!(with("http_hyper = \"off\"\n")
             .expect("valid")
             .http_hyper
             .is_none());
-        let config = with_file("http_hyper = \"127.0.0.1:9080\"\n").expect("valid");
+        let config = with("http_hyper = \"127.0.0.1:9080\"\n").expect("valid");
         assert_eq!(config.http_hyper.map(|a| a.port()), Some(9080));
-        let err = with_file("\nhttp_hyper = \"9080\"\n").expect_err("no ip");
-        assert!(err.to_string().contains("line 2: http_hyper"), "{err}");
-        assert!(with_file("").expect("valid").https_hyper.is_none());
-        let config = with_file("https_hyper = \"127.0.0.1:9443\"\n").expect("valid");
+        let err = with("\nhttp_hyper = \"9080\"\n").expect_err("no ip");
+        assert!(err.to_string().contains("line 3: http_hyper"), "{err}");
+        assert!(with("").expect("valid").https_hyper.is_none());
+        let config = with("https_hyper = \"127.0.0.1:9443\"\n").expect("valid");
         assert_eq!(config.https_hyper.map(|a| a.port()), Some(9443));
-        let err = with_file("https_hyper = \"nowhere\"\n").expect_err("not an address");
-        assert!(err.to_string().contains("line 1: https_hyper"), "{err}");
+        let err = with("https_hyper = \"nowhere\"\n").expect_err("not an address");
+        assert!(err.to_string().contains("line 2: https_hyper"), "{err}");
+    }
+
+    #[test]
+    fn the_engine_is_hyper_unless_pingora_is_asked_for() {
+        assert_eq!(with_file("").expect("valid").engine, Engine::Hyper);
+        let config = with_file("engine = \"pingora\"\n").expect("valid");
+        assert_eq!(config.engine, Engine::Pingora);
+        let err = with_file("\nengine = \"nginx\"\n").expect_err("unknown engine");
+        assert!(err.to_string().contains("line 2: engine"), "{err}");
+        let err = with_file("http_hyper = \"127.0.0.1:9080\"\n").expect_err("hyper twice");
+        assert!(err.to_string().contains("http_hyper"), "{err}");
     }
 
     #[test]

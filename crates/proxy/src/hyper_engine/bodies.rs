@@ -314,7 +314,9 @@ enum Source {
 /// The answer on its way to the client.
 pub(super) struct ClientBody {
     source: Source,
-    end: Option<RequestEnd>,
+    /// Boxed: hyper moves the body a dozen times per answer, and the request's state is
+    /// most of its size.
+    end: Option<Box<RequestEnd>>,
 }
 
 impl ClientBody {
@@ -323,7 +325,7 @@ impl ClientBody {
         incoming: Incoming,
         read_deadline: Duration,
         connection: BackendConnection,
-        end: RequestEnd,
+        end: Box<RequestEnd>,
     ) -> Self {
         Self {
             source: Source::Backend {
@@ -336,7 +338,7 @@ impl ClientBody {
     }
 
     /// The first `length` bytes of `file`, in pieces of at most `BODY_PIECE`.
-    pub(super) fn file(file: tokio::fs::File, length: u64, end: RequestEnd) -> Self {
+    pub(super) fn file(file: tokio::fs::File, length: u64, end: Box<RequestEnd>) -> Self {
         Self {
             source: Source::File {
                 file,
@@ -349,7 +351,7 @@ impl ClientBody {
 
     /// A body the router wrote itself; `end` is `None` when the request is logged elsewhere
     /// (an upgraded connection is logged when it closes).
-    pub(super) fn local(body: Bytes, end: Option<RequestEnd>) -> Self {
+    pub(super) fn local(body: Bytes, end: Option<Box<RequestEnd>>) -> Self {
         Self {
             source: Source::Local((!body.is_empty()).then_some(body)),
             end,

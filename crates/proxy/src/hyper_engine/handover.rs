@@ -41,6 +41,27 @@ const MOST_ADDRESS_BYTES: usize = 16 * 1024;
 pub struct InheritedSockets(HashMap<SocketAddr, Vec<TcpListener>>);
 
 impl InheritedSockets {
+    /// [`take_over`](Self::take_over), where having nothing to take over is an error: on
+    /// the hyper engine these sockets are all a new process takes from the running one.
+    pub fn take_over_required(data_dir: &Path) -> std::io::Result<Self> {
+        let taken = Self::take_over(data_dir)?;
+        if taken.0.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no running router offers its listening sockets at {}",
+                    offer_path(data_dir).display()
+                ),
+            ));
+        }
+        Ok(taken)
+    }
+
+    /// How many sockets were taken over.
+    pub fn count(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
     /// Asks the router running on `data_dir` for its sockets. A router with no hyper
     /// listener offers none: nothing is inherited, and this one binds its own.
     pub fn take_over(data_dir: &Path) -> std::io::Result<Self> {

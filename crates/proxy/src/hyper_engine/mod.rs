@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use socket2::{Domain, Socket, Type};
 use switchyard_model::ClientTimeouts;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -64,10 +64,6 @@ const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
 /// Largest buffer hyper keeps for one connection's reads: a request head larger than this
 /// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
 const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
-
-/// Header lines a request may have, as on the Pingora listeners (hyper's default is 100);
-/// more are refused with 431.
-const MAX_CLIENT_HEADER_LINES: usize = 256;
 
 /// While a client's first bytes have come in part, how long to wait before looking again.
 const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
@@ -351,8 +347,7 @@ impl Connection {
     }
 
     /// Serves HTTP/1.x until the client or the router closes. The first head must be in by
-    /// `first_head_due`; each later one within the idle and header timeouts of the previous
-    /// answer's end (hyper's header timer, which runs from when it starts waiting for a head).
+    /// `first_head_due`; each later one within the idle timeout of the previous answer's end.
     async fn serve_http1<S>(mut self, stream: S, tls: bool, first_head_due: Instant)
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -370,45 +365,47 @@ impl Connection {
                 service::handle(request, client.clone(), service_worker.clone())
             })
         };
+        // No hyper timer: the watch below bounds the first head and each idle wait (a head
+        // that has begun to arrive counts as idle time), which covered every case hyper's
+        // header timer did, while that timer cost an allocation and a timer-wheel entry per
+        // request. Header lines stay at hyper's 100 (HAProxy's limit is 101); more are
+        // refused with 431. Raising it made hyper allocate and fill a table that size for
+        // every request: 5% of a proxied request's instructions at 256.
         let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            // A kept-alive connection idles, then reads its next head: both within this.
-            .header_read_timeout(timeouts.idle + timeouts.header)
-            .max_buf_size(MAX_CLIENT_READ_BUFFER)
-            .max_headers(MAX_CLIENT_HEADER_LINES);
+        builder.max_buf_size(MAX_CLIENT_READ_BUFFER);
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
         tokio::pin!(connection);
-        let first_head = tokio::time::sleep_until(first_head_due);
-        tokio::pin!(first_head);
-        let mut watching_first_head = true;
-        // A kept-alive connection idle for the idle timeout is closed (hyper's own timer
-        // only bounds idle time and the next head together).
-        let idle_check = tokio::time::sleep(timeouts.idle);
-        tokio::pin!(idle_check);
-        let mut watching_idle = true;
+        // One timer for the connection's life, woken rarely: first when its first head is
+        // due, then each idle timeout. A connection idle for the idle timeout is closed, a
+        // head that has begun to arrive included.
+        let deadline = tokio::time::sleep_until(first_head_due.min(Instant::now() + timeouts.idle));
+        tokio::pin!(deadline);
+        let mut watching_deadline = true;
         let mut watching_stop = true;
         let outcome = loop {
             tokio::select! {
+                // The connection first: it is what wakes the task nearly every time.
+                biased;
                 outcome = connection.as_mut() => break outcome,
-                () = &mut idle_check, if watching_idle => {
-                    match idle_client.idle_since() {
-                        Some(since) if since.elapsed() >= timeouts.idle => {
-                            connection.as_mut().graceful_shutdown();
-                            watching_idle = false;
-                        }
-                        Some(since) => idle_check.as_mut().reset(since + timeouts.idle),
-                        None => idle_check.as_mut().reset(Instant::now() + timeouts.idle),
-                    }
-                }
-                () = &mut first_head, if watching_first_head => {
+                () = &mut deadline, if watching_deadline => {
                     if !head_seen.get() {
+                        if Instant::now() < first_head_due {
+                            deadline.as_mut().reset(first_head_due);
+                            continue;
+                        }
                         metrics::CLIENT_HEAD_TIMEOUTS.inc();
                         return;
                     }
-                    watching_first_head = false;
+                    match idle_client.idle_since() {
+                        Some(since) if since.elapsed() >= timeouts.idle => {
+                            connection.as_mut().graceful_shutdown();
+                            watching_deadline = false;
+                        }
+                        Some(since) => deadline.as_mut().reset(since + timeouts.idle),
+                        None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
+                    }
                 }
                 _ = self.stopped.changed(), if watching_stop => {
                     watching_stop = false;
@@ -424,9 +421,6 @@ impl Connection {
             }
         };
         if let Err(e) = outcome {
-            if e.is_timeout() {
-                metrics::CLIENT_HEAD_TIMEOUTS.inc();
-            }
             log::debug!("hyper listener: connection from {} ended: {e}", self.peer);
         }
     }

@@ -37,7 +37,7 @@ const READ_CHUNK: usize = 16 * 1024;
 const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
 
 /// Relays until both sides are done; the request is logged when this returns.
-pub(super) async fn run(client: OnUpgrade, backend: OnUpgrade, end: RequestEnd) {
+pub(super) async fn run(client: OnUpgrade, backend: OnUpgrade, end: Box<RequestEnd>) {
     let (client, backend) = match tokio::join!(client, backend) {
         (Ok(client), Ok(backend)) => (client, backend),
         (Err(e), _) | (_, Err(e)) => {

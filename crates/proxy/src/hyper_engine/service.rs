@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION, RETRY_AFTER,
-    STRICT_TRANSPORT_SECURITY, UPGRADE,
+    STRICT_TRANSPORT_SECURITY, TE, TRAILER, UPGRADE,
 };
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
@@ -40,16 +40,18 @@ use crate::{framing, https, metrics, mirror, route, upstream};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
 /// `Upgrade` and `Connection` are put back where one is relayed.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
+static HOP_BY_HOP: [HeaderName; 6] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    UPGRADE,
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// What the router answers a request with. Moved once per request: boxing the large
@@ -164,7 +166,7 @@ pub(super) async fn handle(
     ctx.request_id = request_id(request.headers());
     let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
     let bytes_in = Rc::new(Cell::new(0));
-    let mut end = RequestEnd {
+    let mut end = Box::new(RequestEnd {
         worker: worker.clone(),
         ctx,
         method: request.method().clone(),
@@ -174,7 +176,7 @@ pub(super) async fn handle(
         bytes_in: bytes_in.clone(),
         status: 0,
         bytes_out: 0,
-    };
+    });
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
     let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
@@ -496,9 +498,9 @@ fn prepare_for_backend(
         headers.insert(X_FORWARDED_FOR, value);
     }
     let scheme = if ctx.tls { "https" } else { "http" };
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
     if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
-        headers.insert("x-request-id", id);
+        headers.insert(X_REQUEST_ID, id);
     }
 }
 
@@ -520,28 +522,40 @@ fn join_cookies(headers: &mut HeaderMap) {
 }
 
 fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one look at each name costs less than six removals.
-    if !headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(&name.as_str()))
-    {
+    // Most messages carry one or two (a backend's `Connection: keep-alive`): one pass over
+    // the names finds which, and only those are removed. Removing all six and parsing the
+    // names `Connection` listed was 6% of a proxied request's instructions.
+    let mut present = [false; 6];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
-    // Names a Connection header lists are hop-by-hop too.
-    if headers.contains_key(CONNECTION) {
+    // Names a Connection header lists are hop-by-hop too; `close` and `keep-alive`, the
+    // usual ones, name no header beyond the fixed list.
+    if present[0] {
         let listed: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive")
+            })
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
             .collect();
         for name in listed {
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (name, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
     }
 }
 
@@ -550,7 +564,7 @@ fn backend_response(
     connection: BackendConnection,
     read_deadline: Duration,
     client_upgrade: Option<OnUpgrade>,
-    mut end: RequestEnd,
+    mut end: Box<RequestEnd>,
 ) -> Response<ClientBody> {
     end.status = response.status().as_u16();
     // The client's connection speaks its own version, whatever the backend's was (hyper
@@ -590,7 +604,7 @@ fn local_response(
     status: u16,
     body: String,
     location: Option<String>,
-    mut end: RequestEnd,
+    mut end: Box<RequestEnd>,
 ) -> Response<ClientBody> {
     end.ctx.local_status = Some(status);
     end.status = status;
@@ -602,7 +616,7 @@ fn local_response(
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     if let Ok(id) = HeaderValue::from_str(&end.ctx.request_id) {
-        headers.insert("x-request-id", id);
+        headers.insert(X_REQUEST_ID, id);
     }
     match location.and_then(|l| HeaderValue::try_from(l).ok()) {
         Some(location) => {
@@ -653,7 +667,7 @@ fn made_response(
     status: u16,
     headers: HeaderMap,
     body: Bytes,
-    mut end: RequestEnd,
+    mut end: Box<RequestEnd>,
 ) -> Response<ClientBody> {
     end.ctx.local_status = Some(status);
     end.status = status;
@@ -669,7 +683,7 @@ fn made_response(
     response.map(|()| ClientBody::local(body, Some(end)))
 }
 
-fn file_response(file: StaticFile, mut end: RequestEnd) -> Response<ClientBody> {
+fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<ClientBody> {
     end.ctx.local_status = Some(200);
     end.status = 200;
     let mut response = Response::new(());
@@ -689,7 +703,7 @@ fn file_response(file: StaticFile, mut end: RequestEnd) -> Response<ClientBody> 
 /// apps that ask.
 fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
     if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
-        headers.insert("x-request-id", id);
+        headers.insert(X_REQUEST_ID, id);
     }
     if let Some(hsts) = https::hsts_value(ctx).and_then(|v| HeaderValue::try_from(v).ok()) {
         headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
