@@ -309,16 +309,17 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     for address in inherited_sockets.unused() {
         log::warn!("taken over a socket on {address}, where this router does not listen: closed");
     }
-    // The Pingora engine's listeners: one service per thread.
-    let pingora_threads = match config.engine {
-        Engine::Pingora => config.threads,
-        Engine::Hyper => 0,
+    // The Pingora engine's listeners: one service per thread, each with its own router.
+    let pingora_routers: Vec<Router> = match config.engine {
+        Engine::Hyper => Vec::new(),
+        Engine::Pingora => {
+            let others: Vec<Router> = (1..config.threads)
+                .map(|_| router.for_another_thread())
+                .collect();
+            std::iter::once(router).chain(others).collect()
+        }
     };
-    let others: Vec<Router> = (1..pingora_threads)
-        .map(|_| router.for_another_thread())
-        .collect();
-    let first = (pingora_threads > 0).then_some(router);
-    for (thread, router) in first.into_iter().chain(others).enumerate() {
+    for (thread, router) in pingora_routers.into_iter().enumerate() {
         let mut http_proxy = HttpProxy::new(router, server.configuration.clone());
         http_proxy.server_options = Some(server_options.clone());
         http_proxy.handle_init_modules();

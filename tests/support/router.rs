@@ -13,13 +13,9 @@ pub struct RouterProcess {
     child: Option<Child>,
     /// The engine serving `--http` and `--https`.
     engine: Engine,
-    /// The listeners under test: `--http` and `--https`, or the hyper ones beside Pingora's
-    /// when started with `start_on(Hyper)` on the Pingora engine.
+    /// The listeners under test: `--http` and `--https`, served by `engine`.
     pub http: SocketAddr,
     pub https: SocketAddr,
-    /// The `--http` and `--https` addresses.
-    engine_http: SocketAddr,
-    engine_https: SocketAddr,
     pub admin: SocketAddr,
     /// The hyper listeners, when started with them (`start_on_both_engines`).
     pub http_hyper: Option<SocketAddr>,
@@ -53,22 +49,19 @@ impl RouterProcess {
     pub fn start_with(extra: &[&str]) -> Self {
         let names_its_listeners = extra.iter().any(|a| a.ends_with("-hyper"));
         match std::env::var("SWITCHYARD_TEST_ENGINE").as_deref() {
-            _ if names_its_listeners => Self::start_engine_with(Engine::Pingora, extra),
-            Ok("pingora") => Self::start_engine_with(Engine::Pingora, extra),
-            _ => Self::start_engine_with(Engine::Hyper, extra),
+            _ if names_its_listeners => Self::start_on(Engine::Pingora, extra),
+            Ok("pingora") => Self::start_on(Engine::Pingora, extra),
+            _ => Self::start_on(Engine::Hyper, extra),
         }
     }
 
-    fn start_engine_with(engine: Engine, extra: &[&str]) -> Self {
-        let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    /// Starts a router whose `http` and `https` are served by `engine`.
+    pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
         let mut router = Self {
             child: None,
             engine,
-            http,
-            https,
-            engine_http: http,
-            engine_https: https,
+            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            https: SocketAddr::from(([127, 0, 0, 1], free_port())),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             http_hyper: address_after(extra, "--http-hyper"),
             https_hyper: address_after(extra, "--https-hyper"),
@@ -93,12 +86,7 @@ impl RouterProcess {
         let https_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
         let mut args = vec!["--http-hyper", &http_hyper, "--https-hyper", &https_hyper];
         args.extend_from_slice(extra);
-        Self::start_engine_with(Engine::Pingora, &args)
-    }
-
-    /// Starts a router whose `http` and `https` are served by `engine`.
-    pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
-        Self::start_engine_with(engine, extra)
+        Self::start_on(Engine::Pingora, &args)
     }
 
     /// The HTTPS listeners, named by engine: the Pingora one, and the hyper one if started.
@@ -107,7 +95,7 @@ impl RouterProcess {
             Engine::Pingora => "pingora",
             Engine::Hyper => "hyper",
         };
-        std::iter::once((own, self.engine_https))
+        std::iter::once((own, self.https))
             .chain(self.https_hyper.map(|a| ("hyper", a)))
             .collect()
     }
@@ -159,8 +147,8 @@ impl RouterProcess {
         };
         let child = Command::new(Self::binary())
             .arg("serve")
-            .args(["--http", &self.engine_http.to_string()])
-            .args(["--https", &self.engine_https.to_string()])
+            .args(["--http", &self.http.to_string()])
+            .args(["--https", &self.https.to_string()])
             .args(["--admin", &self.admin.to_string()])
             .args(["--data-dir", &self.data_dir().display().to_string()])
             .args(&access_log)

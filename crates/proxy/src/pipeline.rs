@@ -438,7 +438,7 @@ fn random_request_id() -> String {
         *digit = HEX[((random >> ((31 - i) * 4)) & 0xf) as usize];
     }
     // Pushing the 32 digits one char at a time cost more than the random bits themselves.
-    std::str::from_utf8(&digits).map_or_else(|_| String::new(), str::to_owned)
+    String::from_utf8_lossy(&digits).into_owned()
 }
 
 #[cfg(test)]
