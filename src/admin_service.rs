@@ -1,52 +1,33 @@
-//! The admin API as a Pingora background service, so it starts and stops with the router.
+//! The admin API as one of the router's background tasks, so it starts and stops with it,
+//! and what the admin API asks of the router's own parts (purges, WAF reloads, progress).
 
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use switchyard_admin::{AdminState, LocalCaches, SharedCache, WafControl};
-use switchyard_proxy::{CacheRedis, Inspector};
+use switchyard_proxy::{CacheRedis, Inspector, ShutdownWatch};
 use tokio::sync::watch;
 
-/// Serves the admin API on a listener bound at start-up.
-pub(crate) struct AdminService {
-    // Taken once when the service starts; Pingora starts each service exactly once.
-    listener: Mutex<Option<TcpListener>>,
+/// Serves the admin API on a listener bound at start-up, until the router stops.
+pub(crate) async fn serve_admin(
+    listener: TcpListener,
     state: AdminState,
-}
-
-impl AdminService {
-    pub(crate) fn new(listener: TcpListener, state: AdminState) -> Self {
-        Self {
-            listener: Mutex::new(Some(listener)),
-            state,
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for AdminService {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let Some(listener) = self.listener.lock().take() else {
+    mut shutdown: ShutdownWatch,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log::error!("admin API cannot start: {e}");
             return;
-        };
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => {
-                log::error!("admin API cannot start: {e}");
-                return;
-            }
-        };
-        let stop = async move {
-            let _ = shutdown.changed().await;
-        };
-        if let Err(e) = switchyard_admin::serve(listener, self.state.clone(), stop).await {
-            log::error!("admin API stopped: {e}");
         }
+    };
+    let stop = async move {
+        let _ = shutdown.changed().await;
+    };
+    if let Err(e) = switchyard_admin::serve(listener, state, stop).await {
+        log::error!("admin API stopped: {e}");
     }
 }
 

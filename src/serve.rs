@@ -1,54 +1,31 @@
-//! `switchyard serve`: opens the store, builds the route cache and the router, and hands
-//! them to a Pingora server together with the background services (change follower, health
-//! checks, admin API). Pingora owns signals: SIGTERM stops accepting, lets in-flight
-//! requests finish for the shutdown grace period, then exits.
+//! `switchyard serve`: opens the store, builds the route cache and the router, starts the
+//! listener's threads and the background tasks (change follower, health checks, certificate
+//! expiry, ticket keys, admin API), and waits for a signal. SIGTERM and SIGQUIT stop
+//! accepting and let the requests under way finish within the shutdown grace (SIGQUIT is
+//! what an operator sends once a router started with `--upgrade` has taken the sockets
+//! over); SIGINT stops at once.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use pingora::apps::HttpServerOptions;
-use pingora::listeners::{L4BufferSettings, ListenerConfig, TcpSocketOptions};
-use pingora::proxy::HttpProxy;
-use pingora::server::configuration::ServerConf;
-use pingora::server::{RunArgs, Server};
-use pingora::services::background::background_service;
-use pingora::services::listening::Service;
 use switchyard_admin::AdminState;
-use switchyard_config::{AccessLogChoice, Config, Engine, StoreChoice, TlsConfig};
+use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
-    https_settings, AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HeadDeadline, HealthChecker,
-    HyperListener, HyperListenerStop, HyperTls, InheritedSockets, Inspector, RouteCache,
-    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits, CertExpiryScan,
+    ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker, HyperListener,
+    HyperListenerStop, HyperTls, InheritedSockets, Inspector, RouteCache, RouteCacheLimits, Router,
+    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
 use switchyard_waf::RuleFiles;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 
-use crate::admin_service::{AdminService, CacheRedisPurge, FollowerProgress, WafReload};
-
-/// Bytes a client connection buffers before a write reaches the socket. Pingora's default
-/// (one MSS, 1,460) sends a response head alone whenever the body is larger, so a typical
-/// page leaves in two segments and two syscalls; 8 KiB lets head and body of most pages go
-/// together (cache hits of a 5 KB page: about +25% throughput, `bench/bench_cache.py`).
-/// Chunked, upgraded and close-delimited bodies are still flushed on every write, so
-/// streaming is not delayed.
-const CLIENT_WRITE_BUFFER: usize = 8 * 1024;
-
-/// Bytes a TLS client connection reads at a time ahead of OpenSSL, which otherwise asks the
-/// socket for each record's 5-byte header and then its body, two reads a record. Pingora's
-/// default, 64 KiB, is zero-filled for every connection, idle keep-alive ones and WebSockets
-/// included; 16 KiB takes a whole record in one read.
-const TLS_CLIENT_READ_BUFFER: usize = 16 * 1024;
-
-/// A cleartext client connection reads with no buffer ahead of the parser: Pingora reads a
-/// request head straight into its own head buffer and a body straight into the body's, so a
-/// read-ahead buffer only added a zero-filled allocation, and a copy, per connection.
-const CLEARTEXT_CLIENT_READ_BUFFER: usize = 0;
+use crate::admin_service::{serve_admin, CacheRedisPurge, FollowerProgress, WafReload};
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
@@ -58,34 +35,28 @@ const LOG_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// to two rotation intervals.
 const TICKET_KEYS_KEPT: usize = 2;
 
-/// Thread `thread`'s own listening socket on `address`, in the SO_REUSEPORT group of all
-/// threads: the kernel spreads new connections over them, and no thread wakes for another's.
-/// Its connections read `read_buffer` bytes ahead of the parser.
-fn thread_listener(address: SocketAddr, thread: usize, read_buffer: usize) -> ListenerConfig {
-    let mut options = TcpSocketOptions::default();
-    options.so_reuseport = Some(true);
-    ListenerConfig::tcp(thread_listen_key(address, thread))
-        .tcp_socket_options(options)
-        .l4_buffer(L4BufferSettings::new(read_buffer, CLIENT_WRITE_BUFFER))
-}
-
-/// `address` spelled differently for each thread: Pingora keys the listening sockets it
-/// hands to an upgraded router by the address as written, and two listeners written alike
-/// would share one socket (and close it twice; cloudflare/pingora PR #990 proposes a proper
-/// key). Zeros before the port change the spelling, not the address.
-fn thread_listen_key(address: SocketAddr, thread: usize) -> String {
-    let host = match address {
-        SocketAddr::V4(v4) => v4.ip().to_string(),
-        SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
-    };
-    format!("{host}:{}{}", "0".repeat(thread), address.port())
-}
-
 /// How long a router started with `--upgrade` waits for the one it replaces to let go of
 /// the embedded store and the admin port. The old router does so when it stops accepting,
-/// which Pingora schedules 5 s after it has sent its listeners.
+/// on the SIGQUIT the operator sends once this one has taken the sockets over.
 const HANDOVER_WAIT: Duration = Duration::from_secs(30);
 const HANDOVER_POLL: Duration = Duration::from_millis(10);
+
+/// Threads of the runtime that runs the background tasks: the change follower and the
+/// admin API never wait behind a health-check round.
+const BACKGROUND_THREADS: usize = 2;
+
+/// How long the background tasks may take to end after a stop signal (a health check or a
+/// store read under way) before the router goes on with its shutdown without them.
+const TASKS_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// How the router was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM or SIGQUIT: stop accepting, let the requests under way finish.
+    Graceful(&'static str),
+    /// SIGINT: now.
+    Fast,
+}
 
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
@@ -94,58 +65,37 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     crate::limits::keep_memory_in_small_pages();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
-    let handover_wait = if config.upgrade {
-        HANDOVER_WAIT
-    } else {
-        // Listeners are checked before anything starts, so a taken port is a clear error
-        // at start-up rather than a panic inside a service.
-        ensure_bindable(config.http, "http")?;
-        if let Some(https) = config.https {
-            ensure_bindable(https, "https")?;
-        }
-        if let Some(http_hyper) = config.http_hyper {
-            ensure_bindable(http_hyper, "http_hyper")?;
-        }
-        if let Some(https_hyper) = config.https_hyper {
-            ensure_bindable(https_hyper, "https_hyper")?;
-        }
-        Duration::ZERO
-    };
-    // On the hyper engine a new process takes the running one's listening sockets at once,
-    // from the offer the running one keeps open, and says so in its log: the operator's cue
-    // for SIGQUIT, on which the running one stops accepting (Pingora has no socket of its
-    // own to hand over then). Connections queue on the shared sockets meanwhile.
-    let taken_at_start = if config.upgrade && config.engine == Engine::Hyper {
+    let background = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(BACKGROUND_THREADS)
+        .thread_name("background")
+        .enable_all()
+        .build()
+        .context("cannot start the background runtime")?;
+    // Signals are taken over before anything starts, so an early SIGTERM stops the router
+    // cleanly instead of killing it half-started.
+    let signals = background.block_on(async { Signals::new() })?;
+    let (handover_wait, mut inherited_sockets) = if config.upgrade {
+        // The new process takes the running one's listening sockets at once, from the offer
+        // the running one keeps open, and says so in its log: the operator's cue for SIGQUIT,
+        // on which the running one stops accepting. Connections queue on the shared sockets
+        // meanwhile.
         let taken = InheritedSockets::take_over_required(&config.data_dir)
             .context("cannot take over the running router's sockets (--upgrade)")?;
         log::info!(
             "took over {} listening sockets from the running router; it may be sent SIGQUIT",
             taken.count()
         );
-        Some(taken)
+        (HANDOVER_WAIT, taken)
     } else {
-        None
-    };
-    let options = pingora::server::configuration::Opt {
-        upgrade: config.upgrade && config.engine == Engine::Pingora,
-        ..Default::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(Some(options), server_conf(&config));
-    // On Pingora, with --upgrade this waits for the running router's listening sockets (it
-    // sends them on SIGQUIT): from here on no connection is refused, they queue until this
-    // one accepts.
-    server.bootstrap();
-    // Taking over on Pingora: the running router's hyper sockets too, now, while it still
-    // offers them (its shutdown, which withdraws them, begins a few seconds after it sent
-    // Pingora's), so that nothing it queued on them is lost.
-    let mut inherited_sockets = match taken_at_start {
-        Some(taken) => taken,
-        None if config.upgrade => InheritedSockets::take_over(&config.data_dir)
-            .context("cannot take over the hyper listener's sockets")?,
-        None => InheritedSockets::default(),
+        // Listeners are checked before anything starts, so a taken port is a clear error
+        // at start-up.
+        ensure_bindable(config.http, "http")?;
+        if let Some(https) = config.https {
+            ensure_bindable(https, "https")?;
+        }
+        (Duration::ZERO, InheritedSockets::default())
     };
 
-    let mut redis_follower = None;
     let mut embedded = None;
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
@@ -166,7 +116,6 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
                     connect: *timeout,
                 },
             )?;
-            redis_follower = Some(redis.clone());
             Arc::new(redis)
         }
     };
@@ -198,11 +147,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let mut server_options = HttpServerOptions::default();
-    server_options.h2c = true;
     let https_port = config.https.and(config.tls.redirect_port);
-    // Both listeners are served by the same threads; each request learns from its
-    // connection whether it came over TLS.
     let shutdown_log = access_log.clone();
     let mut router = Router::new(
         routes.clone(),
@@ -212,7 +157,6 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         cache_redis.clone(),
     )
     .with_client_timeouts(config.client_timeouts);
-    let stopping = router.stopping();
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
     let pool = Arc::new(if config.pool_inline {
         WorkerPool::inline(config.pool_threads)
@@ -248,13 +192,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    // The addresses the hyper listener serves: `http` and `https` on the hyper engine, and
-    // with Pingora's only the side-by-side ones asked for.
-    let (hyper_http, hyper_https) = match config.engine {
-        Engine::Hyper => (Some(config.http), config.https),
-        Engine::Pingora => (config.http_hyper, config.https_hyper),
-    };
-    let certs = match config.https.or(config.https_hyper) {
+
+    let (stop_tasks, shutdown) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let certs = match config.https {
         Some(_) => {
             let certs = Arc::new(CertCache::new(
                 store.clone(),
@@ -267,103 +208,53 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             ));
             let tickets = TicketKeys::new(TICKET_KEYS_KEPT)
                 .context("cannot create TLS session-ticket keys")?;
-            server.add_service(background_service(
-                "tls ticket keys",
-                TicketKeyRotation::new(tickets.clone(), config.tls.ticket_rotation),
-            ));
-            server.add_service(background_service(
-                "certificate expiry",
-                CertExpiryScan::new(store.clone(), config.tls.expiry_scan),
-            ));
+            let rotation = TicketKeyRotation::new(tickets.clone(), config.tls.ticket_rotation);
+            let expiry = CertExpiryScan::new(store.clone(), config.tls.expiry_scan);
+            let watch = shutdown.clone();
+            tasks.push(background.spawn(async move { rotation.run(watch).await }));
+            let watch = shutdown.clone();
+            tasks.push(background.spawn(async move { expiry.run(watch).await }));
             Some((certs, tickets))
         }
         None => None,
     };
-    // One single-threaded service per thread, each with its own SO_REUSEPORT listening
+    // One single-threaded runtime per thread, each with its own SO_REUSEPORT listening
     // sockets, as nginx's workers: each keeps its own idle backend connections, so a
     // connection is only ever taken again by the thread whose runtime watches it
-    // (bench/ENGINE.md: one shared pool re-opened a backend connection every ~20 requests,
-    // this opens fewer than nginx). Routes, caches, limits and logs are shared.
-    let hyper_listener = if hyper_http.is_some() || hyper_https.is_some() {
-        let inherited = &mut inherited_sockets;
-        let mut listener = HyperListener::new(config.threads);
-        if let Some(address) = hyper_http {
-            listener = listener
-                .listen_http(address, inherited)
-                .with_context(|| format!("cannot listen for http on {address}"))?;
-        }
-        if let (Some(address), Some((certs, tickets))) = (hyper_https, &certs) {
-            let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
-            listener = listener
-                .listen_https(address, tls, inherited)
-                .with_context(|| format!("cannot listen for https on {address}"))?;
-        }
-        Some(
-            listener
-                .start(&router, &config.data_dir)
-                .context("cannot start the hyper listener")?,
-        )
-    } else {
-        None
-    };
+    // (bench/ENGINE.md). Routes, caches, limits and logs are shared.
+    let mut listener = HyperListener::new(config.threads)
+        .listen_http(config.http, &mut inherited_sockets)
+        .with_context(|| format!("cannot listen for http on {}", config.http))?;
+    if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
+        let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
+        listener = listener
+            .listen_https(address, tls, &mut inherited_sockets)
+            .with_context(|| format!("cannot listen for https on {address}"))?;
+    }
     for address in inherited_sockets.unused() {
         log::warn!("taken over a socket on {address}, where this router does not listen: closed");
     }
-    // The Pingora engine's listeners: one service per thread, each with its own router.
-    let pingora_routers: Vec<Router> = match config.engine {
-        Engine::Hyper => Vec::new(),
-        Engine::Pingora => {
-            let others: Vec<Router> = (1..config.threads)
-                .map(|_| router.for_another_thread())
-                .collect();
-            std::iter::once(router).chain(others).collect()
-        }
-    };
-    for (thread, router) in pingora_routers.into_iter().enumerate() {
-        let mut http_proxy = HttpProxy::new(router, server.configuration.clone());
-        http_proxy.server_options = Some(server_options.clone());
-        http_proxy.handle_init_modules();
-        let mut proxy = Service::new(
-            format!("switchyard proxy {thread}"),
-            HeadDeadline::new(http_proxy, config.client_timeouts.header),
-        );
-        proxy.threads = Some(1);
-        proxy.add_listener(thread_listener(
-            config.http,
-            thread,
-            CLEARTEXT_CLIENT_READ_BUFFER,
-        ));
-        if let (Some(https), Some((certs, tickets))) = (config.https, &certs) {
-            let settings =
-                https_settings(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
-            proxy
-                .add_listener(thread_listener(https, thread, TLS_CLIENT_READ_BUFFER).tls(settings));
-        }
-        server.add_service(proxy);
-    }
+    let listener = listener
+        .start(&router, &config.data_dir)
+        .context("cannot start the listener")?;
     let certs = certs.map(|(certs, _)| certs);
 
     let follower = ChangeFollower::new(routes.clone(), certs, drain, changes);
     let follower_progress = FollowerProgress(follower.applied());
-    server.add_service(background_service("store changes", follower));
-    if let Some(redis) = redis_follower {
-        server.add_service(background_service(
-            "redis subscription",
-            RedisSubscription(redis),
-        ));
+    let watch = shutdown.clone();
+    tasks.push(background.spawn(async move { follower.run(watch).await }));
+    {
+        let (store, mut watch) = (store.clone(), shutdown.clone());
+        tasks.push(background.spawn(async move {
+            let stop = Box::pin(async move {
+                let _ = watch.changed().await;
+            });
+            store.follow_changes(stop).await;
+        }));
     }
-    server.add_service(background_service(
-        "health checks",
-        HealthChecker::new(routes),
-    ));
-    server.add_service(background_service(
-        "stop",
-        AtShutdown {
-            stopping,
-            hyper_listener,
-            store: embedded,
-        },
-    ));
+    let health = HealthChecker::new(routes);
+    let watch = shutdown.clone();
+    tasks.push(background.spawn(async move { health.run(watch).await }));
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress));
     if let Some(cache_redis) = cache_redis {
@@ -372,14 +263,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     if let Some(inspector) = inspector {
         admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
     }
-    server.add_service(background_service(
-        "admin api",
-        AdminService::new(admin_listener, admin_state),
-    ));
+    tasks.push(background.spawn(serve_admin(admin_listener, admin_state, shutdown.clone())));
 
     log::info!(
-        "switchyard serving on {:?}: http on {}, https on {}, admin on {}, store {:?} in {}{}{}",
-        config.engine,
+        "switchyard serving: http on {}, https on {}, admin on {}, store {:?} in {}",
         config.http,
         config
             .https
@@ -387,79 +274,76 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.admin,
         config.store,
         config.data_dir.display(),
-        config
-            .http_hyper
-            .map_or_else(String::new, |a| format!(", http on hyper on {a}")),
-        config
-            .https_hyper
-            .map_or_else(String::new, |a| format!(", https on hyper on {a}"))
     );
-    server.run(RunArgs::default());
+    let stop = background.block_on(signals.next());
+    match stop {
+        Stop::Fast => log::info!("SIGINT: stopping now"),
+        Stop::Graceful(name) => {
+            log::info!(
+                "{name}: no longer accepting; requests under way have {:?} to finish",
+                config.shutdown_grace
+            );
+            let _ = stop_tasks.send(true);
+            stop_accepting(&listener, embedded);
+            // The background tasks end on the signal (the admin port is let go of for the
+            // router taking over); then the connections still open get the grace period.
+            let ended = background.block_on(async {
+                tokio::time::timeout(TASKS_STOP_WAIT, async {
+                    for task in tasks {
+                        let _ = task.await;
+                    }
+                })
+                .await
+            });
+            if ended.is_err() {
+                log::warn!("background tasks still running {TASKS_STOP_WAIT:?} after the signal");
+            }
+            let finished = listener.wait_finished(config.shutdown_grace);
+            if !finished {
+                log::info!("shutdown grace over: closing the connections still open");
+            }
+        }
+    }
     // Every request has finished: what the access log still holds is delivered or spooled.
     shutdown_log.finish(LOG_SHUTDOWN_GRACE);
+    background.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }
 
-fn server_conf(config: &Config) -> ServerConf {
-    let mut conf = ServerConf {
-        threads: config.threads,
-        grace_period_seconds: Some(config.shutdown_grace.as_secs()),
-        graceful_shutdown_timeout_seconds: Some(1),
-        // Idle backend connections kept warm, per thread (each thread is its own service
-        // with its own pool), shared by all apps: 4,096 in all.
-        upstream_keepalive_pool_size: (4096 / config.threads).max(1),
-        // One single-threaded runtime per thread, like nginx's workers: measured ~9% more
-        // requests/s than work stealing on 2 cores, with fewer cross-thread wake-ups.
-        work_stealing: false,
-        ..ServerConf::default()
-    };
-    // Pingora's pid and upgrade-socket files default to fixed /tmp paths shared by every
-    // instance on the machine; keep them per data directory.
-    let dir = config
-        .data_dir
-        .canonicalize()
-        .unwrap_or_else(|_| PathBuf::from(&config.data_dir));
-    conf.pid_file = dir.join("switchyard.pid").display().to_string();
-    conf.upgrade_sock = dir.join("switchyard-upgrade.sock").display().to_string();
-    conf
-}
-
-/// When this router stops accepting (SIGTERM, or SIGQUIT once the listeners are handed
-/// over): answers stop offering keep-alive, and the embedded store is let go of so a router
-/// taking over (`--upgrade`) can open it while this one finishes its requests.
-struct AtShutdown {
-    stopping: Arc<AtomicBool>,
-    hyper_listener: Option<HyperListenerStop>,
-    store: Option<EmbeddedStore>,
-}
-
-#[async_trait::async_trait]
-impl pingora::services::background::BackgroundService for AtShutdown {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let _ = shutdown.changed().await;
-        self.stopping.store(true, Ordering::Relaxed);
-        if let Some(hyper_listener) = &self.hyper_listener {
-            hyper_listener.stop();
-        }
-        if let Some(store) = self.store.clone() {
-            // Closing writes redb's allocator state and syncs: not on the event loop.
-            let _ = tokio::task::spawn_blocking(move || store.release()).await;
-            log::info!("store released for the next router process");
-        }
+/// Stops the listener from accepting, and lets go of the embedded store so a router taking
+/// over (`--upgrade`) can open it while this one finishes its requests. Closing the store
+/// writes redb's allocator state and syncs: done here, on the main thread, no event loop's.
+fn stop_accepting(listener: &HyperListenerStop, store: Option<EmbeddedStore>) {
+    listener.stop();
+    if let Some(store) = store {
+        store.release();
+        log::info!("store released for the next router process");
     }
 }
 
-/// Feeds the store's change events from Redis Pub/Sub.
-struct RedisSubscription(RedisStore);
+/// The signals that stop the router, taken from their default (exit at once).
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
 
-#[async_trait::async_trait]
-impl pingora::services::background::BackgroundService for RedisSubscription {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        self.0
-            .follow_changes(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        let take = |kind: SignalKind| signal(kind).context("cannot install a signal handler");
+        Ok(Self {
+            terminate: take(SignalKind::terminate())?,
+            quit: take(SignalKind::quit())?,
+            interrupt: take(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn next(mut self) -> Stop {
+        tokio::select! {
+            _ = self.terminate.recv() => Stop::Graceful("SIGTERM"),
+            _ = self.quit.recv() => Stop::Graceful("SIGQUIT"),
+            _ = self.interrupt.recv() => Stop::Fast,
+        }
     }
 }
 
@@ -519,23 +403,4 @@ fn init_logging() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Stderr)
         .init();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_thread_gets_its_own_spelling_of_the_same_address() {
-        for address in ["127.0.0.1:8080", "[::1]:443", "0.0.0.0:80"] {
-            let address: SocketAddr = address.parse().expect("address");
-            let keys: Vec<String> = (0..64).map(|t| thread_listen_key(address, t)).collect();
-            assert_eq!(keys[0], address.to_string());
-            for key in &keys {
-                assert_eq!(key.parse::<SocketAddr>().expect(key), address);
-            }
-            let distinct: std::collections::HashSet<&String> = keys.iter().collect();
-            assert_eq!(distinct.len(), keys.len());
-        }
-    }
 }

@@ -1,14 +1,13 @@
 //! The response cache end to end: the real router in front of a real backend that counts
 //! what reaches it and sets caching headers on demand.
 
-#[macro_use]
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{Backend, Behaviour, Engine, RouterProcess};
+use support::{Backend, Behaviour, RouterProcess};
 
 fn cached_app(router: &RouterProcess, backend: &Backend, cache: Value) {
     router.put_app(
@@ -39,8 +38,9 @@ fn request_with(
     .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", router.logs()))
 }
 
-fn only_opted_in_paths_are_cached_and_headers_decide_the_rest(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -87,8 +87,9 @@ fn only_opted_in_paths_are_cached_and_headers_decide_the_rest(engine: Engine) {
     assert_eq!(fetch(&router, "/assets/e?cc=max-age=60").1, "HIT");
 }
 
-fn vary_keeps_one_copy_per_variant(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn vary_keeps_one_copy_per_variant() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     cached_app(&router, &backend, json!({"paths": ["/*"]}));
     let path = "/page?vary=Accept-Language";
@@ -115,8 +116,9 @@ fn vary_keeps_one_copy_per_variant(engine: Engine) {
     assert_eq!(backend.requests(), 2);
 }
 
-fn concurrent_misses_send_one_request_to_the_app(engine: Engine) {
-    let router = Arc::new(RouterProcess::start_on(engine, &[]));
+#[test]
+fn concurrent_misses_send_one_request_to_the_app() {
+    let router = Arc::new(RouterProcess::start());
     let backend = Backend::start("app");
     cached_app(&router, &backend, json!({"paths": ["/slow"]}));
     let clients: Vec<_> = (0..100)
@@ -139,8 +141,9 @@ fn concurrent_misses_send_one_request_to_the_app(engine: Engine) {
     );
 }
 
-fn stale_copies_stand_in_while_the_app_fails_then_expire(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn stale_copies_stand_in_while_the_app_fails_then_expire() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -180,8 +183,9 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire(engine: Engine) {
     assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 3.0);
 }
 
-fn memory_stays_within_the_apps_bound(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn memory_stays_within_the_apps_bound() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -215,10 +219,11 @@ fn cache_options_are_validated_field_by_field() {
     assert_eq!(status, 404, "nothing was stored");
 }
 
-fn a_purge_on_one_router_empties_the_entry_on_every_router(engine: Engine) {
+#[test]
+fn a_purge_on_one_router_empties_the_entry_on_every_router() {
     let redis = support::RedisServer::start();
     let subscribed = || {
-        let router = RouterProcess::start_on(engine, &["--store", &redis.url()]);
+        let router = RouterProcess::start_with(&["--store", &redis.url()]);
         support::eventually(Duration::from_secs(5), "the change subscription", || {
             router.metric("switchyard_store_subscription_connected") == 1.0
         });
@@ -270,8 +275,9 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router(engine: Engine) {
     assert_eq!(status, 404);
 }
 
-fn files_under_the_static_root_answer_before_the_cache_and_the_app(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn files_under_the_static_root_answer_before_the_cache_and_the_app() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     let big = "x".repeat(300_000);
     let (root, _outside) = support::static_root(&big);
@@ -319,7 +325,7 @@ fn files_under_the_static_root_answer_before_the_cache_and_the_app(engine: Engin
     assert_eq!(backend.requests(), 4);
 }
 
-/// Plays the app's side exactly as seed 004's Rails module does: after answering a
+/// Plays the app's side of the versioned layout as a Rails app does: after answering a
 /// cacheable GET it initialises the URL's version to 0 if absent and writes the body under
 /// `FULL_URL:version=N`; invalidation is `HINCRBY resource_versions FULL_URL 1`.
 fn rails_cache_response(redis: &support::RedisServer, full_url: &str, body: &str) {
@@ -348,9 +354,10 @@ fn rails_cache_response(redis: &support::RedisServer, full_url: &str, body: &str
         .expect("SET");
 }
 
-fn the_redis_versioned_layout_written_by_the_app_is_served(engine: Engine) {
+#[test]
+fn the_redis_versioned_layout_written_by_the_app_is_served() {
     let mut redis = support::RedisServer::start();
-    let router = RouterProcess::start_on(engine, &["--cache-redis", &redis.url()]);
+    let router = RouterProcess::start_with(&["--cache-redis", &redis.url()]);
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -388,6 +395,21 @@ fn the_redis_versioned_layout_written_by_the_app_is_served(engine: Engine) {
     );
     assert_eq!(fetch(&router, "/bar").1, "BYPASS", "not opted in");
 
+    // The router holds no copy of these pages: a purge is refused, saying what to do instead.
+    let (status, answer) = router.admin_call("DELETE", "/v1/apps/site/cache?path=/foo", None);
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (409, Some("cache.store")),
+        "{answer}"
+    );
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("HINCRBY"),
+        "{answer}"
+    );
+
     // Redis gone: every request is a miss answered by the app, never an error.
     redis.stop();
     let before = backend.requests();
@@ -420,21 +442,19 @@ fn redis_keys(redis: &support::RedisServer, pattern: &str) -> Vec<String> {
         .expect("KEYS")
 }
 
-fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away(engine: Engine) {
+#[test]
+fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
     let mut redis = support::RedisServer::start();
     // A generous Redis deadline: on two loaded cores the 50 ms default can pass, and a
     // read or write that times out is a miss by design (which would make the counts below
     // measure the machine's load, not the sharing).
     let start = || {
-        RouterProcess::start_on(
-            engine,
-            &[
-                "--cache-redis",
-                &redis.url(),
-                "--cache-redis-timeout-ms",
-                "1000",
-            ],
-        )
+        RouterProcess::start_with(&[
+            "--cache-redis",
+            &redis.url(),
+            "--cache-redis-timeout-ms",
+            "1000",
+        ])
     };
     let (a, b) = (start(), start());
     let backend = Backend::start("app");
@@ -546,8 +566,9 @@ fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away(eng
     assert!(a.metric("switchyard_cache_redis_writes_total{result=\"stored\"}") >= 3.0);
 }
 
-fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     cached_app(
         &router,
@@ -574,16 +595,3 @@ fn a_router_without_cache_redis_passes_shared_cache_apps_to_the_app(engine: Engi
         "{error}"
     );
 }
-
-test_on_each_engine!(
-    only_opted_in_paths_are_cached_and_headers_decide_the_rest,
-    vary_keeps_one_copy_per_variant,
-    concurrent_misses_send_one_request_to_the_app,
-    stale_copies_stand_in_while_the_app_fails_then_expire,
-    memory_stays_within_the_apps_bound,
-    a_purge_on_one_router_empties_the_entry_on_every_router,
-    files_under_the_static_root_answer_before_the_cache_and_the_app,
-    the_redis_versioned_layout_written_by_the_app_is_served,
-    the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away,
-    a_router_without_cache_redis_passes_shared_cache_apps_to_the_app,
-);

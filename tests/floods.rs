@@ -18,19 +18,16 @@ const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 #[test]
 fn http2_rapid_reset_is_cut_off_with_goaway_and_the_router_keeps_serving() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("flooded");
     router.put_app(
         "flooded",
         json!({"domains": ["flood.test"], "backends": [backend.addr.to_string()]}),
     );
-    let http_hyper = router.http_hyper.expect("the hyper listener");
-    for (engine, at) in [("pingora", router.http), ("hyper", http_hyper)] {
-        rapid_reset(&router, &backend, engine, at);
-    }
+    rapid_reset(&router, &backend, router.http);
 }
 
-fn rapid_reset(router: &RouterProcess, backend: &Backend, engine: &str, at: SocketAddr) {
+fn rapid_reset(router: &RouterProcess, backend: &Backend, at: SocketAddr) {
     let request = request_block("GET", "flood.test", b"/slow?ms=300", &[]);
     let before = backend.requests();
     let mut connection = Connection::open(at);
@@ -70,51 +67,39 @@ fn rapid_reset(router: &RouterProcess, backend: &Backend, engine: &str, at: Sock
     assert_eq!(
         goaway,
         Some(ENHANCE_YOUR_CALM),
-        "{engine}: after {opened} streams opened and reset"
+        "after {opened} streams opened and reset"
     );
-    assert!(
-        opened < MOST_STREAMS,
-        "{engine}: cut off only after {opened} streams"
-    );
+    assert!(opened < MOST_STREAMS, "cut off only after {opened} streams");
     // The streams were reset before they were accepted: almost none became backend work.
     let amplified = backend.requests() - before;
     assert!(
         amplified <= 100,
-        "{engine}: {amplified} backend requests for {opened} reset streams"
+        "{amplified} backend requests for {opened} reset streams"
     );
-    eprintln!(
-        "{engine}: GOAWAY after {opened} streams written; the backend saw {amplified} requests"
-    );
+    eprintln!("GOAWAY after {opened} streams written; the backend saw {amplified} requests");
     assert_eq!(router.get("flood.test", "/").status, 200);
 }
 
 #[test]
 fn an_http2_client_cancelling_streams_the_router_took_on_is_cut_off() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("cancelled");
     router.put_app(
         "cancelled",
         json!({"domains": ["cancel.test"], "backends": [backend.addr.to_string()]}),
     );
-    let http_hyper = router.http_hyper.expect("the hyper listener");
-    for (closed_so_far, (engine, at)) in [("pingora", router.http), ("hyper", http_hyper)]
-        .into_iter()
-        .enumerate()
-    {
-        cancel_taken_streams(&backend, engine, at);
-        assert_eq!(
-            router.metric("switchyard_h2_connections_closed_for_resets_total"),
-            (closed_so_far + 1) as f64,
-            "{engine}"
-        );
-    }
+    cancel_taken_streams(&backend, router.http);
+    assert_eq!(
+        router.metric("switchyard_h2_connections_closed_for_resets_total"),
+        1.0
+    );
     assert_eq!(router.get("cancel.test", "/").status, 200);
 }
 
-fn cancel_taken_streams(backend: &Backend, engine: &str, at: SocketAddr) {
+fn cancel_taken_streams(backend: &Backend, at: SocketAddr) {
     let request = request_block("GET", "cancel.test", b"/slow?ms=3000", &[]);
     let mut connection = Connection::open(at);
-    // Batches within both engines' concurrent streams (100, 128); each stream is reset only once the
+    // Batches within the router's concurrent streams (128); each stream is reset only once the
     // backend has its request, so none is the cheap, pre-accept kind h2 itself refuses.
     const BATCH: u32 = 50;
     let mut next_stream = 1;
@@ -137,7 +122,7 @@ fn cancel_taken_streams(backend: &Backend, engine: &str, at: SocketAddr) {
         }
         assert!(
             connection.closed() || backend.requests() >= seen + BATCH as usize,
-            "{engine}: the router did not take the streams on"
+            "the router did not take the streams on"
         );
         let resets: Vec<u8> = streams
             .iter()
@@ -155,13 +140,13 @@ fn cancel_taken_streams(backend: &Backend, engine: &str, at: SocketAddr) {
     while !connection.closed() && connection.next_frame(deadline).is_some() {}
     assert!(
         connection.closed(),
-        "{engine}: still open after {cancelled} cancelled streams"
+        "still open after {cancelled} cancelled streams"
     );
-    eprintln!("{engine}: closed after {cancelled} cancelled streams, {closed_after:?}");
+    eprintln!("closed after {cancelled} cancelled streams, {closed_after:?}");
     // Closed in the batch that crossed 200, or (on a loaded machine) a batch or two later.
     assert!(
         cancelled > 200 && cancelled <= 350,
-        "{engine}: closed after {cancelled} cancelled streams"
+        "closed after {cancelled} cancelled streams"
     );
 }
 

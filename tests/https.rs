@@ -1,7 +1,5 @@
 //! HTTPS with per-domain certificates chosen by SNI from the store: real TLS handshakes
-//! against the real binary, with certificates generated here, checked by fingerprint. Each
-//! behaviour is checked on both engines' HTTPS listeners (Pingora's, and hyper's that the
-//! request path is moving to) of one router process.
+//! against the real binary, with certificates generated here, checked by fingerprint.
 
 mod support;
 
@@ -26,7 +24,7 @@ fn handshake(router: &RouterProcess, at: SocketAddr, server_name: &str) -> TlsCo
 
 #[test]
 fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_cleanly() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("shop");
     let ca = Ca::root("Test Root");
     let shop = ca.issue(&["shop.test"], -1, 30);
@@ -43,74 +41,69 @@ fn sni_picks_the_exact_then_the_wildcard_certificate_and_unknown_names_fail_clea
         "nothing is parsed before a handshake needs it"
     );
 
-    for (engine, https) in router.https_listeners() {
-        let mut exact = handshake(&router, https, "shop.test");
-        assert_eq!(
-            exact.fingerprint, shop.fingerprint,
-            "{engine}: the exact certificate"
-        );
-        let response = exact
-            .get("shop.test", "/over-tls")
-            .expect("request over TLS");
-        assert_eq!(response.status, 200, "{engine}");
-        let seen = response.json();
-        assert_eq!(seen["headers"]["x-forwarded-proto"], "https", "{engine}");
-        assert!(router.metric("switchyard_cert_cache_misses_total") >= 1.0);
+    let https = router.https;
+    let mut exact = handshake(&router, https, "shop.test");
+    assert_eq!(exact.fingerprint, shop.fingerprint, "the exact certificate");
+    let response = exact
+        .get("shop.test", "/over-tls")
+        .expect("request over TLS");
+    assert_eq!(response.status, 200);
+    let seen = response.json();
+    assert_eq!(seen["headers"]["x-forwarded-proto"], "https");
+    assert!(router.metric("switchyard_cert_cache_misses_total") >= 1.0);
 
-        let misses = router.metric("switchyard_cert_cache_misses_total");
-        handshake(&router, https, "shop.test");
-        assert_eq!(
-            router.metric("switchyard_cert_cache_misses_total"),
-            misses,
-            "{engine}: a warm certificate is served from the cache"
-        );
+    let misses = router.metric("switchyard_cert_cache_misses_total");
+    handshake(&router, https, "shop.test");
+    assert_eq!(
+        router.metric("switchyard_cert_cache_misses_total"),
+        misses,
+        "a warm certificate is served from the cache"
+    );
 
-        assert_eq!(
-            handshake(&router, https, "Blog.Apps.Test").fingerprint,
-            wildcard.fingerprint,
-            "{engine}: a one-label wildcard match, case-insensitive"
-        );
-        let refused_before =
-            router.metric("switchyard_tls_handshakes_total{result=\"no_certificate\"}");
-        for uncovered in ["deep.blog.apps.test", "unknown.test"] {
-            let refused = tls::connect(https, Some(uncovered), &[]);
-            assert!(refused.is_err(), "{engine}: {uncovered} has no certificate");
-        }
-        assert!(
-            tls::connect(https, None, &[]).is_err(),
-            "{engine}: no SNI and no default certificate"
-        );
-        assert_eq!(
-            router.metric("switchyard_tls_handshakes_total{result=\"no_certificate\"}"),
-            refused_before + 3.0,
-            "{engine}: each refusal counted"
-        );
-        // The refusals cost nothing to the others.
-        assert_eq!(
-            handshake(&router, https, "shop.test").fingerprint,
-            shop.fingerprint
-        );
+    assert_eq!(
+        handshake(&router, https, "Blog.Apps.Test").fingerprint,
+        wildcard.fingerprint,
+        "a one-label wildcard match, case-insensitive"
+    );
+    let refused_before =
+        router.metric("switchyard_tls_handshakes_total{result=\"no_certificate\"}");
+    for uncovered in ["deep.blog.apps.test", "unknown.test"] {
+        let refused = tls::connect(https, Some(uncovered), &[]);
+        assert!(refused.is_err(), "{uncovered} has no certificate");
     }
+    assert!(
+        tls::connect(https, None, &[]).is_err(),
+        "no SNI and no default certificate"
+    );
+    assert_eq!(
+        router.metric("switchyard_tls_handshakes_total{result=\"no_certificate\"}"),
+        refused_before + 3.0,
+        "each refusal counted"
+    );
+    // The refusals cost nothing to the others.
+    assert_eq!(
+        handshake(&router, https, "shop.test").fingerprint,
+        shop.fingerprint
+    );
     assert_eq!(
         router.get("shop.test", "/").status,
         200,
         "plain HTTP still serves"
     );
 
-    for (engine, https) in router.https_listeners() {
-        let offered_both = tls::connect(https, Some("shop.test"), &["h2", "http/1.1"])
-            .expect("handshake")
-            .alpn;
-        assert_eq!(
-            offered_both.as_deref(),
-            Some("h2"),
-            "{engine}: HTTP/2 is preferred by ALPN"
-        );
-        let http11_only = tls::connect(https, Some("shop.test"), &["http/1.1"])
-            .expect("handshake")
-            .alpn;
-        assert_eq!(http11_only.as_deref(), Some("http/1.1"), "{engine}");
-    }
+    let https = router.https;
+    let offered_both = tls::connect(https, Some("shop.test"), &["h2", "http/1.1"])
+        .expect("handshake")
+        .alpn;
+    assert_eq!(
+        offered_both.as_deref(),
+        Some("h2"),
+        "HTTP/2 is preferred by ALPN"
+    );
+    let http11_only = tls::connect(https, Some("shop.test"), &["http/1.1"])
+        .expect("handshake")
+        .alpn;
+    assert_eq!(http11_only.as_deref(), Some("http/1.1"));
 }
 
 #[test]
@@ -122,7 +115,7 @@ fn the_default_certificate_answers_names_without_their_own() {
     let key_path = dir.path().join("default.key");
     std::fs::write(&cert_path, &default.cert_pem).expect("write");
     std::fs::write(&key_path, &default.key_pem).expect("write");
-    let router = RouterProcess::start_on_both_engines(&[
+    let router = RouterProcess::start_with(&[
         "--default-cert",
         cert_path.to_str().expect("path"),
         "--default-key",
@@ -131,20 +124,17 @@ fn the_default_certificate_answers_names_without_their_own() {
     let own = ca.issue(&["own.test"], -1, 30);
     router.store_cert("own.test", &own);
 
-    for (engine, https) in router.https_listeners() {
-        assert_eq!(
-            handshake(&router, https, "own.test").fingerprint,
-            own.fingerprint,
-            "{engine}"
-        );
-        assert_eq!(
-            handshake(&router, https, "stranger.test").fingerprint,
-            default.fingerprint,
-            "{engine}"
-        );
-        let no_sni = tls::connect(https, None, &[]).expect("handshake without SNI");
-        assert_eq!(no_sni.fingerprint, default.fingerprint, "{engine}");
-    }
+    let https = router.https;
+    assert_eq!(
+        handshake(&router, https, "own.test").fingerprint,
+        own.fingerprint,
+    );
+    assert_eq!(
+        handshake(&router, https, "stranger.test").fingerprint,
+        default.fingerprint,
+    );
+    let no_sni = tls::connect(https, None, &[]).expect("handshake without SNI");
+    assert_eq!(no_sni.fingerprint, default.fingerprint);
 
     // A default certificate whose key does not match refuses to start, with the reason.
     let other = ca.issue(&["x.invalid"], -1, 30);
@@ -166,7 +156,7 @@ fn the_default_certificate_answers_names_without_their_own() {
 
 #[test]
 fn invalid_certificates_are_refused_naming_the_problem_and_nothing_is_stored() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let ca = Ca::root("Test Root");
     let intermediate = ca.intermediate("Test Intermediate");
     let good = ca.issue(&["good.test"], -1, 30);
@@ -278,14 +268,10 @@ fn invalid_certificates_are_refused_naming_the_problem_and_nothing_is_stored() {
 
     // A leaf followed by its issuer is accepted, and is what clients receive.
     router.store_cert("good.test", &chained_in_order);
-    for (engine, https) in router.https_listeners() {
-        let served = handshake(&router, https, "good.test");
-        assert_eq!(served.fingerprint, chained_in_order.fingerprint, "{engine}");
-        assert_eq!(
-            served.chain_length, 2,
-            "{engine}: the leaf and its issuer are sent"
-        );
-    }
+    let https = router.https;
+    let served = handshake(&router, https, "good.test");
+    assert_eq!(served.fingerprint, chained_in_order.fingerprint);
+    assert_eq!(served.chain_length, 2, "the leaf and its issuer are sent");
     // An expired certificate is accepted when asked for explicitly.
     let (status, info) = router.admin_call(
         "PUT",
@@ -307,19 +293,18 @@ fn invalid_certificates_are_refused_naming_the_problem_and_nothing_is_stored() {
     );
     let (status, _) = router.admin_call("DELETE", "/v1/certs/good.test", None);
     assert_eq!(status, 204);
-    for (engine, https) in router.https_listeners() {
-        assert!(
-            tls::connect(https, Some("good.test"), &[]).is_err(),
-            "{engine}: a deleted certificate is no longer served"
-        );
-    }
+    let https = router.https;
+    assert!(
+        tls::connect(https, Some("good.test"), &[]).is_err(),
+        "a deleted certificate is no longer served"
+    );
     let (status, answer) = router.admin_call("DELETE", "/v1/certs/good.test", None);
     assert_eq!((status, answer["field"].as_str()), (404, Some("domain")));
 }
 
 #[test]
 fn a_new_certificate_serves_the_next_handshake_while_open_connections_keep_working() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("site");
     router.put_app(
         "site",
@@ -330,43 +315,41 @@ fn a_new_certificate_serves_the_next_handshake_while_open_connections_keep_worki
     let new = ca.issue(&["site.test"], -1, 90);
     router.store_cert("site.test", &old);
 
-    let mut before: Vec<_> = router
-        .https_listeners()
+    let mut before: Vec<_> = [router.https]
         .into_iter()
-        .map(|(engine, https)| {
+        .map(|https| {
             let mut connection = handshake(&router, https, "site.test");
-            assert_eq!(connection.fingerprint, old.fingerprint, "{engine}");
+            assert_eq!(connection.fingerprint, old.fingerprint);
             assert_eq!(
                 connection.get("site.test", "/1").expect("request").status,
                 200
             );
-            (engine, connection)
+            connection
         })
         .collect();
 
     router.store_cert("site.test", &new);
-    for (engine, https) in router.https_listeners() {
-        let took = eventually(Duration::from_secs(1), "the new certificate", || {
-            handshake(&router, https, "site.test").fingerprint == new.fingerprint
-        });
-        eprintln!("{engine}: new certificate served {took:?} after the PUT returned");
-    }
+    let https = router.https;
+    let took = eventually(Duration::from_secs(1), "the new certificate", || {
+        handshake(&router, https, "site.test").fingerprint == new.fingerprint
+    });
+    eprintln!("new certificate served {took:?} after the PUT returned");
 
-    for (engine, connection) in &mut before {
+    for connection in &mut before {
         for i in 0..3 {
             let response = connection
                 .get("site.test", &format!("/after-rotation-{i}"))
                 .unwrap_or_else(|e| {
-                    panic!("{engine}: the connection opened before the swap still works: {e}")
+                    panic!("the connection opened before the swap still works: {e}")
                 });
-            assert_eq!(response.status, 200, "{engine}");
+            assert_eq!(response.status, 200);
         }
     }
 }
 
 #[test]
 fn http_redirects_to_https_keeping_path_and_query_and_hsts_is_sent_over_tls_only() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("secure");
     router.put_app(
         "secure",
@@ -408,32 +391,21 @@ fn http_redirects_to_https_keeping_path_and_query_and_hsts_is_sent_over_tls_only
         "other apps are not redirected"
     );
 
-    let http_hyper = router.http_hyper.expect("the hyper listener");
-    let redirected = support::get(http_hyper, "secure.test", "/cart?id=7").expect("response");
-    assert_eq!(redirected.status, 308, "hyper: {}", redirected.text());
+    let https = router.https;
+    let mut conn = handshake(&router, https, "secure.test");
+    let response = conn.get("secure.test", "/cart").expect("request over TLS");
+    assert_eq!(response.status, 200);
     assert_eq!(
-        redirected.header("location"),
-        Some(format!("https://secure.test:{}/cart?id=7", router.https.port()).as_str())
+        response.header("strict-transport-security"),
+        Some("max-age=31536000; includeSubDomains"),
     );
-    assert!(redirected.header("strict-transport-security").is_none());
-
-    for (engine, https) in router.https_listeners() {
-        let mut conn = handshake(&router, https, "secure.test");
-        let response = conn.get("secure.test", "/cart").expect("request over TLS");
-        assert_eq!(response.status, 200, "{engine}");
-        assert_eq!(
-            response.header("strict-transport-security"),
-            Some("max-age=31536000; includeSubDomains"),
-            "{engine}"
-        );
-        let mut plain = handshake(&router, https, "secure.test");
-        let response = plain.get("plain.test", "/").expect("request over TLS");
-        assert_eq!(response.status, 200, "{engine}");
-        assert!(
-            response.header("strict-transport-security").is_none(),
-            "{engine}: only apps that ask get HSTS"
-        );
-    }
+    let mut plain = handshake(&router, https, "secure.test");
+    let response = plain.get("plain.test", "/").expect("request over TLS");
+    assert_eq!(response.status, 200);
+    assert!(
+        response.header("strict-transport-security").is_none(),
+        "only apps that ask get HSTS"
+    );
 
     let (status, answer) = router.admin_call(
         "PUT",
@@ -448,7 +420,7 @@ fn http_redirects_to_https_keeping_path_and_query_and_hsts_is_sent_over_tls_only
 
 #[test]
 fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("chat");
     router.put_app(
         "chat",
@@ -459,17 +431,16 @@ fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
     let new = ca.issue(&["chat.test"], -1, 60);
     router.store_cert("chat.test", &old);
 
-    let mut sockets: Vec<_> = router
-        .https_listeners()
+    let mut sockets: Vec<_> = [router.https]
         .into_iter()
-        .map(|(engine, https)| {
+        .map(|https| {
             let conn = handshake(&router, https, "chat.test");
-            assert_eq!(conn.fingerprint, old.fingerprint, "{engine}");
+            assert_eq!(conn.fingerprint, old.fingerprint);
             let url = format!("wss://chat.test:{}/chat", https.port());
             let (socket, response) = tungstenite::client(url.as_str(), conn.stream)
-                .unwrap_or_else(|e| panic!("{engine}: WebSocket handshake over TLS: {e}"));
-            assert_eq!(response.status(), 101, "{engine}");
-            (engine, socket)
+                .unwrap_or_else(|e| panic!("WebSocket handshake over TLS: {e}"));
+            assert_eq!(response.status(), 101);
+            socket
         })
         .collect();
     let exchange = |socket: &mut tungstenite::WebSocket<_>, text: &str| -> String {
@@ -481,29 +452,23 @@ fn a_wss_websocket_keeps_working_across_a_certificate_rotation() {
             .expect("text")
             .to_string()
     };
-    for (engine, socket) in &mut sockets {
-        assert_eq!(exchange(socket, "before"), "chat:before", "{engine}");
+    for socket in &mut sockets {
+        assert_eq!(exchange(socket, "before"), "chat:before");
         // A message larger than one TLS record crosses whole.
         let large = "x".repeat(100_000);
-        assert_eq!(
-            exchange(socket, &large),
-            format!("chat:{large}"),
-            "{engine}"
-        );
+        assert_eq!(exchange(socket, &large), format!("chat:{large}"),);
     }
 
     router.store_cert("chat.test", &new);
-    for (_, https) in router.https_listeners() {
-        eventually(Duration::from_secs(1), "the new certificate", || {
-            handshake(&router, https, "chat.test").fingerprint == new.fingerprint
-        });
-    }
-    for (engine, socket) in &mut sockets {
+    let https = router.https;
+    eventually(Duration::from_secs(1), "the new certificate", || {
+        handshake(&router, https, "chat.test").fingerprint == new.fingerprint
+    });
+    for socket in &mut sockets {
         for i in 0..5 {
             assert_eq!(
                 exchange(socket, &format!("after-{i}")),
-                format!("chat:after-{i}"),
-                "{engine}"
+                format!("chat:after-{i}")
             );
         }
     }
@@ -545,30 +510,29 @@ fn s_client(at: SocketAddr, save: &std::path::Path, offer: Option<&std::path::Pa
 
 #[test]
 fn sessions_resume_with_tickets_until_their_key_rotates_out() {
-    let router = RouterProcess::start_on_both_engines(&["--tls-ticket-rotation-s", "2"]);
+    let router = RouterProcess::start_with(&["--tls-ticket-rotation-s", "2"]);
     let cert = Ca::root("Test Root").issue(&["resume.test"], -1, 30);
     router.store_cert("resume.test", &cert);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut first_sessions = Vec::new();
-    for (engine, https) in router.https_listeners() {
-        let first = dir.path().join(format!("{engine}-first.pem"));
-        let second = dir.path().join(format!("{engine}-second.pem"));
-        let resumed_before = router.metric("switchyard_tls_handshakes_total{result=\"resumed\"}");
-        assert!(
-            !s_client(https, &first, None),
-            "{engine}: the first handshake is full"
-        );
-        assert!(
-            s_client(https, &second, Some(&first)),
-            "{engine}: a returning client resumes"
-        );
-        assert_eq!(
-            router.metric("switchyard_tls_handshakes_total{result=\"resumed\"}"),
-            resumed_before + 1.0,
-            "{engine}: the resumption counted"
-        );
-        first_sessions.push((engine, https, first));
-    }
+    let https = router.https;
+    let first = dir.path().join("first.pem");
+    let second = dir.path().join("second.pem");
+    let resumed_before = router.metric("switchyard_tls_handshakes_total{result=\"resumed\"}");
+    assert!(
+        !s_client(https, &first, None),
+        "the first handshake is full"
+    );
+    assert!(
+        s_client(https, &second, Some(&first)),
+        "a returning client resumes"
+    );
+    assert_eq!(
+        router.metric("switchyard_tls_handshakes_total{result=\"resumed\"}"),
+        resumed_before + 1.0,
+        "the resumption counted"
+    );
+    first_sessions.push((https, first));
 
     // Two keys are kept: two rotations after the first ticket was sealed, its key is gone.
     std::thread::sleep(Duration::from_millis(4_500));
@@ -576,10 +540,10 @@ fn sessions_resume_with_tickets_until_their_key_rotates_out() {
         router.metric("switchyard_tls_ticket_key_rotations_total") >= 2.0,
         "keys rotated"
     );
-    for (engine, https, first) in first_sessions {
+    for (https, first) in first_sessions {
         assert!(
             !s_client(https, &dir.path().join("third.pem"), Some(&first)),
-            "{engine}: a ticket sealed with a rotated-out key is refused (full handshake)"
+            "a ticket sealed with a rotated-out key is refused (full handshake)"
         );
     }
 }
@@ -619,57 +583,52 @@ fn negotiated_cipher(at: SocketAddr, extra: &[&str]) -> Option<String> {
 
 #[test]
 fn tls_parameters_follow_mozillas_intermediate_profile() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let cert = Ca::root("Test Root").issue(&["params.test"], -1, 30);
     router.store_cert("params.test", &cert);
 
-    for (engine, https) in router.https_listeners() {
-        // Key exchange: X25519, P-256 and P-384 only.
-        for group in ["X25519", "P-256", "P-384"] {
-            assert!(
-                negotiated_cipher(https, &["-groups", group]).is_some(),
-                "{engine}: {group} is offered"
-            );
-        }
-        for group in ["X448", "P-521"] {
-            assert_eq!(
-                negotiated_cipher(https, &["-groups", group]),
-                None,
-                "{engine}: {group} is refused"
-            );
-        }
-        // TLS 1.2 picks by the server's order: a client listing AES-256 first still gets the
-        // server's first choice, and one listing ChaCha20 first (no AES hardware) gets
-        // ChaCha20.
-        let tls12 = |ciphers: &str| negotiated_cipher(https, &["-tls1_2", "-cipher", ciphers]);
-        assert_eq!(
-            tls12("ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
-            Some("ECDHE-ECDSA-AES128-GCM-SHA256"),
-            "{engine}"
-        );
-        assert_eq!(
-            tls12("ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
-            Some("ECDHE-ECDSA-CHACHA20-POLY1305"),
-            "{engine}"
-        );
-        // No TLS 1.1 and no suite without forward secrecy, even for a client willing to use
-        // them.
-        assert_eq!(
-            negotiated_cipher(https, &["-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0"]),
-            None,
-            "{engine}"
-        );
-        assert_eq!(
-            tls12("AES128-GCM-SHA256:AES128-SHA:ECDHE-ECDSA-AES128-SHA@SECLEVEL=0"),
-            None,
-            "{engine}"
-        );
-        // TLS 1.2 renegotiation asked by the client is refused.
+    let https = router.https;
+    // Key exchange: X25519, P-256 and P-384 only.
+    for group in ["X25519", "P-256", "P-384"] {
         assert!(
-            !renegotiates(https),
-            "{engine}: client-started renegotiation is refused"
+            negotiated_cipher(https, &["-groups", group]).is_some(),
+            "{group} is offered"
         );
     }
+    for group in ["X448", "P-521"] {
+        assert_eq!(
+            negotiated_cipher(https, &["-groups", group]),
+            None,
+            "{group} is refused"
+        );
+    }
+    // TLS 1.2 picks by the server's order: a client listing AES-256 first still gets the
+    // server's first choice, and one listing ChaCha20 first (no AES hardware) gets
+    // ChaCha20.
+    let tls12 = |ciphers: &str| negotiated_cipher(https, &["-tls1_2", "-cipher", ciphers]);
+    assert_eq!(
+        tls12("ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
+        Some("ECDHE-ECDSA-AES128-GCM-SHA256"),
+    );
+    assert_eq!(
+        tls12("ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256").as_deref(),
+        Some("ECDHE-ECDSA-CHACHA20-POLY1305"),
+    );
+    // No TLS 1.1 and no suite without forward secrecy, even for a client willing to use
+    // them.
+    assert_eq!(
+        negotiated_cipher(https, &["-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0"]),
+        None,
+    );
+    assert_eq!(
+        tls12("AES128-GCM-SHA256:AES128-SHA:ECDHE-ECDSA-AES128-SHA@SECLEVEL=0"),
+        None,
+    );
+    // TLS 1.2 renegotiation asked by the client is refused.
+    assert!(
+        !renegotiates(https),
+        "client-started renegotiation is refused"
+    );
 }
 
 /// Whether the server accepts a TLS 1.2 renegotiation the client starts (`R` in

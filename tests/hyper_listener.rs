@@ -1,10 +1,8 @@
-//! The hyper listener (`--http-hyper`): the same routes as the main listeners, served on the
-//! engine the request path is moving to (issue 17). Routing, local answers, forwarded
-//! headers, retries past a dead backend, the access log, backend connection reuse,
-//! WebSockets that outlive a deploy and end with 1001 when their app is deleted, HTTPS
-//! redirects, and uploads answered before they are read still getting their answer. The
-//! stages (WAF, cache, images, mirror, static files) are run on both engines by their own
-//! suites.
+//! The listener on hyper: routing, local answers, forwarded headers, retries past a dead
+//! backend, the access log, backend connection reuse, WebSockets that outlive a deploy and
+//! end with 1001 when their app is deleted, HTTPS redirects, and uploads answered before
+//! they are read still getting their answer. The stages (WAF, cache, images, mirror, static
+//! files) have suites of their own.
 
 mod support;
 
@@ -17,10 +15,11 @@ use support::websocket::{close_frame_within, exchange, open_websocket};
 use support::{free_port, Backend, RouterProcess};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+/// A router and its plain HTTP listener.
 fn router_with_hyper_listener() -> (RouterProcess, SocketAddr) {
-    let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let router = RouterProcess::start_with(&["--http-hyper", &hyper.to_string()]);
-    (router, hyper)
+    let router = RouterProcess::start();
+    let http = router.http;
+    (router, http)
 }
 
 #[test]
@@ -296,19 +295,13 @@ fn an_idle_http2_connection_is_asked_to_go_away_after_the_client_idle_timeout() 
     use support::h2_raw::{
         frame, request_block, Connection, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
     };
-    let hyper = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let router = RouterProcess::start_with(&[
-        "--http-hyper",
-        &hyper.to_string(),
-        "--client-idle-timeout-s",
-        "1",
-    ]);
+    let router = RouterProcess::start_with(&["--client-idle-timeout-s", "1"]);
     let backend = Backend::start("idle");
     router.put_app(
         "idle",
         json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
     );
-    let mut connection = Connection::open(hyper);
+    let mut connection = Connection::open(router.http);
     let request = request_block("GET", "idle.test", b"/", &[]);
     connection
         .send(&frame(HEADERS, END_HEADERS | END_STREAM, 1, &request))

@@ -2,7 +2,6 @@
 //! app's static root, resized by the router's worker pool, checked by decoding what comes
 //! back.
 
-#[macro_use]
 mod support;
 
 use std::io::{BufRead, BufReader, Cursor, Write};
@@ -12,7 +11,7 @@ use std::sync::Arc;
 
 use image::{DynamicImage, ImageFormat};
 use serde_json::{json, Value};
-use support::{Engine, RouterProcess};
+use support::RouterProcess;
 
 fn png(width: u32, height: u32) -> Vec<u8> {
     let pixels = image::RgbImage::from_fn(width, height, |x, y| {
@@ -94,8 +93,9 @@ fn decoded(response: &support::Response) -> (ImageFormat, u32, u32) {
     (format, image.width(), image.height())
 }
 
-fn originals_from_the_app_are_resized_to_the_asked_box_and_format(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn originals_from_the_app_are_resized_to_the_asked_box_and_format() {
+    let router = RouterProcess::start();
     let originals = Originals::start(vec![
         ("/photos/wide.png", png(400, 200)),
         (
@@ -186,8 +186,9 @@ fn originals_from_the_app_are_resized_to_the_asked_box_and_format(engine: Engine
     );
 }
 
-fn a_resized_image_the_app_lets_be_cached_is_made_once(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_resized_image_the_app_lets_be_cached_is_made_once() {
+    let router = RouterProcess::start();
     let originals = Originals::start(vec![("/photos/wide.png", png(400, 200))]);
     gallery(
         &router,
@@ -220,8 +221,9 @@ fn a_resized_image_the_app_lets_be_cached_is_made_once(engine: Engine) {
     );
 }
 
-fn a_file_under_the_static_root_is_resized_without_asking_the_app(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_file_under_the_static_root_is_resized_without_asking_the_app() {
+    let router = RouterProcess::start();
     let originals = Originals::start(vec![]);
     let root = tempfile::tempdir().expect("root");
     std::fs::create_dir_all(root.path().join("img")).expect("dir");
@@ -238,8 +240,9 @@ fn a_file_under_the_static_root_is_resized_without_asking_the_app(engine: Engine
     assert_eq!(originals.requests.load(Ordering::Relaxed), 0);
 }
 
-fn originals_over_the_size_limit_are_refused(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn originals_over_the_size_limit_are_refused() {
+    let router = RouterProcess::start();
     let originals = Originals::start(vec![("/big.png", png(300, 300))]);
     gallery(
         &router,
@@ -256,8 +259,9 @@ fn originals_over_the_size_limit_are_refused(engine: Engine) {
     );
 }
 
-fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &["--pool-threads", "1", "--pool-queue", "1"]);
+#[test]
+fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
+    let router = RouterProcess::start_with(&["--pool-threads", "1", "--pool-queue", "1"]);
     let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
     gallery(
         &router,
@@ -297,11 +301,3 @@ fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up(engin
         "plain requests still served"
     );
 }
-
-test_on_each_engine!(
-    originals_from_the_app_are_resized_to_the_asked_box_and_format,
-    a_resized_image_the_app_lets_be_cached_is_made_once,
-    a_file_under_the_static_root_is_resized_without_asking_the_app,
-    originals_over_the_size_limit_are_refused,
-    a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up,
-);

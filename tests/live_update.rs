@@ -160,7 +160,7 @@ async fn a_websocket_survives_100_route_changes_and_10_scale_operations() {
     assert_eq!(exchange(&mut socket, "still here").await, "home:still here");
 }
 
-/// Seed 000's experiment: a WebSocket held open while its app's backends are replaced ten
+/// The failure this router exists to end: a WebSocket held open while its app's backends are replaced ten
 /// times over a minute, one new WebSocket opened after each change. Every one of them keeps
 /// echoing from the backend it started with, long past `--drain-grace-s` (1 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

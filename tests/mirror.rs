@@ -1,7 +1,6 @@
 //! Traffic mirroring end to end: the real router, a real primary backend and a real shadow
 //! backend that records what it receives, misbehaves on demand, or is down.
 
-#[macro_use]
 mod support;
 
 use std::collections::BTreeSet;
@@ -9,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{Backend, Behaviour, Engine, Recorded, RouterProcess};
+use support::{Backend, Behaviour, Recorded, RouterProcess};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -52,8 +51,9 @@ fn send(router: &RouterProcess, raw: &str) -> support::Response {
     response
 }
 
-fn full_mirroring_delivers_every_request_with_body_and_headers(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn full_mirroring_delivers_every_request_with_body_and_headers() {
+    let router = RouterProcess::start();
     let primary = Backend::start("primary");
     let shadow = Backend::start("shadow");
     app_with_mirror(
@@ -182,8 +182,9 @@ fn mirrored_keys(router: &RouterProcess, shadow: &Backend) -> BTreeSet<u32> {
         .collect()
 }
 
-fn the_split_by_key_is_consistent_across_runs_restarts_and_raises(engine: Engine) {
-    let mut router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn the_split_by_key_is_consistent_across_runs_restarts_and_raises() {
+    let mut router = RouterProcess::start();
     let primary = Backend::start("primary");
     let shadow = Backend::start("shadow");
     app_with_mirror(
@@ -247,8 +248,9 @@ fn the_split_by_key_is_consistent_across_runs_restarts_and_raises(engine: Engine
     );
 }
 
-fn a_slow_mirror_never_slows_the_primary_and_the_in_flight_cap_holds(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_slow_mirror_never_slows_the_primary_and_the_in_flight_cap_holds() {
+    let router = RouterProcess::start();
     let primary = Backend::start("primary");
     let shadow = Backend::start("shadow");
     shadow.set_behaviour(Behaviour::Delay(Duration::from_secs(1)));
@@ -294,8 +296,9 @@ fn a_slow_mirror_never_slows_the_primary_and_the_in_flight_cap_holds(engine: Eng
     assert!(delivered >= 4.0, "copies were delivered: {delivered}");
 }
 
-fn a_failing_resetting_or_absent_mirror_changes_nothing_for_clients(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_failing_resetting_or_absent_mirror_changes_nothing_for_clients() {
+    let router = RouterProcess::start();
     let primary = Backend::start("primary");
     let shadow = Backend::start("shadow");
     app_with_mirror(
@@ -380,8 +383,9 @@ fn mirror_options_are_validated_field_by_field() {
     assert_eq!(status, 404, "nothing was stored");
 }
 
-fn copies_can_go_to_a_shadow_over_tls(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn copies_can_go_to_a_shadow_over_tls() {
+    let router = RouterProcess::start();
     let primary = Backend::start("primary");
     let ca = support::pki::Ca::root("Shadow Test CA");
     let shadow = support::tls::TlsBackend::start(&ca.issue(&["shadow.test"], -1, 30));
@@ -423,11 +427,3 @@ fn copies_can_go_to_a_shadow_over_tls(engine: Engine) {
     );
     assert_eq!(received[0].body, b"body");
 }
-
-test_on_each_engine!(
-    full_mirroring_delivers_every_request_with_body_and_headers,
-    the_split_by_key_is_consistent_across_runs_restarts_and_raises,
-    a_slow_mirror_never_slows_the_primary_and_the_in_flight_cap_holds,
-    a_failing_resetting_or_absent_mirror_changes_nothing_for_clients,
-    copies_can_go_to_a_shadow_over_tls,
-);

@@ -1,6 +1,5 @@
 //! Requests reach the right app by Host, and failures get the statuses of the contract.
 
-#[macro_use]
 mod support;
 
 use std::net::SocketAddr;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{eventually, Backend, Engine, RouterProcess};
+use support::{eventually, Backend, RouterProcess};
 
 #[test]
 fn exact_and_wildcard_hosts_route_to_their_apps() {
@@ -376,7 +375,7 @@ fn metrics_count_requests_by_app_and_class_without_unknown_host_labels() {
 
 #[test]
 fn http2_clients_are_routed_by_authority() {
-    let router = RouterProcess::start_on_both_engines(&[]);
+    let router = RouterProcess::start();
     let backend = Backend::start("h2");
     router.put_app(
         "h2",
@@ -384,15 +383,11 @@ fn http2_clients_are_routed_by_authority() {
     );
     let cert = support::pki::Ca::root("Test Root").issue(&["h2.test"], -1, 30);
     router.store_cert("h2.test", &cert);
-    let http_hyper = router.http_hyper.expect("the hyper listener");
-    let https_hyper = router.https_hyper.expect("the hyper listener");
-    // Prior knowledge on the plain listeners, ALPN h2 on the TLS ones, on both engines; a
-    // request split over two cookie fields reaches the HTTP/1.1 backend as one field.
-    for (engine, scheme, at, mode) in [
-        ("pingora", "http", router.http, "--http2-prior-knowledge"),
-        ("hyper", "http", http_hyper, "--http2-prior-knowledge"),
-        ("pingora", "https", router.https, "--http2"),
-        ("hyper", "https", https_hyper, "--http2"),
+    // Prior knowledge on the plain listener, ALPN h2 on the TLS one; a request split over
+    // two cookie fields reaches the HTTP/1.1 backend as one field.
+    for (scheme, at, mode) in [
+        ("http", router.http, "--http2-prior-knowledge"),
+        ("https", router.https, "--http2"),
     ] {
         let output = std::process::Command::new("curl")
             .args(["-s", "-k", mode, "-w", "\n%{http_version} %{http_code}"])
@@ -404,18 +399,13 @@ fn http2_clients_are_routed_by_authority() {
             .expect("curl (installed by scripts/test)");
         let text = String::from_utf8_lossy(&output.stdout);
         let (body, status_line) = text.rsplit_once('\n').expect("curl's status line");
-        assert_eq!(status_line, "2 200", "{engine} {scheme}: {text}");
+        assert_eq!(status_line, "2 200", "{scheme}: {text}");
         let seen: serde_json::Value = serde_json::from_str(body).expect("backend JSON");
-        assert_eq!(seen["backend"], "h2", "{engine} {scheme}");
-        assert_eq!(seen["path"], "/over-h2", "{engine} {scheme}");
+        assert_eq!(seen["backend"], "h2", "{scheme}");
+        assert_eq!(seen["path"], "/over-h2", "{scheme}");
         let proto = if scheme == "https" { "https" } else { "http" };
-        assert_eq!(
-            seen["headers"]["x-forwarded-proto"], proto,
-            "{engine} {scheme}"
-        );
-        if engine == "hyper" {
-            assert_eq!(seen["headers"]["cookie"], "a=1; b=2", "{engine} {scheme}");
-        }
+        assert_eq!(seen["headers"]["x-forwarded-proto"], proto, "{scheme}");
+        assert_eq!(seen["headers"]["cookie"], "a=1; b=2", "{scheme}");
     }
 }
 
@@ -633,9 +623,10 @@ fn drip(
     (bytes.len(), None)
 }
 
-fn a_request_head_must_arrive_whole_within_the_header_timeout(engine: Engine) {
+#[test]
+fn a_request_head_must_arrive_whole_within_the_header_timeout() {
     use std::io::Read;
-    let router = RouterProcess::start_on(engine, &["--client-header-timeout-s", "2"]);
+    let router = RouterProcess::start_with(&["--client-header-timeout-s", "2"]);
     let backend = Backend::start("heads");
     router.put_app(
         "heads",
@@ -657,8 +648,8 @@ fn a_request_head_must_arrive_whole_within_the_header_timeout(engine: Engine) {
         closed_after >= Duration::from_millis(1800) && closed_after < Duration::from_secs(5),
         "closed after {closed_after:?} and {sent} bytes"
     );
-    // Nothing at all: on the cleartext port the engine first waits for bytes telling HTTP/2
-    // from HTTP/1.1 (Pingora with no deadline of its own); that wait is part of the head's.
+    // Nothing at all: on the cleartext port the router first waits for bytes telling HTTP/2
+    // from HTTP/1.1; that wait is part of the head's.
     silent
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("read timeout");
@@ -678,16 +669,14 @@ fn a_request_head_must_arrive_whole_within_the_header_timeout(engine: Engine) {
     assert_eq!(router.get("heads.test", "/").status, 200);
 }
 
-fn a_kept_alive_connection_gets_its_idle_time_before_the_next_head_is_due(engine: Engine) {
-    let router = RouterProcess::start_on(
-        engine,
-        &[
-            "--client-header-timeout-s",
-            "1",
-            "--client-idle-timeout-s",
-            "5",
-        ],
-    );
+#[test]
+fn a_kept_alive_connection_gets_its_idle_time_before_the_next_head_is_due() {
+    let router = RouterProcess::start_with(&[
+        "--client-header-timeout-s",
+        "1",
+        "--client-idle-timeout-s",
+        "5",
+    ]);
     let backend = Backend::start("patient");
     router.put_app(
         "patient",
@@ -734,8 +723,9 @@ fn a_client_that_leaves_mid_request_is_not_retried_on_another_backend() {
 
 /// An app's static root answers GET and HEAD for the files under it, and only those: a
 /// missing file, a symlink out of the root, `..` or another method goes to the app.
-fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn files_under_the_static_root_answer_and_nothing_outside_it() {
+    let router = RouterProcess::start();
     let backend = Backend::start("app");
     // Not a multiple of any read size, so the last piece is a short one.
     let big: String = (0..300_001u32)
@@ -751,9 +741,7 @@ fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
             "hsts": {"max_age_s": 600}
         }),
     );
-    let send = |raw: String| {
-        support::request(router.http, &raw).unwrap_or_else(|e| panic!("{engine:?}: {e}"))
-    };
+    let send = |raw: String| support::request(router.http, &raw).unwrap_or_else(|e| panic!("{e}"));
     let get = |path: &str| {
         send(format!(
             "GET {path} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n"
@@ -761,38 +749,31 @@ fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
     };
 
     let css = get("/assets/site.css");
-    assert_eq!(
-        (css.status, css.text().as_str()),
-        (200, "body{}"),
-        "{engine:?}"
-    );
+    assert_eq!((css.status, css.text().as_str()), (200, "body{}"));
     assert_eq!(css.header("content-type"), Some("text/css; charset=utf-8"));
-    assert_eq!(css.header("content-length"), Some("6"), "{engine:?}");
+    assert_eq!(css.header("content-length"), Some("6"));
     assert_eq!(
         css.header("x-request-id").map(str::len),
         Some(32),
-        "{engine:?}: the router's own answers carry the request id"
+        "the router's own answers carry the request id"
     );
     assert_eq!(
         css.header("strict-transport-security"),
         None,
         "not over TLS"
     );
-    assert_eq!(get("/").text(), "<h1>home</h1>", "{engine:?}: index.html");
+    assert_eq!(get("/").text(), "<h1>home</h1>", "index.html");
     let empty = get("/empty.txt");
-    assert_eq!((empty.status, empty.body.len()), (200, 0), "{engine:?}");
+    assert_eq!((empty.status, empty.body.len()), (200, 0));
     let large = get("/big.txt");
-    assert_eq!(large.status, 200, "{engine:?}");
-    assert!(
-        large.body == big.as_bytes(),
-        "{engine:?}: sent whole and in order"
-    );
+    assert_eq!(large.status, 200);
+    assert!(large.body == big.as_bytes(), "sent whole and in order");
     let head = send(
         "HEAD /assets/site.css HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n".into(),
     );
-    assert_eq!((head.status, head.body.len()), (200, 0), "{engine:?}");
-    assert_eq!(head.header("content-length"), Some("6"), "{engine:?}");
-    assert_eq!(backend.requests(), 0, "{engine:?}: the app was never asked");
+    assert_eq!((head.status, head.body.len()), (200, 0));
+    assert_eq!(head.header("content-length"), Some("6"));
+    assert_eq!(backend.requests(), 0, "the app was never asked");
 
     for path in [
         "/missing.css",
@@ -801,38 +782,27 @@ fn files_under_the_static_root_answer_and_nothing_outside_it(engine: Engine) {
         "/assets",
     ] {
         let answer = get(path);
-        assert_eq!(answer.status, 200, "{engine:?} {path}");
+        assert_eq!(answer.status, 200, "{path}");
         assert!(
             answer.text().contains("\"backend\":\"app\""),
-            "{engine:?} {path}: the app answers, not a file: {}",
+            "{path}: the app answers, not a file: {}",
             answer.text()
         );
     }
     let post = send(
         "POST /assets/site.css HTTP/1.1\r\nHost: site.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi".into(),
     );
-    assert!(post.text().contains("\"backend\":\"app\""), "{engine:?}");
-    assert_eq!(backend.requests(), 5, "{engine:?}");
+    assert!(post.text().contains("\"backend\":\"app\""));
+    assert_eq!(backend.requests(), 5);
 
     let cert = support::pki::Ca::root("Static Test Root").issue(&["site.test"], -1, 30);
     router.store_cert("site.test", &cert);
     let over_tls = support::tls::connect(router.https, Some("site.test"), &["http/1.1"])
         .and_then(|mut tls| tls.get("site.test", "/assets/site.css"))
-        .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
-    assert_eq!(
-        (over_tls.status, over_tls.text().as_str()),
-        (200, "body{}"),
-        "{engine:?}"
-    );
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((over_tls.status, over_tls.text().as_str()), (200, "body{}"));
     assert_eq!(
         over_tls.header("strict-transport-security"),
-        Some("max-age=600"),
-        "{engine:?}"
+        Some("max-age=600")
     );
 }
-
-test_on_each_engine!(
-    files_under_the_static_root_answer_and_nothing_outside_it,
-    a_request_head_must_arrive_whole_within_the_header_timeout,
-    a_kept_alive_connection_gets_its_idle_time_before_the_next_head_is_due,
-);

@@ -1,9 +1,7 @@
 //! Graceful binary upgrade under load: a new router process takes over the listening
-//! sockets of the running one (Pingora's hand-off on SIGQUIT; the hyper listeners' own over
-//! the data directory's hand-over socket), the old one finishes what it has and exits, and
-//! no client sees a failed request.
+//! sockets of the running one over the data directory's hand-over socket, the old one
+//! (sent SIGQUIT) finishes what it has and exits, and no client sees a failed request.
 
-#[macro_use]
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
@@ -13,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use support::{Backend, Engine, RouterProcess};
+use support::{Backend, RouterProcess};
 
 /// Clients opening a new connection per request, all through the upgrade.
 const CLOSING_CLIENTS: usize = 3;
@@ -33,8 +31,9 @@ impl Tally {
     }
 }
 
-fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store(engine: Engine) {
-    let mut router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store() {
+    let mut router = RouterProcess::start();
     let backend = Backend::start("web");
     router.put_app(
         "web",
@@ -66,13 +65,9 @@ fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store(engine: Engi
         }));
     }
     // A download still in flight when the old process stops accepting, which it finishes
-    // within the shutdown grace (2 s here). Pingora stops accepting 5 s after SIGQUIT, once
-    // its sockets are sent; on hyper the new process holds them already and the old one
-    // stops at once.
-    let interval_ms = match engine {
-        Engine::Pingora => 400,
-        Engine::Hyper => 100,
-    };
+    // within the shutdown grace (2 s here): the new process holds the sockets already, and
+    // the old one stops accepting as soon as it gets SIGQUIT.
+    let interval_ms = 100;
     let http = router.http;
     let download = std::thread::spawn(move || {
         support::get(
@@ -137,15 +132,13 @@ fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store(engine: Engi
             .contains("store released for the next router process"),
         "the old process released the store"
     );
-    if engine == Engine::Hyper {
-        // The old process's very sockets, not new ones beside them in the SO_REUSEPORT
-        // group: what the kernel had queued on them is not reset when the old one stops.
-        assert!(
-            router.logs().contains("hyper listener took over"),
-            "{}",
-            router.logs()
-        );
-    }
+    // The old process's very sockets, not new ones beside them in the SO_REUSEPORT group:
+    // what the kernel had queued on them is not reset when the old one stops.
+    assert!(
+        router.logs().contains("hyper listener took over"),
+        "{}",
+        router.logs()
+    );
 }
 
 /// One client on persistent connections, sending the next request as soon as the last
@@ -250,5 +243,3 @@ fn an_upgrade_with_no_router_to_take_over_from_gives_up() {
     );
     assert!(stderr.to_lowercase().contains("sock"), "{stderr}");
 }
-
-test_on_each_engine!(a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store);

@@ -1,13 +1,12 @@
 //! The WAF end to end: the real router with libmodsecurity and Debian's OWASP Core Rule Set,
 //! in front of a real backend that records what reaches it.
 
-#[macro_use]
 mod support;
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use support::{Backend, Behaviour, Engine, RouterProcess};
+use support::{Backend, Behaviour, RouterProcess};
 
 fn protect(router: &RouterProcess, backend: &Backend, waf: Value) {
     router.put_app(
@@ -44,8 +43,9 @@ fn post(router: &RouterProcess, target: &str, content_type: &str, body: &str) ->
 
 const FORM: &str = "application/x-www-form-urlencoded";
 
-fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn block_mode_stops_attack_probes_and_lets_ordinary_requests_through() {
+    let router = RouterProcess::start();
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
 
@@ -158,8 +158,9 @@ fn post_chunked(router: &RouterProcess, body: &str) -> support::Response {
     support::request(router.http, &request).unwrap_or_else(|e| panic!("chunked: {e}"))
 }
 
-fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole() {
+    let router = RouterProcess::start();
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -225,9 +226,10 @@ fn large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole(engi
     assert!(left.is_empty(), "{left:?}");
 }
 
-fn a_full_spool_follows_the_apps_overload_policy(engine: Engine) {
+#[test]
+fn a_full_spool_follows_the_apps_overload_policy() {
     use std::io::{Read, Write};
-    let router = RouterProcess::start_on(engine, &["--waf-spool-mb", "1"]);
+    let router = RouterProcess::start_with(&["--waf-spool-mb", "1"]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -275,8 +277,9 @@ fn a_full_spool_follows_the_apps_overload_policy(engine: Engine) {
 
 /// A small body is read whole for its inspection: a retry (an idempotent PUT whose first
 /// backend resets the connection) must still send all of it.
-fn a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks() {
+    let router = RouterProcess::start();
     let (failing, healthy) = (Backend::start("failing"), Backend::start("healthy"));
     failing.set_behaviour(Behaviour::Reset);
     router.put_app(
@@ -303,8 +306,9 @@ fn a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks(engine: En
     assert!(router.metric("switchyard_upstream_retries_total") >= 1.0);
 }
 
-fn detect_mode_logs_matches_and_lets_them_through(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &[]);
+#[test]
+fn detect_mode_logs_matches_and_lets_them_through() {
+    let router = RouterProcess::start();
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -352,9 +356,10 @@ fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<u16> {
         .collect()
 }
 
-fn an_overloaded_pool_fails_open_or_closed_as_configured(engine: Engine) {
+#[test]
+fn an_overloaded_pool_fails_open_or_closed_as_configured() {
     let args = ["--pool-threads", "1", "--pool-queue", "1"];
-    let router = Arc::new(RouterProcess::start_on(engine, &args));
+    let router = Arc::new(RouterProcess::start_with(&args));
     let (strict, lenient) = (Backend::start("strict"), Backend::start("lenient"));
     for (name, backend, policy) in [("strict", &strict, "closed"), ("lenient", &lenient, "open")] {
         router.put_app(
@@ -393,8 +398,9 @@ fn an_overloaded_pool_fails_open_or_closed_as_configured(engine: Engine) {
     );
 }
 
-fn without_the_rule_set_protected_apps_follow_their_overload_policy(engine: Engine) {
-    let router = RouterProcess::start_on(engine, &["--waf", "off"]);
+#[test]
+fn without_the_rule_set_protected_apps_follow_their_overload_policy() {
+    let router = RouterProcess::start_with(&["--waf", "off"]);
     let backend = Backend::start("shop");
     protect(
         &router,
@@ -433,14 +439,12 @@ fn without_the_rule_set_protected_apps_follow_their_overload_policy(engine: Engi
     );
 }
 
-fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use(engine: Engine) {
+#[test]
+fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("custom.conf");
     std::fs::write(&rules, "# the platform's own rules\n").expect("rules");
-    let router = RouterProcess::start_on(
-        engine,
-        &["--waf-rules", rules.to_str().expect("utf-8 path")],
-    );
+    let router = RouterProcess::start_with(&["--waf-rules", rules.to_str().expect("utf-8 path")]);
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
     assert_eq!(get(&router, "/internal/debug", "").status, 200);
@@ -489,9 +493,10 @@ fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_us
     assert_eq!(get(&router, "/products?page=2", "").status, 200);
 }
 
-fn a_router_forced_to_inspect_inline_still_inspects(engine: Engine) {
+#[test]
+fn a_router_forced_to_inspect_inline_still_inspects() {
     // `--pool-mode inline` exists for the benchmarks' comparison; it must inspect the same.
-    let router = RouterProcess::start_on(engine, &["--pool-mode", "inline"]);
+    let router = RouterProcess::start_with(&["--pool-mode", "inline"]);
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
     assert_eq!(get(&router, "/products?page=2", "").status, 200);
@@ -501,15 +506,3 @@ fn a_router_forced_to_inspect_inline_still_inspects(engine: Engine) {
     assert_eq!(router.metric("switchyard_pool_threads"), 0.0);
     assert!(router.logs().contains("run inline on the event loops"));
 }
-
-test_on_each_engine!(
-    block_mode_stops_attack_probes_and_lets_ordinary_requests_through,
-    large_and_chunked_bodies_are_spooled_inspected_whole_and_forwarded_whole,
-    a_full_spool_follows_the_apps_overload_policy,
-    a_body_read_for_inspection_goes_whole_to_the_backend_a_retry_picks,
-    detect_mode_logs_matches_and_lets_them_through,
-    an_overloaded_pool_fails_open_or_closed_as_configured,
-    without_the_rule_set_protected_apps_follow_their_overload_policy,
-    custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_use,
-    a_router_forced_to_inspect_inline_still_inspects,
-);

@@ -164,15 +164,16 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None, engine="hyper"):
-    """Switchyard on `engine`: hyper (its default since the engine change) or pingora."""
+def start_switchyard(work, backend, host=HOST, tls=None):
+    """Switchyard, on hyper since the engine change (commit 2fef383; Pingora's code was
+    removed after it, and its rows in the earlier runs are kept below for comparison)."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls else None
     cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
     listeners = ["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port else ["--https", "off"]
-    name = f"switchyard-{engine}-{port}"
+    name = f"switchyard-{port}"
     proc = Process(name, [
-        str(bench.BIN), "serve", "--engine", engine, "--http", f"127.0.0.1:{port}", *listeners,
+        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
         "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
@@ -182,11 +183,6 @@ def start_switchyard(work, backend, host=HOST, tls=None, engine="hyper"):
     put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
     proc.tls_port = tls_port
     return proc, port
-
-
-def start_switchyard_pingora(work, backend, host=HOST, tls=None):
-    """Switchyard on its earlier engine, Pingora (`--engine pingora`)."""
-    return start_switchyard(work, backend, host, tls, engine="pingora")
 
 
 def floor_starter(binary):
@@ -210,7 +206,6 @@ PROXIES = {
     "nginx": start_nginx,
     "haproxy": start_haproxy,
     "switchyard": start_switchyard,
-    "switchyard-pingora": start_switchyard_pingora,
     "pingora-floor": floor_starter("pingora-floor"),
     "hyper-floor": floor_starter("hyper-floor"),
 }
@@ -371,7 +366,7 @@ def table(results):
             f"{r['idle']['cpu_ms_per_s']:.2f} | {ka['bytes_per_connection'] / 1024:.1f} | "
             f"{wsm['bytes_per_connection'] / 1024:.1f} | "
             f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
-    for router_name, floor_name in (("switchyard", "hyper-floor"), ("switchyard-pingora", "pingora-floor")):
+    for router_name, floor_name in (("switchyard", "hyper-floor"),):
         router, floor = proxies.get(router_name), proxies.get(floor_name)
         if router and floor:
             over = ", ".join(

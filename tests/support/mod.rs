@@ -19,29 +19,9 @@ pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, Response};
 pub use logd::LogdProcess;
 pub use redis::RedisServer;
-pub use router::{Engine, RouterProcess, ENGINES};
+pub use router::RouterProcess;
 
 use std::time::{Duration, Instant};
-
-/// Makes each named test function, which takes the [`Engine`] whose listeners it drives,
-/// into two tests: `NAME::pingora` and `NAME::hyper`.
-// Each test binary compiles this module; not all of them have engine-parametrised tests.
-#[allow(unused_macros)]
-macro_rules! test_on_each_engine {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn pingora() {
-                super::$name(crate::support::Engine::Pingora);
-            }
-
-            #[test]
-            fn hyper() {
-                super::$name(crate::support::Engine::Hyper);
-            }
-        }
-    )+};
-}
 
 /// A static root for an app, and the directory outside it its symlink points into:
 /// `assets/site.css`, `index.html`, `big.txt` holding `big`, and `leak.txt`, a symlink to

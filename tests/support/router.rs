@@ -11,30 +11,14 @@ use super::{client, free_port};
 
 pub struct RouterProcess {
     child: Option<Child>,
-    /// The engine serving `--http` and `--https`.
-    engine: Engine,
-    /// The listeners under test: `--http` and `--https`, served by `engine`.
     pub http: SocketAddr,
     pub https: SocketAddr,
     pub admin: SocketAddr,
-    /// The hyper listeners, when started with them (`start_on_both_engines`).
-    pub http_hyper: Option<SocketAddr>,
-    pub https_hyper: Option<SocketAddr>,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
     token: Option<String>,
     starts: usize,
 }
-
-/// The engines a listener of the router runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Pingora,
-    Hyper,
-}
-
-/// Every engine, for a test that proves one behaviour on each.
-pub const ENGINES: [Engine; 2] = [Engine::Pingora, Engine::Hyper];
 
 impl RouterProcess {
     /// Starts a router with default options (drain grace 1 s, shutdown grace 2 s).
@@ -42,29 +26,13 @@ impl RouterProcess {
         Self::start_with(&[])
     }
 
-    /// Starts a router with extra `serve` flags, its `http` and `https` on the engine
-    /// `SWITCHYARD_TEST_ENGINE` names (`hyper`, the default, or `pingora`): the whole suite
-    /// can run against either. A test that names hyper listeners of its own gets them beside
-    /// Pingora's.
+    /// Starts a router with extra `serve` flags.
     pub fn start_with(extra: &[&str]) -> Self {
-        let names_its_listeners = extra.iter().any(|a| a.ends_with("-hyper"));
-        match std::env::var("SWITCHYARD_TEST_ENGINE").as_deref() {
-            _ if names_its_listeners => Self::start_on(Engine::Pingora, extra),
-            Ok("pingora") => Self::start_on(Engine::Pingora, extra),
-            _ => Self::start_on(Engine::Hyper, extra),
-        }
-    }
-
-    /// Starts a router whose `http` and `https` are served by `engine`.
-    pub fn start_on(engine: Engine, extra: &[&str]) -> Self {
         let mut router = Self {
             child: None,
-            engine,
             http: SocketAddr::from(([127, 0, 0, 1], free_port())),
             https: SocketAddr::from(([127, 0, 0, 1], free_port())),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            http_hyper: address_after(extra, "--http-hyper"),
-            https_hyper: address_after(extra, "--https-hyper"),
             dir: tempfile::tempdir().expect("tempdir"),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             token: extra
@@ -76,28 +44,6 @@ impl RouterProcess {
         };
         router.spawn();
         router
-    }
-
-    /// Starts a router on the Pingora engine whose routes are also served by hyper
-    /// listeners (plain and TLS), so a test can check the same behaviour on both engines of
-    /// one process.
-    pub fn start_on_both_engines(extra: &[&str]) -> Self {
-        let http_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
-        let https_hyper = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
-        let mut args = vec!["--http-hyper", &http_hyper, "--https-hyper", &https_hyper];
-        args.extend_from_slice(extra);
-        Self::start_on(Engine::Pingora, &args)
-    }
-
-    /// The HTTPS listeners, named by engine: the Pingora one, and the hyper one if started.
-    pub fn https_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
-        let own = match self.engine {
-            Engine::Pingora => "pingora",
-            Engine::Hyper => "hyper",
-        };
-        std::iter::once((own, self.https))
-            .chain(self.https_hyper.map(|a| ("hyper", a)))
-            .collect()
     }
 
     pub fn binary() -> &'static str {
@@ -160,10 +106,6 @@ impl RouterProcess {
                 "--threads",
                 "2",
             ])
-            .args(match self.engine {
-                Engine::Pingora => &["--engine", "pingora"][..],
-                Engine::Hyper => &[][..],
-            })
             .args(&self.extra_args)
             .args(more_args)
             .env("RUST_LOG", "info")
@@ -175,22 +117,14 @@ impl RouterProcess {
     }
 
     /// A graceful binary upgrade, as an operator does it: a new process started with
-    /// `--upgrade` on the same ports and data directory, then SIGQUIT to the running one,
-    /// which hands over its listening sockets. Returns the old process (draining, then
-    /// exiting); this handle now drives the new one.
+    /// `--upgrade` on the same ports and data directory, which takes the running one's
+    /// listening sockets over, then SIGQUIT to the running one. Returns the old process
+    /// (draining, then exiting); this handle now drives the new one.
     pub fn upgrade(&mut self) -> Child {
         let old = self.child.take().expect("running");
-        let handover = self.data_dir().join("switchyard-upgrade.sock");
-        let _ = std::fs::remove_file(&handover);
         self.spawn_process(&["--upgrade"]);
         let start = Instant::now();
-        // Pingora's new process waits for the sockets on its upgrade socket; hyper's takes
-        // them at once and logs it.
-        let ready = |router: &Self| match router.engine {
-            Engine::Pingora => handover.exists(),
-            Engine::Hyper => router.logs().contains("took over"),
-        };
-        while !ready(self) {
+        while !self.logs().contains("took over") {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "the new process never waited for the sockets:\n{}",
@@ -360,10 +294,4 @@ impl Drop for RouterProcess {
     fn drop(&mut self) {
         self.kill9();
     }
-}
-
-/// The address given after `flag` in a router's arguments.
-fn address_after(args: &[&str], flag: &str) -> Option<SocketAddr> {
-    let at = args.iter().position(|a| *a == flag)?;
-    args.get(at + 1).and_then(|a| a.parse().ok())
 }

@@ -119,7 +119,19 @@ pub(crate) async fn purge_cache(
     let Some(app) = state.store.get_app(name.as_str()).await? else {
         return Err(app_not_found(&name));
     };
-    if app.cache.as_ref().map(|c| c.store) == Some(CacheStore::Redis) {
+    let cache_store = app.cache.as_ref().map(|c| c.store);
+    if cache_store == Some(CacheStore::RedisVersioned) {
+        // The router keeps nothing of these apps: their pages are versioned by the app in
+        // the cache Redis, and only a new version makes a page stale.
+        return Err(ApiError::Conflict {
+            message: format!(
+                "app '{name}' keeps its cache itself (redis-versioned): the router holds no copy \
+                 to purge; bump the URL's version instead (HINCRBY resource_versions URL 1)"
+            ),
+            field: "cache.store",
+        });
+    }
+    if cache_store == Some(CacheStore::Redis) {
         let Some(shared) = &state.shared_cache else {
             return Err(ApiError::SharedCacheUnavailable(
                 "this router has no --cache-redis".into(),

@@ -26,18 +26,6 @@ pub struct ServeArgs {
     /// HTTPS listener address, or `off`.
     #[arg(long, env = "SWITCHYARD_HTTPS")]
     https: Option<String>,
-    /// The engine serving `http` and `https`: `hyper` (default) or `pingora`, the earlier
-    /// one, kept to compare them (bench/ENGINE.md).
-    #[arg(long, env = "SWITCHYARD_ENGINE")]
-    engine: Option<String>,
-    /// With `engine = "pingora"`: a second plain HTTP listener served on hyper, so both
-    /// engines serve the same routes in one process (`off` by default).
-    #[arg(long, env = "SWITCHYARD_HTTP_HYPER")]
-    http_hyper: Option<String>,
-    /// With `engine = "pingora"`: a second HTTPS listener served on hyper (`off` by default),
-    /// with the HTTPS listener's certificates and session-ticket keys.
-    #[arg(long, env = "SWITCHYARD_HTTPS_HYPER")]
-    https_hyper: Option<String>,
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     #[arg(long, env = "SWITCHYARD_DEFAULT_CERT")]
     default_cert: Option<PathBuf>,
@@ -167,9 +155,6 @@ pub struct ServeArgs {
 struct FileConfig {
     http: Option<Spanned<String>>,
     https: Option<Spanned<String>>,
-    engine: Option<Spanned<String>>,
-    http_hyper: Option<Spanned<String>>,
-    https_hyper: Option<Spanned<String>>,
     default_cert: Option<PathBuf>,
     default_key: Option<PathBuf>,
     https_redirect_port: Option<u16>,
@@ -237,15 +222,6 @@ impl std::fmt::Debug for StoreChoice {
     }
 }
 
-/// The engine of the request path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// hyper, one single-threaded runtime per thread (bench/ENGINE.md).
-    Hyper,
-    /// Pingora, the engine before hyper, kept to measure one beside the other.
-    Pingora,
-}
-
 /// Resolved, validated settings.
 #[derive(Debug)]
 pub struct Config {
@@ -253,12 +229,6 @@ pub struct Config {
     pub http: SocketAddr,
     /// HTTPS listener, unless switched off.
     pub https: Option<SocketAddr>,
-    /// The engine serving `http` and `https`.
-    pub engine: Engine,
-    /// The plain HTTP listener served on hyper, when asked for.
-    pub http_hyper: Option<SocketAddr>,
-    /// The HTTPS listener served on hyper, when asked for.
-    pub https_hyper: Option<SocketAddr>,
     /// Certificates and session tickets of the HTTPS listener.
     pub tls: TlsConfig,
     /// Admin API listener.
@@ -390,33 +360,6 @@ impl Config {
             Some((value, _)) if value == "off" => None,
             given => Some(parse_address(&source, "https", given, "0.0.0.0:8443")?),
         };
-        let engine = match pick(args.engine, file.engine) {
-            None => Engine::Hyper,
-            Some((value, _)) if value == "hyper" => Engine::Hyper,
-            Some((value, _)) if value == "pingora" => Engine::Pingora,
-            Some((value, span)) => {
-                bail!(
-                    "{}: '{value}' is not `hyper` or `pingora`",
-                    source.at(span, "engine")
-                )
-            }
-        };
-        let http_hyper = match pick(args.http_hyper, file.http_hyper) {
-            None => None,
-            Some((value, _)) if value == "off" => None,
-            given => Some(parse_address(&source, "http_hyper", given, "")?),
-        };
-        let https_hyper = match pick(args.https_hyper, file.https_hyper) {
-            None => None,
-            Some((value, _)) if value == "off" => None,
-            given => Some(parse_address(&source, "https_hyper", given, "")?),
-        };
-        if engine == Engine::Hyper && (http_hyper.is_some() || https_hyper.is_some()) {
-            bail!(
-                "http_hyper and https_hyper add hyper listeners beside the pingora engine's; \
-                 with engine = \"hyper\" (the default) http and https are served on hyper"
-            );
-        }
         let tls = TlsConfig {
             default_cert: match (
                 args.default_cert.or(file.default_cert),
@@ -557,9 +500,6 @@ impl Config {
         Ok(Self {
             http,
             https,
-            engine,
-            http_hyper,
-            https_hyper,
             tls,
             admin,
             data_dir,
@@ -893,34 +833,12 @@ mod tests {
     }
 
     #[test]
-    fn the_hyper_listener_is_off_unless_given_an_address() {
-        let pingora = "engine = \"pingora\"\n";
-        let with = |rest: &str| with_file(&format!("{pingora}{rest}"));
-        assert!(with("").expect("valid").http_hyper.is_none());
-        assert!(with("http_hyper = \"off\"\n")
-            .expect("valid")
-            .http_hyper
-            .is_none());
-        let config = with("http_hyper = \"127.0.0.1:9080\"\n").expect("valid");
-        assert_eq!(config.http_hyper.map(|a| a.port()), Some(9080));
-        let err = with("\nhttp_hyper = \"9080\"\n").expect_err("no ip");
-        assert!(err.to_string().contains("line 3: http_hyper"), "{err}");
-        assert!(with("").expect("valid").https_hyper.is_none());
-        let config = with("https_hyper = \"127.0.0.1:9443\"\n").expect("valid");
-        assert_eq!(config.https_hyper.map(|a| a.port()), Some(9443));
-        let err = with("https_hyper = \"nowhere\"\n").expect_err("not an address");
-        assert!(err.to_string().contains("line 2: https_hyper"), "{err}");
-    }
-
-    #[test]
-    fn the_engine_is_hyper_unless_pingora_is_asked_for() {
-        assert_eq!(with_file("").expect("valid").engine, Engine::Hyper);
-        let config = with_file("engine = \"pingora\"\n").expect("valid");
-        assert_eq!(config.engine, Engine::Pingora);
-        let err = with_file("\nengine = \"nginx\"\n").expect_err("unknown engine");
-        assert!(err.to_string().contains("line 2: engine"), "{err}");
-        let err = with_file("http_hyper = \"127.0.0.1:9080\"\n").expect_err("hyper twice");
-        assert!(err.to_string().contains("http_hyper"), "{err}");
+    fn an_engine_setting_is_refused_naming_its_line() {
+        // `engine`, `http_hyper` and `https_hyper` chose between Pingora and hyper while
+        // both engines existed; a file that still sets one is told so, not silently obeyed.
+        let err = with_file("\nengine = \"pingora\"\n").expect_err("no engine setting");
+        assert!(err.to_string().contains("engine"), "{err}");
+        assert!(err.to_string().contains("line 2"), "{err}");
     }
 
     #[test]

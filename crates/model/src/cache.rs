@@ -21,7 +21,8 @@ pub enum CacheStore {
     /// In the router's cache Redis (`--cache-redis`), shared by every router of a fleet; Redis's
     /// own `maxmemory` policy evicts. Written by the router after a miss.
     Redis,
-    /// Seed 004's layout in the router's cache Redis, written by the app: the version of a
+    /// The versioned layout in the router's cache Redis, written by the app (as a Rails app
+    /// that versions its pages does): the version of a
     /// URL in the hash `resource_versions` (field: the full URL), its body under
     /// `FULL_URL:version=N`. The router only reads.
     #[serde(rename = "redis-versioned")]

@@ -9,7 +9,6 @@ use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryS
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pingora::proxy::Session;
 use serde::Serialize;
 use switchyard_logs::{Batcher, ShipConfig, Shipper};
 
@@ -95,28 +94,9 @@ impl AccessLog {
         })
     }
 
-    /// Queues one request's record.
-    pub fn record(&self, session: &Session, ctx: &RequestCtx, status: u16) {
-        let request = session.req_header();
-        self.record_exchange(
-            &Exchange {
-                method: &request.method,
-                target: &request.uri,
-                version: request.version,
-                bytes_in: session.body_bytes_read(),
-                bytes_out: session.body_bytes_sent(),
-                client: session
-                    .client_addr()
-                    .and_then(|a| a.as_inet())
-                    .map(|a| a.ip()),
-            },
-            ctx,
-            status,
-        );
-    }
-
-    /// Queues the record of a request described by `exchange`, whatever engine served it.
-    pub(crate) fn record_exchange(&self, exchange: &Exchange<'_>, ctx: &RequestCtx, status: u16) {
+    /// Queues the record of a request described by `exchange`; a full queue drops it,
+    /// counted.
+    pub(crate) fn record(&self, exchange: &Exchange<'_>, ctx: &RequestCtx, status: u16) {
         let Some(queue) = &self.queue else {
             return;
         };

@@ -9,20 +9,17 @@
 //!
 //! With the `redis` store, responses are kept in the cache Redis shared by the fleet (each
 //! router still coalesces its own misses). With `redis-versioned` the app owns the cache
-//! (seed 004): the router only reads the current version's body from Redis.
+//! (the versioned layout): the router only reads the current version's body from Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
-use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
 use switchyard_model::{CacheStore, ResponseCache};
 
 use crate::cache_redis::CacheRedis;
 use crate::context::RequestCtx;
-use crate::https;
 use crate::metrics;
 use crate::response_store::{AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket};
 use crate::route_cache::AppRoute;
@@ -97,21 +94,6 @@ struct PendingResponse {
     status: u16,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     fresh_for: Duration,
-}
-
-/// Looks the request up. `Ok(true)`: answered from the cache; `Ok(false)`: go on to the app.
-pub(crate) async fn serve_or_prepare(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    redis: Option<&Arc<CacheRedis>>,
-) -> pingora::Result<bool> {
-    match look_up_request(ctx, session.req_header(), redis).await {
-        Some(fresh) => {
-            write_cached(session, ctx, &fresh, CacheStatus::Hit).await?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
 }
 
 /// Looks the request up: a fresh copy to answer with (counted as a hit), or `None` to go on
@@ -207,7 +189,7 @@ pub(crate) async fn look_up_request(
     }
 }
 
-/// Seed 004's layout: the app wrote the body of this URL's current version; serve it, or
+/// The versioned layout: the app wrote the body of this URL's current version; serve it, or
 /// let the app answer (and write it). The router never writes here.
 async fn versioned(
     ctx: &mut RequestCtx,
@@ -310,29 +292,6 @@ impl Fill {
             response: None,
             body: BytesMut::new(),
         }
-    }
-}
-
-/// The app answered: decide whether to keep this response. An app error while a stale copy
-/// may stand in becomes a proxy failure, which `serve_stale_on_failure` answers with the
-/// copy (nothing of the error has reached the client yet).
-pub(crate) fn on_upstream_response(
-    session: &Session,
-    ctx: &mut RequestCtx,
-    response: &ResponseHeader,
-) -> pingora::Result<()> {
-    let status = response.status.as_u16();
-    match on_app_response(
-        &session.req_header().headers,
-        ctx,
-        status,
-        &response.headers,
-    ) {
-        AppAnswer::GoesOn => Ok(()),
-        AppAnswer::StaleStandsIn => pingora::Error::e_explain(
-            pingora::ErrorType::HTTPStatus(status),
-            "the app failed; a stale copy stands in",
-        ),
     }
 }
 
@@ -454,17 +413,6 @@ fn storable(
     Some((Duration::from_secs(fresh_for), vary))
 }
 
-/// Adds `X-Cache` to a response from the app.
-pub(crate) fn on_response_header(
-    ctx: &mut RequestCtx,
-    response: &mut ResponseHeader,
-) -> pingora::Result<()> {
-    match x_cache(ctx) {
-        Some(label) => response.insert_header("x-cache", label),
-        None => Ok(()),
-    }
-}
-
 /// The `X-Cache` of a response from the app, for an app that caches (a miss is counted
 /// here, once its answer is known to go out).
 pub(crate) fn x_cache(ctx: &RequestCtx) -> Option<&'static str> {
@@ -546,25 +494,6 @@ pub(crate) fn keep_local_answer(
     label
 }
 
-/// The app could not be reached (or failed before answering): serve the stale copy if one is
-/// allowed. Returns the status sent, or `None` when there is none to serve.
-pub(crate) async fn serve_stale_on_failure(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-) -> Option<u16> {
-    if session.response_written().is_some() {
-        return None;
-    }
-    let stale = take_stale(ctx)?;
-    match write_cached(session, ctx, &stale, CacheStatus::Stale).await {
-        Ok(()) => Some(stale.status),
-        Err(e) => {
-            log::debug!("request {}: stale copy not sent: {e}", ctx.request_id);
-            None
-        }
-    }
-}
-
 /// The stale copy that stands in for an app that failed or could not be reached, if one is
 /// allowed (counted as stale).
 pub(crate) fn take_stale(ctx: &mut RequestCtx) -> Option<Arc<CachedResponse>> {
@@ -591,37 +520,6 @@ pub(crate) fn cached_headers(response: &CachedResponse, status: CacheStatus) -> 
     headers
 }
 
-fn cached_head(response: &CachedResponse, status: CacheStatus) -> pingora::Result<ResponseHeader> {
-    let headers = cached_headers(response, status);
-    let mut head = ResponseHeader::build(response.status, Some(headers.len()))?;
-    for (name, value) in headers {
-        if let Some(name) = name {
-            head.append_header(name, value)?;
-        }
-    }
-    Ok(head)
-}
-
-async fn write_cached(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    response: &CachedResponse,
-    status: CacheStatus,
-) -> pingora::Result<()> {
-    let mut head = cached_head(response, status)?;
-    head.insert_header("x-request-id", ctx.request_id.as_str())?;
-    https::add_hsts(&mut head, ctx)?;
-    ctx.local_status = Some(response.status);
-    let head_only = session.req_header().method == Method::HEAD;
-    session
-        .write_response_header(Box::new(head), head_only)
-        .await?;
-    if !head_only {
-        crate::respond::write_whole_body(session, response.body.clone()).await?;
-    }
-    Ok(())
-}
-
 fn count(ctx: &RequestCtx, status: CacheStatus) {
     metrics::CACHE_REQUESTS
         .with_label_values(&[ctx.app_name(), status.label()])
@@ -646,20 +544,21 @@ mod tests {
         *app.cache.expect("cache")
     }
 
-    fn response(status: u16, headers: &[(&str, &str)]) -> ResponseHeader {
-        let mut head = ResponseHeader::build(status, None).expect("head");
+    fn response_headers(headers: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
         for (name, value) in headers {
-            head.append_header(name.to_string(), *value)
-                .expect("header");
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_str(value).expect("value"),
+            );
         }
-        head
+        map
     }
 
     #[test]
     fn cache_control_set_cookie_and_vary_decide_what_is_kept() {
         let p = policy();
-        let kept =
-            |status: u16, h: &[(&str, &str)]| storable(&p, status, &response(status, h).headers);
+        let kept = |status: u16, h: &[(&str, &str)]| storable(&p, status, &response_headers(h));
         let fresh = |h: &[(&str, &str)]| kept(200, h).map(|(d, _)| d.as_secs());
         assert_eq!(fresh(&[]), Some(60));
         assert_eq!(fresh(&[("cache-control", "public, max-age=5")]), Some(5));

@@ -3,7 +3,7 @@
 //!
 //! Two layouts live there. `redis`: responses the routers store themselves, shared by the
 //! fleet, under `switchyard:cache:{app}:{url}` with a TTL ending with the stale window.
-//! `redis-versioned`: seed 004's layout, written by the app, only read here.
+//! `redis-versioned`: the versioned layout, written by the app, only read here.
 //!
 //! Every call has a short deadline, and any error or timeout is a cache miss: the app
 //! answers instead, never a 5xx. Writes leave the request path at once and are bounded in
@@ -21,7 +21,7 @@ use switchyard_store::{LinkError, RedisLink, RedisTimeouts};
 use crate::metrics;
 use crate::response_store::{CachedResponse, Entry};
 
-/// The hash of seed 004's layout holding each URL's current version.
+/// The hash of the versioned layout holding each URL's current version.
 const VERSIONS_HASH: &str = "resource_versions";
 /// Prefix of the keys of the shared (`redis`) store.
 const SHARED_PREFIX: &str = "switchyard:cache:";
@@ -74,7 +74,7 @@ impl CacheRedis {
         self.link.call(op).await.map_err(count_error).ok()
     }
 
-    /// The body stored for `full_url` at its current version, seed 004's way: `HGET
+    /// The body stored for `full_url` at its current version, as the versioned layout keeps it: `HGET
     /// resource_versions FULL_URL`, then `GET FULL_URL:version=N`. `None` on a miss, an
     /// empty body, or any error.
     pub(crate) async fn versioned_body(&self, full_url: &str) -> Option<Bytes> {

@@ -1,5 +1,6 @@
 //! Server name → certificate, parsed lazily on the first handshake that needs it and kept in a
-//! bounded in-process cache (seed 000: never load every certificate at start-up). A change
+//! bounded in-process cache: a router with a hundred thousand certificates never loads them
+//! all at start-up. A change
 //! event invalidates exactly the name it carries. Names with no certificate are remembered
 //! briefly in a separate, larger cache, so a flood of unknown SNI names neither reaches the
 //! store for each handshake nor evicts the certificates that are in use.

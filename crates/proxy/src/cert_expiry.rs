@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
+use crate::shutdown::ShutdownWatch;
 use switchyard_store::{Store, StoreError};
 
 use crate::metrics;
@@ -48,11 +46,9 @@ impl CertExpiryScan {
             tokio::task::yield_now().await;
         }
     }
-}
 
-#[async_trait]
-impl BackgroundService for CertExpiryScan {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Runs until `shutdown` changes.
+    pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut ticks = tokio::time::interval(self.interval);
         loop {
             tokio::select! {

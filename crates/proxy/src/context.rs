@@ -9,62 +9,46 @@ use std::time::{Duration, Instant};
 use crate::app_requests::REQUEST_COUNTS;
 use crate::balancer::InFlight;
 use crate::cache::CacheCtx;
-use crate::h2_resets::TakenStream;
 use crate::metrics;
-use crate::mirror::MirrorFeed;
-use crate::respond::LocalAnswer;
 use crate::route_cache::AppRoute;
 use crate::upstream_connections::ConnectionTicket;
-use crate::waf::BodySpool;
-use crate::websocket_close::FrameBoundary;
 
-/// What the pipeline knows about one request.
+/// What the stages know about one request.
 #[derive(Debug)]
-pub struct RequestCtx {
+pub(crate) struct RequestCtx {
     /// When the request was first seen.
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// Id passed to the backend and written in the access log.
-    pub request_id: String,
+    pub(crate) request_id: String,
     /// Whether the client connection is TLS.
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The normalised Host, when it had one.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// The app the Host resolved to.
-    pub route: Option<Arc<AppRoute>>,
+    pub(crate) route: Option<Arc<AppRoute>>,
     /// Backends already attempted, in order.
-    pub tried: Vec<SocketAddr>,
+    pub(crate) tried: Vec<SocketAddr>,
     /// The backend of the current attempt, counted as in flight.
-    pub backend: Option<InFlight>,
+    pub(crate) backend: Option<InFlight>,
     /// The upstream socket of the current attempt in the connection table, for draining.
     pub(crate) upstream_connection: Option<ConnectionTicket>,
     /// When the current attempt started connecting.
-    pub attempt_started: Option<Instant>,
+    pub(crate) attempt_started: Option<Instant>,
     /// Time from the successful attempt's start to the response header.
-    pub upstream_time: Option<Duration>,
+    pub(crate) upstream_time: Option<Duration>,
     /// Whether the response switched protocols (WebSocket or another upgrade).
-    pub upgraded: bool,
-    /// Where the backend's WebSocket frames end, so that a close frame can go in between.
-    pub(crate) websocket_frames: Option<FrameBoundary>,
+    pub(crate) upgraded: bool,
     /// Status sent by the router itself (not the backend), for the log.
-    pub local_status: Option<u16>,
-    /// Where the request body goes when this request is being mirrored.
-    pub(crate) mirror: Option<MirrorFeed>,
+    pub(crate) local_status: Option<u16>,
     /// The response cache's state, for apps that cache.
     pub(crate) cache: Option<CacheCtx>,
-    /// A large body waiting for the WAF, for apps with one.
-    pub(crate) waf_spool: Option<BodySpool>,
-    /// Why the router refused the request once it was already on its way to the backend
-    /// (the WAF after the body); `fail_to_proxy` answers it.
-    pub(crate) refused_with: Option<LocalAnswer>,
-    /// An HTTP/2 request, counted against its connection if the client cancels it.
-    pub(crate) h2_stream: Option<TakenStream>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
 
 impl RequestCtx {
     /// State for a newly arrived request.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             started: Instant::now(),
             request_id: String::new(),
@@ -77,19 +61,14 @@ impl RequestCtx {
             attempt_started: None,
             upstream_time: None,
             upgraded: false,
-            websocket_frames: None,
             local_status: None,
-            mirror: None,
             cache: None,
-            waf_spool: None,
-            refused_with: None,
-            h2_stream: None,
             _active: ActiveRequest::start(),
         }
     }
 
     /// The app's name, or "" before routing / for unknown hosts.
-    pub fn app_name(&self) -> &str {
+    pub(crate) fn app_name(&self) -> &str {
         self.route.as_ref().map_or("", |r| r.app.name.as_str())
     }
 
@@ -105,7 +84,7 @@ impl RequestCtx {
     }
 
     /// Ends the current attempt's bookkeeping (in-flight count, connection registration).
-    pub fn release_attempt(&mut self) {
+    pub(crate) fn release_attempt(&mut self) {
         self.upstream_connection = None;
         self.backend = None;
     }

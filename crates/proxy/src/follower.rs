@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
+use crate::shutdown::ShutdownWatch;
 use switchyard_model::Change;
 use switchyard_store::Subscription;
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -61,11 +59,9 @@ impl ChangeFollower {
         }
         self.drain.on_change(change);
     }
-}
 
-#[async_trait]
-impl BackgroundService for ChangeFollower {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Runs until `shutdown` changes.
+    pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut changes = self.changes.lock().await;
         loop {
             let change = tokio::select! {

@@ -1,32 +1,20 @@
 //! Message framing hygiene: a backend must have exactly one way to tell where a request
 //! ends, because request smuggling needs two parties that disagree about it.
 //!
-//! Pingora's HTTP/1 reader already refuses the worst (differing Content-Length values, a
-//! final coding other than chunked, Transfer-Encoding on HTTP/1.0, obsolete line folding)
-//! and re-frames the body it forwards. What is left is what it passes through as received:
+//! hyper's HTTP/1 reader already refuses the worst (differing Content-Length values, a
+//! final coding other than chunked, obsolete line folding) and re-frames the body it
+//! forwards. What is left is what it passes through as received:
 //! framing headers repeated or spelled in ways other servers read differently, and protocol
 //! upgrades that would hand the client a raw tunnel to the backend.
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
-use pingora::http::RequestHeader;
 
 use crate::respond::LocalAnswer;
 
 /// Refuses what cannot be made unambiguous and drops an upgrade the router will not tunnel.
 /// Runs on the request as read, before routing, so later stages see the normalised form.
-pub(crate) fn check_request(request: &mut RequestHeader) -> Result<(), LocalAnswer> {
-    check_codings(&request.headers)?;
-    if has_non_websocket_upgrade(&request.headers) {
-        for name in NON_WEBSOCKET_UPGRADE_HEADERS {
-            request.remove_header(name);
-        }
-    }
-    Ok(())
-}
-
-/// [`check_request`] on a bare header map (the hyper listener's requests).
-pub(crate) fn check_headers(headers: &mut HeaderMap) -> Result<(), LocalAnswer> {
+pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<(), LocalAnswer> {
     check_codings(headers)?;
     if has_non_websocket_upgrade(headers) {
         for name in NON_WEBSOCKET_UPGRADE_HEADERS {
@@ -50,23 +38,7 @@ fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {
 /// Rewrites the framing headers of the request sent to the backend into one canonical
 /// form: a single `Transfer-Encoding` line (and then no Content-Length), or a single
 /// Content-Length.
-pub(crate) fn normalise_for_backend(request: &mut RequestHeader) -> pingora::Result<()> {
-    if request.headers.contains_key(TRANSFER_ENCODING) {
-        let codings = canonical_codings(&request.headers);
-        request.remove_header(&CONTENT_LENGTH);
-        request.insert_header(TRANSFER_ENCODING, codings)?;
-        return Ok(());
-    }
-    // Pingora accepts repeated Content-Length lines only when they agree; one is enough.
-    let first_length = request.headers.get(CONTENT_LENGTH).cloned();
-    if let Some(length) = first_length {
-        request.insert_header(CONTENT_LENGTH, length)?;
-    }
-    Ok(())
-}
-
-/// [`normalise_for_backend`] on a bare header map (the hyper listener's requests).
-pub(crate) fn normalise_header_map_for_backend(headers: &mut HeaderMap) {
+pub(crate) fn normalise_for_backend(headers: &mut HeaderMap) {
     if headers.contains_key(TRANSFER_ENCODING) {
         let codings = canonical_codings(headers);
         headers.remove(CONTENT_LENGTH);
@@ -119,17 +91,16 @@ const NON_WEBSOCKET_UPGRADE_HEADERS: [&str; 3] = ["upgrade", "http2-settings", "
 mod tests {
     use super::*;
 
-    fn request_with(headers: &[(&'static str, &'static str)]) -> RequestHeader {
-        let mut request = RequestHeader::build("POST", b"/", None).expect("request");
+    fn request_with(headers: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut request = HeaderMap::new();
         for (name, value) in headers {
-            request.append_header(*name, *value).expect("header");
+            request.append(*name, HeaderValue::from_static(value));
         }
         request
     }
 
-    fn values(request: &RequestHeader, name: &str) -> Vec<String> {
+    fn values(request: &HeaderMap, name: &str) -> Vec<String> {
         request
-            .headers
             .get_all(name)
             .iter()
             .map(|v| v.to_str().expect("text").to_string())
@@ -143,7 +114,7 @@ mod tests {
             ("transfer-encoding", "gzip, CHUNKED"),
             ("content-length", "4"),
         ]);
-        normalise_for_backend(&mut request).expect("normalised");
+        normalise_for_backend(&mut request);
         assert_eq!(values(&request, "transfer-encoding"), ["gzip, chunked"]);
         assert!(values(&request, "content-length").is_empty());
     }
@@ -151,7 +122,7 @@ mod tests {
     #[test]
     fn repeated_equal_content_lengths_become_one() {
         let mut request = request_with(&[("content-length", "5"), ("content-length", "5")]);
-        normalise_for_backend(&mut request).expect("normalised");
+        normalise_for_backend(&mut request);
         assert_eq!(values(&request, "content-length"), ["5"]);
     }
 

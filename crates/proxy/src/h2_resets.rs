@@ -5,14 +5,10 @@
 //! cancel streams too (a page left, a lazy image scrolled away), so only a connection that
 //! cancels far more than a page would, within a short window, is closed.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use pingora::protocols::SocketDigest;
-use pingora::proxy::Session;
 use tokio::sync::Notify;
 
 use crate::metrics;
@@ -45,7 +41,7 @@ impl Cancellations {
     }
 
     /// Counts one stream cancelled after it was taken on; the one past the limit within
-    /// the window closes the connection (both engines' HTTP/2 connections count here).
+    /// the window closes the connection.
     pub(crate) fn count_one(&self) {
         {
             let mut started = self.window_started.lock();
@@ -60,78 +56,4 @@ impl Cancellations {
             self.close.notify_one();
         }
     }
-}
-
-/// The HTTP/2 connections open now, by the address of their socket digest: the one thing a
-/// request shares with the connection that carries it.
-static OPEN: LazyLock<Mutex<HashMap<usize, Arc<Cancellations>>>> = LazyLock::new(Mutex::default);
-
-fn key(digest: &Arc<SocketDigest>) -> usize {
-    Arc::as_ptr(digest) as usize
-}
-
-/// Watches a connection's cancellations until the returned guard is dropped.
-pub(crate) fn watch(digest: &Arc<SocketDigest>) -> Watched {
-    let cancellations = Arc::new(Cancellations::new());
-    OPEN.lock().insert(key(digest), cancellations.clone());
-    Watched {
-        key: key(digest),
-        cancellations,
-    }
-}
-
-/// A connection under watch; unregistered on drop.
-pub(crate) struct Watched {
-    key: usize,
-    /// What the connection's task waits on.
-    pub(crate) cancellations: Arc<Cancellations>,
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        OPEN.lock().remove(&self.key);
-    }
-}
-
-/// One HTTP/2 request taken on; counted as cancelled when dropped before it was answered
-/// (Pingora drops a stream's task when its client resets it, so no hook sees the end).
-#[derive(Debug)]
-pub(crate) struct TakenStream {
-    connection: Arc<SocketDigest>,
-    answered: bool,
-}
-
-impl TakenStream {
-    /// For a request that came over HTTP/2; `None` otherwise.
-    pub(crate) fn start(session: &Session) -> Option<Self> {
-        if !session.is_http2() {
-            return None;
-        }
-        let connection = session.digest()?.socket_digest.clone()?;
-        Some(Self {
-            connection,
-            answered: false,
-        })
-    }
-
-    /// The request ended; `client_gone`: on a client error (a reset while writing).
-    pub(crate) fn ended(&mut self, client_gone: bool) {
-        self.answered = !client_gone;
-    }
-}
-
-impl Drop for TakenStream {
-    fn drop(&mut self) {
-        if !self.answered {
-            cancelled(&self.connection);
-        }
-    }
-}
-
-/// Counts a stream the client of `digest`'s connection cancelled after it was taken on.
-fn cancelled(digest: &Arc<SocketDigest>) {
-    let Some(cancellations) = OPEN.lock().get(&key(digest)).cloned() else {
-        return;
-    };
-    cancellations.count_one();
 }

@@ -8,9 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
+use crate::shutdown::ShutdownWatch;
 use switchyard_model::HealthCheck;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -34,11 +32,9 @@ impl HealthChecker {
     pub fn new(routes: Arc<RouteCache>) -> Self {
         Self { routes }
     }
-}
 
-#[async_trait]
-impl BackgroundService for HealthChecker {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Runs until `shutdown` changes.
+    pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_PROBES));
         let mut next_due: HashMap<(String, SocketAddr), Instant> = HashMap::new();
         let mut ticker = tokio::time::interval(TICK);

@@ -2,9 +2,6 @@
 //! redirected to HTTPS (308 keeps the method and body), and HTTPS responses carry the app's
 //! `Strict-Transport-Security`.
 
-use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
-
 use crate::context::RequestCtx;
 
 /// ACME HTTP-01 challenges must stay reachable over plain HTTP, or an app that redirects
@@ -15,15 +12,6 @@ const ACME_CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 /// port clients reach HTTPS on (omitted from the URL when 443); without an HTTPS listener
 /// nothing is redirected.
 pub(crate) fn redirect_location(
-    session: &Session,
-    ctx: &RequestCtx,
-    https_port: Option<u16>,
-) -> Option<String> {
-    redirect_location_for(&session.req_header().uri, ctx, https_port)
-}
-
-/// [`redirect_location`] for a request given by its target.
-pub(crate) fn redirect_location_for(
     target: &http::Uri,
     ctx: &RequestCtx,
     https_port: Option<u16>,
@@ -48,14 +36,6 @@ pub(crate) fn redirect_location_for(
     } else {
         format!("https://{host}:{https_port}{path}")
     })
-}
-
-/// Adds the app's HSTS header to a response sent over TLS (RFC 6797 forbids it over HTTP).
-pub(crate) fn add_hsts(response: &mut ResponseHeader, ctx: &RequestCtx) -> pingora::Result<()> {
-    if let Some(value) = hsts_value(ctx) {
-        response.insert_header("strict-transport-security", value)?;
-    }
-    Ok(())
 }
 
 /// The `Strict-Transport-Security` value a response to this request carries, if any.

@@ -14,18 +14,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::Method;
-use pingora::connectors::http::v1::Connector;
-use pingora::connectors::ConnectorOptions;
-use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::proxy::Session;
+use http::{HeaderValue, Method, Request, Version};
+use http_body_util::{BodyExt, Empty};
 use switchyard_model::Images;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::context::RequestCtx;
 use crate::metrics;
-use crate::respond;
+use crate::outbound::{SidePool, Target};
 use crate::static_files;
 use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::upstream;
@@ -47,7 +44,7 @@ pub(crate) const RETRY_AFTER_S: &str = "1";
 /// this thread's own connections.
 pub(crate) struct ImageStage {
     admission: Arc<Admission>,
-    connector: Connector,
+    originals: SidePool,
 }
 
 /// The worker pool and the bound on resize requests under way, for all threads together.
@@ -68,7 +65,7 @@ impl ImageStage {
                 waiting: AtomicUsize::new(0),
                 max_waiting: places * WAITING_PER_PLACE,
             }),
-            connector: fetch_connector(),
+            originals: originals_pool(),
         }
     }
 
@@ -78,7 +75,7 @@ impl ImageStage {
     pub(crate) fn for_another_thread(&self) -> Self {
         Self {
             admission: self.admission.clone(),
-            connector: fetch_connector(),
+            originals: originals_pool(),
         }
     }
 
@@ -101,8 +98,11 @@ impl ImageStage {
     }
 }
 
-fn fetch_connector() -> Connector {
-    Connector::new(Some(ConnectorOptions::new(FETCH_POOL_SIZE)))
+fn originals_pool() -> SidePool {
+    SidePool::new(
+        FETCH_POOL_SIZE,
+        metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["images"]),
+    )
 }
 
 /// One request waiting for a place.
@@ -148,65 +148,6 @@ pub(crate) enum ImageAnswer {
         /// A 503 from an overloaded pool asks the client to come back in a second.
         retry_after: bool,
     },
-}
-
-/// Answers resize requests (503 for all of them on a router without a worker pool).
-/// `Ok(true)`: answered.
-pub(crate) async fn serve(
-    stage: Option<&ImageStage>,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-) -> pingora::Result<bool> {
-    let client_ip = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip());
-    let Some(answer) = resize_for(stage, ctx, session.req_header(), client_ip).await else {
-        return Ok(false);
-    };
-    let (content_type, body, cache_control) = match answer {
-        ImageAnswer::Refused {
-            status,
-            text,
-            retry_after,
-        } => {
-            let extra: &[(&str, &str)] = if retry_after {
-                &[("retry-after", RETRY_AFTER_S)]
-            } else {
-                &[]
-            };
-            respond::write_error_with(session, ctx, status, &text, extra).await?;
-            return Ok(true);
-        }
-        ImageAnswer::Resized {
-            content_type,
-            body,
-            cache_control,
-        } => (content_type, body, cache_control),
-    };
-    let mut head = ResponseHeader::build(200, Some(6))?;
-    head.insert_header("content-type", content_type)?;
-    head.insert_header("content-length", body.len().to_string())?;
-    head.insert_header("x-request-id", ctx.request_id.as_str())?;
-    if let Some(cache_control) = cache_control {
-        head.insert_header("cache-control", cache_control)?;
-    }
-    crate::https::add_hsts(&mut head, ctx)?;
-    let request_headers = &session.req_header().headers;
-    if let Some(label) =
-        crate::cache::keep_local_answer(request_headers, ctx, 200, &head.headers, &body)
-    {
-        head.insert_header("x-cache", label)?;
-    }
-    ctx.local_status = Some(200);
-    let head_only = session.req_header().method == Method::HEAD;
-    session
-        .write_response_header(Box::new(head), head_only)
-        .await?;
-    if !head_only {
-        crate::respond::write_whole_body(session, body).await?;
-    }
-    Ok(true)
 }
 
 /// The answer to `request` when it asks for a resized image of an app with the `images`
@@ -445,15 +386,24 @@ async fn from_backend(
     images: &Images,
     path: &str,
 ) -> Result<Original, FetchFailure> {
-    let peer = upstream::choose_peer_for(ctx, false).map_err(|answer| {
+    let address = upstream::begin_attempt(ctx).map_err(|answer| {
         FetchFailure::new(
             answer.status(),
             "the app has no reachable container",
             "fetch_failed",
         )
     })?;
-    let read_timeout = peer.options.read_timeout.unwrap_or(Duration::from_secs(60));
-    let unreachable = |e: Box<pingora::Error>| {
+    let (connect_timeout, read_timeout) =
+        ctx.route
+            .as_ref()
+            .map_or((Duration::from_secs(5), Duration::from_secs(60)), |route| {
+                let timeouts = &route.app.timeouts;
+                (
+                    Duration::from_millis(timeouts.connect_ms),
+                    Duration::from_millis(timeouts.read_ms),
+                )
+            });
+    let unreachable = |e: &dyn std::fmt::Display| {
         FetchFailure::new(
             502,
             format!("the original could not be fetched: {e}"),
@@ -467,29 +417,33 @@ async fn from_backend(
             "fetch_failed",
         )
     };
-    let (mut http, _reused) = stage
-        .connector
-        .get_http_session(peer.as_ref())
+    let target = Target { address, tls: None };
+    let mut connection = stage
+        .originals
+        .get(&target, connect_timeout)
         .await
-        .map_err(unreachable)?;
-    let mut request =
-        RequestHeader::build(Method::GET, path.as_bytes(), Some(4)).map_err(unreachable)?;
-    let host = ctx.host.clone().unwrap_or_default();
-    request.insert_header("host", host).map_err(unreachable)?;
-    request
-        .insert_header("accept", "image/*")
-        .map_err(unreachable)?;
-    upstream::set_forwarded_headers_for(client_ip, &mut request, ctx).map_err(unreachable)?;
-    let exchange = async {
-        http.write_request_header(Box::new(request)).await?;
-        http.finish_body().await?;
-        let head = http.read_resp_header_parts().await?;
-        Ok::<_, Box<pingora::Error>>((head.status.as_u16(), head.headers.clone()))
-    };
-    let (status, headers) = tokio::time::timeout(read_timeout, exchange)
+        .map_err(|e| unreachable(&e))?;
+    let mut request = Request::builder()
+        .method(Method::GET)
+        .uri(path)
+        .version(Version::HTTP_11)
+        .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+        .map_err(|e| unreachable(&e))?;
+    let headers = request.headers_mut();
+    if let Some(host) = ctx
+        .host
+        .as_deref()
+        .and_then(|h| HeaderValue::from_str(h).ok())
+    {
+        headers.insert(http::header::HOST, host);
+    }
+    headers.insert(http::header::ACCEPT, HeaderValue::from_static("image/*"));
+    upstream::set_forwarded_headers(client_ip, headers, ctx);
+    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request))
         .await
         .map_err(late)?
-        .map_err(unreachable)?;
+        .map_err(|e| unreachable(&e))?;
+    let status = response.status().as_u16();
     if status != 200 {
         return Err(FetchFailure::new(
             status,
@@ -497,40 +451,43 @@ async fn from_backend(
             "fetch_failed",
         ));
     }
-    let declared: Option<u64> = headers
+    let declared: Option<u64> = response
+        .headers()
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
     if declared.is_some_and(|n| n > images.max_source_bytes) {
         return Err(FetchFailure::too_large(images.max_source_bytes));
     }
+    let cache_control = response
+        .headers()
+        .get("cache-control")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut answer = response.into_body();
     let mut body = Vec::with_capacity(declared.unwrap_or(0) as usize);
     let reading = async {
-        while let Some(chunk) = http.read_body_ref().await? {
-            if (body.len() + chunk.len()) as u64 > images.max_source_bytes {
-                return Ok(false);
+        while let Some(frame) = answer.frame().await {
+            if let Some(chunk) = frame?.data_ref() {
+                if (body.len() + chunk.len()) as u64 > images.max_source_bytes {
+                    return Ok(false);
+                }
+                body.extend_from_slice(chunk);
             }
-            body.extend_from_slice(chunk);
         }
-        Ok::<_, Box<pingora::Error>>(true)
+        Ok::<_, hyper::Error>(true)
     };
     let complete = tokio::time::timeout(read_timeout, reading)
         .await
         .map_err(late)?
-        .map_err(unreachable)?;
+        .map_err(|e| unreachable(&e))?;
     if !complete {
         return Err(FetchFailure::too_large(images.max_source_bytes));
     }
-    stage
-        .connector
-        .release_http_session(http, peer.as_ref(), peer.options.idle_timeout)
-        .await;
+    stage.originals.put(connection);
     Ok(Original {
         body,
-        cache_control: headers
-            .get("cache-control")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
+        cache_control,
     })
 }
 

@@ -401,6 +401,17 @@ pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: LazyLock<IntGauge> = LazyLock:
     ))
 });
 
+pub(crate) static SIDE_IDLE_CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    registered(register_int_gauge_vec!(
+        "switchyard_side_idle_connections",
+        "Idle connections kept for requests the router makes itself, by use: copies to \
+         shadow backends (mirror, at most 2,048 per thread) and originals for image \
+         resizing (images, at most 256 per thread); one finished when the pool is full is \
+         closed.",
+        &["use"]
+    ))
+});
+
 pub(crate) static HYPER_BACKEND_CONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
     registered(register_int_counter!(
         "switchyard_hyper_backend_connections_opened_total",
@@ -461,6 +472,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&IMAGE_REQUESTS);
     LazyLock::force(&HYPER_IDLE_BACKEND_CONNECTIONS);
     LazyLock::force(&HYPER_BACKEND_CONNECTS);
+    LazyLock::force(&SIDE_IDLE_CONNECTIONS);
 }
 
 /// The `class` label values, in the order [`status_class_index`] numbers them.

@@ -12,28 +12,27 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
-use http::header;
-use pingora::connectors::http::v1::Connector;
-use pingora::connectors::ConnectorOptions;
-use pingora::http::RequestHeader;
-use pingora::protocols::http::v1::client::HttpSession;
-use pingora::proxy::Session;
-use pingora::upstreams::peer::HttpPeer;
+use http::{header, HeaderValue, Request, Version};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Empty};
+use parking_lot::Mutex;
 use prometheus::IntGauge;
 use switchyard_model::{Mirror, MirrorKey};
 use tokio::sync::mpsc;
 
 use crate::context::RequestCtx;
 use crate::metrics;
+use crate::outbound::{ConnectError, SideBody, SidePool, Target, TlsTarget};
 use crate::route_cache::AppRoute;
 use crate::upstream;
 
 /// Idle keep-alive connections kept to shadow backends, per thread, over all apps. A shadow that takes
 /// 1 s at 1,000 req/s holds 1,000 connections; a smaller pool would reconnect for most copies.
 const MIRROR_POOL_SIZE: usize = 2048;
-/// How long an idle connection to a shadow backend stays pooled.
-const MIRROR_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A shadow's response body is read (and discarded) up to this size so its connection can
 /// be reused; beyond it the connection is closed instead.
 const MAX_DRAINED_RESPONSE: usize = 1024 * 1024;
@@ -49,16 +48,19 @@ const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
-/// The connections to shadow backends, shared by every app and separate from the primary
-/// backends' pool so shadows can never take a primary's connection.
+/// One thread's connections to shadow backends, shared by every app and separate from the
+/// primary backends' pool so shadows can never take a primary's connection.
 pub(crate) struct MirrorClient {
-    connector: Connector,
+    pool: SidePool,
 }
 
 impl MirrorClient {
     pub(crate) fn new() -> Self {
         Self {
-            connector: Connector::new(Some(ConnectorOptions::new(MIRROR_POOL_SIZE))),
+            pool: SidePool::new(
+                MIRROR_POOL_SIZE,
+                metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["mirror"]),
+            ),
         }
     }
 }
@@ -122,9 +124,6 @@ pub(crate) struct MirrorFeed {
     limit: u64,
     /// Body bytes handed to the copy so far.
     forwarded: u64,
-    /// Body bytes seen by the current upstream attempt: a retry replays the body from its
-    /// start, and only what goes beyond `forwarded` is new.
-    seen_this_attempt: u64,
 }
 
 #[derive(Debug)]
@@ -163,19 +162,6 @@ impl Dropped {
     }
 }
 
-/// Starts a copy of this request when its app mirrors and the request is in the share.
-pub(crate) fn start(client: &Arc<MirrorClient>, session: &mut Session, ctx: &mut RequestCtx) {
-    if session.is_upgrade_req() {
-        return;
-    }
-    let client_ip = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip());
-    let has_body = !session.is_body_empty();
-    ctx.mirror = start_copy(client, session.req_header(), client_ip, has_body, ctx);
-}
-
 /// Starts a copy of `request` (not an upgrade) when its app mirrors and the request is in
 /// the share; the feed its body must be pushed into, when `has_body`.
 pub(crate) fn start_copy(
@@ -208,8 +194,8 @@ pub(crate) fn start_copy(
         Dropped::InFlightLimit.count(app);
         return None;
     };
-    let header = match copy_header(request, client_ip, ctx, has_body) {
-        Ok(header) => header,
+    let head = match copy_head(request, client_ip, ctx, has_body) {
+        Ok(head) => head,
         Err(e) => {
             log::debug!("request {}: mirror copy not built: {e}", ctx.request_id);
             Dropped::Error.count(app);
@@ -224,15 +210,14 @@ pub(crate) fn start_copy(
             sender,
             limit: mirror.max_body_bytes,
             forwarded: 0,
-            seen_this_attempt: 0,
         };
         (Some(feed), Some(receiver))
     } else {
         (None, None)
     };
-    let copy = Copy {
-        peer: shadow_peer(mirror, address),
-        header,
+    let copy = ShadowCopy {
+        target: shadow_target(mirror, address),
+        head,
         body,
         timeout: Duration::from_millis(mirror.timeout_ms),
         route: route.clone(),
@@ -243,47 +228,26 @@ pub(crate) fn start_copy(
     feed
 }
 
-/// Hands a piece of the client's body to the copy in progress, if any. Never waits.
-pub(crate) fn forward_body(ctx: &mut RequestCtx, chunk: Option<&Bytes>, end_of_stream: bool) {
-    if let Some(feed) = ctx.mirror.as_mut() {
-        if !feed.push(chunk, end_of_stream) {
-            ctx.mirror = None;
-        }
-    }
-}
-
 impl MirrorFeed {
     /// Hands a piece of the client's body to the copy. Never waits. False once the copy
     /// needs nothing more (the body ended, passed the limit, or the copy is over).
     pub(crate) fn push(&mut self, chunk: Option<&Bytes>, end_of_stream: bool) -> bool {
         let mut keep = true;
         if let Some(chunk) = chunk.filter(|c| !c.is_empty()) {
-            let start = self.seen_this_attempt;
-            self.seen_this_attempt += chunk.len() as u64;
-            if self.seen_this_attempt > self.forwarded {
-                let fresh = chunk.slice((self.forwarded.saturating_sub(start)) as usize..);
-                self.forwarded = self.seen_this_attempt;
-                keep = if self.forwarded > self.limit {
-                    let _ = self.sender.send(BodyEvent::OverLimit);
-                    false
-                } else {
-                    // An error means the copy already ended (e.g. the shadow was unreachable).
-                    self.sender.send(BodyEvent::Data(fresh)).is_ok()
-                };
-            }
+            self.forwarded += chunk.len() as u64;
+            keep = if self.forwarded > self.limit {
+                let _ = self.sender.send(BodyEvent::OverLimit);
+                false
+            } else {
+                // An error means the copy already ended (e.g. the shadow was unreachable).
+                self.sender.send(BodyEvent::Data(chunk.clone())).is_ok()
+            };
         }
         if keep && end_of_stream {
             let _ = self.sender.send(BodyEvent::End);
             keep = false;
         }
         keep
-    }
-}
-
-/// A new upstream attempt starts: the body will be replayed from its beginning.
-pub(crate) fn on_new_attempt(ctx: &mut RequestCtx) {
-    if let Some(feed) = ctx.mirror.as_mut() {
-        feed.seen_this_attempt = 0;
     }
 }
 
@@ -329,18 +293,19 @@ fn cookie_value<'c>(cookies: &'c str, name: &str) -> Option<&'c str> {
 
 /// The request as the shadow sees it: the client's method, path, query and end-to-end
 /// headers, the forwarding headers the primary gets, and `X-Mirrored-By`.
-fn copy_header(
+fn copy_head(
     request: &http::request::Parts,
     client_ip: Option<IpAddr>,
     ctx: &RequestCtx,
     has_body: bool,
-) -> pingora::Result<RequestHeader> {
-    let target = request
-        .uri
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .as_bytes();
-    let mut copy = RequestHeader::build(request.method.clone(), target, None)?;
+) -> Result<http::request::Parts, http::Error> {
+    let target = request.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let (mut copy, ()) = Request::builder()
+        .method(request.method.clone())
+        .uri(target)
+        .version(Version::HTTP_11)
+        .body(())?
+        .into_parts();
     let nominated: Vec<String> = request
         .headers
         .get_all(header::CONNECTION)
@@ -354,44 +319,45 @@ fn copy_header(
         if HOP_BY_HOP.contains(&name_text) || nominated.iter().any(|n| n == name_text) {
             continue;
         }
-        copy.append_header(name.clone(), value.clone())?;
+        copy.headers.append(name.clone(), value.clone());
     }
-    if copy.headers.get(header::HOST).is_none() {
+    if !copy.headers.contains_key(header::HOST) {
         if let Some(host) = request
             .uri
             .authority()
             .map(|a| a.as_str())
             .or(ctx.host.as_deref())
         {
-            copy.insert_header(header::HOST, host)?;
+            copy.headers
+                .insert(header::HOST, HeaderValue::from_str(host)?);
         }
     }
-    if has_body && copy.headers.get(header::CONTENT_LENGTH).is_none() {
-        copy.insert_header(header::TRANSFER_ENCODING, "chunked")?;
+    if has_body && !copy.headers.contains_key(header::CONTENT_LENGTH) {
+        copy.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
     }
-    upstream::set_forwarded_headers_for(client_ip, &mut copy, ctx)?;
-    copy.insert_header("x-mirrored-by", "switchyard")?;
+    upstream::set_forwarded_headers(client_ip, &mut copy.headers, ctx);
+    copy.headers
+        .insert("x-mirrored-by", HeaderValue::from_static("switchyard"));
     Ok(copy)
 }
 
-fn shadow_peer(mirror: &Mirror, address: SocketAddr) -> HttpPeer {
-    let sni = mirror.sni.clone().unwrap_or_default();
-    let mut peer = HttpPeer::new(address, mirror.tls, sni);
-    let timeout = Some(Duration::from_millis(mirror.timeout_ms));
-    peer.options.connection_timeout = timeout;
-    peer.options.total_connection_timeout = timeout;
-    peer.options.read_timeout = timeout;
-    peer.options.write_timeout = timeout;
-    peer.options.idle_timeout = Some(MIRROR_IDLE_TIMEOUT);
-    peer.options.verify_cert = mirror.verify_tls;
-    peer.options.verify_hostname = mirror.verify_tls && mirror.sni.is_some();
-    peer
+fn shadow_target(mirror: &Mirror, address: SocketAddr) -> Target {
+    Target {
+        address,
+        tls: mirror.tls.then(|| TlsTarget {
+            server_name: mirror.sni.clone(),
+            verify: mirror.verify_tls,
+        }),
+    }
 }
 
 /// One copy on its way to a shadow backend.
-struct Copy {
-    peer: HttpPeer,
-    header: RequestHeader,
+struct ShadowCopy {
+    target: Target,
+    head: http::request::Parts,
     body: Option<mpsc::UnboundedReceiver<BodyEvent>>,
     timeout: Duration,
     route: Arc<AppRoute>,
@@ -399,12 +365,12 @@ struct Copy {
     _in_flight: InFlight,
 }
 
-impl Copy {
+impl ShadowCopy {
     async fn run(self, client: Arc<MirrorClient>) {
         let route = self.route.clone();
         let app = route.app.name.as_str();
         let request_id = self.request_id.clone();
-        match self.deliver(&client).await {
+        match self.deliver(&client.pool).await {
             Ok((status, waited)) => {
                 metrics::MIRROR_SENT
                     .with_label_values(&[app, metrics::status_class(status)])
@@ -423,78 +389,172 @@ impl Copy {
         }
     }
 
-    /// Sends the copy and reads the shadow's response header; returns its status and the
-    /// time from the end of the body to that header.
-    async fn deliver(
-        mut self,
-        client: &MirrorClient,
-    ) -> Result<(u16, Duration), (Dropped, String)> {
+    /// Sends the copy and reads the shadow's answer; returns its status and the time from
+    /// the end of the body to its head. Every step — connecting, each piece of body, the
+    /// answer — must make progress within the mirror's timeout; waiting for the client's
+    /// next piece of body does not count.
+    async fn deliver(self, pool: &SidePool) -> Result<(u16, Duration), (Dropped, String)> {
         let timeout = self.timeout;
-        let (mut http, _reused) = within(timeout, client.connector.get_http_session(&self.peer))
+        let mut connection = pool.get(&self.target, timeout).await.map_err(|e| match e {
+            ConnectError::TimedOut => (Dropped::Timeout, e.to_string()),
+            ConnectError::Failed(_) => (Dropped::Error, e.to_string()),
+        })?;
+        let progress = Arc::new(Progress::new(timeout));
+        let body: SideBody = match self.body {
+            Some(events) => CopyBody {
+                events,
+                progress: progress.clone(),
+            }
+            .boxed_unsync(),
+            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
+        };
+        let request = Request::from_parts(self.head, body);
+        let response = progress
+            .within(connection.sender.send_request(request))
             .await?
-            .map_err(failed)?;
-        within(timeout, http.write_request_header(Box::new(self.header)))
-            .await?
-            .map_err(failed)?;
-        if let Some(receiver) = self.body.as_mut() {
-            loop {
-                match receiver.recv().await {
-                    Some(BodyEvent::Data(chunk)) => {
-                        within(timeout, http.write_body(&chunk))
-                            .await?
-                            .map_err(failed)?;
-                    }
-                    Some(BodyEvent::End) => break,
-                    Some(BodyEvent::OverLimit) => {
-                        return Err((Dropped::BodyLimit, "body over max_body_bytes".into()))
-                    }
-                    None => return Err((Dropped::Aborted, "request ended before its body".into())),
+            .map_err(|e| failed(&e))?;
+        let body_sent = progress.body_ended_at();
+        let status = response.status().as_u16();
+        let waited = body_sent.elapsed();
+        // The answer's body is read and dropped so the connection can be reused; a large
+        // one is not worth it.
+        let mut answer = response.into_body();
+        let mut drained = 0;
+        let mut complete = false;
+        while drained <= MAX_DRAINED_RESPONSE {
+            progress.restart();
+            match progress.within(answer.frame()).await? {
+                Some(Ok(frame)) => drained += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(e)) => return Err(failed(&e)),
+                None => {
+                    complete = true;
+                    break;
                 }
             }
         }
-        let body_sent = Instant::now();
-        let status = within(timeout, answer(&mut http)).await?.map_err(failed)?;
-        let waited = body_sent.elapsed();
-        client
-            .connector
-            .release_http_session(http, &self.peer, Some(MIRROR_IDLE_TIMEOUT))
-            .await;
+        if complete {
+            pool.put(connection);
+        }
         Ok((status, waited))
     }
 }
 
-/// Finishes the request and reads the shadow's answer, draining a small body so the
-/// connection can be reused.
-async fn answer(http: &mut HttpSession) -> pingora::Result<u16> {
-    http.finish_body().await?;
-    let status = http.read_resp_header_parts().await?.status.as_u16();
-    let mut drained = 0;
-    while let Some(chunk) = http.read_body_ref().await? {
-        drained += chunk.len();
-        if drained > MAX_DRAINED_RESPONSE {
-            break;
+/// When a copy must next make progress: `None` while it waits for the client's body.
+struct Progress {
+    timeout: Duration,
+    due: Mutex<Option<Instant>>,
+    body_ended: Mutex<Option<Instant>>,
+}
+
+impl Progress {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            due: Mutex::new(Some(Instant::now() + timeout)),
+            body_ended: Mutex::new(None),
         }
     }
-    Ok(status)
+
+    fn restart(&self) {
+        *self.due.lock() = Some(Instant::now() + self.timeout);
+    }
+
+    fn waiting_for_client(&self) {
+        *self.due.lock() = None;
+    }
+
+    fn body_ended(&self) {
+        *self.body_ended.lock() = Some(Instant::now());
+        self.restart();
+    }
+
+    /// When the body ended (the request was sent), or now for a request without one.
+    fn body_ended_at(&self) -> Instant {
+        self.body_ended.lock().unwrap_or_else(Instant::now)
+    }
+
+    /// `step`'s outcome, or a timeout once progress is overdue.
+    async fn within<T>(
+        &self,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<T, (Dropped, String)> {
+        tokio::pin!(step);
+        loop {
+            let due = *self.due.lock();
+            let wake = due.unwrap_or_else(|| Instant::now() + self.timeout);
+            tokio::select! {
+                done = &mut step => return Ok(done),
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    if self.due.lock().is_some_and(|due| due <= Instant::now()) {
+                        return Err((Dropped::Timeout, format!("no progress within {:?}", self.timeout)));
+                    }
+                }
+            }
+        }
+    }
 }
 
-async fn within<T>(
-    timeout: Duration,
-    step: impl std::future::Future<Output = T>,
-) -> Result<T, (Dropped, String)> {
-    tokio::time::timeout(timeout, step)
-        .await
-        .map_err(|_| (Dropped::Timeout, format!("no progress within {timeout:?}")))
+/// The client's body as the copy sends it, ending in an error that says why when the copy
+/// must not be completed (over the limit, or the client's request ended first).
+struct CopyBody {
+    events: mpsc::UnboundedReceiver<BodyEvent>,
+    progress: Arc<Progress>,
 }
 
-fn failed(error: Box<pingora::Error>) -> (Dropped, String) {
-    let reason = match error.etype() {
-        pingora::ErrorType::ConnectTimedout
-        | pingora::ErrorType::ReadTimedout
-        | pingora::ErrorType::WriteTimedout => Dropped::Timeout,
-        _ => Dropped::Error,
-    };
-    (reason, error.to_string())
+/// Why a copy's body stopped short.
+#[derive(Debug)]
+struct BodyStopped(Dropped);
+
+impl std::fmt::Display for BodyStopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Dropped::BodyLimit => f.write_str("body over max_body_bytes"),
+            _ => f.write_str("request ended before its body"),
+        }
+    }
+}
+
+impl std::error::Error for BodyStopped {}
+
+impl Body for CopyBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.events.poll_recv(cx) {
+            Poll::Pending => {
+                self.progress.waiting_for_client();
+                Poll::Pending
+            }
+            Poll::Ready(Some(BodyEvent::Data(chunk))) => {
+                self.progress.restart();
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
+            }
+            Poll::Ready(Some(BodyEvent::End)) => {
+                self.progress.body_ended();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(BodyEvent::OverLimit)) => {
+                Poll::Ready(Some(Err(Box::new(BodyStopped(Dropped::BodyLimit)))))
+            }
+            Poll::Ready(None) => Poll::Ready(Some(Err(Box::new(BodyStopped(Dropped::Aborted))))),
+        }
+    }
+}
+
+/// A failed exchange: why, as the copy's body said, or an error of the shadow's side.
+fn failed(error: &(dyn std::error::Error + 'static)) -> (Dropped, String) {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(BodyStopped(reason)) = cause.downcast_ref::<BodyStopped>() {
+            return (*reason, cause.to_string());
+        }
+        source = cause.source();
+    }
+    (Dropped::Error, error.to_string())
 }
 
 #[cfg(test)]

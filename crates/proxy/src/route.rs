@@ -2,30 +2,19 @@
 //! `:authority`) wins over the Host header, as RFC 9112 requires.
 
 use http::{HeaderMap, Uri};
-use pingora::proxy::Session;
 use switchyard_model::normalize_host;
 
 use crate::context::RequestCtx;
 use crate::respond::LocalAnswer;
 use crate::route_cache::RouteCache;
 
-/// Request line and headers larger than this are refused with 431 before routing. Pingora
-/// accepts far larger heads; backends (nginx: 8 KiB lines, 32 KiB in all) would refuse them
+/// Request line and headers larger than this are refused with 431 before routing. hyper
+/// accepts larger heads (up to its read buffer); backends (nginx: 8 KiB lines, 32 KiB in all) would refuse them
 /// anyway, and a router should not carry them.
 pub(crate) const MAX_REQUEST_HEAD_BYTES: usize = 32 * 1024;
 
 /// Resolves the request's app into `ctx.route`, or says which answer to send instead.
 pub(crate) async fn route(
-    session: &Session,
-    ctx: &mut RequestCtx,
-    routes: &RouteCache,
-) -> Result<(), LocalAnswer> {
-    let request = session.req_header();
-    route_request(&request.uri, &request.headers, ctx, routes).await
-}
-
-/// [`route`] for a request given by its target and headers, whatever engine read it.
-pub(crate) async fn route_request(
     target: &Uri,
     headers: &HeaderMap,
     ctx: &mut RequestCtx,

@@ -9,9 +9,7 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use quick_cache::sync::Cache;
@@ -35,8 +33,6 @@ pub struct AppRoute {
     pub app: App,
     /// Its backends with their live state.
     pub upstream: Upstream,
-    /// When this version was built, for cache-age metrics.
-    pub loaded_at: Instant,
     /// Live state of its traffic mirroring, when it mirrors.
     pub mirror: Option<Box<MirrorState>>,
     /// Its cached responses, when it caches.
@@ -56,16 +52,6 @@ pub struct RouteCacheLimits {
     pub response_bytes: u64,
 }
 
-impl Default for RouteCacheLimits {
-    fn default() -> Self {
-        Self {
-            apps: 100_000,
-            domains: 400_000,
-            response_bytes: 256 << 20,
-        }
-    }
-}
-
 /// The in-process routing view over the store.
 pub struct RouteCache {
     store: Arc<dyn Store>,
@@ -74,19 +60,10 @@ pub struct RouteCache {
     apps: Cache<String, Arc<AppRoute>>,
     epochs: Vec<Mutex<u64>>,
     hasher: RandomState,
-    fills: AtomicU64,
     /// Names of cached apps that have active health checks: the health checker walks this
     /// short list instead of every cached route.
     health_checked: Mutex<HashSet<String>>,
     response_budget: Arc<CacheBudget>,
-}
-
-/// Why a host could not be resolved.
-#[derive(Debug, thiserror::Error)]
-pub enum RouteError {
-    /// The store could not answer and nothing was cached.
-    #[error("route lookup failed: {0}")]
-    Store(#[from] StoreError),
 }
 
 impl RouteCache {
@@ -99,7 +76,6 @@ impl RouteCache {
             apps: Cache::new(limits.apps.max(1)),
             epochs: (0..STRIPES).map(|_| Mutex::new(0)).collect(),
             hasher: RandomState::new(),
-            fills: AtomicU64::new(0),
             health_checked: Mutex::new(HashSet::new()),
             response_budget: CacheBudget::new(limits.response_bytes),
         }
@@ -107,7 +83,7 @@ impl RouteCache {
 
     /// The app serving `host` (already normalised): exact domain first, then the most
     /// specific wildcard. `Ok(None)` means no app owns it.
-    pub async fn resolve(&self, host: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+    pub async fn resolve(&self, host: &str) -> Result<Option<Arc<AppRoute>>, StoreError> {
         let resolved = self.resolve_through_cache(host).await;
         if matches!(resolved, Ok(Some(_))) && !self.store.available() {
             // Served from memory while the store is away: the known route keeps working.
@@ -116,7 +92,7 @@ impl RouteCache {
         resolved
     }
 
-    async fn resolve_through_cache(&self, host: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+    async fn resolve_through_cache(&self, host: &str) -> Result<Option<Arc<AppRoute>>, StoreError> {
         if let Some(name) = self.owner_of(host).await? {
             return self.app(&name).await;
         }
@@ -138,7 +114,7 @@ impl RouteCache {
     }
 
     /// The app named `name`, building its route on first use.
-    pub async fn app(&self, name: &str) -> Result<Option<Arc<AppRoute>>, RouteError> {
+    pub async fn app(&self, name: &str) -> Result<Option<Arc<AppRoute>>, StoreError> {
         if let Some(route) = self.apps.get(name) {
             metrics::ROUTE_CACHE_HITS.inc();
             return Ok(Some(route));
@@ -160,7 +136,7 @@ impl RouteCache {
         Ok(Some(route))
     }
 
-    async fn owner_of(&self, domain: &str) -> Result<Option<Arc<str>>, RouteError> {
+    async fn owner_of(&self, domain: &str) -> Result<Option<Arc<str>>, StoreError> {
         if let Some(owner) = self.domains.get(domain) {
             metrics::ROUTE_CACHE_HITS.inc();
             return Ok(owner);
@@ -277,11 +253,6 @@ impl RouteCache {
         }
     }
 
-    /// Number of store reads that filled the cache, for tests and metrics.
-    pub fn fills(&self) -> u64 {
-        self.fills.load(Ordering::Relaxed)
-    }
-
     fn publish_sizes(&self) {
         metrics::ROUTE_CACHE_ENTRIES
             .with_label_values(&["apps"])
@@ -303,7 +274,6 @@ impl RouteCache {
         let epoch = self.stripe(key).lock();
         if *epoch == seen_epoch {
             insert();
-            self.fills.fetch_add(1, Ordering::Relaxed);
         }
         drop(epoch);
         self.publish_sizes();
@@ -352,7 +322,6 @@ fn build_route(mut app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudg
     AppRoute {
         app,
         upstream,
-        loaded_at: Instant::now(),
         mirror,
         response_cache,
         requests,

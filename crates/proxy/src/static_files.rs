@@ -8,14 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use http::Method;
-use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
-use tokio::io::AsyncReadExt;
 
 use crate::context::RequestCtx;
-use crate::https;
 
 /// A file under an app's static root that answers a request.
 pub(crate) struct StaticFile {
@@ -43,51 +38,6 @@ pub(crate) async fn find(ctx: &RequestCtx, method: &Method, uri_path: &str) -> O
         content_type: content_type(&path),
         head_only,
     })
-}
-
-/// Serves the request from the app's static root when a file matches. `Ok(true)`: answered.
-pub(crate) async fn serve(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
-    let request = session.req_header();
-    let Some(found) = find(ctx, &request.method, request.uri.path()).await else {
-        return Ok(false);
-    };
-    let StaticFile {
-        mut file,
-        length,
-        content_type,
-        head_only,
-    } = found;
-    let mut head = ResponseHeader::build(200, Some(4))?;
-    head.insert_header("content-type", content_type)?;
-    head.insert_header("content-length", length.to_string())?;
-    head.insert_header("x-request-id", ctx.request_id.as_str())?;
-    https::add_hsts(&mut head, ctx)?;
-    ctx.local_status = Some(200);
-    session
-        .write_response_header(Box::new(head), head_only || length == 0)
-        .await?;
-    if head_only || length == 0 {
-        return Ok(true);
-    }
-    let mut sent = 0u64;
-    let mut buffer = vec![0u8; crate::respond::BODY_PIECE];
-    while sent < length {
-        let read = file.read(&mut buffer).await.map_err(|e| {
-            pingora::Error::because(pingora::ErrorType::ReadError, "static file", e)
-        })?;
-        if read == 0 {
-            // The file shrank while being sent: the client sees a short body, as with nginx.
-            break;
-        }
-        sent += read as u64;
-        session
-            .write_response_body(
-                Some(Bytes::copy_from_slice(&buffer[..read])),
-                sent >= length,
-            )
-            .await?;
-    }
-    Ok(true)
 }
 
 /// The request path as a relative file path: percent-decoded, `index.html` for a

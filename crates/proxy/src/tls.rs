@@ -6,13 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
+use crate::shutdown::ShutdownWatch;
 use openssl::ssl::{NameType, SslContextBuilder, SslMode, SslOptions, SslRef};
-use pingora::listeners::tls::TlsSettings;
-use pingora::listeners::TlsAccept;
-use pingora::protocols::tls::TlsRef;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use switchyard_tls_tickets::TicketKeys;
 
 use crate::cert_cache::{CertCache, Selected, ServedCert};
@@ -99,24 +94,6 @@ pub(crate) fn count_completed(ssl: &SslRef) {
     metrics::TLS_HANDSHAKES.with_label_values(&[result]).inc();
 }
 
-#[async_trait]
-impl TlsAccept for CertSelector {
-    async fn certificate_callback(&self, ssl: &mut TlsRef) {
-        let server_name = ssl.servername(NameType::HOST_NAME).map(str::to_owned);
-        if let Some(cert) = self.choose(server_name.as_deref()).await {
-            self.serve(ssl, &cert);
-        }
-    }
-
-    async fn handshake_complete_callback(
-        &self,
-        ssl: &TlsRef,
-    ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-        count_completed(ssl);
-        None
-    }
-}
-
 fn use_certificate(ssl: &mut SslRef, cert: &ServedCert) -> Result<(), openssl::error::ErrorStack> {
     ssl.set_certificate(&cert.leaf)?;
     ssl.set_private_key(&cert.key)?;
@@ -129,19 +106,7 @@ fn use_certificate(ssl: &mut SslRef, cert: &ServedCert) -> Result<(), openssl::e
 /// Key-exchange groups offered, in order of preference (Mozilla intermediate, v5.7).
 const KEY_EXCHANGE_GROUPS: &str = "X25519:P-256:P-384";
 
-/// TLS settings for the HTTPS listener: certificates from `certs`, tickets under `tickets`.
-pub fn https_settings(
-    certs: Arc<CertCache>,
-    tickets: Arc<TicketKeys>,
-) -> Result<TlsSettings, String> {
-    let mut settings = TlsSettings::with_callbacks(Box::new(CertSelector::new(certs)))
-        .map_err(|e| format!("cannot set up TLS: {e}"))?;
-    settings.enable_h2();
-    configure_context(&mut settings, tickets)?;
-    Ok(settings)
-}
-
-/// What both engines' TLS listeners set alike: key-exchange groups, cipher order, no
+/// What the TLS listener's context sets: key-exchange groups, cipher order, no
 /// renegotiation, buffers released while idle, and the rotating session-ticket keys.
 pub(crate) fn configure_context(
     context: &mut SslContextBuilder,
@@ -179,11 +144,9 @@ impl TicketKeyRotation {
     pub fn new(keys: Arc<TicketKeys>, interval: Duration) -> Self {
         Self { keys, interval }
     }
-}
 
-#[async_trait]
-impl BackgroundService for TicketKeyRotation {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Runs until `shutdown` changes.
+    pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut ticks = tokio::time::interval(self.interval);
         ticks.tick().await;
         loop {

@@ -2,8 +2,8 @@
 //! on the worker pool.
 //!
 //! Small bodies (a declared length within 64 KiB and the app's `max_body_bytes`) are read
-//! first and inspected with the request before anything else is done for it; Pingora's replay
-//! buffer then sends them to the backend. Larger bodies, and bodies of unknown length, are
+//! first and inspected with the request before anything else is done for it, then sent to
+//! the backend from the copy read. Larger bodies, and bodies of unknown length, are
 //! spooled to an unlinked file as they arrive and held back from the backend until the first
 //! `max_body_bytes` of them are inspected from that file: memory holds one copy at most (the
 //! one libmodsecurity makes while inspecting, then the one sent on). What comes past
@@ -15,9 +15,8 @@
 //! cannot start or finish by `timeout_ms`, or a body the spool has no room for, follows
 //! `on_overload`: pass, or 503.
 //!
-//! The decisions (what to inspect when, the verdict, the spool) are the same on both engines;
-//! Pingora pushes the body through [`on_body`], the hyper listener pulls it
-//! (`hyper_engine::inspection`).
+//! This module holds the decisions (what to inspect when, the verdict, the spool); the
+//! listener pulls the body and holds it back (`hyper_engine::inspection`).
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -27,11 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header;
 use parking_lot::RwLock;
-use pingora::proxy::Session;
-use pingora::{Error, ErrorType};
 use switchyard_model::{Waf as WafPolicy, WafMode, WafOverload};
 use switchyard_waf::{Body, Request, RuleFiles, Verdict, Waf, WafError};
 
@@ -41,7 +38,7 @@ use crate::respond::LocalAnswer;
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Bodies of a declared length up to this are read into memory and inspected before the
-/// request goes on: Pingora's replay buffer, which then sends them, holds 64 KiB.
+/// request goes on (a small upload in one piece; the WAF of nginx reads as much in memory).
 pub(crate) const IN_MEMORY_BODY: u64 = 64 * 1024;
 
 /// Where large bodies wait for their inspection, and how much disk they may use at once.
@@ -217,100 +214,6 @@ pub(crate) async fn refuse_on_head(
     }
 }
 
-/// Request-filter part: what the stage decided now. `None` lets the request go on (a large
-/// body is then inspected as it arrives, by [`on_body`]).
-pub(crate) async fn inspect(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    inspector: Option<&Inspector>,
-) -> pingora::Result<Option<LocalAnswer>> {
-    let Some(policy) = policy_of(ctx) else {
-        return Ok(None);
-    };
-    let request = OwnedRequest::head_only(session.req_header(), Endpoints::of(session));
-    let Some(inspector) = inspector else {
-        return Ok(inspect_now(ctx, None, policy, request).await);
-    };
-    let has_body = !session.is_body_empty();
-    let declared = declared_length(&session.req_header().headers);
-    match body_inspection(ctx.app_name(), &policy, has_body, declared) {
-        BodyInspection::None => Ok(inspect_now(ctx, Some(inspector), policy, request).await),
-        BodyInspection::InMemory => {
-            let request = request.with_body(read_small_body(session).await?);
-            Ok(inspect_now(ctx, Some(inspector), policy, request).await)
-        }
-        BodyInspection::Spooled => {
-            if let Some(answer) = refuse_on_head(ctx, inspector, policy, request.clone()).await {
-                return Ok(Some(answer));
-            }
-            ctx.waf_spool = Some(inspector.start_spool(request, policy));
-            Ok(None)
-        }
-    }
-}
-
-/// Request-body part, for a body being spooled: each piece goes to the spool and is held
-/// back (an empty piece goes on); at the end of the body (or once `max_body_bytes` are in)
-/// the spooled part is inspected, then sent on whole, or the request is refused (an error
-/// carrying the answer for `fail_to_proxy`).
-pub(crate) async fn on_body(
-    ctx: &mut RequestCtx,
-    body: &mut Option<Bytes>,
-    end_of_stream: bool,
-    inspector: Option<&Inspector>,
-) -> pingora::Result<()> {
-    let (Some(spool), Some(inspector)) = (ctx.waf_spool.as_mut(), inspector) else {
-        return Ok(());
-    };
-    let mut past_limit = None;
-    if let Some(mut piece) = body.take() {
-        past_limit = spool.split_past_limit(&mut piece);
-        if let Err(refusal) = spool.append(piece.clone()).await {
-            log::warn!("request {}: WAF spool: {refusal}", ctx.request_id);
-            let Some(spool) = ctx.waf_spool.take() else {
-                return Ok(());
-            };
-            let held = spool.give_up(ctx).await;
-            *body = Some(concat(
-                concat(on_pingora(ctx, held)?, Some(piece)),
-                past_limit,
-            ));
-            return Ok(());
-        }
-    }
-    if past_limit.is_none() && !end_of_stream {
-        // Held back. Empty, not `None`: Pingora takes `None` for the end of the body.
-        *body = Some(Bytes::new());
-        return Ok(());
-    }
-    let Some(spool) = ctx.waf_spool.take() else {
-        return Ok(());
-    };
-    let held = spool.finish(ctx, inspector, past_limit.is_some()).await;
-    *body = Some(concat(on_pingora(ctx, held)?, past_limit));
-    Ok(())
-}
-
-/// A spool's outcome as Pingora takes it: a refusal is an error carrying the answer for
-/// `fail_to_proxy`.
-fn on_pingora(ctx: &mut RequestCtx, held: Result<Bytes, SpoolRefusal>) -> pingora::Result<Bytes> {
-    match held {
-        Ok(held) => Ok(held),
-        Err(SpoolRefusal::Answer(answer)) => {
-            ctx.refused_with = Some(answer);
-            Err(Error::explain(
-                ErrorType::HTTPStatus(answer.status()),
-                "refused by the WAF after its body (or for want of room to spool it)",
-            ))
-        }
-        Err(SpoolRefusal::Unreadable(e)) => Err(Error::because(
-            ErrorType::InternalError,
-            "reading the WAF spool",
-            e,
-        )),
-    }
-}
-
 /// Why a spooled body does not go on.
 #[derive(Debug)]
 pub(crate) enum SpoolRefusal {
@@ -318,26 +221,6 @@ pub(crate) enum SpoolRefusal {
     Answer(LocalAnswer),
     /// What was spooled could not be read back.
     Unreadable(std::io::Error),
-}
-
-/// A retry of the upstream connection replays the body from its start: start the spool over.
-pub(crate) fn on_new_attempt(ctx: &mut RequestCtx) {
-    if let Some(spool) = ctx.waf_spool.as_mut() {
-        spool.written = 0;
-    }
-}
-
-fn concat(head: Bytes, tail: Option<Bytes>) -> Bytes {
-    match tail {
-        None => head,
-        Some(tail) if head.is_empty() => tail,
-        Some(tail) => {
-            let mut whole = BytesMut::with_capacity(head.len() + tail.len());
-            whole.extend_from_slice(&head);
-            whole.extend_from_slice(&tail);
-            whole.freeze()
-        }
-    }
 }
 
 /// The verdict's consequences: logs, counts, and the answer when the request is refused.
@@ -417,17 +300,6 @@ pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
-}
-
-/// The whole (small) body. Reading it here makes Pingora replay it to the backend from its
-/// buffer.
-async fn read_small_body(session: &mut Session) -> pingora::Result<Bytes> {
-    session.enable_retry_buffering();
-    let mut body = BytesMut::new();
-    while let Some(chunk) = session.read_request_body().await? {
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body.freeze())
 }
 
 /// Disk the spools of all requests may use at once.
@@ -616,18 +488,6 @@ enum BodyCopy {
 pub(crate) struct Endpoints {
     pub(crate) client: Option<SocketAddr>,
     pub(crate) server_port: u16,
-}
-
-impl Endpoints {
-    fn of(session: &Session) -> Self {
-        Self {
-            client: session.client_addr().and_then(|a| a.as_inet()).copied(),
-            server_port: session
-                .server_addr()
-                .and_then(|a| a.as_inet())
-                .map_or(0, |a| a.port()),
-        }
-    }
 }
 
 /// What the worker thread needs, copied off the request.

@@ -1,6 +1,6 @@
 //! A fixed set of threads for CPU-bound work (WAF inspection), so the event loops never run
-//! it and never block waiting for it (seed 001: a WAF or an image resize on the event loop
-//! makes every other request on that loop wait).
+//! it and never block waiting for it: a WAF or an image resize on the event loop makes every
+//! other request on that loop wait.
 //!
 //! The queue is bounded: a task that finds it full is refused at once. Every task carries a
 //! deadline: a task still queued at its deadline is dropped unrun, and the waiting request
@@ -19,7 +19,7 @@ use crate::metrics;
 
 /// Niceness of worker threads (on the `thread-priority` crate's 0–99 scale, 22 is nice 10):
 /// when every core is busy the scheduler gives the event loops about ten times the CPU of a
-/// worker, so light requests stay fast while heavy ones use what is left (seed 001).
+/// worker, so light requests stay fast while heavy ones use what is left.
 const WORKER_PRIORITY: u8 = 22;
 
 /// Why a task produced no result.
@@ -86,7 +86,7 @@ impl WorkerPool {
 
     /// A pool that starts no thread: every task runs at once on the event loop that asks,
     /// blocking it, as a router without a pool would. It exists so that benchmarks can show
-    /// what the pool saves (seed 001's experiment); `threads` only sizes admission (the
+    /// what the pool saves; `threads` only sizes admission (the
     /// images stage's places), like a real pool of that size.
     pub fn inline(threads: usize) -> Self {
         metrics::register_all();

@@ -239,14 +239,19 @@ impl Store for EmbeddedStore {
         let name = name.to_string();
         let (app, change) = self
             .blocking(move |store| {
-                // redb allows one writer at a time, so read-modify-write inside one write
-                // transaction would be ideal; a concurrent PUT of the same app between this read
-                // and the write is resolved last-writer-wins, as with a PUT.
-                let mut app = store
-                    .read_app(&name)?
-                    .ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
+                // Read and written in one write transaction: redb allows one writer at a
+                // time, so a PUT of the same app lands wholly before or after this, never
+                // between the read and the write (where its other fields would be lost).
+                let txn = store.db()?.begin_write().map_err(unavailable)?;
+                let current = {
+                    let apps = txn.open_table(APPS).map_err(unavailable)?;
+                    let value = apps.get(name.as_str()).map_err(unavailable)?;
+                    value.map(|v| decode_app(&name, v.value())).transpose()?
+                };
+                let mut app = current.ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
                 app.backends = backends;
-                let change = store.write_app(&app)?;
+                let change = write_app_in(&txn, &app)?;
+                txn.commit().map_err(unavailable)?;
                 Ok((app, change))
             })
             .await?;

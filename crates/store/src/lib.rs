@@ -88,6 +88,17 @@ pub trait Store: Send + Sync {
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.
     fn subscribe(&self) -> Subscription;
 
+    /// Brings the changes other processes make to [`Store::subscribe`]'s receivers, until
+    /// `stop` resolves. The Redis store follows its Pub/Sub channel (reconnecting, and
+    /// telling subscribers to resync after a gap); the embedded store, which only this
+    /// process writes, has nothing to follow. Every router runs it, whatever its store.
+    async fn follow_changes(
+        &self,
+        stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) {
+        stop.await;
+    }
+
     /// How many change events this process has announced so far. Once a write returns, its
     /// own event is among them (a Redis store announces its writes locally too), so a
     /// subscriber that has applied this many events has applied the write.

@@ -1,5 +1,5 @@
 //! The fleet store: apps, the domain index and certificates in one Redis shared by many
-//! routers (seed 000). Every write is one Lua script — the records, a revision counter and
+//! routers. Every write is one Lua script — the records, a revision counter and
 //! the Pub/Sub event change together or not at all — so no router ever reads half a change.
 //! The key layout is a contract (README, "Redis layout"): platform tooling may write it
 //! directly and publish the same event.
@@ -250,7 +250,7 @@ impl RedisStore {
     /// receivers. After a reconnection the revision counter says whether events were missed
     /// while unsubscribed; if so, subscribers get [`Change::Resync`] and revalidate their
     /// caches entry by entry.
-    pub async fn follow_changes(&self, shutdown: impl std::future::Future<Output = ()>) {
+    async fn follow_pubsub(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut last_revision: Option<i64> = None;
         let mut backoff = PUBSUB_BACKOFF_MIN;
@@ -394,6 +394,13 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, St
 
 #[async_trait]
 impl Store for RedisStore {
+    async fn follow_changes(
+        &self,
+        stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) {
+        self.follow_pubsub(stop).await;
+    }
+
     async fn get_app(&self, name: &str) -> Result<Option<App>, StoreError> {
         self.get_string(format!("{KEY_PREFIX}app:{name}"))
             .await?

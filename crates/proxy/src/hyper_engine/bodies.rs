@@ -278,7 +278,7 @@ impl Drop for RequestEnd {
     fn drop(&mut self) {
         let (ctx, status) = (&self.ctx, self.status);
         ctx.count_answer(status);
-        self.worker.shared.access_log.record_exchange(
+        self.worker.shared.access_log.record(
             &Exchange {
                 method: &self.method,
                 target: &self.target,

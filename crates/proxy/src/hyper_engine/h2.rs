@@ -3,8 +3,7 @@
 //! Each stream is one request through the same `service::handle` as HTTP/1.1, run as a task
 //! of the connection's thread. Beyond what the h2 crate enforces itself (streams reset
 //! before they are accepted, CVE-2023-44487), a connection is closed when its client
-//! cancels too many streams the router already took on, as on the Pingora listeners
-//! (`h2_resets`), and an idle connection is asked to go away after the client idle timeout.
+//! cancels too many streams the router already took on (`h2_resets`), and an idle connection is asked to go away after the client idle timeout.
 
 use std::cell::Cell;
 use std::future::Future;

@@ -2,10 +2,10 @@
 //!
 //! Joining the SO_REUSEPORT groups with sockets of its own is not enough for a new process:
 //! connections the kernel already queued on the old process's sockets are reset when that
-//! process closes them. So, as Pingora does for its listeners, the running router offers its
+//! process closes them. So, as nginx and Pingora do, the running router offers its
 //! listening sockets themselves over a Unix socket in its data directory, and the new one
-//! accepts on the very same sockets (the old one stops accepting a few seconds later, when
-//! its graceful shutdown begins): nothing queued is lost.
+//! accepts on the very same sockets (the old one stops accepting on SIGQUIT, once the
+//! operator has seen the new one take them): nothing queued is lost.
 //!
 //! One message: the sockets' addresses, one per line, and the descriptors in the same order
 //! (`SCM_RIGHTS`).

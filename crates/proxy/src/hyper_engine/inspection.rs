@@ -1,7 +1,7 @@
-//! Stage waf on the hyper listener: the decisions of `waf.rs`, with the body pulled from the
-//! client here where Pingora pushes it. A body the rules must see is read before anything
-//! goes to the backend and held — in memory when small, in the spool file otherwise, read
-//! back whole once it passes, as on the Pingora listeners. The backend then gets the held
+//! Stage waf on the listener: the decisions of `waf.rs`, with the body pulled from the
+//! client here. A body the rules must see is read before anything goes to the backend and
+//! held — in memory when small, in the spool file otherwise, read back whole once it
+//! passes. The backend then gets the held
 //! bytes, and after them the rest of the body (past `max_body_bytes`) as it comes.
 
 use std::cell::Cell;

@@ -1,16 +1,10 @@
-//! The request path on hyper: the first part of issue 17's engine change (bench/ENGINE.md).
-//! Pingora's own floor costs 1.9–2.2× nginx's CPU per request; a shared-nothing hyper
-//! proxy, 1.1–1.3×. This listener serves HTTP/1.1 and HTTP/2, in clear and over TLS (certificates by
-//! SNI from the same cache, same ticket keys as the Pingora listener), with Switchyard's routing,
-//! balancing, retries, passive health, drains, WebSocket relay, access log and metrics on
-//! hyper, laid out as nginx's workers are: one thread per worker with its own
-//! single-threaded runtime, its own SO_REUSEPORT listening socket and its own pool of idle
-//! backend connections, so no request touches state another thread owns.
-//!
-//! It runs beside the Pingora listeners, on the same routes, so that both engines can be
-//! measured in one process until it replaces them; every stage of `pipeline.rs` runs here,
-//! through the same engine-neutral stage modules as on Pingora, and on `--upgrade` its
-//! sockets are handed to the new process (`handover`).
+//! The listener: HTTP/1.1 and HTTP/2, in clear and over TLS (certificates by SNI from the
+//! certificate cache, rotating ticket keys), on hyper, laid out as nginx's workers are: one
+//! thread per worker with its own single-threaded runtime, its own SO_REUSEPORT listening
+//! sockets and its own pool of idle backend connections, so no request touches state
+//! another thread owns (bench/ENGINE.md: why hyper, and what a request costs). Each request
+//! goes through the stages in `service.rs`; on `--upgrade` the listening sockets are handed
+//! to the new process (`handover`).
 
 mod bodies;
 mod h2;
@@ -47,8 +41,8 @@ use crate::cache_redis::CacheRedis;
 use crate::images::ImageStage;
 use crate::metrics;
 use crate::mirror::MirrorClient;
-use crate::pipeline::Router;
 use crate::route_cache::RouteCache;
+use crate::router::Router;
 use crate::upstream_connections::ConnectionTable;
 use crate::waf::Inspector;
 use send_deadline::SendDeadline;
@@ -57,13 +51,16 @@ use send_deadline::SendDeadline;
 const LISTEN_BACKLOG: i32 = 4096;
 
 /// Idle backend connections one thread keeps, over all backends: 4,096 per process on two
-/// threads, as the Pingora listeners keep. When full, a connection whose request is done is
+/// threads. When full, a connection whose request is done is
 /// closed instead of kept.
 const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
 
 /// Largest buffer hyper keeps for one connection's reads: a request head larger than this
 /// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
 const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
+
+/// How often a stopping router looks whether its connections have all closed.
+const FINISHED_POLL: Duration = Duration::from_millis(20);
 
 /// While a client's first bytes have come in part, how long to wait before looking again.
 const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
@@ -85,6 +82,7 @@ pub struct HyperListener {
 pub struct HyperListenerStop {
     stop: watch::Sender<bool>,
     offer: handover::Offer,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl HyperListenerStop {
@@ -93,6 +91,23 @@ impl HyperListenerStop {
     pub fn stop(&self) {
         self.offer.withdraw();
         let _ = self.stop.send(true);
+    }
+
+    /// Waits, after [`stop`](Self::stop), until every connection has closed or `grace`
+    /// has passed; true when all have closed.
+    pub fn wait_finished(&self, grace: Duration) -> bool {
+        let deadline = std::time::Instant::now() + grace;
+        while !self
+            .threads
+            .iter()
+            .all(std::thread::JoinHandle::is_finished)
+        {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(FINISHED_POLL);
+        }
+        true
     }
 }
 
@@ -181,22 +196,28 @@ impl HyperListener {
             }
         }
         let offer = handover::offer(handover_dir, offered)?;
+        let mut threads = Vec::with_capacity(self.threads);
         for (thread, sockets) in per_thread.into_iter().enumerate() {
             let shared = router.shared_with_hyper_listener();
             let stopped = stopped.clone();
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name(format!("hyper-listener-{thread}"))
                 .spawn(move || {
                     if let Err(e) = run_thread(sockets, shared, stopped) {
-                        log::error!("hyper listener thread {thread} stopped: {e}");
+                        log::error!("listener thread {thread} stopped: {e}");
                     }
                 })?;
+            threads.push(handle);
         }
-        Ok(HyperListenerStop { stop, offer })
+        Ok(HyperListenerStop {
+            stop,
+            offer,
+            threads,
+        })
     }
 }
 
-/// What every thread of the hyper listener shares with the Pingora listeners.
+/// What every thread of the listener shares.
 pub(crate) struct Shared {
     pub(crate) routes: Arc<RouteCache>,
     pub(crate) connections: Arc<ConnectionTable>,
@@ -260,8 +281,8 @@ fn run_thread(
         for task in accepting {
             let _ = task.await;
         }
-        // The process exits once Pingora's grace period is over; until then the connections
-        // still open finish their requests on this runtime.
+        // The connections still open finish their requests on this runtime; the process
+        // exits when they all have, or when the shutdown grace is over.
         while worker.open_connections.get() > 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -5,7 +5,7 @@
 //! two sockets and a task, not two buffers (and OpenSSL gives its buffers back while idle).
 //!
 //! When the router closes the backend's side (a drain), the client gets a close frame 1001
-//! between two of the backend's frames, as on the Pingora listeners (`websocket_close`).
+//! between two of the backend's frames (`websocket_close`).
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;

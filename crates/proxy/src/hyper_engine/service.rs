@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
@@ -27,11 +27,10 @@ use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
 use super::pool::{BackendConnection, ConnectFailure};
 use super::{relay, Worker};
-use crate::balancer::Pick;
 use crate::cache::{self, AppAnswer, CacheStatus};
 use crate::context::RequestCtx;
 use crate::images::{self, ImageAnswer};
-use crate::pipeline::request_id;
+use crate::request_id::request_id;
 use crate::respond::{self, LocalAnswer};
 use crate::response_store::CachedResponse;
 use crate::static_files::{self, StaticFile};
@@ -272,14 +271,14 @@ async fn proxy(
     let Some(incoming) = unread.as_mut() else {
         return failed(false);
     };
-    if let Err(answer) = framing::check_headers(&mut head.headers) {
+    if let Err(answer) = framing::check_request(&mut head.headers) {
         return answer.into();
     }
     let shared = &worker.shared;
-    if let Err(answer) = route::route_request(&head.uri, &head.headers, ctx, &shared.routes).await {
+    if let Err(answer) = route::route(&head.uri, &head.headers, ctx, &shared.routes).await {
         return answer.into();
     }
-    if let Some(location) = https::redirect_location_for(&head.uri, ctx, shared.https_port) {
+    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
         return Answer::Redirect(location);
     }
     let Some(route) = ctx.route.clone() else {
@@ -348,16 +347,10 @@ async fn proxy(
             .failures_into(client_failure.clone()),
     );
     loop {
-        ctx.release_attempt();
-        let guard = match route.upstream.pick(&ctx.tried) {
-            Pick::Backend(guard) => guard,
-            Pick::NoBackends => return LocalAnswer::NoBackends.into(),
-            Pick::NoneHealthy => return LocalAnswer::NoHealthyBackend.into(),
+        let address = match upstream::begin_attempt(ctx) {
+            Ok(address) => address,
+            Err(answer) => return answer.into(),
         };
-        let address = guard.backend().address;
-        ctx.tried.push(address);
-        ctx.backend = Some(guard);
-        ctx.attempt_started = Some(Instant::now());
         let mut connection = match worker.pool.get(address, connect_timeout).await {
             Ok(connection) => connection,
             Err(failure) => {
@@ -489,7 +482,7 @@ fn prepare_for_backend(
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    framing::normalise_header_map_for_backend(headers);
+    framing::normalise_for_backend(headers);
     let forwarded_for = match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
         (None, Some(own)) => Some(own.clone()),
         (previous, _) => HeaderValue::try_from(upstream::forwarded_for(previous, client.ip)).ok(),

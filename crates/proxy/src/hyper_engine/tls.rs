@@ -1,5 +1,4 @@
-//! TLS on the hyper listener, with the Pingora listeners' profile, certificates and ticket
-//! keys (`crate::tls`). The certificate is chosen before OpenSSL sees the connection: the
+//! TLS on the listener, with the profile, certificates and ticket keys of `crate::tls`. The certificate is chosen before OpenSSL sees the connection: the
 //! SNI name is read from the ClientHello with a peek, the certificate cache is asked
 //! (asynchronously: a cold name's store read never holds the thread), and the handshake
 //! starts with that certificate on the connection. OpenSSL's own SNI callback cannot wait,

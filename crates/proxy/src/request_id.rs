@@ -1,0 +1,65 @@
+//! The request id: the client's own when it looks like one, otherwise a fresh one.
+
+/// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
+/// request end to end), otherwise a fresh random id.
+pub(crate) fn request_id(headers: &http::HeaderMap) -> String {
+    let given = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            (20..=200).contains(&v.len())
+                && v.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'-' | b'_' | b'.' | b'+' | b'/' | b'=')
+                })
+        });
+    match given {
+        Some(id) => id.to_string(),
+        None => random_request_id(),
+    }
+}
+
+/// 128 random bits in 32 hex digits, written directly: `format!` costs several times more,
+/// on every request that brings no id of its own.
+fn random_request_id() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let random = rand::random::<u128>();
+    let mut digits = [0u8; 32];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = HEX[((random >> ((31 - i) * 4)) & 0xf) as usize];
+    }
+    // Pushing the 32 digits one char at a time cost more than the random bits themselves.
+    String::from_utf8_lossy(&digits).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_request_id_is_32_lowercase_hex_digits_and_a_given_one_is_kept() {
+        let none = http::HeaderMap::new();
+        let first = request_id(&none);
+        let second = request_id(&none);
+        assert_eq!(first.len(), 32, "{first}");
+        assert!(
+            first
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{first}"
+        );
+        assert_ne!(first, second);
+        let mut given = http::HeaderMap::new();
+        given.insert(
+            "x-request-id",
+            http::HeaderValue::from_static("trace-0123456789abcdef-xyz"),
+        );
+        assert_eq!(request_id(&given), "trace-0123456789abcdef-xyz");
+        given.insert("x-request-id", http::HeaderValue::from_static("short"));
+        assert_eq!(
+            request_id(&given).len(),
+            32,
+            "too short to be an id: replaced"
+        );
+    }
+}
