@@ -580,7 +580,7 @@ def engines_report(e, date):
     for name, r in e["proxies"].items():
         def cell(value, base):
             return f"{value:.0f} ({value / base:.2f}×)" if base else f"{value:.0f}"
-        # A target without HTTPS (Switchyard's hyper listener, so far) has no HTTPS runs.
+        # A target without HTTPS has no HTTPS runs.
         row = [cell(r[k]["cpu_us_per_request"], nginx and nginx[k]["cpu_us_per_request"])
                if r[k] else "not served"
                for k in ("constant_rate", "https_keepalive", "https_new_connection")]

@@ -15,9 +15,9 @@ use switchyard_admin::AdminState;
 use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits, CertExpiryScan,
-    ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker, HyperListener,
-    HyperListenerStop, HyperTls, InheritedSockets, Inspector, RouteCache, RouteCacheLimits, Router,
-    ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker, InheritedSockets, Inspector,
+    Listener, ListenerStop, ListenerTls, RouteCache, RouteCacheLimits, Router, ServedCert,
+    SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -222,11 +222,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // sockets, as nginx's workers: each keeps its own idle backend connections, so a
     // connection is only ever taken again by the thread whose runtime watches it
     // (bench/ENGINE.md). Routes, caches, limits and logs are shared.
-    let mut listener = HyperListener::new(config.threads)
+    let mut listener = Listener::new(config.threads)
         .listen_http(config.http, &mut inherited_sockets)
         .with_context(|| format!("cannot listen for http on {}", config.http))?;
     if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
-        let tls = HyperTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
+        let tls = ListenerTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
         listener = listener
             .listen_https(address, tls, &mut inherited_sockets)
             .with_context(|| format!("cannot listen for https on {address}"))?;
@@ -313,7 +313,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
 /// Stops the listener from accepting, and lets go of the embedded store so a router taking
 /// over (`--upgrade`) can open it while this one finishes its requests. Closing the store
 /// writes redb's allocator state and syncs: done here, on the main thread, no event loop's.
-fn stop_accepting(listener: &HyperListenerStop, store: Option<EmbeddedStore>) {
+fn stop_accepting(listener: &ListenerStop, store: Option<EmbeddedStore>) {
     listener.stop();
     if let Some(store) = store {
         store.release();

@@ -135,7 +135,7 @@ fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store() {
     // The old process's very sockets, not new ones beside them in the SO_REUSEPORT group:
     // what the kernel had queued on them is not reset when the old one stops.
     assert!(
-        router.logs().contains("hyper listener took over"),
+        router.logs().contains("listener took over"),
         "{}",
         router.logs()
     );

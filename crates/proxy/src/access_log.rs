@@ -16,7 +16,7 @@ use crate::context::RequestCtx;
 use crate::metrics;
 
 /// Records waiting for the writer before new ones are dropped.
-pub const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
+pub(crate) const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
 
 /// How often the writer flushes a local sink when records trickle in.
 const WRITER_TICK: Duration = Duration::from_millis(200);

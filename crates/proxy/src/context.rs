@@ -6,12 +6,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::app_requests::REQUEST_COUNTS;
-use crate::balancer::InFlight;
-use crate::cache::CacheCtx;
 use crate::metrics;
-use crate::route_cache::AppRoute;
-use crate::upstream_connections::ConnectionTicket;
+use crate::routing::app_requests::REQUEST_COUNTS;
+use crate::routing::balancer::InFlight;
+use crate::routing::connections::ConnectionTicket;
+use crate::routing::route_cache::AppRoute;
+use crate::stage::cache::CacheCtx;
 
 /// What the stages know about one request.
 #[derive(Debug)]

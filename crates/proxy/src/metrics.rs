@@ -396,7 +396,7 @@ pub(crate) static IMAGE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: LazyLock<IntGauge> = LazyLock::new(|| {
     registered(register_int_gauge!(
         "switchyard_hyper_idle_backend_connections",
-        "Idle backend connections kept by the hyper listener's threads (at most 2,048 per \
+        "Idle backend connections kept by the listener's threads (at most 2,048 per \
          thread; a connection finished when the pool is full is closed)."
     ))
 });
@@ -415,7 +415,7 @@ pub(crate) static SIDE_IDLE_CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|
 pub(crate) static HYPER_BACKEND_CONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
     registered(register_int_counter!(
         "switchyard_hyper_backend_connections_opened_total",
-        "Backend connections the hyper listener opened."
+        "Backend connections the listener opened."
     ))
 });
 
@@ -434,7 +434,7 @@ pub(crate) fn register_all() {
     LazyLock::force(&OPEN_WEBSOCKETS);
     LazyLock::force(&CLIENT_HEAD_TIMEOUTS);
     LazyLock::force(&H2_CONNECTIONS_CLOSED_FOR_RESETS);
-    for reason in crate::upstream_connections::CloseReason::ALL {
+    for reason in crate::routing::connections::CloseReason::ALL {
         DRAINED_CONNECTIONS.with_label_values(&[reason.label()]);
     }
     LazyLock::force(&UPSTREAM_CONNECTIONS_IN_USE);

@@ -2,7 +2,7 @@
 //! shadow backends (mirror) and originals fetched for image resizing. Plain or TLS (a
 //! shadow may be reached over HTTPS, verified or not), HTTP/1.1, kept idle per target up to
 //! a limit and for a while, by the thread that made them. The client's own requests go
-//! through the listener's backend pool (`hyper_engine::pool`), which these never touch, so
+//! through the listener's backend pool (`listener::pool`), which these never touch, so
 //! a slow shadow can never hold a primary's connection.
 
 use std::collections::HashMap;

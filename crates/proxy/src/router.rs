@@ -1,17 +1,17 @@
 //! What every thread of the listeners shares: routes, the connection table, the access log,
 //! deadlines, and the stages' own state (WAF, cache Redis, image resizing). The life of a
-//! request itself is in `hyper_engine/service.rs`.
+//! request itself is in `listener/service.rs`.
 
 use std::sync::Arc;
 
 use switchyard_model::ClientTimeouts;
 
 use crate::access_log::AccessLog;
-use crate::cache_redis::CacheRedis;
-use crate::images::ImageStage;
-use crate::route_cache::RouteCache;
-use crate::upstream_connections::ConnectionTable;
-use crate::waf::Inspector;
+use crate::response_cache::redis::CacheRedis;
+use crate::routing::connections::ConnectionTable;
+use crate::routing::route_cache::RouteCache;
+use crate::stage::images::ImageStage;
+use crate::stage::waf::Inspector;
 use crate::worker_pool::WorkerPool;
 
 /// The router's shared state, built once by the binary and handed to the listener.
@@ -71,9 +71,9 @@ impl Router {
         self
     }
 
-    /// What a thread of the hyper listener shares with this router's.
-    pub(crate) fn shared_with_hyper_listener(&self) -> crate::hyper_engine::Shared {
-        crate::hyper_engine::Shared {
+    /// What a thread of the listener shares with this router's.
+    pub(crate) fn shared_with_listener_threads(&self) -> crate::listener::Shared {
+        crate::listener::Shared {
             routes: self.routes.clone(),
             connections: self.connections.clone(),
             access_log: self.access_log.clone(),

@@ -1,0 +1,494 @@
+//! The two bodies a proxied request streams: the client's to the backend, and the answer to
+//! the client. Each counts its bytes for the access log and holds the deadline of each read;
+//! the answer also carries the request's end: when it is done (or dropped, when the client
+//! leaves) the backend connection goes back to the pool if it was read to the end, and the
+//! request is logged and counted.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::io::AsyncReadExt;
+use tokio::time::Sleep;
+
+use super::inspection::Held;
+use super::pool::BackendConnection;
+use super::service::Client;
+use super::Worker;
+use crate::access_log::Exchange;
+use crate::context::RequestCtx;
+use crate::respond::BODY_PIECE;
+use crate::stage::cache;
+use crate::stage::mirror::MirrorFeed;
+
+/// Why a body stopped short.
+#[derive(Debug)]
+pub(super) enum BodyError {
+    /// The peer's side failed (reset, malformed chunk).
+    Peer(hyper::Error),
+    /// No byte came within the read deadline.
+    TimedOut(Duration),
+    /// A file being sent could not be read.
+    File(std::io::Error),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Peer(e) => write!(f, "{e}"),
+            Self::TimedOut(after) => write!(f, "no data for {after:?}"),
+            Self::File(e) => write!(f, "reading the file: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// A read deadline re-armed after each piece that arrives, created only when a read waits.
+struct ReadDeadline {
+    after: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl ReadDeadline {
+    fn new(after: Duration) -> Self {
+        Self { after, sleep: None }
+    }
+
+    /// Called when a read is pending: true once the deadline has passed.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let after = self.after;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+        sleep.as_mut().poll(cx).is_ready()
+    }
+
+    fn data_arrived(&mut self) {
+        self.sleep = None;
+    }
+}
+
+fn poll_with_deadline(
+    incoming: &mut Incoming,
+    deadline: &mut ReadDeadline,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    match Pin::new(incoming).poll_frame(cx) {
+        Poll::Ready(frame) => {
+            deadline.data_arrived();
+            Poll::Ready(frame.map(|f| f.map_err(BodyError::Peer)))
+        }
+        Poll::Pending if deadline.expired(cx) => {
+            Poll::Ready(Some(Err(BodyError::TimedOut(deadline.after))))
+        }
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+fn data_len(frame: &Frame<Bytes>) -> usize {
+    frame.data_ref().map_or(0, Bytes::len)
+}
+
+/// How the client's body failed on its way to the backend: the request's answer is then
+/// the client's doing (408, 400), not the backend's (502).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClientBodyFailure {
+    /// Nothing came within the body deadline.
+    TimedOut,
+    /// The body broke: a malformed chunk, a reset.
+    Broken,
+}
+
+impl ClientBodyFailure {
+    pub(super) fn status(self) -> u16 {
+        match self {
+            Self::TimedOut => 408,
+            Self::Broken => 400,
+        }
+    }
+}
+
+/// The client's request body on its way to the backend.
+pub(super) struct ForwardBody {
+    /// Where a failure of the client's side is told.
+    failure: Rc<Cell<Option<ClientBodyFailure>>>,
+    /// What was read before the request went on (for the WAF), sent first; its trailers,
+    /// if the body had any, are sent last.
+    held: Option<Bytes>,
+    held_trailers: Option<HeaderMap>,
+    incoming: Option<Incoming>,
+    deadline: ReadDeadline,
+    bytes_in: Rc<Cell<usize>>,
+    /// A copy of the body for the app's shadow backend, pushed as it is read; dropped (the
+    /// copy then aborts) if the body stops short.
+    mirror: Option<MirrorFeed>,
+}
+
+impl ForwardBody {
+    /// `incoming`, each read within `read_deadline`, counted into `bytes_in`.
+    pub(super) fn new(
+        incoming: Incoming,
+        read_deadline: Duration,
+        bytes_in: Rc<Cell<usize>>,
+    ) -> Self {
+        Self {
+            failure: Rc::default(),
+            held: None,
+            held_trailers: None,
+            incoming: Some(incoming),
+            deadline: ReadDeadline::new(read_deadline),
+            bytes_in,
+            mirror: None,
+        }
+    }
+
+    /// `held` (already read and counted) goes before the rest of the body.
+    pub(super) fn after(mut self, held: Option<Held>) -> Self {
+        if let Some(held) = held {
+            self.held = (!held.data.is_empty()).then_some(held.data);
+            self.held_trailers = held.trailers;
+        }
+        self
+    }
+
+    /// A body read whole before, sent again to another backend.
+    pub(super) fn replay(held: Held) -> Self {
+        Self::empty().after(Some(held))
+    }
+
+    /// A failure of the client's side is told in `failure`.
+    pub(super) fn failures_into(mut self, failure: Rc<Cell<Option<ClientBodyFailure>>>) -> Self {
+        self.failure = failure;
+        self
+    }
+
+    /// Each piece read is also pushed into `feed`.
+    pub(super) fn mirrored_into(mut self, feed: Option<MirrorFeed>) -> Self {
+        self.mirror = feed;
+        self
+    }
+
+    /// No body (a retried request never had one).
+    pub(super) fn empty() -> Self {
+        Self {
+            failure: Rc::default(),
+            held: None,
+            held_trailers: None,
+            incoming: None,
+            deadline: ReadDeadline::new(Duration::MAX),
+            bytes_in: Rc::default(),
+            mirror: None,
+        }
+    }
+}
+
+impl Body for ForwardBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let incoming_ended = this.incoming.as_ref().is_none_or(Body::is_end_stream);
+        if let Some(held) = this.held.take() {
+            if let Some(feed) = this.mirror.as_mut() {
+                let end = incoming_ended && this.held_trailers.is_none();
+                if !feed.push(Some(&held), end) {
+                    this.mirror = None;
+                }
+            }
+            return Poll::Ready(Some(Ok(Frame::data(held))));
+        }
+        let Some(incoming) = this.incoming.as_mut().filter(|_| !incoming_ended) else {
+            return Poll::Ready(this.held_trailers.take().map(|t| Ok(Frame::trailers(t))));
+        };
+        let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
+        match &frame {
+            Some(Ok(frame)) => this.bytes_in.set(this.bytes_in.get() + data_len(frame)),
+            Some(Err(BodyError::TimedOut(_))) => {
+                this.failure.set(Some(ClientBodyFailure::TimedOut))
+            }
+            Some(Err(_)) => this.failure.set(Some(ClientBodyFailure::Broken)),
+            None => {}
+        }
+        if let Some(feed) = this.mirror.as_mut() {
+            // hyper stops reading once the body says it has ended, so the end is told with
+            // the last piece rather than waited for.
+            let keep = match &frame {
+                Some(Ok(frame)) => feed.push(frame.data_ref(), incoming.is_end_stream()),
+                None => feed.push(None, true),
+                Some(Err(_)) => false,
+            };
+            if !keep {
+                this.mirror = None;
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_none()
+            && self.held_trailers.is_none()
+            && self.incoming.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held = self.held.as_ref().map_or(0, |held| held.len() as u64);
+        let rest = self
+            .incoming
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + held);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
+    }
+}
+
+/// What the log needs of a request, kept until its answer is done (or, for a WebSocket,
+/// until the relay ends); recorded when dropped, so a request whose client left midway is
+/// logged too.
+pub(super) struct RequestEnd {
+    pub(super) worker: Rc<Worker>,
+    pub(super) ctx: RequestCtx,
+    pub(super) method: Method,
+    pub(super) target: Uri,
+    pub(super) version: Version,
+    /// The client's connection, told when the answer ends.
+    pub(super) connection: Rc<Client>,
+    pub(super) bytes_in: Rc<Cell<usize>>,
+    /// The status sent, 0 until one is.
+    pub(super) status: u16,
+    pub(super) bytes_out: usize,
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        let (ctx, status) = (&self.ctx, self.status);
+        ctx.count_answer(status);
+        self.worker.shared.access_log.record(
+            &Exchange {
+                method: &self.method,
+                target: &self.target,
+                version: self.version,
+                bytes_in: self.bytes_in.get(),
+                bytes_out: self.bytes_out,
+                client: Some(self.connection.ip()),
+            },
+            ctx,
+            status,
+        );
+        self.ctx.release_attempt();
+        self.connection.answer_ended();
+    }
+}
+
+enum Source {
+    Backend {
+        incoming: Incoming,
+        deadline: ReadDeadline,
+        /// Back to the pool once the body has been read to its end.
+        connection: Option<BackendConnection>,
+    },
+    Local(Option<Bytes>),
+    /// A static file, sent up to the length its head announced.
+    File {
+        file: tokio::fs::File,
+        remaining: u64,
+        buffer: BytesMut,
+    },
+}
+
+/// The answer on its way to the client.
+pub(super) struct ClientBody {
+    source: Source,
+    /// Boxed: hyper moves the body a dozen times per answer, and the request's state is
+    /// most of its size.
+    end: Option<Box<RequestEnd>>,
+}
+
+impl ClientBody {
+    /// The backend's body, read within `read_deadline` per piece, from `connection`.
+    pub(super) fn from_backend(
+        incoming: Incoming,
+        read_deadline: Duration,
+        connection: BackendConnection,
+        end: Box<RequestEnd>,
+    ) -> Self {
+        Self {
+            source: Source::Backend {
+                incoming,
+                deadline: ReadDeadline::new(read_deadline),
+                connection: Some(connection),
+            },
+            end: Some(end),
+        }
+    }
+
+    /// The first `length` bytes of `file`, in pieces of at most `BODY_PIECE`.
+    pub(super) fn file(file: tokio::fs::File, length: u64, end: Box<RequestEnd>) -> Self {
+        Self {
+            source: Source::File {
+                file,
+                remaining: length,
+                buffer: BytesMut::new(),
+            },
+            end: Some(end),
+        }
+    }
+
+    /// A body the router wrote itself; `end` is `None` when the request is logged elsewhere
+    /// (an upgraded connection is logged when it closes).
+    pub(super) fn local(body: Bytes, end: Option<Box<RequestEnd>>) -> Self {
+        Self {
+            source: Source::Local((!body.is_empty()).then_some(body)),
+            end,
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let frame = match &mut this.source {
+            Source::Local(body) => body.take().map(|bytes| Ok(Frame::data(bytes))),
+            Source::File {
+                file,
+                remaining,
+                buffer,
+            } => ready!(poll_file(file, remaining, buffer, cx)),
+            Source::Backend {
+                incoming,
+                deadline,
+                connection,
+            } => {
+                let frame = ready!(poll_with_deadline(incoming, deadline, cx));
+                match &frame {
+                    // Read to the end: the connection can carry the next request.
+                    None => {
+                        if let (Some(connection), Some(end)) = (connection.take(), &this.end) {
+                            end.worker.pool.put(connection);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        connection.take();
+                        if let Some(end) = &this.end {
+                            log::warn!(
+                                "request {}: app {}: the backend's answer stopped: {e}",
+                                end.ctx.request_id,
+                                end.ctx.app_name()
+                            );
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                }
+                if let Some(end) = this.end.as_mut().filter(|end| end.ctx.cache.is_some()) {
+                    // A response the cache keeps: each piece is collected, stored at the end.
+                    match &frame {
+                        Some(Ok(piece)) => {
+                            let ended = incoming.is_end_stream();
+                            cache::on_response_body(
+                                &mut end.ctx,
+                                &piece.data_ref().cloned(),
+                                ended,
+                            );
+                        }
+                        None => cache::on_response_body(&mut end.ctx, &None, true),
+                        Some(Err(_)) => {}
+                    }
+                }
+                frame
+            }
+        };
+        if let (Some(Ok(frame)), Some(end)) = (&frame, this.end.as_mut()) {
+            end.bytes_out += data_len(frame);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.source {
+            Source::Local(body) => body.is_none(),
+            Source::File { remaining, .. } => *remaining == 0,
+            Source::Backend { incoming, .. } => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.source {
+            Source::Local(body) => {
+                SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Source::File { remaining, .. } => SizeHint::with_exact(*remaining),
+            Source::Backend { incoming, .. } => incoming.size_hint(),
+        }
+    }
+}
+
+/// The next piece of a file being sent. A file that shrank while being sent ends early
+/// (the client sees a short body, as with nginx); one that grew is cut at its announced
+/// length.
+fn poll_file(
+    file: &mut tokio::fs::File,
+    remaining: &mut u64,
+    buffer: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    if *remaining == 0 {
+        return Poll::Ready(None);
+    }
+    let piece = usize::try_from(*remaining).map_or(BODY_PIECE, |r| r.min(BODY_PIECE));
+    buffer.reserve(piece);
+    let mut limited = (&mut *file).take(piece as u64);
+    let read = match ready!(tokio_util::io::poll_read_buf(
+        Pin::new(&mut limited),
+        cx,
+        buffer
+    )) {
+        Ok(read) => read,
+        Err(e) => return Poll::Ready(Some(Err(BodyError::File(e)))),
+    };
+    if read == 0 {
+        *remaining = 0;
+        return Poll::Ready(None);
+    }
+    *remaining -= read as u64;
+    Poll::Ready(Some(Ok(Frame::data(buffer.split().freeze()))))
+}
+
+impl Drop for ClientBody {
+    fn drop(&mut self) {
+        // An empty body (204, 304, a HEAD's answer) is never read: hyper sees its end from
+        // the head, and so is the connection's response over.
+        if let Source::Backend {
+            incoming,
+            connection,
+            ..
+        } = &mut self.source
+        {
+            if let (true, Some(connection), Some(end)) =
+                (incoming.is_end_stream(), connection.take(), &self.end)
+            {
+                end.worker.pool.put(connection);
+            }
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! The listener: HTTP/1.1 and HTTP/2, in clear and over TLS (certificates by SNI from the
+//! certificate cache, rotating ticket keys), on hyper, laid out as nginx's workers are: one
+//! thread per worker with its own single-threaded runtime, its own SO_REUSEPORT listening
+//! sockets and its own pool of idle backend connections, so no request touches state
+//! another thread owns (bench/ENGINE.md: why hyper, and what a request costs). Each request
+//! goes through the stages in `service.rs`; on `--upgrade` the listening sockets are handed
+//! to the new process (`handover`).
+
+mod bodies;
+mod h2;
+mod handover;
+mod inspection;
+mod pool;
+mod relay;
+mod send_deadline;
+mod service;
+mod tls;
+
+pub use handover::InheritedSockets;
+pub use tls::ListenerTls;
+
+use std::cell::Cell;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use socket2::{Domain, Socket, Type};
+use switchyard_model::ClientTimeouts;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::access_log::AccessLog;
+use crate::metrics;
+use crate::response_cache::redis::CacheRedis;
+use crate::router::Router;
+use crate::routing::connections::ConnectionTable;
+use crate::routing::route_cache::RouteCache;
+use crate::stage::images::ImageStage;
+use crate::stage::mirror::MirrorClient;
+use crate::stage::waf::Inspector;
+use send_deadline::SendDeadline;
+
+/// Connections waiting to be accepted, per thread's socket.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Idle backend connections one thread keeps, over all backends: 4,096 per process on two
+/// threads. When full, a connection whose request is done is
+/// closed instead of kept.
+const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
+
+/// Largest buffer hyper keeps for one connection's reads: a request head larger than this
+/// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
+const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
+
+/// How often a stopping router looks whether its connections have all closed.
+const FINISHED_POLL: Duration = Duration::from_millis(20);
+
+/// While a client's first bytes have come in part, how long to wait before looking again.
+const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
+
+/// When accept fails (out of descriptors), how long a thread waits before trying again, so
+/// that it does not spin while the process is at its limit.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The listening sockets of the listener, one per thread and address, bound before
+/// anything starts so that a taken address is an error at start-up.
+pub struct Listener {
+    threads: usize,
+    http: Option<(SocketAddr, Vec<TcpListener>)>,
+    https: Option<(SocketAddr, Vec<TcpListener>, Arc<ListenerTls>)>,
+}
+
+/// Stops the listener's threads from accepting and asks their connections to finish
+/// their current request and close.
+pub struct ListenerStop {
+    stop: watch::Sender<bool>,
+    offer: handover::Offer,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ListenerStop {
+    /// Stops accepting and closes the listening sockets (a router taking over has its own
+    /// copies by now); connections close once their current answer is out.
+    pub fn stop(&self) {
+        self.offer.withdraw();
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits, after [`stop`](Self::stop), until every connection has closed or `grace`
+    /// has passed; true when all have closed.
+    pub fn wait_finished(&self, grace: Duration) -> bool {
+        let deadline = std::time::Instant::now() + grace;
+        while !self
+            .threads
+            .iter()
+            .all(std::thread::JoinHandle::is_finished)
+        {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(FINISHED_POLL);
+        }
+        true
+    }
+}
+
+/// One thread's listening sockets: one per address, or more when more were taken over.
+#[derive(Default)]
+struct ThreadSockets {
+    http: Vec<TcpListener>,
+    https: Vec<(TcpListener, Arc<ListenerTls>)>,
+}
+
+impl Listener {
+    /// A listener run by `threads` threads, on no address yet.
+    pub fn new(threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            http: None,
+            https: None,
+        }
+    }
+
+    /// Serves plain HTTP on `address`: one socket per thread, in one SO_REUSEPORT group,
+    /// the sockets `inherited` has for it first.
+    pub fn listen_http(
+        mut self,
+        address: SocketAddr,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Self> {
+        self.http = Some((address, self.bind(address, inherited)?));
+        Ok(self)
+    }
+
+    /// Serves HTTPS on `address` with `tls`.
+    pub fn listen_https(
+        mut self,
+        address: SocketAddr,
+        tls: ListenerTls,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Self> {
+        self.https = Some((address, self.bind(address, inherited)?, Arc::new(tls)));
+        Ok(self)
+    }
+
+    /// The sockets for `address`: all those taken over (each may hold queued connections,
+    /// so none is closed), and fresh ones until every thread has one.
+    fn bind(
+        &self,
+        address: SocketAddr,
+        inherited: &mut InheritedSockets,
+    ) -> std::io::Result<Vec<TcpListener>> {
+        let mut sockets = inherited.take(address)?;
+        if !sockets.is_empty() {
+            log::info!("listener took over {} sockets on {address}", sockets.len());
+        }
+        while sockets.len() < self.threads {
+            sockets.push(reuse_port_listener(address)?);
+        }
+        Ok(sockets)
+    }
+
+    /// Starts the threads, serving with `router`'s routes, connection table, access log,
+    /// redirect port and client deadlines, and offers the sockets to a router that takes
+    /// over from this one (`handover_dir`: the data directory).
+    pub fn start(self, router: &Router, handover_dir: &Path) -> std::io::Result<ListenerStop> {
+        let (stop, stopped) = watch::channel(false);
+        let mut offered = Vec::new();
+        let mut per_thread: Vec<ThreadSockets> = (0..self.threads)
+            .map(|_| ThreadSockets::default())
+            .collect();
+        if let Some((address, sockets)) = self.http {
+            log::info!("listener serving http on {address}");
+            for (i, socket) in sockets.into_iter().enumerate() {
+                offered.push((address, socket.try_clone()?));
+                per_thread[i % self.threads].http.push(socket);
+            }
+        }
+        if let Some((address, sockets, tls)) = self.https {
+            log::info!("listener serving https on {address}");
+            for (i, socket) in sockets.into_iter().enumerate() {
+                offered.push((address, socket.try_clone()?));
+                per_thread[i % self.threads]
+                    .https
+                    .push((socket, tls.clone()));
+            }
+        }
+        let offer = handover::offer(handover_dir, offered)?;
+        let mut threads = Vec::with_capacity(self.threads);
+        for (thread, sockets) in per_thread.into_iter().enumerate() {
+            let shared = router.shared_with_listener_threads();
+            let stopped = stopped.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("hyper-listener-{thread}"))
+                .spawn(move || {
+                    if let Err(e) = run_thread(sockets, shared, stopped) {
+                        log::error!("listener thread {thread} stopped: {e}");
+                    }
+                })?;
+            threads.push(handle);
+        }
+        Ok(ListenerStop {
+            stop,
+            offer,
+            threads,
+        })
+    }
+}
+
+/// What every thread of the listener shares.
+pub(crate) struct Shared {
+    pub(crate) routes: Arc<RouteCache>,
+    pub(crate) connections: Arc<ConnectionTable>,
+    pub(crate) access_log: AccessLog,
+    pub(crate) https_port: Option<u16>,
+    pub(crate) client_timeouts: ClientTimeouts,
+    /// The WAF's rules and spool; `None` when the router runs without (`--waf off`).
+    pub(crate) waf: Option<Arc<Inspector>>,
+    /// The cache Redis, for apps whose responses are kept there.
+    pub(crate) cache_redis: Option<Arc<CacheRedis>>,
+    /// This thread's image stage (its own connections for originals); `None` without a
+    /// worker pool.
+    pub(crate) images: Option<ImageStage>,
+}
+
+/// One thread's state: the shared parts and its own backend pool.
+struct Worker {
+    shared: Shared,
+    pool: pool::BackendPool,
+    /// This thread's connections to shadow backends.
+    mirrors: Arc<MirrorClient>,
+    open_connections: Cell<usize>,
+}
+
+fn run_thread(
+    sockets: ThreadSockets,
+    shared: Shared,
+    stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let worker = Rc::new(Worker {
+            shared,
+            pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
+            mirrors: Arc::new(MirrorClient::new()),
+            open_connections: Cell::new(0),
+        });
+        tokio::task::spawn_local(pool::sweep_idle(worker.clone()));
+        let mut accepting = Vec::new();
+        for socket in sockets.http {
+            let listener = tokio::net::TcpListener::from_std(socket)?;
+            accepting.push(tokio::task::spawn_local(accept(
+                listener,
+                None,
+                worker.clone(),
+                stopped.clone(),
+            )));
+        }
+        for (socket, tls) in sockets.https {
+            let listener = tokio::net::TcpListener::from_std(socket)?;
+            accepting.push(tokio::task::spawn_local(accept(
+                listener,
+                Some(tls),
+                worker.clone(),
+                stopped.clone(),
+            )));
+        }
+        for task in accepting {
+            let _ = task.await;
+        }
+        // The connections still open finish their requests on this runtime; the process
+        // exits when they all have, or when the shutdown grace is over.
+        while worker.open_connections.get() > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    })
+}
+
+/// Accepts on one socket until the listener stops; each connection is served by its own
+/// task, its TLS handshake included, so a slow handshake never holds the accept loop.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<ListenerTls>>,
+    worker: Rc<Worker>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let server_port = listener.local_addr().map_or(0, |a| a.port());
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let open = OpenConnection::count(&worker);
+                    let connection = Connection {
+                        peer,
+                        server_port,
+                        worker: worker.clone(),
+                        stopped: stopped.clone(),
+                        _open: open,
+                    };
+                    match &tls {
+                        None => tokio::task::spawn_local(connection.serve_plain(stream)),
+                        Some(tls) => tokio::task::spawn_local(connection.handshake(stream, tls.clone())),
+                    };
+                }
+                Err(e) => {
+                    log::warn!("listener: accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+            },
+            _ = stopped.changed() => return,
+        }
+    }
+}
+
+/// One client connection.
+struct Connection {
+    peer: SocketAddr,
+    /// The port the client connected to, as the WAF's rules see it.
+    server_port: u16,
+    worker: Rc<Worker>,
+    stopped: watch::Receiver<bool>,
+    _open: OpenConnection,
+}
+
+impl Connection {
+    async fn serve_plain(self, stream: TcpStream) {
+        // The first head is due within the header timeout of the connection's start, the
+        // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
+        let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
+        match tokio::time::timeout_at(head_due, h2::opens_with_preface(&stream)).await {
+            Ok(Ok(true)) => h2::serve(self, stream, false).await,
+            Ok(Ok(false)) => self.serve_http1(stream, false, head_due).await,
+            Ok(Err(_)) => {}
+            Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
+        }
+    }
+
+    async fn handshake(self, stream: TcpStream, tls: Arc<ListenerTls>) {
+        let deadline = self.worker.shared.client_timeouts.header;
+        match tls.accept(stream, deadline).await {
+            Ok(stream) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
+                h2::serve(self, stream, true).await;
+            }
+            Ok(stream) => {
+                let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
+                self.serve_http1(stream, true, head_due).await;
+            }
+            Err(failure) => log::debug!(
+                "listener: TLS handshake with {} not completed: {failure}",
+                self.peer
+            ),
+        }
+    }
+
+    /// Serves HTTP/1.x until the client or the router closes. The first head must be in by
+    /// `first_head_due`; each later one within the idle timeout of the previous answer's end.
+    async fn serve_http1<S>(mut self, stream: S, tls: bool, first_head_due: Instant)
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let timeouts = self.worker.shared.client_timeouts;
+        let stream = SendDeadline::new(stream, timeouts.send);
+        let client = service::Client::new(self.peer, self.server_port, tls);
+        let idle_client = client.clone();
+        let service_worker = self.worker.clone();
+        let head_seen = Rc::new(Cell::new(false));
+        let service = {
+            let head_seen = head_seen.clone();
+            service_fn(move |request| {
+                head_seen.set(true);
+                service::handle(request, client.clone(), service_worker.clone())
+            })
+        };
+        // No hyper timer: the watch below bounds the first head and each idle wait (a head
+        // that has begun to arrive counts as idle time), which covered every case hyper's
+        // header timer did, while that timer cost an allocation and a timer-wheel entry per
+        // request. Header lines stay at hyper's 100 (HAProxy's limit is 101); more are
+        // refused with 431. Raising it made hyper allocate and fill a table that size for
+        // every request: 5% of a proxied request's instructions at 256.
+        let mut builder = http1::Builder::new();
+        builder.max_buf_size(MAX_CLIENT_READ_BUFFER);
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(connection);
+        // One timer for the connection's life, woken rarely: first when its first head is
+        // due, then each idle timeout. A connection idle for the idle timeout is closed, a
+        // head that has begun to arrive included.
+        let deadline = tokio::time::sleep_until(first_head_due.min(Instant::now() + timeouts.idle));
+        tokio::pin!(deadline);
+        let mut watching_deadline = true;
+        let mut watching_stop = true;
+        let outcome = loop {
+            tokio::select! {
+                // The connection first: it is what wakes the task nearly every time.
+                biased;
+                outcome = connection.as_mut() => break outcome,
+                () = &mut deadline, if watching_deadline => {
+                    if !head_seen.get() {
+                        if Instant::now() < first_head_due {
+                            deadline.as_mut().reset(first_head_due);
+                            continue;
+                        }
+                        metrics::CLIENT_HEAD_TIMEOUTS.inc();
+                        return;
+                    }
+                    match idle_client.idle_since() {
+                        Some(since) if since.elapsed() >= timeouts.idle => {
+                            connection.as_mut().graceful_shutdown();
+                            watching_deadline = false;
+                        }
+                        Some(since) => deadline.as_mut().reset(since + timeouts.idle),
+                        None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
+                    }
+                }
+                _ = self.stopped.changed(), if watching_stop => {
+                    watching_stop = false;
+                    // Answers close from now on. A connection that has had none yet keeps
+                    // its chance at one (it was accepted: its client has sent, or is
+                    // sending, its request); one idle between requests closes now.
+                    idle_client.close_after_answer();
+                    if head_seen.get() {
+                        connection.as_mut().graceful_shutdown();
+                        break connection.await;
+                    }
+                }
+            }
+        };
+        if let Err(e) = outcome {
+            log::debug!("listener: connection from {} ended: {e}", self.peer);
+        }
+    }
+}
+
+/// Counts a client connection open on its thread while it lives.
+struct OpenConnection(Rc<Worker>);
+
+impl OpenConnection {
+    fn count(worker: &Rc<Worker>) -> Self {
+        worker
+            .open_connections
+            .set(worker.open_connections.get() + 1);
+        Self(worker.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        let open = &self.0.open_connections;
+        open.set(open.get().saturating_sub(1));
+    }
+}
+
+/// Looks at what a client sent first, leaving it on the socket for whoever reads next,
+/// until `decide` can tell from it (`None` while too little has come). A peek leaves the
+/// socket readable, so between looks this sleeps a moment rather than waiting for
+/// readiness, which would spin.
+async fn peek_until<T>(
+    stream: &TcpStream,
+    buffer: &mut [u8],
+    mut decide: impl FnMut(&[u8]) -> Option<T>,
+) -> std::io::Result<T> {
+    loop {
+        let peeked = stream.peek(buffer).await?;
+        if peeked == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before its first bytes were complete",
+            ));
+        }
+        if let Some(decided) = decide(&buffer[..peeked]) {
+            return Ok(decided);
+        }
+        tokio::time::sleep(PARTIAL_PEEK_PAUSE).await;
+    }
+}
+
+fn reuse_port_listener(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}

@@ -1,0 +1,737 @@
+//! The life of one request, the one place that orders the stages (`stage/mod.rs` lists
+//! them): request id, framing, route, HTTPS redirect, WAF, static files, cache, images,
+//! mirror, upstream (pick, connect, retries, passive health, drain registration), the
+//! answer (kept by the cache, or a stale copy in its place), the log.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{
+    CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION, RETRY_AFTER,
+    STRICT_TRANSPORT_SECURITY, TE, TRAILER, UPGRADE,
+};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+
+use super::bodies::{ClientBody, ForwardBody, RequestEnd};
+use super::inspection;
+use super::pool::{BackendConnection, ConnectFailure};
+use super::{relay, Worker};
+use crate::context::RequestCtx;
+use crate::forwarded;
+use crate::metrics;
+use crate::respond::{self, LocalAnswer};
+use crate::response_cache::memory::CachedResponse;
+use crate::stage::cache::{self, AppAnswer, CacheStatus};
+use crate::stage::framing;
+use crate::stage::https;
+use crate::stage::images::{self, ImageAnswer};
+use crate::stage::mirror;
+use crate::stage::request_id::request_id;
+use crate::stage::route;
+use crate::stage::static_files::{self, StaticFile};
+use crate::stage::upstream;
+use crate::stage::waf::Endpoints;
+
+/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
+/// `Upgrade` and `Connection` are put back where one is relayed.
+static HOP_BY_HOP: [HeaderName; 6] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    UPGRADE,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+
+/// What the router answers a request with. Moved once per request: boxing the large
+/// variant would cost every proxied request an allocation to save a copy.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Answer {
+    /// The backend's response, read from `connection` within `read_deadline` per piece.
+    Backend {
+        response: Response<Incoming>,
+        connection: BackendConnection,
+        read_deadline: Duration,
+    },
+    /// An answer of the router's own.
+    Local { status: u16, text: &'static str },
+    /// A 308 to HTTPS.
+    Redirect(String),
+    /// A file under the app's static root.
+    File(StaticFile),
+    /// A copy from the app's response cache: fresh, or stale standing in for the app.
+    Cached(Arc<CachedResponse>, CacheStatus),
+    /// A 200 the router made (a resized image).
+    Made { headers: HeaderMap, body: Bytes },
+    /// A refusal whose text says what was wrong with the request; `retry_after` asks the
+    /// client to come back shortly.
+    Refused {
+        status: u16,
+        text: String,
+        retry_after: bool,
+    },
+}
+
+impl From<LocalAnswer> for Answer {
+    fn from(answer: LocalAnswer) -> Self {
+        Self::Local {
+            status: answer.status(),
+            text: answer.text(),
+        }
+    }
+}
+
+/// The client end of a connection, as each of its requests needs it.
+pub(super) struct Client {
+    ip: IpAddr,
+    port: u16,
+    /// The port the client connected to.
+    server_port: u16,
+    tls: bool,
+    /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
+    /// connection rather than per request.
+    forwarded_for: Option<HeaderValue>,
+    /// Requests of this connection not answered yet (a WebSocket's until it closes).
+    in_flight: Cell<usize>,
+    /// When the last answer ended, once one has.
+    last_answer_end: Cell<Option<tokio::time::Instant>>,
+    /// The router is stopping: answers close the connection after them.
+    closing: Cell<bool>,
+}
+
+impl Client {
+    pub(super) fn new(peer: SocketAddr, server_port: u16, tls: bool) -> Rc<Self> {
+        Rc::new(Self {
+            ip: peer.ip(),
+            port: peer.port(),
+            server_port,
+            tls,
+            forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
+            in_flight: Cell::new(0),
+            last_answer_end: Cell::new(None),
+            closing: Cell::new(false),
+        })
+    }
+
+    /// From now on, each answer closes the connection after it.
+    pub(super) fn close_after_answer(&self) {
+        self.closing.set(true);
+    }
+
+    /// Since when the connection has been idle between requests: `None` before its first
+    /// answer and while a request is under way.
+    pub(super) fn idle_since(&self) -> Option<tokio::time::Instant> {
+        (self.in_flight.get() == 0)
+            .then(|| self.last_answer_end.get())
+            .flatten()
+    }
+
+    pub(super) fn answer_ended(&self) {
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        self.last_answer_end.set(Some(tokio::time::Instant::now()));
+    }
+
+    pub(super) fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            client: Some(SocketAddr::new(self.ip, self.port)),
+            server_port: self.server_port,
+        }
+    }
+}
+
+/// Serves one request.
+pub(super) async fn handle(
+    mut request: Request<Incoming>,
+    client: Rc<Client>,
+    worker: Rc<Worker>,
+) -> Result<Response<ClientBody>, Infallible> {
+    client.in_flight.set(client.in_flight.get() + 1);
+    let mut ctx = RequestCtx::new();
+    ctx.tls = client.tls;
+    ctx.request_id = request_id(request.headers());
+    let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
+    let bytes_in = Rc::new(Cell::new(0));
+    let mut end = Box::new(RequestEnd {
+        worker: worker.clone(),
+        ctx,
+        method: request.method().clone(),
+        target: request.uri().clone(),
+        version: request.version(),
+        connection: client.clone(),
+        bytes_in: bytes_in.clone(),
+        status: 0,
+        bytes_out: 0,
+    });
+    let (head, incoming) = request.into_parts();
+    let mut unread = Some(incoming);
+    let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    if let Answer::Local { status: 500.., .. } = answer {
+        // The app failed or could not be reached: a stale copy stands in if one may.
+        if let Some(stale) = cache::take_stale(&mut end.ctx) {
+            answer = Answer::Cached(stale, CacheStatus::Stale);
+        }
+    }
+    let mut response = match answer {
+        Answer::Backend {
+            response,
+            connection,
+            read_deadline,
+        } => backend_response(response, connection, read_deadline, client_upgrade, end),
+        Answer::Local { status, text } => {
+            let body = respond::error_body(status, text, &end.ctx.request_id);
+            local_response(status, body, None, end)
+        }
+        Answer::Redirect(location) => {
+            let body = format!("308 moved to {location}\n");
+            local_response(308, body, Some(location), end)
+        }
+        Answer::File(file) => file_response(file, end),
+        Answer::Cached(copy, status) => {
+            let headers = cache::cached_headers(&copy, status);
+            made_response(copy.status, headers, copy.body.clone(), end)
+        }
+        Answer::Made { headers, body } => made_response(200, headers, body, end),
+        Answer::Refused {
+            status,
+            text,
+            retry_after,
+        } => {
+            let body = respond::error_body(status, &text, &end.ctx.request_id);
+            let mut response = local_response(status, body, None, end);
+            if retry_after {
+                response
+                    .headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from_static(images::RETRY_AFTER_S));
+            }
+            response
+        }
+    };
+    if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
+        linger(incoming, &mut response);
+    }
+    if client.closing.get() && response.version() != Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(response)
+}
+
+/// How long the rest of a body the router answered without reading may take to come in
+/// before the connection is closed anyway (nginx's `lingering_timeout`).
+const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
+
+/// An HTTP/1 client may still be sending the body of a request the router has answered (a
+/// refused upload, an unknown host): closing with its bytes unread would reset the
+/// connection, and the client could lose the answer. The connection closes after this
+/// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
+/// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
+fn linger(mut incoming: Incoming, response: &mut Response<ClientBody>) {
+    if response.version() == Version::HTTP_2 {
+        return;
+    }
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    tokio::task::spawn_local(async move {
+        let drained = async {
+            while let Some(Ok(_)) =
+                std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await
+            {
+            }
+        };
+        let _ = tokio::time::timeout(REFUSED_BODY_LINGER, drained).await;
+    });
+}
+
+/// The answer to a request; its body is taken from `unread` once it goes to a backend, and
+/// left there otherwise.
+async fn proxy(
+    mut head: http::request::Parts,
+    unread: &mut Option<Incoming>,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &Worker,
+    bytes_in: Rc<Cell<usize>>,
+) -> Answer {
+    let Some(incoming) = unread.as_mut() else {
+        return failed(false);
+    };
+    if let Err(answer) = framing::check_request(&mut head.headers) {
+        return answer.into();
+    }
+    let shared = &worker.shared;
+    if let Err(answer) = route::route(&head.uri, &head.headers, ctx, &shared.routes).await {
+        return answer.into();
+    }
+    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
+        return Answer::Redirect(location);
+    }
+    let Some(route) = ctx.route.clone() else {
+        return LocalAnswer::UnknownHost.into();
+    };
+    let body_deadline = shared.client_timeouts.body;
+    if head.version == Version::HTTP_2
+        && declares_empty_body(&head.headers)
+        && !incoming.is_end_stream()
+        && !empty_body_ends(incoming, body_deadline).await
+    {
+        return LocalAnswer::AmbiguousFraming.into();
+    }
+    let inspector = shared.waf.as_deref();
+    let endpoints = client.endpoints();
+    let held = match inspection::inspect(
+        &head,
+        incoming,
+        endpoints,
+        ctx,
+        inspector,
+        body_deadline,
+        &bytes_in,
+    )
+    .await
+    {
+        Ok(held) => held,
+        Err(refused) => return refused.into(),
+    };
+    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
+        return Answer::File(file);
+    }
+    if let Some(fresh) = cache::look_up_request(ctx, &head, shared.cache_redis.as_ref()).await {
+        return Answer::Cached(fresh, CacheStatus::Hit);
+    }
+    // After the cache: a resized image the app lets be cached is made once.
+    let stage = shared.images.as_ref();
+    if let Some(image) = images::resize_for(stage, ctx, &head, Some(client.ip)).await {
+        return image_answer(image, &head.headers, ctx);
+    }
+    let upgrade = head.headers.contains_key(UPGRADE);
+    let body_ended = incoming.is_end_stream();
+    let mirror_feed = if upgrade {
+        None
+    } else {
+        let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
+        mirror::start_copy(&worker.mirrors, &head, Some(client.ip), has_body, ctx)
+    };
+    prepare_for_backend(&mut head, ctx, client, upgrade);
+
+    let timeouts = &route.app.timeouts;
+    let connect_timeout = Duration::from_millis(timeouts.connect_ms);
+    let read_deadline = Duration::from_millis(timeouts.read_ms);
+    // Only a request whose body is all in hand (none, or read whole for the WAF) can be
+    // sent again after a failure.
+    let repeatable = head.method.is_idempotent() && body_ended && !upgrade;
+    let replay = if repeatable { held.clone() } else { None };
+    let Some(incoming) = unread.take() else {
+        return failed(false);
+    };
+    let client_failure = Rc::new(Cell::new(None));
+    let mut body = Some(
+        ForwardBody::new(incoming, body_deadline, bytes_in)
+            .after(held)
+            .mirrored_into(mirror_feed)
+            .failures_into(client_failure.clone()),
+    );
+    loop {
+        let address = match upstream::begin_attempt(ctx) {
+            Ok(address) => address,
+            Err(answer) => return answer.into(),
+        };
+        let mut connection = match worker.pool.get(address, connect_timeout).await {
+            Ok(connection) => connection,
+            Err(failure) => {
+                if upstream::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
+                    continue;
+                }
+                return failed(matches!(failure, ConnectFailure::TimedOut));
+            }
+        };
+        upstream::register_connection(ctx, &shared.connections, connection.socket);
+        let may_retry = repeatable && upstream::attempts_left(ctx);
+        let again = || {
+            replay
+                .clone()
+                .map_or_else(ForwardBody::empty, ForwardBody::replay)
+        };
+        let mut outgoing = Request::new(body.take().unwrap_or_else(again));
+        *outgoing.method_mut() = head.method.clone();
+        *outgoing.uri_mut() = head.uri.clone();
+        // Kept for another attempt, or for the cache's `Vary` once the answer is in.
+        *outgoing.headers_mut() = if may_retry || cache::fills(ctx) {
+            head.headers.clone()
+        } else {
+            std::mem::take(&mut head.headers)
+        };
+        let sent = tokio::time::timeout(read_deadline, connection.sender.send_request(outgoing));
+        let error = match sent.await {
+            Ok(Ok(response)) => {
+                let status = response.status().as_u16();
+                upstream::on_response_header(ctx, status);
+                let verdict =
+                    cache::on_app_response(&head.headers, ctx, status, response.headers());
+                if verdict == AppAnswer::StaleStandsIn {
+                    if let Some(stale) = cache::take_stale(ctx) {
+                        return Answer::Cached(stale, CacheStatus::Stale);
+                    }
+                }
+                return Answer::Backend {
+                    response,
+                    connection,
+                    read_deadline,
+                };
+            }
+            Ok(Err(e)) => {
+                if let Some(failure) = client_failure.get() {
+                    // The client's body stopped, not the backend: no retry, no 502.
+                    log::debug!(
+                        "request {}: the client's body failed ({failure:?}): {e}",
+                        ctx.request_id
+                    );
+                    let status = failure.status();
+                    return Answer::Local {
+                        status,
+                        text: respond::text_for(status),
+                    };
+                }
+                e
+            }
+            Err(_) => {
+                count_upstream_error(ctx, "timeout");
+                log::warn!(
+                    "request {}: app {}: backend {address} sent no answer within {read_deadline:?}",
+                    ctx.request_id,
+                    ctx.app_name()
+                );
+                return failed(true);
+            }
+        };
+        count_upstream_error(ctx, error_kind(&error));
+        if may_retry {
+            metrics::UPSTREAM_RETRIES.inc();
+            continue;
+        }
+        log::warn!(
+            "request {}: app {}: backend {address} failed: {error}",
+            ctx.request_id,
+            ctx.app_name()
+        );
+        return failed(false);
+    }
+}
+
+fn declares_empty_body(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_LENGTH)
+        .is_some_and(|length| length.as_bytes() == b"0")
+}
+
+/// An HTTP/2 request that declares an empty body but has not ended its stream is held until
+/// it does: DATA that follows would make it malformed (RFC 9113 §8.1.1), and the backend's
+/// answer must not reach the client first as if the request had been well formed. False
+/// when the stream carried data, failed or did not end within `deadline`.
+async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
+    loop {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
+        match tokio::time::timeout(deadline, next).await {
+            Ok(None) => return true,
+            Ok(Some(Ok(frame))) if frame.data_ref().is_some_and(Bytes::is_empty) => {}
+            Ok(Some(Ok(frame))) if frame.is_trailers() => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The request head as the backend gets it: origin-form target, the Host routed on, no
+/// hop-by-hop headers (an upgrade's put back), forwarded headers.
+fn prepare_for_backend(
+    head: &mut http::request::Parts,
+    ctx: &RequestCtx,
+    client: &Client,
+    upgrade: bool,
+) {
+    let headers = &mut head.headers;
+    if let Some(authority) = head.uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            headers.insert(HOST, host);
+        }
+    }
+    head.uri = head
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+    if head.version == Version::HTTP_2 {
+        join_cookies(headers);
+    }
+    head.version = Version::HTTP_11;
+    remove_hop_by_hop(headers);
+    if upgrade {
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    framing::normalise_for_backend(headers);
+    let forwarded_for = match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
+        (None, Some(own)) => Some(own.clone()),
+        (previous, _) => HeaderValue::try_from(forwarded::forwarded_for(previous, client.ip)).ok(),
+    };
+    if let Some(value) = forwarded_for {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    let scheme = if ctx.tls { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
+        headers.insert(X_REQUEST_ID, id);
+    }
+}
+
+/// HTTP/2 clients may split `Cookie` into one field per cookie; an HTTP/1.1 backend gets
+/// them as the one field HTTP/1.1 allows (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut cookies = headers.get_all(COOKIE).iter();
+    let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for cookie in headers.get_all(COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(cookie.as_bytes());
+    }
+    if let Ok(joined) = HeaderValue::from_bytes(&joined) {
+        headers.insert(COOKIE, joined);
+    }
+}
+
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry one or two (a backend's `Connection: keep-alive`): one pass over
+    // the names finds which, and only those are removed. Removing all six and parsing the
+    // names `Connection` listed was 6% of a proxied request's instructions.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    // Names a Connection header lists are hop-by-hop too; `close` and `keep-alive`, the
+    // usual ones, name no header beyond the fixed list.
+    if headers.contains_key(CONNECTION) {
+        let listed: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive")
+            })
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
+    }
+    for (name, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
+    }
+}
+
+fn backend_response(
+    mut response: Response<Incoming>,
+    connection: BackendConnection,
+    read_deadline: Duration,
+    client_upgrade: Option<OnUpgrade>,
+    mut end: Box<RequestEnd>,
+) -> Response<ClientBody> {
+    end.status = response.status().as_u16();
+    // The client's connection speaks its own version, whatever the backend's was (hyper
+    // answers an HTTP/1.0 client in kind).
+    *response.version_mut() = Version::HTTP_11;
+    set_router_headers(response.headers_mut(), &end.ctx);
+    if let Some(label) = cache::x_cache(&end.ctx) {
+        response
+            .headers_mut()
+            .insert(X_CACHE, HeaderValue::from_static(label));
+    }
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            end.ctx.local_status = Some(502);
+            log::warn!(
+                "request {}: app {}: the backend switched protocols unasked",
+                end.ctx.request_id,
+                end.ctx.app_name()
+            );
+            let body = respond::error_body(502, respond::text_for(502), &end.ctx.request_id);
+            return local_response(502, body, None, end);
+        };
+        let backend_upgrade = hyper::upgrade::on(&mut response);
+        drop(connection);
+        tokio::task::spawn_local(relay::run(client_upgrade, backend_upgrade, end));
+        return response.map(|_| ClientBody::local(Bytes::new(), None));
+    }
+    remove_hop_by_hop(response.headers_mut());
+    if end.ctx.cache.is_some() && response.body().is_end_stream() {
+        // An empty body is never read: a response the cache keeps is complete now.
+        cache::on_response_body(&mut end.ctx, &None, true);
+    }
+    response.map(|incoming| ClientBody::from_backend(incoming, read_deadline, connection, end))
+}
+
+fn local_response(
+    status: u16,
+    body: String,
+    location: Option<String>,
+    mut end: Box<RequestEnd>,
+) -> Response<ClientBody> {
+    end.ctx.local_status = Some(status);
+    end.status = status;
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Ok(id) = HeaderValue::from_str(&end.ctx.request_id) {
+        headers.insert(X_REQUEST_ID, id);
+    }
+    match location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        Some(location) => {
+            headers.insert(LOCATION, location);
+        }
+        None => {
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+    }
+    response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
+}
+
+/// The answer of the images stage; a resized image goes through the cache's decisions as
+/// the app's own answers do.
+fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut RequestCtx) -> Answer {
+    let (content_type, body, cache_control) = match image {
+        ImageAnswer::Refused {
+            status,
+            text,
+            retry_after,
+        } => {
+            return Answer::Refused {
+                status,
+                text,
+                retry_after,
+            }
+        }
+        ImageAnswer::Resized {
+            content_type,
+            body,
+            cache_control,
+        } => (content_type, body, cache_control),
+    };
+    let mut headers = HeaderMap::with_capacity(4);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Some(value) = cache_control.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(CACHE_CONTROL, value);
+    }
+    if let Some(label) = cache::keep_local_answer(request_headers, ctx, 200, &headers, &body) {
+        headers.insert(X_CACHE, HeaderValue::from_static(label));
+    }
+    Answer::Made { headers, body }
+}
+
+/// An answer the router has whole: from the cache, or made here. A HEAD gets its head.
+fn made_response(
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+    mut end: Box<RequestEnd>,
+) -> Response<ClientBody> {
+    end.ctx.local_status = Some(status);
+    end.status = status;
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    *response.headers_mut() = headers;
+    set_router_headers(response.headers_mut(), &end.ctx);
+    let body = if end.method == Method::HEAD {
+        Bytes::new()
+    } else {
+        body
+    };
+    response.map(|()| ClientBody::local(body, Some(end)))
+}
+
+fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<ClientBody> {
+    end.ctx.local_status = Some(200);
+    end.status = 200;
+    let mut response = Response::new(());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(file.content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(file.length));
+    set_router_headers(headers, &end.ctx);
+    let body = if file.head_only {
+        ClientBody::local(Bytes::new(), Some(end))
+    } else {
+        ClientBody::file(file.file, file.length, end)
+    };
+    response.map(|()| body)
+}
+
+/// The headers every answer of the router carries: the request id, and HSTS over TLS for
+/// apps that ask.
+fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
+    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
+        headers.insert(X_REQUEST_ID, id);
+    }
+    if let Some(hsts) = https::hsts_value(ctx).and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
+    }
+}
+
+/// The answer to a request no backend answered: 504 when one took too long, 502 otherwise.
+fn failed(timed_out: bool) -> Answer {
+    let status = if timed_out { 504 } else { 502 };
+    Answer::Local {
+        status,
+        text: respond::text_for(status),
+    }
+}
+
+fn count_upstream_error(ctx: &RequestCtx, kind: &'static str) {
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[ctx.app_name(), kind])
+        .inc();
+}
+
+fn error_kind(error: &hyper::Error) -> &'static str {
+    if error.is_incomplete_message() || error.is_closed() || error.is_canceled() {
+        "closed"
+    } else if error.is_parse() || error.is_parse_status() {
+        "protocol"
+    } else if error.is_timeout() {
+        "timeout"
+    } else {
+        "io"
+    }
+}

@@ -1,0 +1,93 @@
+//! Applies the store's change events to the route and certificate caches, in order, as they
+//! arrive.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::shutdown::ShutdownWatch;
+use switchyard_model::Change;
+use switchyard_store::Subscription;
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+use tokio::sync::{watch, Mutex};
+
+use crate::metrics;
+use crate::routing::drain::ConnectionDrain;
+use crate::routing::route_cache::RouteCache;
+use crate::tls::cert_cache::CertCache;
+
+/// The background service that keeps the caches in step with the store.
+pub struct ChangeFollower {
+    routes: Arc<RouteCache>,
+    certs: Option<Arc<CertCache>>,
+    drain: Arc<ConnectionDrain>,
+    // Subscribed when the router is built, before any request fills the cache, so no change
+    // can fall between a fill and the subscription.
+    changes: Mutex<Receiver<Change>>,
+    // How many of the store's events (counted from its first) the caches have applied.
+    applied: watch::Sender<u64>,
+}
+
+impl ChangeFollower {
+    /// A follower applying `changes` to `routes` and, with an HTTPS listener, `certs`, then
+    /// handing each to `drain` to review the connections it concerns.
+    pub fn new(
+        routes: Arc<RouteCache>,
+        certs: Option<Arc<CertCache>>,
+        drain: Arc<ConnectionDrain>,
+        changes: Subscription,
+    ) -> Self {
+        Self {
+            routes,
+            certs,
+            drain,
+            changes: Mutex::new(changes.changes),
+            applied: watch::Sender::new(changes.position),
+        }
+    }
+
+    /// Watches how many store events (the store's [`announced`] count) have been applied.
+    ///
+    /// [`announced`]: switchyard_store::Store::announced
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    async fn apply(&self, change: &Change) {
+        self.routes.apply(change).await;
+        if let Some(certs) = &self.certs {
+            certs.apply(change).await;
+        }
+        self.drain.on_change(change);
+    }
+
+    /// Runs until `shutdown` changes.
+    pub async fn run(&self, mut shutdown: ShutdownWatch) {
+        let mut changes = self.changes.lock().await;
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => change,
+                _ = shutdown.changed() => return,
+            };
+            match change {
+                Ok(change) => {
+                    if change == Change::Resync {
+                        metrics::ROUTE_RESYNCS.inc();
+                    }
+                    let started = Instant::now();
+                    self.apply(&change).await;
+                    self.applied.send_modify(|applied| *applied += 1);
+                    metrics::ROUTE_CHANGES.inc();
+                    log::debug!("applied {change:?} in {:?}", started.elapsed());
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    log::warn!("missed {missed} change events; revalidating the caches");
+                    metrics::ROUTE_RESYNCS.inc();
+                    self.apply(&Change::Resync).await;
+                    // The resync read the store after every missed event was announced.
+                    self.applied.send_modify(|applied| *applied += missed);
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}

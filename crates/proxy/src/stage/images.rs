@@ -1,0 +1,536 @@
+//! Stage images: `GET {prefix}{width}x{height}/{path}` of an app with the `images` option
+//! answers the original at `/{path}` resized. The original comes from the app's static root
+//! when a file is there, else from one of its backends (over a connection pool of its
+//! own); the resize runs on the worker pool under the app's deadline. Query: `fit=contain`
+//! (default) or `cover`, `format=jpeg|png|webp` (default: the original's).
+//!
+//! Outcomes: a malformed or over-limit request is 400; an original that is not a usable
+//! image (or over `max_source_bytes`) 422; an original the app does not answer with 200 keeps
+//! the app's status; a pool that is full or too slow 503 with `Retry-After`.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Version};
+use http_body_util::{BodyExt, Empty};
+use switchyard_model::Images;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::context::RequestCtx;
+use crate::forwarded;
+use crate::metrics;
+use crate::outbound::{SidePool, Target};
+use crate::stage::static_files;
+use crate::stage::thumbnail::{self, Encoding, Fit, Resize};
+use crate::stage::upstream;
+use crate::worker_pool::{PoolRefusal, WorkerPool};
+
+/// Idle connections kept to backends for fetching originals, per thread, all apps together.
+const FETCH_POOL_SIZE: usize = 256;
+/// Resize requests under way (fetching or resizing) per worker thread, all apps together.
+/// Each holds its original in memory (up to the app's `max_source_bytes`), and one the pool
+/// could not start before its deadline would have been fetched for nothing; the others wait
+/// for a place (holding nothing but their connection) until their deadline.
+const IN_FLIGHT_PER_WORKER: usize = 8;
+/// Requests waiting for a place, per place; past that they are refused at once with 503.
+const WAITING_PER_PLACE: usize = 64;
+/// Seconds a client is asked to wait after the pool refused a resize.
+pub(crate) const RETRY_AFTER_S: &str = "1";
+
+/// What the images stage needs from the router: the admission shared by all threads and
+/// this thread's own connections.
+pub(crate) struct ImageStage {
+    admission: Arc<Admission>,
+    originals: SidePool,
+}
+
+/// The worker pool and the bound on resize requests under way, for all threads together.
+struct Admission {
+    pool: Arc<WorkerPool>,
+    places: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+impl ImageStage {
+    pub(crate) fn new(pool: Arc<WorkerPool>) -> Self {
+        let places = pool.threads() * IN_FLIGHT_PER_WORKER;
+        Self {
+            admission: Arc::new(Admission {
+                pool,
+                places: Arc::new(Semaphore::new(places)),
+                waiting: AtomicUsize::new(0),
+                max_waiting: places * WAITING_PER_PLACE,
+            }),
+            originals: originals_pool(),
+        }
+    }
+
+    /// The stage for another thread: the same admission, its own idle connections (a
+    /// connection pooled by one thread and reused by another is the churn bench/ENGINE.md
+    /// describes).
+    pub(crate) fn for_another_thread(&self) -> Self {
+        Self {
+            admission: self.admission.clone(),
+            originals: originals_pool(),
+        }
+    }
+
+    /// A place among the requests under way, waiting for one until `deadline`; `None` when
+    /// too many already wait or the deadline passes.
+    async fn admit(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        let admission = &self.admission;
+        if let Ok(place) = admission.places.clone().try_acquire_owned() {
+            return Some(place);
+        }
+        // Counted while waiting, also if the request is dropped mid-wait.
+        let waiting = Waiting::enter(&admission.waiting);
+        if waiting.ahead >= admission.max_waiting {
+            return None;
+        }
+        tokio::time::timeout_at(deadline.into(), admission.places.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+}
+
+fn originals_pool() -> SidePool {
+    SidePool::new(
+        FETCH_POOL_SIZE,
+        metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["images"]),
+    )
+}
+
+/// One request waiting for a place.
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    /// Requests that were waiting already.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let ahead = count.fetch_add(1, Ordering::AcqRel);
+        Self { count, ahead }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A resize request, parsed from the path and query.
+#[derive(Debug, PartialEq, Eq)]
+struct Asked {
+    resize: Resize,
+    original_path: String,
+}
+
+/// What the stage answers a resize request with.
+pub(crate) enum ImageAnswer {
+    /// The resized image.
+    Resized {
+        content_type: &'static str,
+        body: Bytes,
+        /// The original's `Cache-Control`, passed on.
+        cache_control: Option<String>,
+    },
+    /// A refusal: 400, 422, the app's status for the original, 503.
+    Refused {
+        status: u16,
+        text: String,
+        /// A 503 from an overloaded pool asks the client to come back in a second.
+        retry_after: bool,
+    },
+}
+
+/// The answer to `request` when it asks for a resized image of an app with the `images`
+/// option; `None` for every other request.
+pub(crate) async fn resize_for(
+    stage: Option<&ImageStage>,
+    ctx: &mut RequestCtx,
+    request: &http::request::Parts,
+    client_ip: Option<IpAddr>,
+) -> Option<ImageAnswer> {
+    let route = ctx.route.clone()?;
+    let images = route.app.images.as_ref()?;
+    if (request.method != Method::GET && request.method != Method::HEAD)
+        || !request.uri.path().starts_with(&images.prefix)
+    {
+        return None;
+    }
+    let app = route.app.name.as_str();
+    let refused = |status: u16, text: String| ImageAnswer::Refused {
+        status,
+        text,
+        retry_after: false,
+    };
+    let asked = match parse(images, request.uri.path(), request.uri.query()) {
+        Ok(asked) => asked,
+        Err(reason) => {
+            count(app, "bad_request");
+            return Some(refused(400, reason));
+        }
+    };
+    let Some(stage) = stage else {
+        count(app, "overloaded");
+        return Some(refused(503, "image resizing is not available".into()));
+    };
+    let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
+    let Some(_place) = stage.admit(deadline).await else {
+        return Some(refuse_for_now(app, PoolRefusal::Full));
+    };
+    let original = match fetch_original(stage, client_ip, ctx, images, &asked.original_path).await {
+        Ok(original) => original,
+        Err(failure) => {
+            count(app, failure.label);
+            return Some(refused(failure.status, failure.text));
+        }
+    };
+    let resize = asked.resize;
+    let body = original.body;
+    let outcome = stage
+        .admission
+        .pool
+        .run("images", deadline, move || thumbnail::resize(&body, resize))
+        .await;
+    let resized = match outcome {
+        Ok(Ok(resized)) => resized,
+        Ok(Err(unprocessable)) => {
+            count(app, "unprocessable");
+            log::info!(
+                "request {}: app {app}: image {} not resized: {unprocessable}",
+                ctx.request_id,
+                asked.original_path
+            );
+            return Some(refused(422, unprocessable.to_string()));
+        }
+        Err(refusal) => return Some(refuse_for_now(app, refusal)),
+    };
+    count(app, "resized");
+    log::debug!(
+        "request {}: app {app}: {} resized to {}x{} ({} bytes)",
+        ctx.request_id,
+        asked.original_path,
+        resized.width,
+        resized.height,
+        resized.bytes.len()
+    );
+    Some(ImageAnswer::Resized {
+        content_type: resized.encoding.content_type(),
+        body: Bytes::from(resized.bytes),
+        cache_control: original.cache_control,
+    })
+}
+
+/// 503 with `Retry-After`: no place among the requests under way, a full pool queue, or a
+/// missed deadline.
+fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
+    count(app, "overloaded");
+    let why = match refusal {
+        PoolRefusal::Full => "the image workers are busy, try again shortly",
+        PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
+    };
+    ImageAnswer::Refused {
+        status: 503,
+        text: why.into(),
+        retry_after: true,
+    }
+}
+
+fn count(app: &str, result: &str) {
+    metrics::IMAGE_REQUESTS
+        .with_label_values(&[app, result])
+        .inc();
+}
+
+/// `{width}x{height}/{path}` after the prefix, and the query's `fit` and `format`.
+fn parse(images: &Images, path: &str, query: Option<&str>) -> Result<Asked, String> {
+    let rest = &path[images.prefix.len()..];
+    let (size, original) = rest
+        .split_once('/')
+        .ok_or_else(|| format!("expected {}WIDTHxHEIGHT/PATH", images.prefix))?;
+    let (width, height) = size
+        .split_once('x')
+        .ok_or_else(|| format!("size {size:?} is not WIDTHxHEIGHT"))?;
+    let side = |text: &str, limit: u32, name: &str| -> Result<u32, String> {
+        match text.parse::<u32>() {
+            Ok(n) if text.len() <= 5 && (1..=limit).contains(&n) => Ok(n),
+            _ => Err(format!("{name} must be a whole number from 1 to {limit}")),
+        }
+    };
+    let width = side(width, images.max_width, "width")?;
+    let height = side(height, images.max_height, "height")?;
+    if original.is_empty() {
+        return Err("the original's path is missing".into());
+    }
+    let (mut fit, mut encoding) = (Fit::Contain, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("fit", "contain") => fit = Fit::Contain,
+            ("fit", "cover") => fit = Fit::Cover,
+            ("fit", other) => return Err(format!("fit {other:?} must be contain or cover")),
+            ("format", name) => {
+                encoding = Some(
+                    Encoding::from_name(name)
+                        .ok_or_else(|| format!("format {name:?} must be jpeg, png or webp"))?,
+                )
+            }
+            // Other parameters (cache busters) are the client's own.
+            _ => {}
+        }
+    }
+    Ok(Asked {
+        resize: Resize {
+            width,
+            height,
+            fit,
+            encoding,
+            quality: images.quality,
+        },
+        original_path: format!("/{original}"),
+    })
+}
+
+struct Original {
+    body: Vec<u8>,
+    cache_control: Option<String>,
+}
+
+struct FetchFailure {
+    status: u16,
+    text: String,
+    label: &'static str,
+}
+
+impl FetchFailure {
+    fn new(status: u16, text: impl Into<String>, label: &'static str) -> Self {
+        Self {
+            status,
+            text: text.into(),
+            label,
+        }
+    }
+
+    fn too_large(limit: u64) -> Self {
+        Self::new(
+            422,
+            format!("the original is larger than max_source_bytes ({limit})"),
+            "unprocessable",
+        )
+    }
+}
+
+async fn fetch_original(
+    stage: &ImageStage,
+    client_ip: Option<IpAddr>,
+    ctx: &mut RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Original, FetchFailure> {
+    if let Some(original) = from_static_root(ctx, images, path).await? {
+        return Ok(original);
+    }
+    from_backend(stage, client_ip, ctx, images, path).await
+}
+
+async fn from_static_root(
+    ctx: &RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Option<Original>, FetchFailure> {
+    let Some(root) = ctx.route.as_ref().and_then(|r| r.app.static_root.clone()) else {
+        return Ok(None);
+    };
+    let Some(relative) = static_files::relative_path(path) else {
+        return Ok(None);
+    };
+    let Some((file, length, _)) =
+        static_files::open_under(std::path::Path::new(&root), &relative).await
+    else {
+        return Ok(None);
+    };
+    if length > images.max_source_bytes {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    let mut body = Vec::with_capacity(length as usize);
+    file.take(images.max_source_bytes + 1)
+        .read_to_end(&mut body)
+        .await
+        .map_err(|e| {
+            FetchFailure::new(
+                500,
+                format!("cannot read the original: {e}"),
+                "fetch_failed",
+            )
+        })?;
+    if body.len() as u64 > images.max_source_bytes {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    Ok(Some(Original {
+        body,
+        cache_control: None,
+    }))
+}
+
+async fn from_backend(
+    stage: &ImageStage,
+    client_ip: Option<IpAddr>,
+    ctx: &mut RequestCtx,
+    images: &Images,
+    path: &str,
+) -> Result<Original, FetchFailure> {
+    let address = upstream::begin_attempt(ctx).map_err(|answer| {
+        FetchFailure::new(
+            answer.status(),
+            "the app has no reachable container",
+            "fetch_failed",
+        )
+    })?;
+    let (connect_timeout, read_timeout) =
+        ctx.route
+            .as_ref()
+            .map_or((Duration::from_secs(5), Duration::from_secs(60)), |route| {
+                let timeouts = &route.app.timeouts;
+                (
+                    Duration::from_millis(timeouts.connect_ms),
+                    Duration::from_millis(timeouts.read_ms),
+                )
+            });
+    let unreachable = |e: &dyn std::fmt::Display| {
+        FetchFailure::new(
+            502,
+            format!("the original could not be fetched: {e}"),
+            "fetch_failed",
+        )
+    };
+    let late = |_| {
+        FetchFailure::new(
+            504,
+            "the app did not send the original in time",
+            "fetch_failed",
+        )
+    };
+    let target = Target { address, tls: None };
+    let mut connection = stage
+        .originals
+        .get(&target, connect_timeout)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let mut request = Request::builder()
+        .method(Method::GET)
+        .uri(path)
+        .version(Version::HTTP_11)
+        .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+        .map_err(|e| unreachable(&e))?;
+    let headers = request.headers_mut();
+    if let Some(host) = ctx
+        .host
+        .as_deref()
+        .and_then(|h| HeaderValue::from_str(h).ok())
+    {
+        headers.insert(http::header::HOST, host);
+    }
+    headers.insert(http::header::ACCEPT, HeaderValue::from_static("image/*"));
+    forwarded::set_forwarded_headers(client_ip, headers, ctx);
+    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request))
+        .await
+        .map_err(late)?
+        .map_err(|e| unreachable(&e))?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        return Err(FetchFailure::new(
+            status,
+            format!("the app answered {status} for the original"),
+            "fetch_failed",
+        ));
+    }
+    let declared: Option<u64> = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    if declared.is_some_and(|n| n > images.max_source_bytes) {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    let cache_control = response
+        .headers()
+        .get("cache-control")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut answer = response.into_body();
+    let mut body = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let reading = async {
+        while let Some(frame) = answer.frame().await {
+            if let Some(chunk) = frame?.data_ref() {
+                if (body.len() + chunk.len()) as u64 > images.max_source_bytes {
+                    return Ok(false);
+                }
+                body.extend_from_slice(chunk);
+            }
+        }
+        Ok::<_, hyper::Error>(true)
+    };
+    let complete = tokio::time::timeout(read_timeout, reading)
+        .await
+        .map_err(late)?
+        .map_err(|e| unreachable(&e))?;
+    if !complete {
+        return Err(FetchFailure::too_large(images.max_source_bytes));
+    }
+    stage.originals.put(connection);
+    Ok(Original {
+        body,
+        cache_control,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn images() -> Images {
+        *switchyard_model::parse_app_spec(
+            "a",
+            &serde_json::json!({"images": {"max_width": 1000, "max_height": 800}}),
+        )
+        .expect("valid")
+        .images
+        .expect("images")
+    }
+
+    #[test]
+    fn sizes_fit_and_format_come_from_the_path_and_query() {
+        let asked = parse(
+            &images(),
+            "/_img/200x100/photos/cat.jpg",
+            Some("fit=cover&format=webp&v=3"),
+        )
+        .expect("valid");
+        assert_eq!(asked.original_path, "/photos/cat.jpg");
+        assert_eq!((asked.resize.width, asked.resize.height), (200, 100));
+        assert_eq!(asked.resize.fit, Fit::Cover);
+        assert_eq!(asked.resize.encoding, Some(Encoding::WebP));
+        for (path, query) in [
+            ("/_img/200/cat.jpg", None),
+            ("/_img/200x/cat.jpg", None),
+            ("/_img/0x100/cat.jpg", None),
+            ("/_img/1001x100/cat.jpg", None),
+            ("/_img/100x801/cat.jpg", None),
+            ("/_img/-1x100/cat.jpg", None),
+            ("/_img/100x100/", None),
+            ("/_img/100x100", None),
+            ("/_img/100x100/cat.jpg", Some("fit=stretch")),
+            ("/_img/100x100/cat.jpg", Some("format=gif")),
+        ] {
+            assert!(parse(&images(), path, query).is_err(), "{path} {query:?}");
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Stage last-but-one, upstream: pick a backend, tell it who is asking, and decide what a
+//! failure means — mark the backend down, retry elsewhere, or give up.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::context::RequestCtx;
+use crate::metrics;
+use crate::respond::LocalAnswer;
+use crate::routing::balancer::Pick;
+use crate::routing::connections::{ConnectionTable, Socket};
+
+/// Starts the next attempt: picks a backend the request has not tried, counts it in
+/// flight and returns its address; or says why none can be used.
+pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAnswer> {
+    ctx.release_attempt();
+    let Some(route) = ctx.route.clone() else {
+        return Err(LocalAnswer::UnknownHost);
+    };
+    let guard = match route.upstream.pick(&ctx.tried) {
+        Pick::Backend(guard) => guard,
+        Pick::NoBackends => return Err(LocalAnswer::NoBackends),
+        Pick::NoneHealthy => return Err(LocalAnswer::NoHealthyBackend),
+    };
+    let address = guard.backend().address;
+    ctx.tried.push(address);
+    ctx.backend = Some(guard);
+    ctx.attempt_started = Some(Instant::now());
+    Ok(address)
+}
+
+/// Enters `socket`, the current attempt's connection to its backend, in the connection
+/// table under the request's app and Host, where a drain can find it (see `drain`).
+pub(crate) fn register_connection(
+    ctx: &mut RequestCtx,
+    connections: &Arc<ConnectionTable>,
+    socket: Socket,
+) {
+    let (Some(backend), Some(route), Some(host)) = (
+        ctx.backend.as_ref(),
+        ctx.route.as_ref(),
+        ctx.host.as_deref(),
+    ) else {
+        return;
+    };
+    let ticket = connections.register(route.clone(), host, backend.backend().address, socket);
+    ctx.upstream_connection = Some(ticket);
+}
+
+/// Marks the backend of the current attempt down for a while after a failed connect
+/// (`kind` as in the errors metric, `detail` for the log) and tells whether another attempt
+/// is allowed.
+pub(crate) fn record_connect_failure(
+    ctx: &mut RequestCtx,
+    kind: &'static str,
+    detail: &str,
+) -> bool {
+    let app = ctx.app_name().to_string();
+    if let Some(backend) = ctx.backend.as_ref() {
+        backend.backend().mark_passively_down();
+        log::warn!(
+            "request {}: app {app}: backend {} unreachable ({detail}); skipping it for {:?}",
+            ctx.request_id,
+            backend.backend().address,
+            crate::routing::balancer::PASSIVE_DOWN_FOR
+        );
+    }
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[app.as_str(), kind])
+        .inc();
+    let retry = attempts_left(ctx);
+    if retry {
+        metrics::UPSTREAM_RETRIES.inc();
+    }
+    retry
+}
+
+/// Records the time to the response header and whether the connection was upgraded.
+pub(crate) fn on_response_header(ctx: &mut RequestCtx, status: u16) {
+    if ctx.upstream_time.is_none() {
+        ctx.upstream_time = ctx.attempt_started.map(|s| s.elapsed());
+    }
+    if status == 101 && !ctx.upgraded {
+        ctx.upgraded = true;
+        metrics::OPEN_WEBSOCKETS.inc();
+    }
+}
+
+/// Whether the app's retries allow another attempt after the ones made.
+pub(crate) fn attempts_left(ctx: &RequestCtx) -> bool {
+    let allowed = ctx.route.as_ref().map_or(0, |r| usize::from(r.app.retries));
+    ctx.tried.len() <= allowed
+}

@@ -1,0 +1,323 @@
+//! The listener on hyper: routing, local answers, forwarded headers, retries past a dead
+//! backend, the access log, backend connection reuse, WebSockets that outlive a deploy and
+//! end with 1001 when their app is deleted, HTTPS redirects, and uploads answered before
+//! they are read still getting their answer. The stages (WAF, cache, images, mirror, static
+//! files) have suites of their own.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::websocket::{close_frame_within, exchange, open_websocket};
+use support::{free_port, Backend, RouterProcess};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+/// A router and its plain HTTP listener.
+fn router_and_http() -> (RouterProcess, SocketAddr) {
+    let router = RouterProcess::start();
+    let http = router.http;
+    (router, http)
+}
+
+#[test]
+fn the_listener_routes_by_host_and_answers_for_itself_when_it_must() {
+    let (router, http) = router_and_http();
+    let shop = Backend::start("shop");
+    let blog = Backend::start("blog");
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test", "*.shop.test"], "backends": [shop.addr.to_string()]}),
+    );
+    router.put_app(
+        "blog",
+        json!({"domains": ["blog.test"], "backends": [blog.addr.to_string()]}),
+    );
+    router.put_app("empty", json!({"domains": ["empty.test"], "backends": []}));
+
+    for (host, app) in [
+        ("shop.test", "shop"),
+        ("WWW.shop.test:80", "shop"),
+        ("blog.test", "blog"),
+    ] {
+        let response = support::get(http, host, "/").expect("response");
+        assert_eq!(response.status, 200, "{host}: {}", response.text());
+        assert_eq!(response.json()["backend"], app, "{host}");
+        let id = response.header("x-request-id").expect("a request id");
+        assert_eq!(id.len(), 32, "{id}");
+    }
+
+    let unknown = support::get(http, "nobody.test", "/").expect("response");
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.text().contains("no app"), "{}", unknown.text());
+    let empty = support::get(http, "empty.test", "/").expect("response");
+    assert_eq!(empty.status, 503, "{}", empty.text());
+    let no_host =
+        support::request(http, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").expect("response");
+    assert_eq!(no_host.status, 400);
+
+    // Forwarded headers in, hop-by-hop headers out, the client's request id kept.
+    let given_id = "trace-0123456789abcdef-xyz";
+    let response = support::request(
+        http,
+        &format!(
+            "GET /path?q=1 HTTP/1.1\r\nHost: blog.test\r\nX-Request-Id: {given_id}\r\n\
+             X-Forwarded-For: 203.0.113.9\r\nConnection: close, X-Secret-Hop\r\n\
+             X-Secret-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n"
+        ),
+    )
+    .expect("response");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-request-id"), Some(given_id));
+    let seen = blog.recorded().pop().expect("a request reached blog");
+    assert_eq!(seen.target, "/path?q=1");
+    assert_eq!(
+        seen.headers.get("x-forwarded-for").map(String::as_str),
+        Some("203.0.113.9, 127.0.0.1")
+    );
+    assert_eq!(
+        seen.headers.get("x-forwarded-proto").map(String::as_str),
+        Some("http")
+    );
+    assert_eq!(
+        seen.headers.get("x-request-id").map(String::as_str),
+        Some(given_id)
+    );
+    assert!(!seen.headers.contains_key("x-secret-hop"), "{seen:?}");
+    assert!(!seen.headers.contains_key("keep-alive"), "{seen:?}");
+
+    // The access log has the request, as the main listener logs its own.
+    support::eventually(
+        Duration::from_secs(3),
+        "the request in the access log",
+        || {
+            std::fs::read_to_string(router.access_log())
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                .any(|record| {
+                    record["request_id"] == given_id
+                        && record["status"] == 200
+                        && record["app"] == "blog"
+                        && record["path"] == "/path?q=1"
+                        && record["upstream"] == blog.addr.to_string()
+                })
+        },
+    );
+}
+
+#[test]
+fn a_dead_backend_is_skipped_and_the_request_answered_by_another() {
+    let (router, http) = router_and_http();
+    let alive = Backend::start("alive");
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    router.put_app(
+        "retry",
+        json!({"domains": ["retry.test"], "backends": [dead.to_string(), alive.addr.to_string()]}),
+    );
+    for _ in 0..6 {
+        let response = support::get(http, "retry.test", "/").expect("response");
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.json()["backend"], "alive");
+    }
+    assert!(router.metric("switchyard_upstream_retries_total") >= 1.0);
+
+    router.put_app(
+        "gone",
+        json!({"domains": ["gone.test"], "backends": [dead.to_string()]}),
+    );
+    let response = support::get(http, "gone.test", "/").expect("response");
+    assert_eq!(response.status, 502, "{}", response.text());
+}
+
+/// Reads one response with a Content-Length body from a kept-alive connection.
+fn read_response(reader: &mut BufReader<TcpStream>) -> (u16, Vec<u8>) {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).expect("status line");
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {status_line:?}"));
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("header line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().expect("a length");
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).expect("body");
+    (status, body)
+}
+
+#[test]
+fn kept_alive_clients_reuse_a_few_backend_connections() {
+    let (router, http) = router_and_http();
+    let backend = Backend::start("pooled");
+    router.put_app(
+        "pooled",
+        json!({"domains": ["pooled.test"], "backends": [backend.addr.to_string()]}),
+    );
+    const CLIENTS: usize = 4;
+    const REQUESTS: usize = 100;
+    for _ in 0..CLIENTS {
+        let stream = TcpStream::connect(http).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut writer = stream.try_clone().expect("clone");
+        let mut reader = BufReader::new(stream);
+        for i in 0..REQUESTS {
+            writer
+                .write_all(format!("GET /{i} HTTP/1.1\r\nHost: pooled.test\r\n\r\n").as_bytes())
+                .expect("send");
+            let (status, body) = read_response(&mut reader);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        }
+    }
+    assert_eq!(backend.requests(), CLIENTS * REQUESTS);
+    // One connection per thread serves every request made one after another.
+    let opened = router.metric("switchyard_hyper_backend_connections_opened_total");
+    assert!(
+        (1.0..=2.0).contains(&opened),
+        "{opened} backend connections for {} requests",
+        CLIENTS * REQUESTS
+    );
+    assert!(router.metric("switchyard_hyper_idle_backend_connections") >= 1.0);
+}
+
+/// A client still sending a body the router has answered without reading (an unknown host,
+/// a refused upload) gets that answer: the rest of the body is read and dropped, then the
+/// connection closes, rather than a reset that could cost the client the answer.
+#[test]
+fn an_upload_answered_before_it_is_read_still_gets_its_answer() {
+    let (_router, http) = router_and_http();
+    let body = vec![b'x'; 32 << 20];
+    let mut client = TcpStream::connect(http).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        client,
+        "POST /upload HTTP/1.1\r\nHost: nobody.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("head");
+    // More than the sockets' buffers hold: this only returns if the router reads it all.
+    client.write_all(&body).expect("the whole body is taken");
+    let mut answer = String::new();
+    client
+        .read_to_string(&mut answer)
+        .expect("the answer, then the end");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+}
+
+#[test]
+fn an_app_that_asks_for_https_is_redirected_there() {
+    let (router, http) = router_and_http();
+    let backend = Backend::start("secure");
+    router.put_app(
+        "secure",
+        json!({"domains": ["secure.test"], "backends": [backend.addr.to_string()],
+               "https_redirect": true}),
+    );
+    let redirect = support::get(http, "secure.test", "/a?b=c").expect("response");
+    assert_eq!(redirect.status, 308);
+    assert_eq!(
+        redirect.header("location"),
+        Some(format!("https://secure.test:{}/a?b=c", router.https.port()).as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_outlive_a_deploy_and_end_with_1001_when_their_app_is_deleted() {
+    let (router, http) = router_and_http();
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+    router.put_app(
+        "chat",
+        json!({"domains": ["chat.test"], "backends": [first.addr.to_string()]}),
+    );
+    let mut old = open_websocket(http, "chat.test").await;
+    assert_eq!(exchange(&mut old, "hello").await, "first:hello");
+    assert_eq!(router.metric("switchyard_open_websockets"), 1.0);
+
+    router.scale("chat", &[second.addr]);
+    // Three drain graces: a deploy alone closes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(exchange(&mut old, "still").await, "first:still");
+    let mut new = open_websocket(http, "chat.test").await;
+    assert_eq!(exchange(&mut new, "hi").await, "second:hi");
+    // Long and many messages cross intact both ways.
+    let long = "x".repeat(200_000);
+    assert_eq!(exchange(&mut new, &long).await, format!("second:{long}"));
+    for i in 0..200 {
+        assert_eq!(
+            exchange(&mut old, &i.to_string()).await,
+            format!("first:{i}")
+        );
+    }
+
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/chat", None).0, 204);
+    let deleted = Instant::now();
+    for socket in [&mut old, &mut new] {
+        let (code, reason) = close_frame_within(socket, Duration::from_secs(5)).await;
+        assert_eq!(code, CloseCode::Away);
+        assert_eq!(reason, "backend connection closed by the router");
+    }
+    assert!(
+        deleted.elapsed() >= Duration::from_millis(900),
+        "not before the grace: {:?}",
+        deleted.elapsed()
+    );
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"app_deleted\"}"),
+        2.0
+    );
+    support::eventually(Duration::from_secs(3), "the relays to end", || {
+        router.metric("switchyard_open_websockets") == 0.0
+    });
+}
+
+#[test]
+fn an_idle_http2_connection_is_asked_to_go_away_after_the_client_idle_timeout() {
+    use support::h2_raw::{
+        frame, request_block, Connection, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
+    };
+    let router = RouterProcess::start_with(&["--client-idle-timeout-s", "1"]);
+    let backend = Backend::start("idle");
+    router.put_app(
+        "idle",
+        json!({"domains": ["idle.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let mut connection = Connection::open(router.http);
+    let request = request_block("GET", "idle.test", b"/", &[]);
+    connection
+        .send(&frame(HEADERS, END_HEADERS | END_STREAM, 1, &request))
+        .expect("send");
+    let opened = Instant::now();
+    let mut goaway = None;
+    while goaway.is_none() && opened.elapsed() < Duration::from_secs(5) {
+        match connection.next_frame(Instant::now() + Duration::from_millis(100)) {
+            Some(frame) if frame.kind == GOAWAY => goaway = Some(opened.elapsed()),
+            _ => {}
+        }
+    }
+    let after = goaway.expect("a GOAWAY within 5 s of the last request");
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(3),
+        "GOAWAY after {after:?}, the idle timeout being 1 s"
+    );
+    assert_eq!(backend.requests(), 1, "the request was served first");
+}
