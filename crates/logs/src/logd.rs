@@ -76,6 +76,7 @@ struct Job {
 
 /// Runs logd until SIGTERM or SIGINT; the queue is written out before it returns.
 pub fn run(config: LogdConfig) -> io::Result<()> {
+    crate::metrics::register_all();
     let files = AppFiles::new(&config.dir, config.files.clone())?;
     let watermarks = Watermarks::load(&config.dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

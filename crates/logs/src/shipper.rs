@@ -121,6 +121,7 @@ impl Shipper {
     /// when the spool directory cannot be used or no service address resolves, so a bad
     /// setting is reported at start-up rather than by missing logs.
     pub fn start(config: &ShipConfig) -> std::io::Result<(Self, Batcher)> {
+        crate::metrics::register_all();
         if config.services.is_empty() {
             return Err(std::io::Error::other("no log service given"));
         }

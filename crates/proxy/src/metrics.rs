@@ -6,474 +6,319 @@
 
 #![allow(missing_docs)]
 
-use std::sync::LazyLock;
-
 use prometheus::{
     register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
     register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec,
 };
+use switchyard_metrics::registered;
 
-// A failed registration means the same name was registered twice: a programming error
-// caught by the first test that touches metrics, never a runtime condition.
-#[allow(clippy::expect_used)]
-pub(crate) fn registered<T>(result: prometheus::Result<T>) -> T {
-    result.expect("metric names are unique")
-}
-
-pub(crate) static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
-    registered(register_histogram_vec!(
+switchyard_metrics::declare_metrics! {
+    pub(crate) static REQUEST_DURATION: HistogramVec = registered(register_histogram_vec!(
         "switchyard_request_duration_seconds",
         "Time from request start to the last byte sent, by status class.",
         &["class"],
         vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
-    ))
-});
+    ));
 
-/// [`REQUEST_DURATION`]'s series, one per status class in [`STATUS_CLASSES`]' order: an
-/// answer finds its own by index, where `with_label_values` hashed the label under a lock
-/// on every request.
-pub(crate) static REQUEST_DURATION_BY_CLASS: LazyLock<[Histogram; STATUS_CLASSES.len()]> =
-    LazyLock::new(|| STATUS_CLASSES.map(|class| REQUEST_DURATION.with_label_values(&[class])));
+    /// [`REQUEST_DURATION`]'s series, one per status class in [`STATUS_CLASSES`]' order: an
+    /// answer finds its own by index, where `with_label_values` hashed the label under a lock
+    /// on every request.
+    pub(crate) static REQUEST_DURATION_BY_CLASS: [Histogram; STATUS_CLASSES.len()] =
+        STATUS_CLASSES.map(|class| REQUEST_DURATION.with_label_values(&[class]));
 
-pub(crate) static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static UPSTREAM_ERRORS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_upstream_errors_total",
         "Failed attempts to reach or read from a backend, by app and kind.",
         &["app", "kind"]
-    ))
-});
+    ));
 
-pub(crate) static UPSTREAM_RETRIES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static UPSTREAM_RETRIES: IntCounter = registered(register_int_counter!(
         "switchyard_upstream_retries_total",
         "Attempts retried on another backend."
-    ))
-});
+    ));
 
-pub(crate) static ROUTE_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static ROUTE_CACHE_HITS: IntCounter = registered(register_int_counter!(
         "switchyard_route_cache_hits_total",
         "Route-cache lookups answered from memory (domains and apps)."
-    ))
-});
+    ));
 
-pub(crate) static ROUTE_CACHE_MISSES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static ROUTE_CACHE_MISSES: IntCounter = registered(register_int_counter!(
         "switchyard_route_cache_misses_total",
         "Route-cache lookups that read the store."
-    ))
-});
+    ));
 
-pub(crate) static ROUTE_CACHE_ENTRIES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
-    registered(register_int_gauge_vec!(
+    pub(crate) static ROUTE_CACHE_ENTRIES: IntGaugeVec = registered(register_int_gauge_vec!(
         "switchyard_route_cache_entries",
         "Entries in the route cache, by table (apps, domains).",
         &["table"]
-    ))
-});
+    ));
 
-pub(crate) static ROUTE_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static ROUTE_CHANGES: IntCounter = registered(register_int_counter!(
         "switchyard_route_changes_total",
         "Change events applied to the route cache."
-    ))
-});
+    ));
 
-pub(crate) static ROUTE_RESYNCS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static ROUTE_RESYNCS: IntCounter = registered(register_int_counter!(
         "switchyard_route_resyncs_total",
         "Full revalidations of the route cache after missed change events."
-    ))
-});
+    ));
 
-pub(crate) static STALE_SERVES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static STALE_SERVES: IntCounter = registered(register_int_counter!(
         "switchyard_stale_serves_total",
         "Requests routed from the cache while the store was unreachable."
-    ))
-});
+    ));
 
-pub(crate) static ACTIVE_REQUESTS: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static ACTIVE_REQUESTS: IntGauge = registered(register_int_gauge!(
         "switchyard_active_requests",
         "Requests (including upgraded connections) being proxied now."
-    ))
-});
+    ));
 
-pub(crate) static OPEN_WEBSOCKETS: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static OPEN_WEBSOCKETS: IntGauge = registered(register_int_gauge!(
         "switchyard_open_websockets",
         "Upgraded connections (WebSocket and others) open now."
-    ))
-});
+    ));
 
-pub(crate) static CLIENT_HEAD_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static CLIENT_HEAD_TIMEOUTS: IntCounter = registered(register_int_counter!(
         "switchyard_client_head_timeouts_total",
         "Client connections closed because a request head did not arrive within the header timeout."
-    ))
-});
+    ));
 
-pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: IntCounter = registered(register_int_counter!(
         "switchyard_h2_connections_closed_for_resets_total",
         "HTTP/2 connections closed for cancelling too many streams the router had taken on."
-    ))
-});
+    ));
 
-pub(crate) static DRAINED_CONNECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
-        "switchyard_drained_connections_total",
-        "Upstream connections the router closed, by reason: removed_backend_deadline (the \
-         app's drain.removed_backend_s passed), app_deleted, domain_moved (after \
-         --drain-grace-s).",
-        &["reason"]
-    ))
-});
+    pub(crate) static DRAINED_CONNECTIONS: IntCounterVec = {
+        let drained = registered(register_int_counter_vec!(
+            "switchyard_drained_connections_total",
+            "Upstream connections the router closed, by reason: removed_backend_deadline (the \
+             app's drain.removed_backend_s passed), app_deleted, domain_moved (after \
+             --drain-grace-s).",
+            &["reason"]
+        ));
+        // Every reason at zero from the start, so the first drain shows in a rate().
+        for reason in crate::routing::connections::CloseReason::ALL {
+            drained.with_label_values(&[reason.label()]);
+        }
+        drained
+    };
 
-pub(crate) static UPSTREAM_CONNECTIONS_IN_USE: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static UPSTREAM_CONNECTIONS_IN_USE: IntGauge = registered(register_int_gauge!(
         "switchyard_upstream_connections_in_use",
         "Backend connections serving a request or a WebSocket now (the drain table's size)."
-    ))
-});
+    ));
 
-pub(crate) static CONNECTIONS_TO_REMOVED_BACKENDS: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static CONNECTIONS_TO_REMOVED_BACKENDS: IntGauge = registered(register_int_gauge!(
         "switchyard_connections_to_removed_backends",
         "Backend connections still open to a backend its app no longer lists."
-    ))
-});
+    ));
 
-pub(crate) static HEALTH_TRANSITIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static HEALTH_TRANSITIONS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_health_transitions_total",
         "Backends marked up or down by active health checks, by app and new state.",
         &["app", "state"]
-    ))
-});
+    ));
 
-pub(crate) static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static ACCESS_LOG_DROPPED: IntCounter = registered(register_int_counter!(
         "switchyard_access_log_dropped_total",
         "Access-log records dropped because the writer queue was full."
-    ))
-});
+    ));
 
-pub(crate) static ACCESS_LOG_QUEUE: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static ACCESS_LOG_QUEUE: IntGauge = registered(register_int_gauge!(
         "switchyard_access_log_queue_depth",
         "Access-log records waiting to be written."
-    ))
-});
+    ));
 
-pub(crate) static TLS_HANDSHAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static TLS_HANDSHAKES: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_tls_handshakes_total",
         "TLS handshakes by result: full, resumed, no_certificate (refused: no certificate \
          for the name and no default), store_error (refused: certificate lookup failed).",
         &["result"]
-    ))
-});
+    ));
 
-pub(crate) static CERT_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static CERT_CACHE_HITS: IntCounter = registered(register_int_counter!(
         "switchyard_cert_cache_hits_total",
         "Certificate lookups answered from memory (including cached absences)."
-    ))
-});
+    ));
 
-pub(crate) static CERT_CACHE_MISSES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static CERT_CACHE_MISSES: IntCounter = registered(register_int_counter!(
         "switchyard_cert_cache_misses_total",
         "Certificate lookups that read (and parsed from) the store."
-    ))
-});
+    ));
 
-pub(crate) static CERT_CACHE_ENTRIES: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static CERT_CACHE_ENTRIES: IntGauge = registered(register_int_gauge!(
         "switchyard_cert_cache_entries",
         "Names in the certificate cache (parsed certificates and cached absences)."
-    ))
-});
+    ));
 
-pub(crate) static CERTS_STORED: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static CERTS_STORED: IntGauge = registered(register_int_gauge!(
         "switchyard_certificates_stored",
         "Certificates in the store, as of the last expiry scan."
-    ))
-});
+    ));
 
-pub(crate) static CERTS_EXPIRING_SOON: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static CERTS_EXPIRING_SOON: IntGauge = registered(register_int_gauge!(
         "switchyard_certificates_expiring_soon",
         "Stored certificates expiring within 14 days (or already expired), as of the last scan."
-    ))
-});
+    ));
 
-pub(crate) static TICKET_KEY_ROTATIONS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static TICKET_KEY_ROTATIONS: IntCounter = registered(register_int_counter!(
         "switchyard_tls_ticket_key_rotations_total",
         "TLS session-ticket key rotations."
-    ))
-});
+    ));
 
-/// Registers every metric now, so each is exported (at zero) before its first event.
-pub(crate) static MIRROR_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    /// Registers every metric now, so each is exported (at zero) before its first event.
+    pub(crate) static MIRROR_SENT: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_mirror_sent_total",
         "Mirror copies delivered and answered by a shadow backend, by app and the shadow's status class.",
         &["app", "class"]
-    ))
-});
+    ));
 
-pub(crate) static MIRROR_DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static MIRROR_DROPPED: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_mirror_dropped_total",
         "Mirror copies not sent or not completed, by app and reason (in_flight_limit, body_limit, aborted, error, timeout).",
         &["app", "reason"]
-    ))
-});
+    ));
 
-pub(crate) static MIRROR_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
-    registered(register_int_gauge_vec!(
+    pub(crate) static MIRROR_IN_FLIGHT: IntGaugeVec = registered(register_int_gauge_vec!(
         "switchyard_mirror_in_flight",
         "Mirror copies in progress, by app.",
         &["app"]
-    ))
-});
+    ));
 
-pub(crate) static MIRROR_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
-    registered(register_histogram_vec!(
+    pub(crate) static MIRROR_DURATION: HistogramVec = registered(register_histogram_vec!(
         "switchyard_mirror_duration_seconds",
         "Time from the end of the request body to the shadow's response header, by app.",
         &["app"],
         vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
-    ))
-});
+    ));
 
-pub(crate) static CACHE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static CACHE_REQUESTS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_cache_requests_total",
         "Requests of apps that cache, by app and X-Cache result (HIT, MISS, STALE, BYPASS).",
         &["app", "result"]
-    ))
-});
+    ));
 
-pub(crate) static CACHE_BYTES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
-    registered(register_int_gauge_vec!(
+    pub(crate) static CACHE_BYTES: IntGaugeVec = registered(register_int_gauge_vec!(
         "switchyard_cache_bytes",
         "Bytes of responses held in memory, by app.",
         &["app"]
-    ))
-});
+    ));
 
-pub(crate) static CACHE_STORES: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static CACHE_STORES: IntCounter = registered(register_int_counter!(
         "switchyard_cache_stores_total",
         "Responses stored in the response cache."
-    ))
-});
+    ));
 
-pub(crate) static CACHE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static CACHE_EVICTIONS: IntCounter = registered(register_int_counter!(
         "switchyard_cache_evictions_total",
         "Responses evicted from the response cache to make room."
-    ))
-});
+    ));
 
-pub(crate) static CACHE_REDIS_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static CACHE_REDIS_ERRORS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_cache_redis_errors_total",
         "Cache Redis failures, each served as a miss, by kind (connect, connection, \
          refused, timeout).",
         &["kind"]
-    ))
-});
+    ));
 
-pub(crate) static CACHE_REDIS_WRITES: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static CACHE_REDIS_WRITES: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_cache_redis_writes_total",
         "Responses written to the shared cache Redis, by result (stored, failed, shed: \
          dropped because too many writes were in flight).",
         &["result"]
-    ))
-});
+    ));
 
-pub(crate) static POOL_THREADS: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static POOL_THREADS: IntGauge = registered(register_int_gauge!(
         "switchyard_pool_threads",
         "Worker threads for CPU-bound stages."
-    ))
-});
+    ));
 
-pub(crate) static POOL_QUEUE_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static POOL_QUEUE_DEPTH: IntGauge = registered(register_int_gauge!(
         "switchyard_pool_queue_depth",
         "Tasks waiting for a worker thread."
-    ))
-});
+    ));
 
-const POOL_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-];
-
-pub(crate) static POOL_WAIT: LazyLock<HistogramVec> = LazyLock::new(|| {
-    registered(register_histogram_vec!(
+    pub(crate) static POOL_WAIT: HistogramVec = registered(register_histogram_vec!(
         "switchyard_pool_wait_seconds",
         "Time tasks waited in the worker pool's queue, by stage.",
         &["stage"],
         POOL_BUCKETS.to_vec()
-    ))
-});
+    ));
 
-pub(crate) static POOL_RUN: LazyLock<HistogramVec> = LazyLock::new(|| {
-    registered(register_histogram_vec!(
+    pub(crate) static POOL_RUN: HistogramVec = registered(register_histogram_vec!(
         "switchyard_pool_run_seconds",
         "Time tasks ran on a worker thread, by stage.",
         &["stage"],
         POOL_BUCKETS.to_vec()
-    ))
-});
+    ));
 
-pub(crate) static POOL_REJECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static POOL_REJECTED: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_pool_rejected_total",
         "Tasks refused because the worker pool's queue was full, by stage.",
         &["stage"]
-    ))
-});
+    ));
 
-pub(crate) static POOL_TIMEOUTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static POOL_TIMEOUTS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_pool_timeouts_total",
         "Tasks whose deadline passed before they finished, by stage.",
         &["stage"]
-    ))
-});
+    ));
 
-pub(crate) static WAF_INSPECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static WAF_INSPECTIONS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_waf_requests_total",
         "Requests of apps with a WAF, by app and result (pass, matched, blocked, \
          overload_passed, overload_refused).",
         &["app", "result"]
-    ))
-});
+    ));
 
-pub(crate) static WAF_SPOOL_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static WAF_SPOOL_BYTES: IntGauge = registered(register_int_gauge!(
         "switchyard_waf_spool_bytes",
         "Bytes of request bodies spooled to disk, waiting for the WAF."
-    ))
-});
+    ));
 
-pub(crate) static WAF_SPOOL_BUDGET: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static WAF_SPOOL_BUDGET: IntGauge = registered(register_int_gauge!(
         "switchyard_waf_spool_budget_bytes",
         "Most bytes of request bodies the WAF spool may hold at once (--waf-spool-mb)."
-    ))
-});
+    ));
 
-pub(crate) static WAF_BODY_UNINSPECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static WAF_BODY_UNINSPECTED: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_waf_body_uninspected_total",
         "Requests whose body was not inspected, or only its first max_body_bytes, by app.",
         &["app"]
-    ))
-});
+    ));
 
-pub(crate) static IMAGE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    registered(register_int_counter_vec!(
+    pub(crate) static IMAGE_REQUESTS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_image_requests_total",
         "Image resize requests, by app and result (resized, bad_request, unprocessable, \
          fetch_failed, overloaded).",
         &["app", "result"]
-    ))
-});
+    ));
 
-pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: LazyLock<IntGauge> = LazyLock::new(|| {
-    registered(register_int_gauge!(
+    pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: IntGauge = registered(register_int_gauge!(
         "switchyard_hyper_idle_backend_connections",
         "Idle backend connections kept by the listener's threads (at most 2,048 per \
          thread; a connection finished when the pool is full is closed)."
-    ))
-});
+    ));
 
-pub(crate) static SIDE_IDLE_CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
-    registered(register_int_gauge_vec!(
+    pub(crate) static SIDE_IDLE_CONNECTIONS: IntGaugeVec = registered(register_int_gauge_vec!(
         "switchyard_side_idle_connections",
         "Idle connections kept for requests the router makes itself, by use: copies to \
          shadow backends (mirror, at most 2,048 per thread) and originals for image \
          resizing (images, at most 256 per thread); one finished when the pool is full is \
          closed.",
         &["use"]
-    ))
-});
+    ));
 
-pub(crate) static HYPER_BACKEND_CONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
-    registered(register_int_counter!(
+    pub(crate) static HYPER_BACKEND_CONNECTS: IntCounter = registered(register_int_counter!(
         "switchyard_hyper_backend_connections_opened_total",
         "Backend connections the listener opened."
-    ))
-});
-
-pub(crate) fn register_all() {
-    LazyLock::force(&REQUEST_DURATION);
-    LazyLock::force(&REQUEST_DURATION_BY_CLASS);
-    LazyLock::force(&UPSTREAM_ERRORS);
-    LazyLock::force(&UPSTREAM_RETRIES);
-    LazyLock::force(&ROUTE_CACHE_HITS);
-    LazyLock::force(&ROUTE_CACHE_MISSES);
-    LazyLock::force(&ROUTE_CACHE_ENTRIES);
-    LazyLock::force(&ROUTE_CHANGES);
-    LazyLock::force(&ROUTE_RESYNCS);
-    LazyLock::force(&STALE_SERVES);
-    LazyLock::force(&ACTIVE_REQUESTS);
-    LazyLock::force(&OPEN_WEBSOCKETS);
-    LazyLock::force(&CLIENT_HEAD_TIMEOUTS);
-    LazyLock::force(&H2_CONNECTIONS_CLOSED_FOR_RESETS);
-    for reason in crate::routing::connections::CloseReason::ALL {
-        DRAINED_CONNECTIONS.with_label_values(&[reason.label()]);
-    }
-    LazyLock::force(&UPSTREAM_CONNECTIONS_IN_USE);
-    LazyLock::force(&CONNECTIONS_TO_REMOVED_BACKENDS);
-    LazyLock::force(&HEALTH_TRANSITIONS);
-    LazyLock::force(&ACCESS_LOG_DROPPED);
-    LazyLock::force(&ACCESS_LOG_QUEUE);
-    LazyLock::force(&TLS_HANDSHAKES);
-    LazyLock::force(&CERT_CACHE_HITS);
-    LazyLock::force(&CERT_CACHE_MISSES);
-    LazyLock::force(&CERT_CACHE_ENTRIES);
-    LazyLock::force(&CERTS_STORED);
-    LazyLock::force(&CERTS_EXPIRING_SOON);
-    LazyLock::force(&TICKET_KEY_ROTATIONS);
-    LazyLock::force(&MIRROR_SENT);
-    LazyLock::force(&MIRROR_DROPPED);
-    LazyLock::force(&MIRROR_IN_FLIGHT);
-    LazyLock::force(&MIRROR_DURATION);
-    LazyLock::force(&CACHE_REQUESTS);
-    LazyLock::force(&CACHE_BYTES);
-    LazyLock::force(&CACHE_STORES);
-    LazyLock::force(&CACHE_EVICTIONS);
-    LazyLock::force(&CACHE_REDIS_ERRORS);
-    LazyLock::force(&CACHE_REDIS_WRITES);
-    LazyLock::force(&POOL_THREADS);
-    LazyLock::force(&POOL_QUEUE_DEPTH);
-    LazyLock::force(&POOL_WAIT);
-    LazyLock::force(&POOL_RUN);
-    LazyLock::force(&POOL_REJECTED);
-    LazyLock::force(&POOL_TIMEOUTS);
-    LazyLock::force(&WAF_INSPECTIONS);
-    LazyLock::force(&WAF_BODY_UNINSPECTED);
-    LazyLock::force(&WAF_SPOOL_BYTES);
-    LazyLock::force(&WAF_SPOOL_BUDGET);
-    LazyLock::force(&IMAGE_REQUESTS);
-    LazyLock::force(&HYPER_IDLE_BACKEND_CONNECTIONS);
-    LazyLock::force(&HYPER_BACKEND_CONNECTS);
-    LazyLock::force(&SIDE_IDLE_CONNECTIONS);
+    ));
 }
+
+const POOL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// The `class` label values, in the order [`status_class_index`] numbers them.
 pub(crate) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 
-use crate::metrics::{self, status_class_index, STATUS_CLASSES};
+use crate::metrics::{status_class_index, STATUS_CLASSES};
 
 const NAME: &str = "switchyard_requests_total";
 const HELP: &str = "Requests answered, by app and status class (1xx..5xx).";
@@ -46,7 +46,7 @@ pub(crate) struct RequestCounts {
 pub(crate) static REQUEST_COUNTS: LazyLock<Arc<RequestCounts>> = LazyLock::new(|| {
     let counts = Arc::new(RequestCounts::new());
     let collector = RequestCountsCollector(counts.clone());
-    metrics::registered(prometheus::register(Box::new(collector)));
+    switchyard_metrics::registered(prometheus::register(Box::new(collector)));
     counts
 });
 
