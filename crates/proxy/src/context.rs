@@ -22,6 +22,9 @@ pub(crate) struct RequestCtx {
     pub(crate) request_id: String,
     /// Whether the client connection is TLS.
     pub(crate) tls: bool,
+    /// The body length the request's Content-Length declares, as the framing stage read it;
+    /// `None` for a chunked body or none.
+    pub(crate) declared_length: Option<u64>,
     /// The normalised Host, when it had one.
     pub(crate) host: Option<String>,
     /// The app the Host resolved to.
@@ -53,6 +56,7 @@ impl RequestCtx {
             started: Instant::now(),
             request_id: String::new(),
             tls: false,
+            declared_length: None,
             host: None,
             route: None,
             tried: Vec::new(),

@@ -37,7 +37,7 @@ const CAS_ATTEMPTS: usize = 8;
 /// revision and publishes the event. ARGV: name, app JSON, expected previous JSON or "" for
 /// "any", then the domains. Returns {"ok", event} | {"taken", domain, owner} | {"conflict"}.
 const PUT_APP: &str = r#"
-local p = 'switchyard:'
+local p = '{KEY_PREFIX}'
 local name, json, expected = ARGV[1], ARGV[2], ARGV[3]
 local prev = redis.call('GET', p .. 'app:' .. name)
 if expected ~= '' and prev ~= expected then return {'conflict'} end
@@ -71,7 +71,7 @@ return {'ok', event}
 /// Deletes an app and its domain index entries. ARGV: name. Returns the event, or nil when
 /// the app was absent.
 const DELETE_APP: &str = r#"
-local p = 'switchyard:'
+local p = '{KEY_PREFIX}'
 local name = ARGV[1]
 local prev = redis.call('GET', p .. 'app:' .. name)
 if not prev then return false end
@@ -93,7 +93,7 @@ return event
 /// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON.
 /// Returns 1 when something was written or removed.
 const WRITE_CERT: &str = r#"
-local p = 'switchyard:'
+local p = '{KEY_PREFIX}'
 local domain, full, info = ARGV[1], ARGV[2], ARGV[3]
 if full == '' then
   if redis.call('DEL', p .. 'cert:' .. domain) == 0 then return 0 end
@@ -133,9 +133,9 @@ impl RedisStore {
             changes: Arc::default(),
             healthy: Arc::new(AtomicBool::new(false)),
             unreachable_reported: Arc::new(AtomicBool::new(false)),
-            put_app: Arc::new(Script::new(PUT_APP)),
-            delete_app: Arc::new(Script::new(DELETE_APP)),
-            write_cert: Arc::new(Script::new(WRITE_CERT)),
+            put_app: Arc::new(script(PUT_APP)),
+            delete_app: Arc::new(script(DELETE_APP)),
+            write_cert: Arc::new(script(WRITE_CERT)),
         })
     }
 
@@ -378,6 +378,12 @@ fn parse_event(payload: &str) -> Option<(Change, Option<i64>)> {
     Some((change, revision))
 }
 
+/// A write script with the key prefix written in: the layout's prefix has one source,
+/// [`KEY_PREFIX`], in Rust and in Lua alike.
+fn script(source: &str) -> Script {
+    Script::new(&source.replace("{KEY_PREFIX}", KEY_PREFIX))
+}
+
 fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|e| StoreError::Corrupt {
         key: key.to_string(),
@@ -547,6 +553,19 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_layout_has_one_prefix_in_rust_and_in_lua() {
+        assert_eq!(CHANGES_CHANNEL, format!("{KEY_PREFIX}changes"));
+        assert_eq!(REVISION_KEY, format!("{KEY_PREFIX}revision"));
+        for source in [PUT_APP, DELETE_APP, WRITE_CERT] {
+            assert!(source.contains("local p = '{KEY_PREFIX}'"));
+            assert!(
+                !source.contains("switchyard:"),
+                "written in from KEY_PREFIX"
+            );
+        }
+    }
 
     #[test]
     fn plain_and_tls_urls_are_accepted_without_connecting() {

@@ -53,8 +53,7 @@ pub(super) async fn inspect(
         trailers: None,
     };
     let has_body = !body.incoming.is_end_stream();
-    let declared = waf::declared_length(&head.headers);
-    match waf::body_inspection(ctx.app_name(), &policy, has_body, declared) {
+    match waf::body_inspection(ctx.app_name(), &policy, has_body, ctx.declared_length) {
         BodyInspection::None => {
             go_on(waf::inspect_now(ctx, Some(inspector), policy, request).await)
         }

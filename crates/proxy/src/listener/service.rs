@@ -32,6 +32,7 @@ use crate::forwarded;
 use crate::metrics;
 use crate::respond::{self, LocalAnswer};
 use crate::response_cache::memory::CachedResponse;
+use crate::routing::attempt;
 use crate::stage::cache::{self, AppAnswer, CacheStatus};
 use crate::stage::framing;
 use crate::stage::https;
@@ -40,7 +41,6 @@ use crate::stage::mirror;
 use crate::stage::request_id::request_id;
 use crate::stage::route;
 use crate::stage::static_files::{self, StaticFile};
-use crate::stage::upstream;
 use crate::stage::waf::Endpoints;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
@@ -277,8 +277,9 @@ async fn proxy(
     let Some(incoming) = unread.as_mut() else {
         return failed(false);
     };
-    if let Err(answer) = framing::check_request(&mut head.headers) {
-        return answer.into();
+    match framing::check_request(&mut head.headers) {
+        Ok(length) => ctx.declared_length = length,
+        Err(answer) => return answer.into(),
     }
     let shared = &worker.shared;
     if let Err(answer) = route::route(&head.uri, &head.headers, ctx, &shared.routes).await {
@@ -292,7 +293,7 @@ async fn proxy(
     };
     let body_deadline = shared.client_timeouts.body;
     if head.version == Version::HTTP_2
-        && declares_empty_body(&head.headers)
+        && ctx.declared_length == Some(0)
         && !incoming.is_end_stream()
         && !empty_body_ends(incoming, body_deadline).await
     {
@@ -353,21 +354,21 @@ async fn proxy(
             .failures_into(client_failure.clone()),
     );
     loop {
-        let address = match upstream::begin_attempt(ctx) {
+        let address = match attempt::begin_attempt(ctx) {
             Ok(address) => address,
             Err(answer) => return answer.into(),
         };
         let mut connection = match worker.pool.get(address, connect_timeout).await {
             Ok(connection) => connection,
             Err(failure) => {
-                if upstream::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
+                if attempt::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
                     continue;
                 }
                 return failed(matches!(failure, ConnectFailure::TimedOut));
             }
         };
-        upstream::register_connection(ctx, &shared.connections, connection.socket);
-        let may_retry = repeatable && upstream::attempts_left(ctx);
+        attempt::register_connection(ctx, &shared.connections, connection.socket);
+        let may_retry = repeatable && attempt::attempts_left(ctx);
         let again = || {
             replay
                 .clone()
@@ -386,7 +387,7 @@ async fn proxy(
         let error = match sent.await {
             Ok(Ok(response)) => {
                 let status = response.status().as_u16();
-                upstream::on_response_header(ctx, status);
+                attempt::on_response_header(ctx, status);
                 let verdict =
                     cache::on_app_response(&head.headers, ctx, status, response.headers());
                 if verdict == AppAnswer::StaleStandsIn {
@@ -437,12 +438,6 @@ async fn proxy(
         );
         return failed(false);
     }
-}
-
-fn declares_empty_body(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_LENGTH)
-        .is_some_and(|length| length.as_bytes() == b"0")
 }
 
 /// An HTTP/2 request that declares an empty body but has not ended its stream is held until

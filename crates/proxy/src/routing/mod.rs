@@ -4,6 +4,7 @@
 //! applies the store's change events, and the per-app request counts.
 
 pub(crate) mod app_requests;
+pub(crate) mod attempt;
 pub(crate) mod balancer;
 pub(crate) mod connections;
 pub(crate) mod drain;

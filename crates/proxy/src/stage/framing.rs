@@ -14,14 +14,22 @@ use crate::respond::LocalAnswer;
 
 /// Refuses what cannot be made unambiguous and drops an upgrade the router will not tunnel.
 /// Runs on the request as read, before routing, so later stages see the normalised form.
-pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<(), LocalAnswer> {
+/// Returns the body length the request declares, for the stages after it: `None` for a
+/// chunked body or none at all (hyper has refused a malformed or contradictory length).
+pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<Option<u64>, LocalAnswer> {
     check_codings(headers)?;
     if has_non_websocket_upgrade(headers) {
         for name in NON_WEBSOCKET_UPGRADE_HEADERS {
             headers.remove(name);
         }
     }
-    Ok(())
+    if headers.contains_key(TRANSFER_ENCODING) {
+        return Ok(None);
+    }
+    Ok(headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok()))
 }
 
 fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {
@@ -124,6 +132,23 @@ mod tests {
         let mut request = request_with(&[("content-length", "5"), ("content-length", "5")]);
         normalise_for_backend(&mut request);
         assert_eq!(values(&request, "content-length"), ["5"]);
+    }
+
+    #[test]
+    fn the_declared_length_is_read_once_for_the_stages_after() {
+        for (headers, expected) in [
+            (&[("content-length", "5")][..], Some(5)),
+            (&[("content-length", "0")][..], Some(0)),
+            (&[][..], None),
+            (&[("transfer-encoding", "chunked")][..], None),
+            (
+                &[("transfer-encoding", "chunked"), ("content-length", "5")][..],
+                None,
+            ),
+        ] {
+            let mut request = request_with(headers);
+            assert_eq!(check_request(&mut request), Ok(expected), "{headers:?}");
+        }
     }
 
     #[test]

@@ -24,9 +24,9 @@ use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
 use crate::outbound::{SidePool, Target};
+use crate::routing::attempt;
 use crate::stage::static_files;
 use crate::stage::thumbnail::{self, Encoding, Fit, Resize};
-use crate::stage::upstream;
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.
@@ -387,7 +387,7 @@ async fn from_backend(
     images: &Images,
     path: &str,
 ) -> Result<Original, FetchFailure> {
-    let address = upstream::begin_attempt(ctx).map_err(|answer| {
+    let address = attempt::begin_attempt(ctx).map_err(|answer| {
         FetchFailure::new(
             answer.status(),
             "the app has no reachable container",

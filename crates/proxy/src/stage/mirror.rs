@@ -129,12 +129,10 @@ pub(crate) fn start_copy(
         return None;
     }
     let app = route.app.name.as_str();
-    let declared_length = request
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > mirror.max_body_bytes) {
+    if ctx
+        .declared_length
+        .is_some_and(|length| length > mirror.max_body_bytes)
+    {
         Dropped::BodyLimit.count(app);
         return None;
     }

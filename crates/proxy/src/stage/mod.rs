@@ -12,8 +12,9 @@
 //!    holds what the cache needs to keep the app's answer;
 //! 8. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
 //! 9. `mirror` — a copy starts towards the app's shadow backends, never waited for;
-//! 10. `upstream` — a backend is picked, attempted, retried, marked down; its connection
-//!     entered in the connection table so a deletion can drain it.
+//! 10. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
+//!     backend is picked, attempted, retried, marked down; its connection entered in the
+//!     connection table so a deletion can drain it.
 //!
 //! A stage reads the request and the [`RequestCtx`](crate::context::RequestCtx) and says
 //! whether the request goes on; the listener writes every answer.
@@ -27,5 +28,4 @@ pub(crate) mod request_id;
 pub(crate) mod route;
 pub(crate) mod static_files;
 pub(crate) mod thumbnail;
-pub(crate) mod upstream;
 pub(crate) mod waf;

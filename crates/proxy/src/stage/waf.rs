@@ -294,14 +294,6 @@ fn report_no_waf(app: &str) {
     }
 }
 
-/// The Content-Length a request declares, if a valid one.
-pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-}
-
 /// Disk the spools of all requests may use at once.
 #[derive(Debug)]
 struct SpoolBudget {

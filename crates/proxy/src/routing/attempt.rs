@@ -1,5 +1,7 @@
-//! Stage last-but-one, upstream: pick a backend, tell it who is asking, and decide what a
-//! failure means — mark the backend down, retry elsewhere, or give up.
+//! Attempts at a backend, for the upstream step of a request (`listener/service.rs`) and
+//! for the originals the images stage fetches: pick a backend the request has not tried,
+//! enter its connection in the connection table, and decide what a failure means — mark
+//! the backend down, retry elsewhere within the app's `retries`, or give up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""CPU per request at a constant rate for a few proxies, in alternating rounds: the quick
+check that a change left the cost of a request where it was (the full comparison is
+run.py). Each round runs every target once, in turn, so a slow spell of this shared machine
+falls on all of them; the median of the rounds is reported.
+
+    python3 bench/engines/ab.py nginx switchyard hyper-floor [--rounds 3] [--seconds 10]
+        [--rate 2000] [--scheme http|https]
+
+Targets are run.py's (nginx, haproxy, switchyard, pingora-floor, hyper-floor); the floors
+need `cargo build --release` in bench/engines first. Everything listens on 127.0.0.1 and
+every process is stopped by its PID.
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import run as R  # noqa: E402
+import bench  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="+", choices=sorted(R.PROXIES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--scheme", choices=["http", "https"], default="http")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ab-"))
+    tls = R.make_certificate(work) if args.scheme == "https" else None
+    processes, running = [], {}
+    try:
+        origin, backend, status = R.start_origin(work)
+        processes.append(origin)
+        for target in args.targets:
+            proxy, port = R.PROXIES[target](work, backend, tls=tls)
+            processes.append(proxy)
+            bench.get(port, R.HOST)
+            running[target] = (proxy, port if args.scheme == "http" else proxy.tls_port)
+        measured = {target: [] for target in args.targets}
+        for round_number in range(args.rounds):
+            for target in args.targets:
+                proxy, port = running[target]
+                m = R.constant_rate(proxy, port, status, args.rate, args.seconds, scheme=args.scheme)
+                measured[target].append(m["cpu_us_per_request"])
+                print(f"round {round_number} {target}: {m['cpu_us_per_request']:.1f} µs/request, "
+                      f"p99 {m['p99_ms']:.2f} ms, answered {m['success']:.0%}", flush=True)
+        base = None
+        for target in args.targets:
+            values = sorted(measured[target])
+            median = values[len(values) // 2]
+            base = base or median
+            print(f"{target}: median {median:.1f} µs/request ({median / base:.2f}× {args.targets[0]}), "
+                  f"rounds {', '.join(f'{v:.1f}' for v in measured[target])}")
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+if __name__ == "__main__":
+    main()
