@@ -1,7 +1,7 @@
 //! The admin API refuses bad input with a JSON error naming the field and stores nothing;
 //! auth and start-up checks protect it; the CLI drives it with readable output.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! The response cache end to end: the real router in front of a real backend that counts
 //! what reaches it and sets caching headers on demand.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

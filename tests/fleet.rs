@@ -1,7 +1,7 @@
 //! Fleet mode: routers sharing one real Redis (started here on a free port). Changes reach
 //! every router through Pub/Sub; a Redis outage never takes known routes down.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

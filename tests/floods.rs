@@ -2,7 +2,7 @@
 //! client can write them (CVE-2023-44487, "rapid reset"), and Host headers and TLS server
 //! names that no app owns, each new.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! HTTPS with per-domain certificates chosen by SNI from the store: real TLS handshakes
 //! against the real binary, with certificates generated here, checked by fingerprint.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

@@ -2,7 +2,7 @@
 //! app's static root, resized by the router's worker pool, checked by decoding what comes
 //! back.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::io::{BufRead, BufReader, Cursor, Write};
 use std::net::{SocketAddr, TcpListener};

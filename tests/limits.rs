@@ -1,7 +1,7 @@
 //! Process limits: a router must not refuse connections at the usual soft limit of 1,024
 //! open files when the administrator allowed more.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! they are read still getting their answer. The stages (WAF, cache, images, mirror, static
 //! files) have suites of their own.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

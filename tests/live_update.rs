@@ -3,7 +3,7 @@
 //! (1 s here), and a removed backend's connections end when it closes them, or at the app's
 //! own deadline if it sets one.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::time::{Duration, Instant};
 

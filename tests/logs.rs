@@ -2,7 +2,7 @@
 //! which writes one file per app. Every request is one line in its app's file, through a
 //! `kill -9` of logd, an outage of it, rotation and an external logrotate.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! Traffic mirroring end to end: the real router, a real primary backend and a real shadow
 //! backend that records what it receives, misbehaves on demand, or is down.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::collections::BTreeSet;
 use std::process::Command;

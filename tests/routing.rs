@@ -1,6 +1,6 @@
 //! Requests reach the right app by Host, and failures get the statuses of the contract.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

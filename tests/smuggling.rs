@@ -10,7 +10,7 @@
 //! must never reach the backend as a request of its own, and the next client, whose request
 //! may travel on the same pooled backend connection, must get its own answer.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -2,7 +2,7 @@
 //! sockets of the running one over the data directory's hand-over socket, the old one
 //! (sent SIGQUIT) finishes what it has and exits, and no client sees a failed request.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};

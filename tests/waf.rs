@@ -1,7 +1,7 @@
 //! The WAF end to end: the real router with libmodsecurity and Debian's OWASP Core Rule Set,
 //! in front of a real backend that records what reaches it.
 
-mod support;
+use switchyard_test_support as support;
 
 use std::sync::Arc;
 

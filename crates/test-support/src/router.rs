@@ -46,8 +46,19 @@ impl RouterProcess {
         router
     }
 
-    pub fn binary() -> &'static str {
-        env!("CARGO_BIN_EXE_switchyard")
+    /// The `switchyard` binary under test: `SWITCHYARD_BIN` when set, otherwise the one
+    /// cargo builds beside the test binaries' `deps/` folder for the same profile (cargo
+    /// builds it for the root package's integration tests).
+    pub fn binary() -> PathBuf {
+        if let Some(path) = std::env::var_os("SWITCHYARD_BIN") {
+            return PathBuf::from(path);
+        }
+        let test_binary = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = test_binary
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binaries live in target/PROFILE/deps");
+        profile_dir.join("switchyard")
     }
 
     /// Runs `switchyard serve ARGS`, which must refuse to start; its exit status and stderr.
