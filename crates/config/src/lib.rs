@@ -14,182 +14,245 @@ use switchyard_logs::ShipConfig;
 use switchyard_model::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 use toml::Spanned;
 
-/// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the file.
-#[derive(Args, Debug, Default)]
-pub struct ServeArgs {
-    /// TOML config file.
-    #[arg(long, env = "SWITCHYARD_CONFIG")]
-    config: Option<PathBuf>,
+/// Declares every setting once: its doc (the `--help` text), name (the flag `--name`, the
+/// file key `name`), type and environment variable. From the one list come the command
+/// line ([`ServeArgs`], with `--config`, `--log-to` and `--upgrade`, which are not ordinary
+/// values), the file format (`FileConfig`: the same keys, each with its place in the file),
+/// and `Settings`: each value merged once — flag or environment over file — and carrying its
+/// key and place, so an error names the flag or the file's line.
+macro_rules! settings {
+    ($( $(#[doc = $doc:literal])* $(#[arg($($arg:tt)*)])? $name:ident: $kind:ty = $env:literal; )*) => {
+        /// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the
+        /// file.
+        #[derive(Args, Debug, Default)]
+        pub struct ServeArgs {
+            /// TOML config file.
+            #[arg(long, env = "SWITCHYARD_CONFIG")]
+            config: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, env = $env $(, $($arg)*)?)]
+                $name: Option<$kind>,
+            )*
+            /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat
+            /// for fallbacks, tried in order. Replaces the local access log.
+            #[arg(long = "log-to", env = "SWITCHYARD_LOG_TO", value_delimiter = ',')]
+            log_to: Vec<String>,
+            /// Take over the listening sockets of the router running with the same data
+            /// directory (send it SIGQUIT once this one has logged that it took them over);
+            /// it finishes its requests and exits.
+            #[arg(long)]
+            upgrade: bool,
+        }
+
+        /// The settings as read from the TOML file; spans locate bad values.
+        #[derive(Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        struct FileConfig {
+            log_to: Option<Spanned<Vec<String>>>,
+            $( $name: Option<Spanned<$kind>>, )*
+        }
+
+        /// Every setting, merged from the flags, the environment and the file.
+        struct Settings {
+            upgrade: bool,
+            log_to: Setting<Vec<String>>,
+            $( $name: Setting<$kind>, )*
+        }
+
+        impl Settings {
+            fn merge(args: ServeArgs, file: FileConfig) -> Self {
+                // An empty `--log-to` list is no flag at all: the file's may stand.
+                let log_to = (!args.log_to.is_empty()).then_some(args.log_to);
+                Self {
+                    upgrade: args.upgrade,
+                    log_to: Setting::merge("log_to", log_to, file.log_to),
+                    $( $name: Setting::merge(stringify!($name), args.$name, file.$name), )*
+                }
+            }
+        }
+    };
+}
+
+settings! {
     /// Plain HTTP listener address.
-    #[arg(long, env = "SWITCHYARD_HTTP")]
-    http: Option<String>,
+    http: String = "SWITCHYARD_HTTP";
     /// HTTPS listener address, or `off`.
-    #[arg(long, env = "SWITCHYARD_HTTPS")]
-    https: Option<String>,
+    https: String = "SWITCHYARD_HTTPS";
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
-    #[arg(long, env = "SWITCHYARD_DEFAULT_CERT")]
-    default_cert: Option<PathBuf>,
+    default_cert: PathBuf = "SWITCHYARD_DEFAULT_CERT";
     /// PEM private key of `--default-cert`.
-    #[arg(long, env = "SWITCHYARD_DEFAULT_KEY")]
-    default_key: Option<PathBuf>,
+    default_key: PathBuf = "SWITCHYARD_DEFAULT_KEY";
     /// Port put in HTTP→HTTPS redirects (default: the HTTPS listener's port).
-    #[arg(long, env = "SWITCHYARD_HTTPS_REDIRECT_PORT")]
-    https_redirect_port: Option<u16>,
+    https_redirect_port: u16 = "SWITCHYARD_HTTPS_REDIRECT_PORT";
     /// Most parsed certificates kept in memory.
-    #[arg(long, env = "SWITCHYARD_CERT_CACHE_SIZE")]
-    cert_cache_size: Option<usize>,
+    cert_cache_size: usize = "SWITCHYARD_CERT_CACHE_SIZE";
     /// Seconds between rotations of the TLS session-ticket key (two keys are kept).
-    #[arg(long, env = "SWITCHYARD_TLS_TICKET_ROTATION_S")]
-    tls_ticket_rotation_s: Option<u64>,
+    tls_ticket_rotation_s: u64 = "SWITCHYARD_TLS_TICKET_ROTATION_S";
     /// Seconds between scans counting certificates that expire soon.
-    #[arg(long, env = "SWITCHYARD_CERT_EXPIRY_SCAN_S")]
-    cert_expiry_scan_s: Option<u64>,
+    cert_expiry_scan_s: u64 = "SWITCHYARD_CERT_EXPIRY_SCAN_S";
     /// Admin API address.
-    #[arg(long, env = "SWITCHYARD_ADMIN")]
-    admin: Option<String>,
+    admin: String = "SWITCHYARD_ADMIN";
     /// Directory of the embedded store.
-    #[arg(long, env = "SWITCHYARD_DATA_DIR")]
-    data_dir: Option<PathBuf>,
+    data_dir: PathBuf = "SWITCHYARD_DATA_DIR";
     /// `embedded`, or `redis://HOST:PORT/DB` for a fleet.
-    #[arg(long, env = "SWITCHYARD_STORE")]
-    store: Option<String>,
+    store: String = "SWITCHYARD_STORE";
     /// Bearer token required by every admin call but /healthz.
-    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
+    #[arg(hide_env_values = true)]
+    admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
     /// Access log: `stdout`, `off`, or a file path.
-    #[arg(long, env = "SWITCHYARD_ACCESS_LOG")]
-    access_log: Option<String>,
+    access_log: String = "SWITCHYARD_ACCESS_LOG";
     /// Worker threads for the proxy (default: number of cores).
-    #[arg(long, env = "SWITCHYARD_THREADS")]
-    threads: Option<usize>,
+    threads: usize = "SWITCHYARD_THREADS";
     /// Seconds the connections of a deleted app, or of a domain moved to another app, go on
     /// before they are closed (a backend removed from an app keeps its connections).
-    #[arg(long, env = "SWITCHYARD_DRAIN_GRACE_S")]
-    drain_grace_s: Option<u64>,
+    drain_grace_s: u64 = "SWITCHYARD_DRAIN_GRACE_S";
     /// Seconds in-flight requests get to finish after SIGTERM.
-    #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_S")]
-    shutdown_grace_s: Option<u64>,
+    shutdown_grace_s: u64 = "SWITCHYARD_SHUTDOWN_GRACE_S";
     /// Seconds a client has to send a whole request head (HTTP/1.1) before its connection is
     /// closed.
-    #[arg(long, env = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S")]
-    client_header_timeout_s: Option<u64>,
+    client_header_timeout_s: u64 = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S";
     /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
-    #[arg(long, env = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S")]
-    client_idle_timeout_s: Option<u64>,
+    client_idle_timeout_s: u64 = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S";
     /// Seconds the router waits for each piece of an HTTP/1.1 request body before it closes
     /// the connection (408). Not applied to WebSockets.
-    #[arg(long, env = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S")]
-    client_body_timeout_s: Option<u64>,
+    client_body_timeout_s: u64 = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S";
     /// Seconds a client may take to accept each piece (at most 64 KiB) of a response before the
     /// router closes the connection.
-    #[arg(long, env = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S")]
-    client_send_timeout_s: Option<u64>,
-    /// Take over the listening sockets of the router running with the same data directory
-    /// (send it SIGQUIT once this one is started); it drains and exits.
-    #[arg(long)]
-    upgrade: bool,
+    client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S";
     /// Most apps kept in the in-process route cache.
-    #[arg(long, env = "SWITCHYARD_ROUTE_CACHE_APPS")]
-    route_cache_apps: Option<usize>,
+    route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS";
     /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
     /// reserved from it).
-    #[arg(long, env = "SWITCHYARD_CACHE_MEMORY_MB")]
-    cache_memory_mb: Option<u64>,
+    cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB";
     /// Redis of the response cache (redis://HOST:PORT/DB): apps with a Redis cache store.
     /// Keep it apart from the route store: a cache Redis evicts (allkeys-lru).
-    #[arg(long, env = "SWITCHYARD_CACHE_REDIS")]
-    cache_redis: Option<String>,
+    cache_redis: String = "SWITCHYARD_CACHE_REDIS";
     /// Deadline of one cache Redis lookup, in milliseconds; slower is a miss.
-    #[arg(long, env = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS")]
-    cache_redis_timeout_ms: Option<u64>,
+    cache_redis_timeout_ms: u64 = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS";
     /// Deadline of one Redis call (and of connecting), in milliseconds.
-    #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT_MS")]
-    redis_timeout_ms: Option<u64>,
+    redis_timeout_ms: u64 = "SWITCHYARD_REDIS_TIMEOUT_MS";
     /// `on` (default): load the OWASP Core Rule Set for apps with a `waf` option, refusing to
     /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
-    #[arg(long, env = "SWITCHYARD_WAF")]
-    waf: Option<String>,
+    waf: String = "SWITCHYARD_WAF";
     /// The platform's own ModSecurity rules and CRS exclusions, included after the CRS
     /// (reloaded with `POST /v1/waf/reload`).
-    #[arg(long, env = "SWITCHYARD_WAF_RULES")]
-    waf_rules: Option<String>,
+    waf_rules: String = "SWITCHYARD_WAF_RULES";
     /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
     /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
-    #[arg(long, env = "SWITCHYARD_WAF_SPOOL_MB")]
-    waf_spool_mb: Option<u64>,
+    waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB";
     /// Threads for CPU-bound stages such as the WAF (default: number of cores).
-    #[arg(long, env = "SWITCHYARD_POOL_THREADS")]
-    pool_threads: Option<usize>,
+    pool_threads: usize = "SWITCHYARD_POOL_THREADS";
     /// Most tasks waiting for those threads; more are refused at once.
-    #[arg(long, env = "SWITCHYARD_POOL_QUEUE")]
-    pool_queue: Option<usize>,
+    pool_queue: usize = "SWITCHYARD_POOL_QUEUE";
     /// `threads` (default), or `inline`: CPU-heavy stages run on the event loop that took
     /// the request. Only for measuring what the pool saves (bench/bench_waf.py,
     /// bench/bench_images.py); never for serving.
-    #[arg(long, env = "SWITCHYARD_POOL_MODE")]
-    pool_mode: Option<String>,
-    /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat for
-    /// fallbacks, tried in order. Replaces the local access log.
-    #[arg(long = "log-to", env = "SWITCHYARD_LOG_TO", value_delimiter = ',')]
-    log_to: Vec<String>,
+    pool_mode: String = "SWITCHYARD_POOL_MODE";
     /// Largest access-log batch in KiB (at most 64).
-    #[arg(long, env = "SWITCHYARD_LOG_BATCH_KB")]
-    log_batch_kb: Option<usize>,
+    log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB";
     /// Longest a record waits for its batch to fill, in milliseconds.
-    #[arg(long, env = "SWITCHYARD_LOG_BATCH_DELAY_MS")]
-    log_batch_delay_ms: Option<u64>,
+    log_batch_delay_ms: u64 = "SWITCHYARD_LOG_BATCH_DELAY_MS";
     /// Memory for batches waiting for the log service, in MiB; past it they spool to disk.
-    #[arg(long, env = "SWITCHYARD_LOG_BUFFER_MB")]
-    log_buffer_mb: Option<usize>,
+    log_buffer_mb: usize = "SWITCHYARD_LOG_BUFFER_MB";
     /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
-    #[arg(long, env = "SWITCHYARD_LOG_SPOOL_DIR")]
-    log_spool_dir: Option<PathBuf>,
+    log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
     /// Most disk the spool may use, in MiB; past it records are dropped and counted.
-    #[arg(long, env = "SWITCHYARD_LOG_SPOOL_MB")]
-    log_spool_mb: Option<u64>,
+    log_spool_mb: u64 = "SWITCHYARD_LOG_SPOOL_MB";
 }
 
-/// The same settings as read from the TOML file; spans locate bad values.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    http: Option<Spanned<String>>,
-    https: Option<Spanned<String>>,
-    default_cert: Option<PathBuf>,
-    default_key: Option<PathBuf>,
-    https_redirect_port: Option<u16>,
-    cert_cache_size: Option<Spanned<usize>>,
-    tls_ticket_rotation_s: Option<Spanned<u64>>,
-    cert_expiry_scan_s: Option<Spanned<u64>>,
-    admin: Option<Spanned<String>>,
-    data_dir: Option<PathBuf>,
-    store: Option<Spanned<String>>,
-    admin_token: Option<String>,
-    access_log: Option<String>,
-    threads: Option<Spanned<usize>>,
-    drain_grace_s: Option<u64>,
-    shutdown_grace_s: Option<u64>,
-    client_header_timeout_s: Option<Spanned<u64>>,
-    client_idle_timeout_s: Option<Spanned<u64>>,
-    client_body_timeout_s: Option<Spanned<u64>>,
-    client_send_timeout_s: Option<Spanned<u64>>,
-    route_cache_apps: Option<Spanned<usize>>,
-    cache_memory_mb: Option<Spanned<u64>>,
-    cache_redis: Option<Spanned<String>>,
-    cache_redis_timeout_ms: Option<Spanned<u64>>,
-    redis_timeout_ms: Option<Spanned<u64>>,
-    waf: Option<Spanned<String>>,
-    waf_rules: Option<String>,
-    waf_spool_mb: Option<Spanned<u64>>,
-    pool_threads: Option<Spanned<usize>>,
-    pool_queue: Option<Spanned<usize>>,
-    pool_mode: Option<Spanned<String>>,
-    log_to: Option<Spanned<Vec<String>>>,
-    log_batch_kb: Option<Spanned<usize>>,
-    log_batch_delay_ms: Option<Spanned<u64>>,
-    log_buffer_mb: Option<Spanned<usize>>,
-    log_spool_dir: Option<PathBuf>,
-    log_spool_mb: Option<Spanned<u64>>,
+/// A place in the config file's text.
+type Span = std::ops::Range<usize>;
+
+/// One setting after merging: the flag or environment value if given, else the file's (with
+/// its place, for errors), else none.
+struct Setting<T> {
+    key: &'static str,
+    value: Option<T>,
+    span: Option<Span>,
+}
+
+impl<T> Setting<T> {
+    fn merge(key: &'static str, flag: Option<T>, file: Option<Spanned<T>>) -> Self {
+        let (value, span) = match (flag, file) {
+            (Some(value), _) => (Some(value), None),
+            (None, Some(spanned)) => {
+                let span = spanned.span();
+                (Some(spanned.into_inner()), Some(span))
+            }
+            (None, None) => (None, None),
+        };
+        Self { key, value, span }
+    }
+
+    /// Where the value was given, for an error: the flag, or the file's line.
+    fn at(&self, source: &Source<'_>) -> String {
+        source.at(self.span.clone(), self.key)
+    }
+
+    fn or(self, default: T) -> T {
+        self.value.unwrap_or(default)
+    }
+}
+
+impl<T: PartialEq + From<u8>> Setting<T> {
+    /// The value, refused when zero; `default` when not given.
+    fn at_least_one(self, source: &Source<'_>, default: T) -> anyhow::Result<T> {
+        match &self.value {
+            Some(n) if *n == T::from(0) => bail!("{}: must be at least 1", self.at(source)),
+            _ => Ok(self.or(default)),
+        }
+    }
+}
+
+impl Setting<u64> {
+    /// A size given in MiB (at least one), in bytes.
+    fn mebibytes(self, source: &Source<'_>, default_mib: u64) -> anyhow::Result<u64> {
+        Ok(self
+            .at_least_one(source, default_mib)?
+            .saturating_mul(1 << 20))
+    }
+
+    /// A duration given in whole seconds, at least one.
+    fn seconds(self, source: &Source<'_>, default: u64) -> anyhow::Result<Duration> {
+        Ok(Duration::from_secs(self.at_least_one(source, default)?))
+    }
+
+    /// A duration given in milliseconds, at least one.
+    fn millis(self, source: &Source<'_>, default: u64) -> anyhow::Result<Duration> {
+        Ok(Duration::from_millis(self.at_least_one(source, default)?))
+    }
+}
+
+impl Setting<String> {
+    /// An `ip:port` address, `default` when not given.
+    fn address(self, source: &Source<'_>, default: &str) -> anyhow::Result<SocketAddr> {
+        let text = self.value.as_deref().unwrap_or(default);
+        text.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
+                source.at(self.span.clone(), self.key)
+            )
+        })
+    }
+
+    /// Which of `choices` (text, meaning) the value names; the first when not given.
+    fn choice<C: Copy>(self, source: &Source<'_>, choices: &[(&str, C)]) -> anyhow::Result<C> {
+        let Some(text) = self.value.as_deref() else {
+            return Ok(choices[0].1);
+        };
+        match choices.iter().find(|(name, _)| *name == text) {
+            Some((_, meaning)) => Ok(*meaning),
+            None => {
+                let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
+                bail!(
+                    "{}: '{text}' is not one of {}",
+                    source.at(self.span.clone(), self.key),
+                    names.join(", ")
+                )
+            }
+        }
+    }
 }
 
 /// Which store holds the routes.
@@ -323,7 +386,10 @@ impl Config {
                     .with_context(|| format!("cannot read config file {}", path.display()))?;
                 Self::resolve_with_file(args, &path, &text)
             }
-            None => Self::resolve_sources(args, FileConfig::default(), Source { file: None }),
+            None => Self::resolve_settings(
+                Settings::merge(args, FileConfig::default()),
+                &Source { file: None },
+            ),
         }
     }
 
@@ -332,313 +398,175 @@ impl Config {
     pub fn resolve_with_file(args: ServeArgs, path: &Path, text: &str) -> anyhow::Result<Self> {
         let file: FileConfig = toml::from_str(text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-        Self::resolve_sources(
-            args,
-            file,
-            Source {
+        Self::resolve_settings(
+            Settings::merge(args, file),
+            &Source {
                 file: Some((path, text)),
             },
         )
     }
 
-    fn resolve_sources(
-        args: ServeArgs,
-        file: FileConfig,
-        source: Source<'_>,
-    ) -> anyhow::Result<Self> {
-        // Read before the fields below are taken out of `args` and `file`.
-        let data_dir = args
-            .data_dir
-            .clone()
-            .or(file.data_dir.clone())
-            .unwrap_or_else(|| PathBuf::from("./switchyard-data"));
-        let access_log = access_log_choice(&source, &args, &file, &data_dir)?;
-
-        let http = address(&source, "http", args.http, file.http, "0.0.0.0:8080")?;
-        let admin = address(&source, "admin", args.admin, file.admin, "127.0.0.1:8081")?;
-        let https = match pick(args.https, file.https) {
-            Some((value, _)) if value == "off" => None,
-            given => Some(parse_address(&source, "https", given, "0.0.0.0:8443")?),
+    /// Every default and every check, in one place.
+    fn resolve_settings(settings: Settings, source: &Source<'_>) -> anyhow::Result<Self> {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let data_dir = settings.data_dir.or(PathBuf::from("./switchyard-data"));
+        let http = settings.http.address(source, "0.0.0.0:8080")?;
+        let admin = settings.admin.address(source, "127.0.0.1:8081")?;
+        let https = match settings.https.value.as_deref() {
+            Some("off") => None,
+            _ => Some(settings.https.address(source, "0.0.0.0:8443")?),
         };
         let tls = TlsConfig {
-            default_cert: match (
-                args.default_cert.or(file.default_cert),
-                args.default_key.or(file.default_key),
-            ) {
+            default_cert: match (settings.default_cert.value, settings.default_key.value) {
                 (Some(cert), Some(key)) => Some((cert, key)),
                 (None, None) => None,
                 _ => bail!("default_cert and default_key must be given together"),
             },
-            redirect_port: args
+            redirect_port: settings
                 .https_redirect_port
-                .or(file.https_redirect_port)
+                .value
                 .or(https.map(|a| a.port())),
-            cert_cache_size: at_least_one(
-                &source,
-                "cert_cache_size",
-                args.cert_cache_size,
-                file.cert_cache_size,
-                10_000,
-            )?,
-            ticket_rotation: Duration::from_secs(at_least_one(
-                &source,
-                "tls_ticket_rotation_s",
-                args.tls_ticket_rotation_s,
-                file.tls_ticket_rotation_s,
-                3600,
-            )?),
-            expiry_scan: Duration::from_secs(at_least_one(
-                &source,
-                "cert_expiry_scan_s",
-                args.cert_expiry_scan_s,
-                file.cert_expiry_scan_s,
-                300,
-            )?),
+            cert_cache_size: settings.cert_cache_size.at_least_one(source, 10_000)?,
+            ticket_rotation: settings.tls_ticket_rotation_s.seconds(source, 3600)?,
+            expiry_scan: settings.cert_expiry_scan_s.seconds(source, 300)?,
         };
-        let store = match pick(args.store, file.store) {
-            None => StoreChoice::Embedded,
-            Some((value, _)) if value == "embedded" => StoreChoice::Embedded,
-            Some((value, _)) if value.starts_with("redis://") || value.starts_with("rediss://") => {
-                let timeout = Duration::from_millis(at_least_one(
-                    &source,
-                    "redis_timeout_ms",
-                    args.redis_timeout_ms,
-                    file.redis_timeout_ms,
-                    500,
-                )?);
+        let redis_timeout = settings.redis_timeout_ms.millis(source, 500)?;
+        let store = match settings.store.value.as_deref() {
+            None | Some("embedded") => StoreChoice::Embedded,
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 StoreChoice::Redis {
-                    url: with_password(&value, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
-                    timeout,
+                    url: with_password(url, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
+                    timeout: redis_timeout,
                 }
             }
-            Some((value, span)) => bail!(
-                "{}: '{value}' is not a store; use `embedded` or `redis://HOST:PORT/DB`",
-                source.at(span, "store")
+            Some(other) => bail!(
+                "{}: '{other}' is not a store; use `embedded` or `redis://HOST:PORT/DB`",
+                settings.store.at(source)
             ),
         };
-        let admin_token = args
-            .admin_token
-            .or(file.admin_token)
-            .filter(|t| !t.is_empty());
+        let admin_token = settings.admin_token.value.filter(|t| !t.is_empty());
         if admin_token.is_none() && !admin.ip().is_loopback() {
             bail!(
                 "the admin API on {admin} would be reachable from other hosts without a token; \
                  set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
             );
         }
-        let threads = match pick(args.threads, file.threads) {
-            Some((0, span)) => bail!("{}: must be at least 1", source.at(span, "threads")),
-            Some((n, _)) => n,
-            None => std::thread::available_parallelism().map_or(2, usize::from),
-        };
-        let route_cache_apps = at_least_one(
-            &source,
-            "route_cache_apps",
-            args.route_cache_apps,
-            file.route_cache_apps,
-            100_000,
-        )?;
-        let cache_memory_bytes = mebibytes(
-            &source,
-            "cache_memory_mb",
-            args.cache_memory_mb,
-            file.cache_memory_mb,
-            256,
-        )?;
-        let cache_redis_timeout = Duration::from_millis(at_least_one(
-            &source,
-            "cache_redis_timeout_ms",
-            args.cache_redis_timeout_ms,
-            file.cache_redis_timeout_ms,
-            50,
-        )?);
-        let cache_redis = match pick(args.cache_redis, file.cache_redis) {
-            Some((url, span)) => {
-                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                    bail!(
-                        "{}: must be a redis:// or rediss:// URL",
-                        source.at(span, "cache_redis")
-                    );
-                }
-                Some((url, cache_redis_timeout))
-            }
+        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis(source, 50)?;
+        let cache_redis = match settings.cache_redis.value.as_deref() {
+            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => bail!(
+                "{}: must be a redis:// or rediss:// URL",
+                settings.cache_redis.at(source)
+            ),
+            Some(url) => Some((url.to_string(), cache_redis_timeout)),
             None => None,
         };
-        let waf = match pick(args.waf, file.waf) {
-            None => true,
-            Some((value, _)) if value == "on" => true,
-            Some((value, _)) if value == "off" => false,
-            Some((value, span)) => {
-                bail!("{}: '{value}' is not `on` or `off`", source.at(span, "waf"))
-            }
-        };
-        let pool_threads = at_least_one(
-            &source,
-            "pool_threads",
-            args.pool_threads,
-            file.pool_threads,
-            std::thread::available_parallelism().map_or(2, usize::from),
+        let access_log = access_log_choice(
+            source,
+            settings.access_log,
+            settings.log_to,
+            ShipSettings {
+                batch_kb: settings.log_batch_kb,
+                batch_delay_ms: settings.log_batch_delay_ms,
+                buffer_mb: settings.log_buffer_mb,
+                spool_dir: settings.log_spool_dir,
+                spool_mb: settings.log_spool_mb,
+            },
+            &data_dir,
         )?;
-        let pool_queue = at_least_one(
-            &source,
-            "pool_queue",
-            args.pool_queue,
-            file.pool_queue,
-            1024,
-        )?;
-        let pool_inline = match pick(args.pool_mode, file.pool_mode) {
-            None => false,
-            Some((value, _)) if value == "threads" => false,
-            Some((value, _)) if value == "inline" => true,
-            Some((value, span)) => {
-                bail!(
-                    "{}: '{value}' is not `threads` or `inline`",
-                    source.at(span, "pool_mode")
-                )
-            }
-        };
         Ok(Self {
             http,
             https,
             tls,
             admin,
-            data_dir,
             store,
             admin_token,
             access_log,
-            threads,
-            drain_grace: Duration::from_secs(
-                args.drain_grace_s.or(file.drain_grace_s).unwrap_or(30),
-            ),
-            shutdown_grace: Duration::from_secs(
-                args.shutdown_grace_s
-                    .or(file.shutdown_grace_s)
-                    .unwrap_or(10),
-            ),
+            threads: settings.threads.at_least_one(source, cores)?,
+            drain_grace: settings.drain_grace_s.seconds(source, 30)?,
+            // Zero is allowed: a router asked to stop at once (a benchmark's).
+            shutdown_grace: Duration::from_secs(settings.shutdown_grace_s.or(10)),
             client_timeouts: ClientTimeouts {
-                header: client_deadline(
-                    &source,
-                    "client_header_timeout_s",
-                    args.client_header_timeout_s,
-                    file.client_header_timeout_s,
-                )?,
-                idle: client_deadline(
-                    &source,
-                    "client_idle_timeout_s",
-                    args.client_idle_timeout_s,
-                    file.client_idle_timeout_s,
-                )?,
-                body: client_deadline(
-                    &source,
-                    "client_body_timeout_s",
-                    args.client_body_timeout_s,
-                    file.client_body_timeout_s,
-                )?,
-                send: client_deadline(
-                    &source,
-                    "client_send_timeout_s",
-                    args.client_send_timeout_s,
-                    file.client_send_timeout_s,
-                )?,
+                header: settings
+                    .client_header_timeout_s
+                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
+                idle: settings
+                    .client_idle_timeout_s
+                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
+                body: settings
+                    .client_body_timeout_s
+                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
+                send: settings
+                    .client_send_timeout_s
+                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
             },
-            upgrade: args.upgrade,
-            route_cache_apps,
-            cache_memory_bytes,
+            upgrade: settings.upgrade,
+            route_cache_apps: settings.route_cache_apps.at_least_one(source, 100_000)?,
+            cache_memory_bytes: settings.cache_memory_mb.mebibytes(source, 256)?,
             cache_redis,
-            waf,
-            waf_rules: args.waf_rules.or(file.waf_rules),
-            waf_spool_bytes: mebibytes(
-                &source,
-                "waf_spool_mb",
-                args.waf_spool_mb,
-                file.waf_spool_mb,
-                1024,
-            )?,
-            pool_threads,
-            pool_queue,
-            pool_inline,
+            waf: settings
+                .waf
+                .choice(source, &[("on", true), ("off", false)])?,
+            waf_rules: settings.waf_rules.value,
+            waf_spool_bytes: settings.waf_spool_mb.mebibytes(source, 1024)?,
+            pool_threads: settings.pool_threads.at_least_one(source, cores)?,
+            pool_queue: settings.pool_queue.at_least_one(source, 1024)?,
+            pool_inline: settings
+                .pool_mode
+                .choice(source, &[("threads", false), ("inline", true)])?,
+            data_dir,
         })
     }
+}
+
+/// The settings of shipping access logs to log services.
+struct ShipSettings {
+    batch_kb: Setting<usize>,
+    batch_delay_ms: Setting<u64>,
+    buffer_mb: Setting<usize>,
+    spool_dir: Setting<PathBuf>,
+    spool_mb: Setting<u64>,
 }
 
 /// A local access log, or shipping to log services: one or the other, so that where lines
 /// end up is never ambiguous.
 fn access_log_choice(
     source: &Source<'_>,
-    args: &ServeArgs,
-    file: &FileConfig,
+    local: Setting<String>,
+    log_to: Setting<Vec<String>>,
+    ship: ShipSettings,
     data_dir: &Path,
 ) -> anyhow::Result<AccessLogChoice> {
-    let local = args.access_log.clone().or(file.access_log.clone());
-    let services = if args.log_to.is_empty() {
-        pick(None, file.log_to.clone())
-    } else {
-        Some((args.log_to.clone(), None))
+    let services = match log_to.value.as_deref() {
+        Some(services) if !services.is_empty() => services.to_vec(),
+        _ => return Ok(AccessLogChoice::Local(local.or("stdout".into()))),
     };
-    let Some((services, span)) = services.filter(|(s, _)| !s.is_empty()) else {
-        return Ok(AccessLogChoice::Local(
-            local.unwrap_or_else(|| "stdout".into()),
-        ));
-    };
-    if local.is_some() {
+    if local.value.is_some() {
         bail!(
             "{}: access logs go either to log services or to access_log; remove one",
-            source.at(span, "log_to")
+            log_to.at(source)
         );
     }
     for service in &services {
         let port = service.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
         if !matches!(port, Some(Ok(p)) if p > 0) {
-            bail!(
-                "{}: '{service}' is not HOST:PORT",
-                source.at(span.clone(), "log_to")
-            );
+            bail!("{}: '{service}' is not HOST:PORT", log_to.at(source));
         }
     }
-    let batch_kb = at_least_one(
-        source,
-        "log_batch_kb",
-        args.log_batch_kb,
-        file.log_batch_kb.clone(),
-        64,
-    )?;
+    let batch_kb_at = ship.batch_kb.at(source);
+    let batch_kb = ship.batch_kb.at_least_one(source, 64)?;
     if batch_kb > 64 {
-        let span = file.log_batch_kb.as_ref().map(Spanned::span);
-        bail!(
-            "{}: at most 64 (KiB per batch)",
-            source.at(span.filter(|_| args.log_batch_kb.is_none()), "log_batch_kb")
-        );
+        bail!("{batch_kb_at}: at most 64 (KiB per batch)");
     }
     Ok(AccessLogChoice::Ship(ShipConfig {
         services,
         batch_bytes: batch_kb * 1024,
-        batch_delay: Duration::from_millis(at_least_one(
-            source,
-            "log_batch_delay_ms",
-            args.log_batch_delay_ms,
-            file.log_batch_delay_ms.clone(),
-            200,
-        )?),
-        buffer_bytes: at_least_one(
-            source,
-            "log_buffer_mb",
-            args.log_buffer_mb,
-            file.log_buffer_mb.clone(),
-            16,
-        )?
-        .saturating_mul(1 << 20),
-        spool_dir: args
-            .log_spool_dir
-            .clone()
-            .or(file.log_spool_dir.clone())
-            .unwrap_or_else(|| data_dir.join("log-spool")),
-        spool_bytes: mebibytes(
-            source,
-            "log_spool_mb",
-            args.log_spool_mb,
-            file.log_spool_mb.clone(),
-            1024,
-        )?,
+        batch_delay: ship.batch_delay_ms.millis(source, 200)?,
+        buffer_bytes: ship
+            .buffer_mb
+            .at_least_one(source, 16)?
+            .saturating_mul(1 << 20),
+        spool_dir: ship.spool_dir.or(data_dir.join("log-spool")),
+        spool_bytes: ship.spool_mb.mebibytes(source, 1024)?,
     }))
 }
 
@@ -668,84 +596,6 @@ fn with_password(url: &str, password: Option<String>) -> String {
         })
         .collect();
     format!("{scheme}://:{encoded}@{rest}")
-}
-
-/// The flag/env value if given, else the file's value with its span.
-fn pick<T>(
-    flag: Option<T>,
-    file: Option<Spanned<T>>,
-) -> Option<(T, Option<std::ops::Range<usize>>)> {
-    match (flag, file) {
-        (Some(value), _) => Some((value, None)),
-        (None, Some(spanned)) => {
-            let span = spanned.span();
-            Some((spanned.into_inner(), Some(span)))
-        }
-        (None, None) => None,
-    }
-}
-
-fn at_least_one<T: PartialEq + From<u8>>(
-    source: &Source<'_>,
-    key: &str,
-    flag: Option<T>,
-    file: Option<Spanned<T>>,
-    default: T,
-) -> anyhow::Result<T> {
-    match pick(flag, file) {
-        Some((n, span)) if n == T::from(0) => {
-            bail!("{}: must be at least 1", source.at(span, key))
-        }
-        Some((n, _)) => Ok(n),
-        None => Ok(default),
-    }
-}
-
-/// A size given in MiB (at least one), in bytes.
-fn mebibytes(
-    source: &Source<'_>,
-    key: &str,
-    flag: Option<u64>,
-    file: Option<Spanned<u64>>,
-    default_mib: u64,
-) -> anyhow::Result<u64> {
-    Ok(at_least_one(source, key, flag, file, default_mib)?.saturating_mul(1 << 20))
-}
-
-/// One of the client deadlines, in whole seconds: at least one, 60 unless given.
-fn client_deadline(
-    source: &Source<'_>,
-    key: &str,
-    flag: Option<u64>,
-    file: Option<Spanned<u64>>,
-) -> anyhow::Result<Duration> {
-    let seconds = at_least_one(source, key, flag, file, DEFAULT_CLIENT_TIMEOUT_S)?;
-    Ok(Duration::from_secs(seconds))
-}
-
-fn address(
-    source: &Source<'_>,
-    key: &str,
-    flag: Option<String>,
-    file: Option<Spanned<String>>,
-    default: &str,
-) -> anyhow::Result<SocketAddr> {
-    parse_address(source, key, pick(flag, file), default)
-}
-
-fn parse_address(
-    source: &Source<'_>,
-    key: &str,
-    given: Option<(String, Option<std::ops::Range<usize>>)>,
-    default: &str,
-) -> anyhow::Result<SocketAddr> {
-    let (text, span) = given.unwrap_or_else(|| (default.to_string(), None));
-    text.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
-            source.at(span, key)
-        )
-    })
 }
 
 #[cfg(test)]
@@ -814,6 +664,14 @@ mod tests {
             err.to_string().contains("line 3: client_send_timeout_s"),
             "{err}"
         );
+        // Every setting is checked alike now: a zero drain grace was taken silently.
+        let err = with_file("\ndrain_grace_s = 0\n").expect_err("no drain grace");
+        assert!(err.to_string().contains("line 2: drain_grace_s"), "{err}");
+        let err = with_file("waf = \"maybe\"\n").expect_err("unknown waf mode");
+        assert!(err.to_string().contains("line 1: waf"), "{err}");
+        assert!(err.to_string().contains("`on`, `off`"), "{err}");
+        let config = with_file("shutdown_grace_s = 0\n").expect("stopping at once is allowed");
+        assert_eq!(config.shutdown_grace, Duration::ZERO);
         let config = with_file("pool_mode = \"inline\"\nwaf_spool_mb = 2\n").expect("valid");
         assert!(config.pool_inline);
         assert_eq!(config.waf_spool_bytes, 2 << 20);
