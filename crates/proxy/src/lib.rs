@@ -11,6 +11,7 @@
 //! the client for the router's own requests (`outbound`).
 
 mod access_log;
+mod app_files;
 mod connection;
 mod context;
 mod forwarded;

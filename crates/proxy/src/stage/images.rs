@@ -20,12 +20,12 @@ use switchyard_model::Images;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::app_files;
 use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
 use crate::outbound::{SidePool, Target};
 use crate::routing::attempt;
-use crate::stage::static_files;
 use crate::stage::thumbnail::{self, Encoding, Fit, Resize};
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
@@ -349,11 +349,11 @@ async fn from_static_root(
     let Some(root) = ctx.route.as_ref().and_then(|r| r.app.static_root.clone()) else {
         return Ok(None);
     };
-    let Some(relative) = static_files::relative_path(path) else {
+    let Some(relative) = app_files::relative_path(path) else {
         return Ok(None);
     };
     let Some((file, length, _)) =
-        static_files::open_under(std::path::Path::new(&root), &relative).await
+        app_files::open_under(std::path::Path::new(&root), &relative).await
     else {
         return Ok(None);
     };
