@@ -22,6 +22,7 @@ import sys
 import urllib.request
 
 import bench as common
+import report
 
 HOST = "site.bench"
 PAGE_PATH = "/foo/1"
@@ -193,4 +194,4 @@ def measure(work, seconds, procs):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_section("cache", __doc__, measure))
+    sys.exit(report.run_section("cache", __doc__, measure))

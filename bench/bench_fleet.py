@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import bench as common
+import report
 
 
 class Redis:
@@ -216,7 +217,7 @@ def main():
         for p in reversed(procs):
             p.stop()
 
-    if not common.merge_section("fleet", results, args.quick):
+    if not report.merge_section("fleet", results, args.quick):
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 0

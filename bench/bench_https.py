@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import bench as common
+import report
 
 HOT = "app7.bench"
 RATES = [100, 500, 1000, 2000]
@@ -212,7 +213,7 @@ def main():
         for p in reversed(started_procs):
             p.stop()
 
-    if not common.merge_section("https", results, args.quick):
+    if not report.merge_section("https", results, args.quick):
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import bench as common
+import report
 from bench_waf import LIGHT_HOST, LIGHT_RATE, isolation
 
 GALLERY_HOST = "gallery.bench"
@@ -126,4 +127,4 @@ def measure(work, seconds, procs):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_section("images", __doc__, measure))
+    sys.exit(report.run_section("images", __doc__, measure))

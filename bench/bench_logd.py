@@ -28,6 +28,7 @@ import zlib
 from pathlib import Path
 
 import bench as common
+import report
 
 RATES = [100, 250, 500, 1000, 2500, 5000]
 PACKET_BYTES = 64 * 1024
@@ -199,7 +200,7 @@ def measure(work, seconds, procs):
 
 
 def main():
-    return common.run_section("logd", __doc__, measure)
+    return report.run_section("logd", __doc__, measure)
 
 
 if __name__ == "__main__":

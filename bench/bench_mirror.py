@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import bench as common
+import report
 
 RATE = 1000
 SCENARIOS = ["none", "healthy", "erroring", "slow"]
@@ -181,7 +182,7 @@ def main():
     finally:
         for p in reversed(procs):
             p.stop()
-    if not common.merge_section("mirror", results, args.quick):
+    if not report.merge_section("mirror", results, args.quick):
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 0

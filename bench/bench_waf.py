@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import bench as common
+import report
 
 
 WAF_HOST = "shop.bench"
@@ -216,4 +217,4 @@ def measure(work, seconds, procs):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_section("waf", __doc__, measure))
+    sys.exit(report.run_section("waf", __doc__, measure))

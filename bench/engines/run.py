@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "conformance"))
 import bench  # noqa: E402
+import report  # noqa: E402
 import websockets as ws_bench  # noqa: E402
 from bench import (ROOT, Process, free_port, nginx_app_conf, nginx_conf, put_app,  # noqa: E402
                    start_nginx_origin, wait_port)
@@ -305,7 +306,7 @@ def measure_proxy(name, start, work, args, procs, tls):
 
 
 def cached_app_memory(work, apps, procs):
-    """bench.py's memory per cached app, against this script's origin."""
+    """The library's memory-per-cached-app measurement (bench.cached_app_memory), against this script's origin."""
     origin, backend, _ = start_origin(work)
     procs.append(origin)
     result = bench.cached_app_memory(work, apps, backend, procs)
@@ -374,7 +375,7 @@ def table(results):
                 for key, label in CPU_RUNS if router[key] and floor[key])
             rows += ["", f"{router_name}'s CPU per request over the floor of its engine ({floor_name}): {over}."]
     if results.get("cached_app_memory"):
-        rows += ["", bench.cached_app_memory_sentence(results["cached_app_memory"])]
+        rows += ["", report.cached_app_memory_sentence(results["cached_app_memory"])]
     return rows
 
 
@@ -494,7 +495,7 @@ def main():
     results["earlier_runs"] = earlier_runs()
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     write_report(results)
-    bench.merge_section("engines", results, quick=False)
+    report.merge_section("engines", results, quick=False)
     return 0
 
 

@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""bench/RESULTS.md: rendered from the last full results (bench/results/latest.json), one
+section per benchmark script; a script adds its section with merge_section."""
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import HOT_HOST, ROOT, THREADS, host
+
+
+def write_report(results, path):
+    m = results["machine"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured by `bench/run` on {results['date']}. Machine: {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory_gib']} GiB, Linux {m['kernel']}. The load generator runs on the same 2 cores as "
+        f"the proxy under test, so absolute figures are low and the ratios are what matter.",
+        "",
+        "Versions: " + "; ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        "",
+        f"Every proxy: {THREADS} worker threads/processes, access log off, keep-alive to the "
+        "backends, the same backend (an nginx answering a 3-byte body). Apps: "
+        f"{results['apps_for_load']} stored, all traffic for `{HOT_HOST}`.",
+        "",
+        "## Closed-loop max throughput (wrk -t2 -c64)",
+        "",
+        "| proxy | req/s | vs nginx | errors |",
+        "|---|---|---|---|",
+    ]
+    base = results["throughput"]["nginx"]["rps"]
+    for name, t in results["throughput"].items():
+        lines.append(f"| {name} | {t['rps']:.0f} | {t['rps'] / base:.2f}× | {'; '.join(t['errors']) or 'none'} |")
+    lines += ["", "## Constant-rate latency (vegeta, open loop: no coordinated omission)", "",
+              "| proxy | rate | mean ms | p50 ms | p99 ms | max ms | success |", "|---|---|---|---|---|---|---|"]
+    for name, runs in results["latency"].items():
+        for r in runs:
+            lines.append(f"| {name} | {r['rate']} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+                         f"{r['max_ms']:.2f} | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Route change → new backend answering",
+              "", "From the start of the change (Switchyard: admin PUT of the backends; nginx: rewrite the "
+              "app's file and SIGHUP) until a new connection for that host is answered by the new backend.",
+              "", "| proxy | apps stored | changes | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for r in results["route_change"]:
+        lines.append(f"| {r['proxy']} | {r['apps']} | {r['n']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+    if results.get("nginx_start"):
+        lines += ["", "nginx start-up with its per-app files: " + ", ".join(
+            f"{k} apps {v:.1f} s" for k, v in results["nginx_start"].items()) + "."]
+    mem = results.get("memory")
+    if mem:
+        lines += ["", f"## Memory at {mem['apps']} stored apps (Switchyard)", "",
+                  "| state | RSS MiB | per stored app |", "|---|---|---|",
+                  f"| no apps, after the throughput run | {mem['rss_empty_kib'] / 1024:.1f} | |",
+                  f"| {mem['apps']} apps, idle (routes are loaded lazily) | {mem['rss_idle_kib'] / 1024:.1f} | "
+                  f"{(mem['rss_idle_kib'] - mem['rss_empty_kib']) * 1024 / mem['apps']:.0f} B |",
+                  f"| after requesting every app once ({mem['apps_cached']:.0f} apps in the route cache) | "
+                  f"{mem['rss_touched_kib'] / 1024:.1f} | "
+                  f"{(mem['rss_touched_kib'] - mem['rss_empty_kib']) * 1024 / mem['apps']:.0f} B |"]
+    lines += ["", "## Targets (issue 2)", ""]
+    for t in results["targets"]:
+        lines.append(f"- {t['name']}: measured {t['measured']} → **{'met' if t['met'] else 'NOT met'}**")
+    def when(key):
+        """When a section was measured, and where when it was not the machine above."""
+        host = results.get(f"{key}_host")
+        header = f"{m['cpu']}, {m['cores']} cores, kernel {m['kernel']}"
+        where = "same machine" if not host or host["machine"] == header else (
+            f"on another machine: {host['machine']}, commit {host['commit']}")
+        return f"{results.get(f'{key}_date', '')}, {where}"
+
+    if results.get("engines"):
+        lines += engines_report(results["engines"], when("engines"))
+    if results.get("https"):
+        lines += https_report(results["https"], when("https"))
+    if results.get("fleet"):
+        lines += fleet_report(results["fleet"], when("fleet"))
+    if results.get("mirror"):
+        lines += mirror_report(results["mirror"], when("mirror"))
+    if results.get("cache"):
+        lines += cache_report(results["cache"], when("cache"))
+    if results.get("waf"):
+        lines += waf_report(results["waf"], when("waf"))
+    if results.get("logd"):
+        lines += logd_report(results["logd"], when("logd"))
+    if results.get("images"):
+        lines += images_report(results["images"], when("images"))
+    lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def engines_report(e, date):
+    """The headline of bench/engines/run.py; the whole report and its reading are in
+    bench/ENGINE.md."""
+    nginx = e["proxies"].get("nginx")
+    lines = ["", "# Cost of a request and of a connection (bench/engines/run.py, issue 17)", "",
+             f"Measured {date}, Switchyard at {e['commit']}; tables, floors and the engine decision "
+             "in `bench/ENGINE.md`.", "",
+             "| proxy | CPU µs/req HTTP | HTTPS keep-alive | HTTPS new conn | closed-loop req/s | "
+             "backend conns / 10k | KiB per idle WebSocket |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in e["proxies"].items():
+        def cell(value, base):
+            return f"{value:.0f} ({value / base:.2f}×)" if base else f"{value:.0f}"
+        # A target without HTTPS has no HTTPS runs.
+        row = [cell(r[k]["cpu_us_per_request"], nginx and nginx[k]["cpu_us_per_request"])
+               if r[k] else "not served"
+               for k in ("constant_rate", "https_keepalive", "https_new_connection")]
+        lines.append(f"| {name} | {' | '.join(row)} | "
+                     f"{cell(r['closed_loop']['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | "
+                     f"{r['constant_rate']['backend_connections_per_10k']:.1f} | "
+                     f"{cell(r['websocket_memory']['bytes_per_connection'] / 1024, nginx and nginx['websocket_memory']['bytes_per_connection'] / 1024)} |")
+    if e.get("cached_app_memory"):
+        lines += ["", cached_app_memory_sentence(e["cached_app_memory"])]
+    return lines
+
+
+def cached_app_memory_sentence(apps):
+    """bench/engines/run.py's measurement of memory per cached app, in words."""
+    return (f"Switchyard's resident memory per cached app: {apps['bytes_per_app']:.0f} B at {apps['apps']} "
+            f"stored apps, {apps['apps_cached']:.0f} of them in the route cache after each was requested "
+            f"once (issue 17's target: ≤ 1024 B; issue 2's section measures the same way).")
+
+
+def merge_section(key, section, quick):
+    """Adds one script's results (`key`) to the last full results and rewrites the report."""
+    results_dir = ROOT / "bench" / "results"
+    latest = results_dir / ("quick.json" if quick else "latest.json")
+    source = latest if latest.exists() else results_dir / "latest.json"
+    if not source.exists():
+        print("no earlier results to merge into; run bench/bench_http.py first", file=sys.stderr)
+        return False
+    merged = json.loads(source.read_text())
+    merged[key] = section
+    merged[f"{key}_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    merged[f"{key}_host"] = host()
+    latest.write_text(json.dumps(merged, indent=2))
+    out = ROOT / "bench" / ("RESULTS-quick.md" if quick else "RESULTS.md")
+    write_report(merged, out)
+    print(f"wrote {out}")
+    return True
+
+
+def fleet_report(f, date):
+    """The fleet-mode section, from bench/bench_fleet.py's measurements."""
+    lines = ["", "# Fleet mode: Redis store (bench/bench_fleet.py)", "",
+             f"Measured on {date}; Redis 7 on loopback, no persistence.", "",
+             "## Change propagation across two routers", "",
+             "From the start of a PUT of an app's backends on router A until a new connection to "
+             "router B is answered by the new backend.", "",
+             "| router B | apps stored | changes | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for r in f["propagation"]:
+        lines.append(f"| {r.get('router', 'switchyard')} | {r['apps']} | {r['n']} | {r['p50_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+    lines += ["", "## Throughput by store", "",
+              "| store | warm cache, one host (wrk -t2 -c64) req/s | cold cache, walking "
+              f"{f['cold']['redis']['apps']} hosts (wrk -t1 -c32) req/s |", "|---|---|---|"]
+    for store in f["throughput"]:
+        label = "nginx+Lua (Redis, LRU, Pub/Sub)" if store == "nginx+lua" else f"switchyard, {store} store"
+        lines.append(f"| {label} | {f['throughput'][store]['rps']:.0f} | {f['cold'][store]['rps']:.0f} |")
+    ours = [r for r in f["propagation"] if r.get("router", "switchyard") == "switchyard"]
+    biggest = max(ours, key=lambda r: r["apps"])
+    warm = f["throughput"]["redis"]["rps"] / f["throughput"]["embedded"]["rps"]
+    targets = [(f"propagation p99 < 10 ms at {biggest['apps']} apps", f"{biggest['p99_ms']:.2f} ms",
+                biggest["p99_ms"] < 10),
+               ("warm-cache throughput within 5% of the embedded store", f"{warm:.3f}×", warm >= 0.95),
+               ]
+    if "nginx+lua" in f["throughput"]:
+        lua = f["throughput"]["redis"]["rps"] / f["throughput"]["nginx+lua"]["rps"]
+        targets.append(("warm throughput ≥ 1.5× the nginx+Lua router", f"{lua:.2f}×", lua >= 1.5))
+    lines += ["", "## Targets (issue 4)", ""]
+    for name, measured, met in targets:
+        lines.append(f"- {name}: measured {measured} → **{'met' if met else 'NOT met'}**")
+    return lines
+
+
+def https_report(h, date):
+    """The HTTPS section, from bench/bench_https.py's measurements."""
+    lines = ["", "# HTTPS (bench/bench_https.py)", "",
+             f"Measured on {date}. {h['apps']} apps, each with its own certificate "
+             "(EC P-256): Switchyard reads them from its store on first use; nginx has one server "
+             "block and certificate file per app. HTTP/1.1 over TLS; vegeta's Go client keeps no "
+             "session cache, so without keep-alive every request is a full TLS 1.3 handshake.",
+             "", "## Full-handshake rate (closed loop: vegeta max rate, 64 workers, no keep-alive)", "",
+             "| proxy | handshakes+requests/s | vs nginx | success |", "|---|---|---|---|"]
+    base = h["handshake_rate"]["nginx"]["achieved_rps"]
+    for name, r in h["handshake_rate"].items():
+        lines.append(f"| {name} | {r['achieved_rps']:.0f} | {r['achieved_rps'] / base:.2f}× | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Constant-rate HTTPS latency (vegeta, open loop)", "",
+              "| proxy | connections | rate | mean ms | p50 ms | p99 ms | max ms | success |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, runs in h["latency"].items():
+        for r in runs:
+            mode = "keep-alive" if r["keepalive"] else "new per request"
+            lines.append(f"| {name} | {mode} | {r['rate']} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
+                         f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['success'] * 100:.1f}% |")
+    lines += ["", "## Switchyard start-up and memory with certificates stored", "",
+              "From process start to the first HTTPS answer for the last stored domain (a cold "
+              "certificate), and resident memory then.", "",
+              "| certificates stored | start-up ms | RSS MiB |", "|---|---|---|"]
+    for r in h["startup"]:
+        lines.append(f"| {r['certs']} | {r['startup_s'] * 1000:.0f} | {r['rss_kib'] / 1024:.1f} |")
+    cw = h.get("cold_vs_warm")
+    if cw:
+        lines += ["", f"## Cold vs warm certificate ({cw['names']} names, handshake time)", "",
+                  "| certificate | p50 ms | p99 ms |", "|---|---|---|",
+                  f"| cold (first handshake: store read + parse) | {cw['cold']['p50_ms']:.2f} | {cw['cold']['p99_ms']:.2f} |",
+                  f"| warm (cached) | {cw['warm']['p50_ms']:.2f} | {cw['warm']['p99_ms']:.2f} |"]
+    lines += ["", "## Targets (issue 3)", ""]
+    ratio = h["handshake_rate"]["switchyard"]["achieved_rps"] / base
+    targets = [("full-handshake rate ≥ nginx's", f"{ratio:.2f}×", ratio >= 1.0)]
+    biggest = max(h["startup"], key=lambda r: r["certs"])
+    targets.append((f"start-up < 1 s with {biggest['certs']} certificates stored",
+                    f"{biggest['startup_s'] * 1000:.0f} ms", biggest["startup_s"] < 1.0))
+    if cw:
+        extra = cw["cold"]["p50_ms"] - cw["warm"]["p50_ms"]
+        targets.append(("cold certificate adds < 5 ms over a warm one (p50)", f"{extra:.2f} ms", extra < 5))
+    for name, measured, met in targets:
+        lines.append(f"- {name}: measured {measured} → **{'met' if met else 'NOT met'}**")
+    return lines
+
+
+def mirror_report(m, date):
+    """The mirroring section, from bench/bench_mirror.py's measurements."""
+    lines = ["", "# Traffic mirroring (bench/bench_mirror.py)", "",
+             f"Measured on {date}. Seed 003's experiment: {m['rate']} req/s for "
+             f"{m['seconds']} s through each proxy to one primary, with no mirror, a healthy mirror, a "
+             "mirror answering 500, and a mirror answering after 1 s. \"One connection\" is the "
+             "article's `hey -c 1 -q 1000 -t 1` (one keep-alive connection, next request when the "
+             "answer arrives, 1 s timeout); \"open loop\" is vegeta at a fixed rate over as many "
+             "connections as needed. Switchyard mirrors 100% with `max_in_flight` 2000; nginx uses "
+             "`mirror` + `proxy_pass` to the same shadows.", "",
+             "| proxy | mirror | load | achieved req/s | mean ms | p50 ms | p99 ms | success | copies delivered / dropped |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    # "–": none (the light route alone), or none reported by wrk.
+    for r in m["runs"]:
+        copies = f"{r['mirrored']:.0f} / {r['dropped']:.0f}" if "mirrored" in r else ""
+        lines.append(f"| {r['proxy']} | {r['scenario']} | {r['mode']} | {r['achieved_rps']:.1f} | "
+                     f"{r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+                     f"{r['success'] * 100:.1f}% | {copies} |")
+    lines += ["", "## Target (issue 5)", ""]
+    for mode in ("one connection", "open loop"):
+        runs = {r["scenario"]: r for r in m["runs"] if r["proxy"] == "switchyard" and r["mode"] == mode}
+        if "none" not in runs or "slow" not in runs:
+            continue
+        rate = runs["slow"]["achieved_rps"] / runs["none"]["achieved_rps"]
+        p99 = runs["slow"]["p99_ms"] / runs["none"]["p99_ms"]
+        met = rate >= 0.95 and p99 <= 1.05
+        lines.append(f"- {mode}, 1 s mirror vs no mirror, achieved rate and p99 within 5%: measured "
+                     f"rate {rate:.3f}×, p99 {p99:.3f}× → **{'met' if met else 'NOT met'}**")
+        if "healthy" in runs:
+            slow_vs_healthy = runs["slow"]["p99_ms"] / runs["healthy"]["p99_ms"]
+            lines.append(f"  - what the mirror's slowness itself costs (1 s mirror vs healthy mirror): "
+                         f"p99 {slow_vs_healthy:.3f}× (1,000 copies held open at once on the same 2 cores)")
+    return lines
+
+
+def cache_report(c, date):
+    """The response-cache section, from bench/bench_cache.py's measurements."""
+    lines = ["", "# Response cache (bench/bench_cache.py)", "",
+             f"Measured on {date}. Seed 004's experiment: a deliberately slow app "
+             "(one request at a time, 10 ms per 5 KB page, like a single Rails worker) behind Switchyard without a cache, with its memory "
+             "cache, with the shared `redis` store (copies kept in Redis by the router), with the "
+             "`redis-versioned` store (the page written to Redis as the article's "
+             "Rails module writes it), and behind nginx `proxy_cache`. Closed loop: `wrk -t2 -c100` "
+             f"for {c['seconds']} s (the article's `ab -c 100`, time-bound), each cached setup "
+             "measured three times, interleaved with the others, median reported (single runs "
+             "swing by ±20% on two shared cores); open loop: vegeta at "
+             f"{c['rate']} req/s.", "",
+             "| setup | closed-loop req/s (median) | runs | vs uncached | errors | open-loop achieved req/s | mean ms | p99 ms | success |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    runs = {r["setup"]: r for r in c["runs"]}
+    base = runs["switchyard, no cache"]["rps"]
+    for r in c["runs"]:
+        open_loop = (f"{r['achieved_rps']:.0f} | {r['mean_ms']:.3f} | {r['p99_ms']:.3f} | {r['success'] * 100:.1f}%"
+                     if "achieved_rps" in r else "not run (the app alone serves ~100 req/s) | | |")
+        runs_text = " / ".join(f"{x:.0f}" for x in r.get("rps_runs", [r["rps"]]))
+        lines.append(f"| {r['setup']} | {r['rps']:.0f} | {runs_text} | {r['rps'] / base:.1f}× | "
+                     f"{'; '.join(r['errors']) or 'none'} | "
+                     f"{open_loop} |")
+    lines += ["", "## Targets (issue 6)", ""]
+    nginx = runs.get("nginx proxy_cache")
+    for name in ("switchyard, memory cache", "switchyard, redis (shared)", "switchyard, redis-versioned"):
+        if name not in runs:
+            continue
+        hit = runs[name]["rps"]
+        lines.append(f"- {name}: hit throughput ≥ 10× uncached: measured {hit / base:.1f}× → "
+                     f"**{'met' if hit >= 10 * base else 'NOT met'}**")
+        if nginx:
+            lines.append(f"- {name}: hit throughput ≥ nginx proxy_cache: measured {hit / nginx['rps']:.2f}× → "
+                         f"**{'met' if hit >= nginx['rps'] else 'NOT met'}**")
+    return lines
+
+
+def isolation_table(section, heavy, rate_label, rate):
+    """Seed 001's table: for the pool and the inline router, the light route alone and beside
+    N `heavy` connections, light and heavy latency, timeouts and errors."""
+    def ms(value):
+        # wrk prints 0 when it recorded no latency (its blocked connections timed out).
+        return "–" if not value else f"{value:.1f}"
+    lines = [f"| mode | {heavy} connections | light p50 ms | light p99 ms | light timeouts/errors | "
+             f"{rate_label} | heavy p50 ms | heavy p99 ms | heavy errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for mode, key in (("pool", "isolation"), ("inline", "isolation_inline")):
+        for r in section.get(key, []):
+            lines.append(f"| {mode} | {r['connections'] or 'none'} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                         f"{(1 - r['success']) * 100:.2f}% | {rate(r)} | {ms(r.get('heavy_p50_ms'))} | "
+                         f"{ms(r.get('heavy_p99_ms'))} | {'; '.join(r['heavy_errors']) or 'none'} |")
+    return lines
+
+
+def light_route_targets(isolation, heavy):
+    """Seed 001's targets for a light route beside `heavy` connections: p99 within 1.5× of
+    the light route alone (the first row), and no timeouts at the most connections."""
+    alone = isolation[0]["p99_ms"]
+    lines = []
+    for r in isolation[1:]:
+        ratio = r["p99_ms"] / alone
+        lines.append(f"- light p99 with {r['connections']} {heavy} connections ≤ 1.5× alone: measured "
+                     f"{ratio:.2f}× → **{'met' if ratio <= 1.5 else 'NOT met'}**")
+    last = isolation[-1]
+    lines.append(f"- 0% light timeouts at {last['connections']} {heavy} connections: measured "
+                 f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
+    return lines
+
+
+def waf_report(w, date):
+    """The WAF section, from bench/bench_waf.py's measurements."""
+    lines = ["", "# WAF and worker pool (bench/bench_waf.py)", "",
+             f"Measured on {date}. Both proxies inspect with libmodsecurity 3.0.9 and "
+             "Debian's OWASP CRS 3.3.4 (paranoia 1, request bodies inspected, block mode) in front of "
+             "the same origin (an nginx answering 200 at once). Switchyard runs inspections on its "
+             "worker pool (2 threads); nginx 1.22 uses libnginx-mod-http-modsecurity (2 workers). "
+             f"Benign form POSTs, `wrk -t2 -c64` for {w['seconds']} s.", "",
+             "| body | Switchyard req/s | nginx + ModSecurity req/s | ratio | errors (Switchyard; nginx) |",
+             "|---|---|---|---|---|"]
+    ratios = []
+    for r in w["throughput"]:
+        ratio = r["switchyard"]["rps"] / r["nginx"]["rps"]
+        ratios.append((r["body_bytes"], ratio))
+        lines.append(f"| {r['body_bytes'] // 1000} KB | {r['switchyard']['rps']:.0f} | {r['nginx']['rps']:.0f} | "
+                     f"{ratio:.2f}× | {'; '.join(r['switchyard']['errors']) or 'none'}; "
+                     f"{'; '.join(r['nginx']['errors']) or 'none'} |")
+    lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
+              f"{w['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N connections of "
+              "50 KB inspected POSTs going through the same router; inspections on the worker pool, then "
+              "the same with a router forced to inspect inline on its event loops (`--pool-mode inline`, "
+              "what a router without a pool does). Heavy latency is wrk's time to the whole (small) "
+              "answer.", ""]
+    lines += isolation_table(w, "heavy", "heavy req/s", lambda r: f"{r['heavy_rps']:.0f}")
+    lines += ["", "## Targets (issue 7)", ""] + light_route_targets(w["isolation"], "heavy")
+    for size, ratio in ratios:
+        lines.append(f"- WAF-inspected req/s ≥ 3× nginx + ModSecurity ({size // 1000} KB bodies): measured "
+                     f"{ratio:.2f}× → **{'met' if ratio >= 3 else 'NOT met'}**")
+    return lines
+
+
+def images_report(m, date):
+    """The image-resizing section, from bench/bench_images.py's measurements."""
+    lines = ["", "# Image resizing on the worker pool (bench/bench_images.py)", "",
+             f"Measured on {date}. `GET {m['thumbnail']}`: a {m['width']}×{m['height']} JPEG "
+             f"original ({m['original_bytes'] / 1000:.0f} KB) fetched from the app, decoded, shrunk and encoded "
+             f"on the worker pool (2 threads). Alone, 64 connections: **{m['alone_rps']:.0f} thumbnails/s** "
+             f"({'; '.join(m['alone_errors']) or 'no errors'}). Then seed 001's question: a light GET route "
+             f"at a constant {m['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N "
+             "connections asking for thumbnails; resizing on the worker pool, then the same with a "
+             "router forced to resize inline on its event loops (`--pool-mode inline`). wrk is "
+             "closed-loop: a client refused with 503 (Retry-After) asks again at once, so the "
+             "refusals are part of the load.", ""]
+    lines += isolation_table(m, "thumbnail", "thumbnails/s", lambda r: f"{r.get('thumbnails_per_s', 0):.0f}")
+    lines += ["", "## Targets (issue 7, images)", ""] + light_route_targets(m["isolation"], "thumbnail")
+    return lines
+
+
+def logd_report(l, date):
+    """The log-service section, from bench/bench_logd.py's measurements."""
+    rows = l["rows"]
+    lines = ["", "# Log service (bench/bench_logd.py)", "",
+             f"Measured on {date}. Seed 000's experiment: a sender of 64 KiB packets "
+             f"(~{l['lines_per_packet']:.0f} lines of 250 bytes, 50 apps) at each rate for "
+             f"{rows[0]['seconds']} s, open loop with at most 256 unacknowledged, into `switchyard logd "
+             "--fsync always --rotate-interval-s 20` (every group synced before its acks). Backlog: lines "
+             "due by the end of the run and not acknowledged 1 s later. Raw disk: `dd bs=1M count=1024 "
+             f"conv=fsync` into the same directory, **{l['disk_mb_s']:.0f} MB/s**.", "",
+             "| packets/s | offered MB/s | acknowledged MB/s | vs disk | backlog lines at end | drain s | "
+             "lines in files / sent | rotated files |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rate']} | {r['offered_mb_s']:.1f} | {r['mb_s']:.1f} | "
+                     f"{r['mb_s'] / l['disk_mb_s'] * 100:.0f}% | {r['backlog_lines']} | {r['drain_s']:.1f} | "
+                     f"{r['lines_in_files']} / {r['lines_sent']} | {r['rotations']} |")
+    packet_mb = l["packet_bytes"] / 1e6
+    threshold = min(2500, 0.7 * l["disk_mb_s"] / packet_mb)
+    tested = [r for r in rows if r["rate"] >= threshold]
+    lines += ["", "## Targets (issue 8)", ""]
+    if tested:
+        r = tested[0]
+        met = r["backlog_lines"] == 0
+        lines.append(f"- 0 remaining lines at ≥ {threshold:.0f} packets/s (the lower of 2,500/s and 70% of "
+                     f"the disk's {l['disk_mb_s']:.0f} MB/s): at {r['rate']}/s measured {r['backlog_lines']} "
+                     f"→ **{'met' if met else 'NOT met'}**")
+    complete = all(r["lines_in_files"] == r["lines_sent"] for r in rows)
+    lines.append(f"- every line sent is in the files at the end of each run: "
+                 f"**{'yes' if complete else 'NO'}**")
+    return lines
+
+
+def run_section(key, doc, measure):
+    """The life every section script shares: `--seconds`/`--quick`, a work directory,
+    `measure(work, seconds, procs)` returning the results (every process it starts goes in
+    `procs` and is stopped, newest first, whatever happens), then the results merged under
+    `key` into bench/results and the report. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="length of each load run")
+    parser.add_argument("--quick", action="store_true", help="3 s runs (smoke test)")
+    args = parser.parse_args()
+    seconds = 3 if args.quick else args.seconds
+    work = Path(tempfile.mkdtemp(prefix=f"switchyard-bench-{key}-"))
+    procs = []
+    try:
+        results = measure(work, seconds, procs)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    if not merge_section(key, results, args.quick):
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
