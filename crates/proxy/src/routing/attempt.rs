@@ -94,3 +94,36 @@ pub(crate) fn attempts_left(ctx: &RequestCtx) -> bool {
     let allowed = ctx.route.as_ref().map_or(0, |r| usize::from(r.app.retries));
     ctx.tried.len() <= allowed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::route_cache::route_of;
+
+    #[test]
+    fn another_attempt_is_allowed_while_the_apps_retries_last() {
+        for (retries, tried, allowed) in [
+            (0, 0, true),
+            (0, 1, false),
+            (1, 1, true),
+            (1, 2, false),
+            (2, 2, true),
+            (2, 3, false),
+        ] {
+            let spec = serde_json::json!({
+                "domains": ["a.test"], "backends": ["127.0.0.1:9"], "retries": retries,
+            });
+            let app = switchyard_model::parse_app_spec("a", &spec).expect("a valid spec");
+            let mut ctx = RequestCtx::new();
+            ctx.route = Some(route_of(app));
+            ctx.tried = (0..tried)
+                .map(|i| SocketAddr::from(([127, 0, 0, 1], 9000 + i)))
+                .collect();
+            assert_eq!(
+                attempts_left(&ctx),
+                allowed,
+                "retries {retries}, tried {tried}"
+            );
+        }
+    }
+}

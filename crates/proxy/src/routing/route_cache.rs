@@ -347,6 +347,92 @@ mod tests {
         serde_json::from_str(&json).expect("and reads back")
     }
 
+    fn app(name: &str, domains: &[&str]) -> App {
+        let spec = serde_json::json!({"domains": domains, "backends": ["127.0.0.1:9"]});
+        parse_app_spec(name, &spec).expect("a valid spec")
+    }
+
+    /// A route cache over an embedded store in a temporary directory, holding `apps`.
+    async fn cache_with(
+        apps: &[App],
+    ) -> (
+        RouteCache,
+        switchyard_store::EmbeddedStore,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = switchyard_store::EmbeddedStore::open(dir.path()).expect("store");
+        for app in apps {
+            store.put_app(app.clone()).await.expect("stored");
+        }
+        let limits = RouteCacheLimits {
+            apps: 100,
+            domains: 400,
+            response_bytes: 0,
+        };
+        (RouteCache::new(Arc::new(store.clone()), limits), store, dir)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_exact_domain_wins_then_the_most_specific_wildcard_at_any_depth() {
+        let (cache, _store, _dir) = cache_with(&[
+            app("exact", &["a.test"]),
+            app("wide", &["*.a.test"]),
+            app("narrow", &["*.b.a.test"]),
+            app("named", &["c.b.a.test"]),
+        ])
+        .await;
+        for (host, owner) in [
+            ("a.test", Some("exact")),
+            ("x.a.test", Some("wide")),
+            ("x.y.z.a.test", Some("wide")),
+            ("b.a.test", Some("wide")),
+            ("x.b.a.test", Some("narrow")),
+            ("deep.x.b.a.test", Some("narrow")),
+            ("c.b.a.test", Some("named")),
+            ("other.test", None),
+            ("test", None),
+        ] {
+            let resolved = cache.resolve(host).await.expect("the store answers");
+            assert_eq!(
+                resolved.as_ref().map(|r| r.app.name.as_str()),
+                owner,
+                "{host}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_change_event_makes_the_next_lookup_read_the_store_again() {
+        let (cache, store, _dir) = cache_with(&[app("shop", &["shop.test"])]).await;
+        let first = cache
+            .resolve("shop.test")
+            .await
+            .expect("answers")
+            .expect("routed");
+        let before = cache.resolve("www.shop.test").await.expect("answers");
+        assert!(before.is_none(), "not a domain of the app yet");
+        store
+            .put_app(app("shop", &["shop.test", "www.shop.test"]))
+            .await
+            .expect("stored");
+        let unchanged = cache.resolve("www.shop.test").await.expect("answers");
+        assert!(
+            unchanged.is_none(),
+            "the absence was cached until the event"
+        );
+        cache
+            .apply(&switchyard_model::Change::App {
+                name: "shop".into(),
+                domains: vec!["shop.test".into(), "www.shop.test".into()],
+            })
+            .await;
+        let after = cache.resolve("www.shop.test").await.expect("answers");
+        let after = after.expect("routed once the event is applied");
+        assert!(!Arc::ptr_eq(&first, &after), "the route was rebuilt");
+        assert_eq!(after.app.domains.len(), 2);
+    }
+
     #[test]
     fn a_cached_route_keeps_its_lists_without_spare_room() {
         let app = stored_app();

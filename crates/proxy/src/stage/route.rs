@@ -74,3 +74,76 @@ pub(crate) async fn route(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use http::HeaderValue;
+
+    use crate::routing::route_cache::RouteCacheLimits;
+
+    /// A route cache over an empty store: what is refused here is refused before any lookup.
+    fn empty_routes() -> (RouteCache, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = switchyard_store::EmbeddedStore::open(dir.path()).expect("store");
+        let limits = RouteCacheLimits {
+            apps: 10,
+            domains: 10,
+            response_bytes: 0,
+        };
+        (RouteCache::new(Arc::new(store), limits), dir)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn heads_that_could_route_two_ways_or_are_too_large_are_refused() {
+        let (routes, _dir) = empty_routes();
+        let big = "x".repeat(MAX_REQUEST_HEAD_BYTES);
+        for (target, headers, expected) in [
+            ("/", vec![("host", "a.test")], Err(LocalAnswer::UnknownHost)),
+            ("/", vec![], Err(LocalAnswer::MissingHost)),
+            (
+                "/",
+                vec![("host", "a.test"), ("host", "b.test")],
+                Err(LocalAnswer::MissingHost),
+            ),
+            (
+                "http://a.test/",
+                vec![("host", "b.test")],
+                Err(LocalAnswer::MissingHost),
+            ),
+            (
+                "http://a.test/",
+                vec![("host", "A.TEST.")],
+                Err(LocalAnswer::UnknownHost),
+            ),
+            (
+                "/",
+                vec![("host", "user@a.test")],
+                Err(LocalAnswer::UnknownHost),
+            ),
+            (
+                "/",
+                vec![("host", "a.test"), ("x-big", big.as_str())],
+                Err(LocalAnswer::HeadersTooLarge),
+            ),
+        ] {
+            let mut map = HeaderMap::new();
+            for (name, value) in &headers {
+                map.append(*name, HeaderValue::from_str(value).expect("value"));
+            }
+            let uri: Uri = target.parse().expect("target");
+            let mut ctx = RequestCtx::new();
+            assert_eq!(
+                route(&uri, &map, &mut ctx, &routes).await,
+                expected,
+                "{target} {:?}",
+                headers
+                    .iter()
+                    .map(|(n, v)| (n, v.len()))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+}
