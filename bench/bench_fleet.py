@@ -20,11 +20,9 @@ the way a platform's own tooling would.
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import bench as common
@@ -217,10 +215,7 @@ def main():
         for p in reversed(procs):
             p.stop()
 
-    if not report.merge_section("fleet", results, args.quick):
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return report.finish_section("fleet", results, args.quick, work)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import json
 import shutil
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -213,10 +212,7 @@ def main():
         for p in reversed(started_procs):
             p.stop()
 
-    if not report.merge_section("https", results, args.quick):
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return report.finish_section("https", results, args.quick, work)
 
 
 if __name__ == "__main__":

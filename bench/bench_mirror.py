@@ -21,7 +21,6 @@ the Lua module (`ngx.sleep`), which holds thousands of waiting requests cheaply.
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,10 +181,7 @@ def main():
     finally:
         for p in reversed(procs):
             p.stop()
-    if not report.merge_section("mirror", results, args.quick):
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return report.finish_section("mirror", results, args.quick, work)
 
 
 if __name__ == "__main__":

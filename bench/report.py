@@ -424,7 +424,13 @@ def run_section(key, doc, measure):
     finally:
         for p in reversed(procs):
             p.stop()
-    if not merge_section(key, results, args.quick):
+    return finish_section(key, results, args.quick, work)
+
+
+def finish_section(key, results, quick, work):
+    """Merges a script's results under `key` and removes its work directory (kept when the
+    merge failed, to look into). Returns the script's exit status."""
+    if not merge_section(key, results, quick):
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 0
