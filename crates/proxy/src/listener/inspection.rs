@@ -145,10 +145,7 @@ impl From<LocalAnswer> for Refused {
 
 impl From<Refused> for Answer {
     fn from(refused: Refused) -> Self {
-        Self::Local {
-            status: refused.status,
-            text: refused.text,
-        }
+        Self::own(refused.status, refused.text)
     }
 }
 

@@ -3,6 +3,7 @@
 //! mirror, upstream (pick, connect, retries, passive health, drain registration), the
 //! answer (kept by the cache, or a stale copy in its place), the log.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -69,8 +70,6 @@ pub(super) enum Answer {
         connection: BackendConnection,
         read_deadline: Duration,
     },
-    /// An answer of the router's own.
-    Local { status: u16, text: &'static str },
     /// A 308 to HTTPS.
     Redirect(String),
     /// A file under the app's static root.
@@ -79,21 +78,30 @@ pub(super) enum Answer {
     Cached(Arc<CachedResponse>, CacheStatus),
     /// A 200 the router made (a resized image).
     Made { headers: HeaderMap, body: Bytes },
-    /// A refusal whose text says what was wrong with the request; `retry_after` asks the
-    /// client to come back shortly.
+    /// An answer of the router's own instead of the app's (a refusal, or a failure to get
+    /// the app's): the status, a short text saying why (the body, with the request id),
+    /// and whether the client is asked to come back shortly (`Retry-After`).
     Refused {
         status: u16,
-        text: String,
+        text: Cow<'static, str>,
         retry_after: bool,
     },
 }
 
+impl Answer {
+    /// The router's own answer `status`, with the text that goes with it.
+    pub(super) fn own(status: u16, text: &'static str) -> Self {
+        Self::Refused {
+            status,
+            text: Cow::Borrowed(text),
+            retry_after: false,
+        }
+    }
+}
+
 impl From<LocalAnswer> for Answer {
     fn from(answer: LocalAnswer) -> Self {
-        Self::Local {
-            status: answer.status(),
-            text: answer.text(),
-        }
+        Self::own(answer.status(), answer.text())
     }
 }
 
@@ -185,7 +193,12 @@ pub(super) async fn handle(
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
     let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
-    if let Answer::Local { status: 500.., .. } = answer {
+    if let Answer::Refused {
+        status: 500..,
+        retry_after: false,
+        ..
+    } = answer
+    {
         // The app failed or could not be reached: a stale copy stands in if one may.
         if let Some(stale) = cache::take_stale(&mut end.ctx) {
             answer = Answer::Cached(stale, CacheStatus::Stale);
@@ -197,10 +210,6 @@ pub(super) async fn handle(
             connection,
             read_deadline,
         } => backend_response(response, connection, read_deadline, client_upgrade, end),
-        Answer::Local { status, text } => {
-            let body = respond::error_body(status, text, &end.ctx.request_id);
-            local_response(status, body, None, end)
-        }
         Answer::Redirect(location) => {
             let body = format!("308 moved to {location}\n");
             local_response(308, body, Some(location), end)
@@ -409,10 +418,7 @@ async fn proxy(
                         ctx.request_id
                     );
                     let status = failure.status();
-                    return Answer::Local {
-                        status,
-                        text: respond::text_for(status),
-                    };
+                    return Answer::own(status, respond::text_for(status));
                 }
                 e
             }
@@ -634,7 +640,7 @@ fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut Reque
         } => {
             return Answer::Refused {
                 status,
-                text,
+                text: Cow::Owned(text),
                 retry_after,
             }
         }
@@ -707,10 +713,7 @@ fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
 /// The answer to a request no backend answered: 504 when one took too long, 502 otherwise.
 fn failed(timed_out: bool) -> Answer {
     let status = if timed_out { 504 } else { 502 };
-    Answer::Local {
-        status,
-        text: respond::text_for(status),
-    }
+    Answer::own(status, respond::text_for(status))
 }
 
 fn count_upstream_error(ctx: &RequestCtx, kind: &'static str) {
