@@ -231,7 +231,7 @@ impl Setting<String> {
         text.parse().map_err(|_| {
             anyhow::anyhow!(
                 "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
-                source.at(self.span.clone(), self.key)
+                self.at(source)
             )
         })
     }
@@ -247,7 +247,7 @@ impl Setting<String> {
                 let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
                 bail!(
                     "{}: '{text}' is not one of {}",
-                    source.at(self.span.clone(), self.key),
+                    self.at(source),
                     names.join(", ")
                 )
             }

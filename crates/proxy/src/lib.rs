@@ -15,6 +15,7 @@ mod app_files;
 mod connection;
 mod context;
 mod forwarded;
+mod idle_connections;
 mod listener;
 mod metrics;
 mod outbound;

@@ -1,14 +1,13 @@
 //! Connections for the requests the router makes itself, beside the client's: copies to
 //! shadow backends (mirror) and originals fetched for image resizing. Plain or TLS (a
-//! shadow may be reached over HTTPS, verified or not), HTTP/1.1, kept idle per target up to
-//! a limit and for a while, by the thread that made them. The client's own requests go
+//! shadow may be reached over HTTPS, verified or not), HTTP/1.1, kept idle per target
+//! (`idle_connections`) by the thread that made them. The client's own requests go
 //! through the listener's backend pool (`listener::pool`), which these never touch, so
 //! a slow shadow can never hold a primary's connection.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -20,16 +19,10 @@ use prometheus::IntGauge;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
+use crate::idle_connections::{self, IdleConnections, Keepable};
+
 /// The body of a request the router makes: any stream of bytes that may fail.
 pub(crate) type SideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
-
-/// How long an idle connection is kept. Shorter than the usual app-server idle timeouts
-/// (60 s and up) so the other side rarely closes first.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long a kept connection whose task has not yet seen the last answer end may take to
-/// become ready for the next request.
-const READY_WAIT: Duration = Duration::from_millis(50);
 
 /// Where a side request goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -70,24 +63,21 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-struct Idle {
-    connection: SideConnection,
-    since: Instant,
+impl Keepable for SideConnection {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
 }
 
 /// One thread's idle side connections, at most `limit` in all, counted in `gauge`.
 pub(crate) struct SidePool {
-    idle: Mutex<HashMap<Target, Vec<Idle>>>,
-    limit: usize,
-    gauge: IntGauge,
+    idle: Mutex<IdleConnections<Target, SideConnection>>,
 }
 
 impl SidePool {
     pub(crate) fn new(limit: usize, gauge: IntGauge) -> Self {
         Self {
-            idle: Mutex::default(),
-            limit,
-            gauge,
+            idle: Mutex::new(IdleConnections::new(limit, gauge)),
         }
     }
 
@@ -98,12 +88,11 @@ impl SidePool {
         target: &Target,
         timeout: Duration,
     ) -> Result<SideConnection, ConnectError> {
-        while let Some(mut connection) = self.take_idle(target) {
-            if connection.sender.is_ready() {
-                return Ok(connection);
-            }
-            let ready = tokio::time::timeout(READY_WAIT, connection.sender.ready()).await;
-            if matches!(ready, Ok(Ok(()))) {
+        loop {
+            let Some(mut connection) = self.idle.lock().take(target) else {
+                break;
+            };
+            if idle_connections::ready(&mut connection.sender).await {
                 return Ok(connection);
             }
         }
@@ -116,49 +105,13 @@ impl SidePool {
     /// Keeps `connection`, whose last response was read to its end; closes it when the
     /// pool is full.
     pub(crate) fn put(&self, connection: SideConnection) {
-        if connection.sender.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock();
-        let kept: usize = idle.values().map(Vec::len).sum();
-        if kept >= self.limit {
-            return;
-        }
-        idle.entry(connection.target.clone())
-            .or_default()
-            .push(Idle {
-                connection,
-                since: Instant::now(),
-            });
-        self.gauge.inc();
+        let target = connection.target.clone();
+        self.idle.lock().put(target, connection);
     }
 
-    /// The most recently kept connection to `target` that has not expired; expired ones met
-    /// on the way are closed.
-    fn take_idle(&self, target: &Target) -> Option<SideConnection> {
-        let mut idle = self.idle.lock();
-        let list = idle.get_mut(target)?;
-        let mut found = None;
-        while let Some(entry) = list.pop() {
-            self.gauge.dec();
-            if entry.since.elapsed() < IDLE_TIMEOUT && !entry.connection.sender.is_closed() {
-                found = Some(entry.connection);
-                break;
-            }
-        }
-        // Older ones expire first: whatever is left below an expired one is older still.
-        if found.is_none() || list.is_empty() {
-            self.gauge.sub(list.len() as i64);
-            idle.remove(target);
-        }
-        found
-    }
-}
-
-impl Drop for SidePool {
-    fn drop(&mut self) {
-        let kept: usize = self.idle.get_mut().values().map(Vec::len).sum();
-        self.gauge.sub(kept as i64);
+    /// Closes the connections idle for too long or closed by their peer.
+    pub(crate) fn sweep(&self) {
+        self.idle.lock().sweep();
     }
 }
 

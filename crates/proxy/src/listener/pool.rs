@@ -1,13 +1,12 @@
-//! One thread's idle connections to backends. A connection goes back only when its
-//! response has been read to the end, and is taken again only by the thread that made it,
-//! whose runtime drives it: nothing here is shared, locked or watched from elsewhere.
+//! One thread's connections to backends: made here, kept idle between requests in
+//! `idle_connections`, taken again only by the thread that made them, whose runtime drives
+//! them: nothing here is shared, locked or watched from elsewhere.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -15,18 +14,9 @@ use tokio::net::TcpStream;
 
 use super::bodies::ForwardBody;
 use super::Worker;
+use crate::idle_connections::{self, IdleConnections, Keepable, SWEEP_EVERY};
 use crate::metrics;
 use crate::routing::connections::Socket;
-
-/// How long an idle backend connection is kept. Shorter than the usual app-server idle
-/// timeouts (60 s and up) so the backend rarely closes first.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long a kept connection that is not ready yet may take to become so.
-const READY_WAIT: Duration = Duration::from_millis(50);
-
-/// How often expired idle connections are closed when no request comes to take them.
-const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// A connection to a backend, ready for one request at a time.
 pub(super) struct BackendConnection {
@@ -34,11 +24,6 @@ pub(super) struct BackendConnection {
     /// The socket, for the connection table (drains shut it down by descriptor).
     pub(super) socket: Socket,
     address: SocketAddr,
-}
-
-struct Idle {
-    connection: BackendConnection,
-    since: Instant,
 }
 
 /// Why no connection to a backend could be had.
@@ -68,19 +53,22 @@ impl ConnectFailure {
     }
 }
 
+impl Keepable for BackendConnection {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+}
+
 /// Idle connections by backend address, at most `limit` in all.
 pub(super) struct BackendPool {
-    idle: RefCell<HashMap<SocketAddr, Vec<Idle>>>,
-    idle_count: Cell<usize>,
-    limit: usize,
+    idle: RefCell<IdleConnections<SocketAddr, BackendConnection>>,
 }
 
 impl BackendPool {
     pub(super) fn new(limit: usize) -> Self {
+        let gauge = metrics::HYPER_IDLE_BACKEND_CONNECTIONS.clone();
         Self {
-            idle: RefCell::default(),
-            idle_count: Cell::new(0),
-            limit,
+            idle: RefCell::new(IdleConnections::new(limit, gauge)),
         }
     }
 
@@ -90,19 +78,11 @@ impl BackendPool {
         address: SocketAddr,
         connect_timeout: Duration,
     ) -> Result<BackendConnection, ConnectFailure> {
-        while let Some(idle) = self.take_idle(address) {
-            if idle.since.elapsed() >= IDLE_TIMEOUT || idle.connection.sender.is_closed() {
-                continue;
-            }
-            let mut connection = idle.connection;
-            if connection.sender.is_ready() {
-                return Ok(connection);
-            }
-            // Its task may not have run since the last answer ended; but a connection still
-            // sending the body of a request answered early (a 413 before the upload ended)
-            // is not waited for: a new one is quicker than an upload.
-            let ready = tokio::time::timeout(READY_WAIT, connection.sender.ready()).await;
-            if matches!(ready, Ok(Ok(()))) {
+        loop {
+            let Some(mut connection) = self.idle.borrow_mut().take(&address) else {
+                break;
+            };
+            if idle_connections::ready(&mut connection.sender).await {
                 return Ok(connection);
             }
         }
@@ -112,62 +92,22 @@ impl BackendPool {
     /// Keeps `connection`, whose last response was read to the end, for the next request;
     /// closes it when the pool is full.
     pub(super) fn put(&self, connection: BackendConnection) {
-        if self.idle_count.get() >= self.limit || connection.sender.is_closed() {
-            return;
-        }
-        self.idle
-            .borrow_mut()
-            .entry(connection.address)
-            .or_default()
-            .push(Idle {
-                connection,
-                since: Instant::now(),
-            });
-        self.idle_count.set(self.idle_count.get() + 1);
-        metrics::HYPER_IDLE_BACKEND_CONNECTIONS.inc();
-    }
-
-    fn take_idle(&self, address: SocketAddr) -> Option<Idle> {
-        let mut idle = self.idle.borrow_mut();
-        let list = idle.get_mut(&address)?;
-        let taken = list.pop();
-        if list.is_empty() {
-            idle.remove(&address);
-        }
-        if taken.is_some() {
-            self.forget_idle(1);
-        }
-        taken
-    }
-
-    /// Closes the connections idle for too long or closed by their backend.
-    fn sweep(&self) {
-        let mut idle = self.idle.borrow_mut();
-        let before: usize = idle.values().map(Vec::len).sum();
-        idle.retain(|_, list| {
-            list.retain(|entry| {
-                entry.since.elapsed() < IDLE_TIMEOUT && !entry.connection.sender.is_closed()
-            });
-            !list.is_empty()
-        });
-        let after: usize = idle.values().map(Vec::len).sum();
-        drop(idle);
-        self.forget_idle(before - after);
-    }
-
-    fn forget_idle(&self, count: usize) {
-        self.idle_count.set(self.idle_count.get() - count);
-        metrics::HYPER_IDLE_BACKEND_CONNECTIONS.sub(count as i64);
+        self.idle.borrow_mut().put(connection.address, connection);
     }
 }
 
-/// Closes expired idle connections of `worker`'s pool for as long as its thread runs.
+/// Closes expired idle connections of `worker`'s pools (its backends', its mirror copies'
+/// and its image originals') for as long as its thread runs.
 pub(super) async fn sweep_idle(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        worker.pool.sweep();
+        worker.pool.idle.borrow_mut().sweep();
+        worker.mirrors.sweep_idle();
+        if let Some(images) = &worker.shared.images {
+            images.sweep_idle();
+        }
     }
 }
 

@@ -80,6 +80,11 @@ impl ImageStage {
         }
     }
 
+    /// Closes this thread's connections for originals idle for too long.
+    pub(crate) fn sweep_idle(&self) {
+        self.originals.sweep();
+    }
+
     /// A place among the requests under way, waiting for one until `deadline`; `None` when
     /// too many already wait or the deadline passes.
     async fn admit(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {

@@ -62,6 +62,11 @@ impl MirrorClient {
             ),
         }
     }
+
+    /// Closes this thread's shadow connections idle for too long.
+    pub(crate) fn sweep_idle(&self) {
+        self.pool.sweep();
+    }
 }
 
 /// The request path's end of a copy in progress: body chunks are pushed here as they
