@@ -440,6 +440,40 @@ fn a_long_download_keeps_its_backend_through_changes_and_its_removal() {
     assert!(text.lines().all(|l| l.ends_with("from origin")));
 }
 
+/// A drain reaches a plain HTTP response too, not only upgraded connections: deleting the
+/// app cuts its long download once the grace has passed.
+#[test]
+fn deleting_an_app_cuts_its_long_download_after_the_grace() {
+    let router = RouterProcess::start();
+    let origin = Backend::start("origin");
+    router.put_app(
+        "files",
+        json!({"domains": ["files.test"], "backends": [origin.addr.to_string()]}),
+    );
+    let http = router.http;
+    let started = Instant::now();
+    // Five seconds long: five times the drain grace.
+    let download = std::thread::spawn(move || {
+        support::get(http, "files.test", "/stream?chunks=50&interval_ms=100")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(router.admin_call("DELETE", "/v1/apps/files", None).0, 204);
+    let outcome = download.join().expect("download thread");
+    let lasted = started.elapsed();
+    assert!(
+        lasted < Duration::from_millis(3500),
+        "cut after the grace, not at its end: {lasted:?}"
+    );
+    if let Ok(response) = outcome {
+        let chunks = response.text().lines().count();
+        assert!((1..50).contains(&chunks), "cut short: {chunks} chunks");
+    }
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"app_deleted\"}"),
+        1.0
+    );
+}
+
 #[test]
 fn apps_survive_a_restart_and_a_kill_9() {
     let mut router = RouterProcess::start();

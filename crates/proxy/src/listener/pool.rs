@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::client::conn::http1::{self, SendRequest};
@@ -16,13 +17,13 @@ use super::bodies::ForwardBody;
 use super::Worker;
 use crate::idle_connections::{self, IdleConnections, Keepable, SWEEP_EVERY};
 use crate::metrics;
-use crate::routing::connections::Socket;
+use crate::routing::connections::ShutdownRequest;
 
 /// A connection to a backend, ready for one request at a time.
 pub(super) struct BackendConnection {
     pub(super) sender: SendRequest<ForwardBody>,
-    /// The socket, for the connection table (drains shut it down by descriptor).
-    pub(super) socket: Socket,
+    /// Watched for as long as the connection lives, for the connection table's drains.
+    pub(super) shutdown: Arc<ShutdownRequest>,
     address: SocketAddr,
 }
 
@@ -124,25 +125,34 @@ async fn connect(
         Ok(Ok(stream)) => stream,
     };
     let _ = stream.set_nodelay(true);
-    let local = stream
-        .local_addr()
-        .map_err(|e| ConnectFailure::Other(e.to_string()))?;
-    let socket = Socket {
-        fd: stream.as_raw_fd(),
-        local,
-    };
+    let descriptor = stream.as_raw_fd();
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| ConnectFailure::Other(e.to_string()))?;
     metrics::HYPER_BACKEND_CONNECTS.inc();
+    let shutdown = Arc::new(ShutdownRequest::default());
+    let watched = shutdown.clone();
     tokio::task::spawn_local(async move {
-        if let Err(e) = connection.with_upgrades().await {
+        let connection = connection.with_upgrades();
+        tokio::pin!(connection);
+        let ended = tokio::select! {
+            ended = &mut connection => ended,
+            () = watched.requested() => {
+                // `connection` holds the stream until it completes (an upgrade hands it to
+                // the relay, which watches the same request), so the descriptor is still
+                // this socket's. Shutting it down rather than dropping the connection ends
+                // the request as a backend's close would, with a FIN, not a reset.
+                let _ = nix::sys::socket::shutdown(descriptor, nix::sys::socket::Shutdown::Both);
+                connection.await
+            }
+        };
+        if let Err(e) = ended {
             log::debug!("listener: connection to backend {address} ended: {e}");
         }
     });
     Ok(BackendConnection {
         sender,
-        socket,
+        shutdown,
         address,
     })
 }

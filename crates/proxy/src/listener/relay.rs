@@ -4,7 +4,8 @@
 //! there, and lets it go as soon as a read would wait again, so an idle WebSocket costs its
 //! two sockets and a task, not two buffers (and OpenSSL gives its buffers back while idle).
 //!
-//! When the router closes the backend's side (a drain), the client gets a close frame 1001
+//! When the router closes the backend's side (a drain asks through the connection table;
+//! the relay, owning the socket now, shuts it down), the client gets a close frame 1001
 //! between two of the backend's frames (`websocket_close`).
 
 use std::cell::{Cell, RefCell};
@@ -26,6 +27,7 @@ use tokio_openssl::SslStream;
 use super::bodies::RequestEnd;
 use super::send_deadline::SendDeadline;
 use crate::connection::websocket_close::{self, FrameBoundary};
+use crate::routing::connections::ShutdownRequest;
 
 /// Most bytes read at once in one direction.
 const READ_CHUNK: usize = 16 * 1024;
@@ -143,6 +145,14 @@ impl Side {
         Ok(())
     }
 
+    /// Ends both ways of this side's socket at once, as a drain does.
+    fn shutdown_both(&self) {
+        let _ = match self {
+            Self::Plain(stream) => SockRef::from(stream).shutdown(Shutdown::Both),
+            Self::Tls(stream) => SockRef::from(stream.borrow().get_ref()).shutdown(Shutdown::Both),
+        };
+    }
+
     /// Ends this side's sending (a TLS side sends its close_notify first).
     async fn shutdown_write(&self) {
         match self {
@@ -173,10 +183,19 @@ async fn relay(
     let bytes_in = end.bytes_in.clone();
     let to_backend = pump(client, backend, |n, _| bytes_in.set(bytes_in.get() + n));
     let bytes_out = Cell::new(0);
-    let to_client = pump(backend, client, |n, data| {
-        frames.borrow_mut().advance(data);
-        bytes_out.set(bytes_out.get() + n);
-    });
+    let shutdown = end
+        .ctx
+        .upstream_connection
+        .as_ref()
+        .map(|c| c.connection().shutdown_request().clone());
+    let to_client = until_shut_down(
+        backend,
+        shutdown.as_deref(),
+        pump(backend, client, |n, data| {
+            frames.borrow_mut().advance(data);
+            bytes_out.set(bytes_out.get() + n);
+        }),
+    );
     tokio::pin!(to_backend, to_client);
     let first = tokio::select! {
         result = &mut to_client => {
@@ -201,6 +220,25 @@ async fn relay(
     };
     end.bytes_out += bytes_out.get();
     first
+}
+
+/// Runs `pump`, reading from `backend`, to its end; when the router asks for the backend's
+/// socket to be shut down meanwhile (or had asked before the relay began), shuts it down,
+/// which the pump then reads as the backend's close.
+async fn until_shut_down(
+    backend: &Side,
+    shutdown: Option<&ShutdownRequest>,
+    pump: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    tokio::pin!(pump);
+    let Some(shutdown) = shutdown else {
+        return pump.await;
+    };
+    tokio::select! {
+        ended = &mut pump => return ended,
+        () = shutdown.requested() => backend.shutdown_both(),
+    }
+    pump.await
 }
 
 /// Copies `from` to `to` until `from` ends, calling `seen` with each piece.

@@ -376,7 +376,7 @@ async fn proxy(
                 return failed(matches!(failure, ConnectFailure::TimedOut));
             }
         };
-        attempt::register_connection(ctx, &shared.connections, connection.socket);
+        attempt::register_connection(ctx, &shared.connections, connection.shutdown.clone());
         let may_retry = repeatable && attempt::attempts_left(ctx);
         let again = || {
             replay

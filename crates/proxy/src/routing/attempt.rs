@@ -11,7 +11,7 @@ use crate::context::RequestCtx;
 use crate::metrics;
 use crate::respond::LocalAnswer;
 use crate::routing::balancer::Pick;
-use crate::routing::connections::{ConnectionTable, Socket};
+use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 
 /// Starts the next attempt: picks a backend the request has not tried, counts it in
 /// flight and returns its address; or says why none can be used.
@@ -32,12 +32,13 @@ pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAns
     Ok(address)
 }
 
-/// Enters `socket`, the current attempt's connection to its backend, in the connection
-/// table under the request's app and Host, where a drain can find it (see `drain`).
+/// Enters the current attempt's connection to its backend, whose owner watches `shutdown`,
+/// in the connection table under the request's app and Host, where a drain can find it
+/// (see `drain`).
 pub(crate) fn register_connection(
     ctx: &mut RequestCtx,
     connections: &Arc<ConnectionTable>,
-    socket: Socket,
+    shutdown: Arc<ShutdownRequest>,
 ) {
     let (Some(backend), Some(route), Some(host)) = (
         ctx.backend.as_ref(),
@@ -46,7 +47,7 @@ pub(crate) fn register_connection(
     ) else {
         return;
     };
-    let ticket = connections.register(route.clone(), host, backend.backend().address, socket);
+    let ticket = connections.register(route.clone(), host, backend.backend().address, shutdown);
     ctx.upstream_connection = Some(ticket);
 }
 

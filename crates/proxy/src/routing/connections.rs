@@ -3,16 +3,20 @@
 //! registers its upstream socket once connected and the registration ends with the attempt,
 //! so the table holds exactly the connections in use and is bounded by the connections the
 //! router accepts (`switchyard_upstream_connections_in_use`).
+//!
+//! The table never touches a socket: closing one is a request (`ShutdownRequest`) that the
+//! socket's owner carries out — hyper's connection task while the connection speaks HTTP,
+//! the WebSocket relay after an upgrade. Only the owner knows its descriptor is still that
+//! socket's, so a close can never reach a socket that later reused the number.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use nix::sys::socket::{getpeername, getsockname, shutdown, Shutdown, SockaddrStorage};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::metrics;
 use crate::routing::route_cache::AppRoute;
@@ -83,7 +87,7 @@ impl ConnectionTable {
         route: Arc<AppRoute>,
         host: &str,
         backend: SocketAddr,
-        socket: Socket,
+        shutdown: Arc<ShutdownRequest>,
     ) -> ConnectionTicket {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let connection = Arc::new(UpstreamConnection {
@@ -91,7 +95,7 @@ impl ConnectionTable {
             route,
             host: host.into(),
             backend,
-            socket,
+            shutdown,
             state: Mutex::new(ConnectionState::default()),
         });
         self.shard(id).lock().insert(id, connection.clone());
@@ -141,14 +145,33 @@ impl ConnectionTable {
     }
 }
 
-/// An upstream socket, identified by its 4-tuple as well as its descriptor so that closing
-/// it can tell it apart from an unrelated socket that later reuses the descriptor number.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Socket {
-    /// Descriptor of the socket while the request holds it.
-    pub(crate) fd: RawFd,
-    /// Local address of the socket when it was registered.
-    pub(crate) local: SocketAddr,
+/// The router's wish that a backend socket be shut down (both ways), made by a drain and
+/// carried out by whoever owns the socket at the time. It outlives any one request: a
+/// connection's owner watches it for as long as it holds the socket.
+#[derive(Debug, Default)]
+pub(crate) struct ShutdownRequest {
+    requested: AtomicBool,
+    notify: Notify,
+}
+
+impl ShutdownRequest {
+    /// Asks the owner to shut the socket down.
+    pub(crate) fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Returns once the shutdown has been asked for (at once if it already was).
+    pub(crate) async fn requested(&self) {
+        loop {
+            // Registered before the flag is read, so a request between the two still wakes it.
+            let notified = self.notify.notified();
+            if self.requested.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// One backend connection in use.
@@ -158,7 +181,7 @@ pub(crate) struct UpstreamConnection {
     route: Arc<AppRoute>,
     host: Box<str>,
     backend: SocketAddr,
-    socket: Socket,
+    shutdown: Arc<ShutdownRequest>,
     state: Mutex<ConnectionState>,
 }
 
@@ -263,8 +286,8 @@ impl UpstreamConnection {
         self.state.lock().closed_for
     }
 
-    /// Shuts the socket down, which ends the request as if the backend had closed it; false
-    /// when its request was already over or the descriptor now belongs to another socket.
+    /// Has the socket shut down, which ends the request as if the backend had closed it;
+    /// false when its request was already over or the router had closed it already.
     pub(crate) fn close(&self, reason: CloseReason) -> bool {
         {
             let mut state = self.state.lock();
@@ -273,39 +296,23 @@ impl UpstreamConnection {
             }
             state.closed_for = Some(reason);
         }
-        if !self.socket_is_still_ours() {
-            return false;
-        }
-        match shutdown(self.socket.fd, Shutdown::Both) {
-            Ok(()) => {
-                metrics::DRAINED_CONNECTIONS
-                    .with_label_values(&[reason.label()])
-                    .inc();
-                log::info!(
-                    "closed a connection of app {} (Host {}) to backend {}: {}",
-                    self.app(),
-                    self.host,
-                    self.backend,
-                    reason.label()
-                );
-                true
-            }
-            Err(e) => {
-                log::debug!("shutdown of a connection to {} failed: {e}", self.backend);
-                false
-            }
-        }
+        self.shutdown.request();
+        metrics::DRAINED_CONNECTIONS
+            .with_label_values(&[reason.label()])
+            .inc();
+        log::info!(
+            "closed a connection of app {} (Host {}) to backend {}: {}",
+            self.app(),
+            self.host,
+            self.backend,
+            reason.label()
+        );
+        true
     }
 
-    /// A live 4-tuple is unique: a descriptor number reused by another socket is left alone.
-    fn socket_is_still_ours(&self) -> bool {
-        let local = getsockname::<SockaddrStorage>(self.socket.fd)
-            .ok()
-            .and_then(|a| to_std(&a));
-        let remote = getpeername::<SockaddrStorage>(self.socket.fd)
-            .ok()
-            .and_then(|a| to_std(&a));
-        local == Some(self.socket.local) && remote == Some(self.backend)
+    /// The request its socket's owner watches.
+    pub(crate) fn shutdown_request(&self) -> &Arc<ShutdownRequest> {
+        &self.shutdown
     }
 }
 
@@ -335,13 +342,4 @@ impl std::fmt::Debug for ConnectionTable {
             .field("connections", &self.len())
             .finish()
     }
-}
-
-fn to_std(address: &SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v4) = address.as_sockaddr_in() {
-        return Some(SocketAddr::from((v4.ip(), v4.port())));
-    }
-    address
-        .as_sockaddr_in6()
-        .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
 }
