@@ -10,7 +10,8 @@ pub enum Change {
     App {
         /// The app's name.
         name: String,
-        /// Domains whose routing may have changed.
+        /// Domains whose routing may have changed (left out of the JSON when none).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         domains: Vec<String>,
     },
     /// The certificate stored under `domain` (exact or `*.` wildcard) was put or deleted.

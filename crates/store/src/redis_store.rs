@@ -33,6 +33,11 @@ const PUBSUB_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Optimistic retries of a read-modify-write (scale) racing other writers.
 const CAS_ATTEMPTS: usize = 8;
 
+// The scripts encode their events as tables for cjson, the fields of `ChangeEvent` (which
+// decodes them, and encodes the events published from Rust): never by concatenating text.
+// cjson cannot write an empty array (it writes `{}`), so an empty list is left out, as
+// serde leaves it out.
+
 /// Writes an app: refuses domains owned by another app, moves the domain index, bumps the
 /// revision and publishes the event. ARGV: name, app JSON, expected previous JSON or "" for
 /// "any", then the domains. Returns {"ok", event} | {"taken", domain, owner} | {"conflict"}.
@@ -61,9 +66,9 @@ end
 redis.call('SET', p .. 'app:' .. name, json)
 redis.call('ZADD', p .. 'apps', 0, name)
 local rev = redis.call('INCR', p .. 'revision')
-local domains = '[]'
-if #touched > 0 then domains = cjson.encode(touched) end
-local event = '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}'
+local event = {kind = 'app', name = name, rev = rev}
+if #touched > 0 then event.domains = touched end
+event = cjson.encode(event)
 redis.call('PUBLISH', p .. 'changes', event)
 return {'ok', event}
 "#;
@@ -83,9 +88,9 @@ end
 redis.call('DEL', p .. 'app:' .. name)
 redis.call('ZREM', p .. 'apps', name)
 local rev = redis.call('INCR', p .. 'revision')
-local domains = '[]'
-if #touched > 0 then domains = cjson.encode(touched) end
-local event = '{"kind":"app","name":' .. cjson.encode(name) .. ',"domains":' .. domains .. ',"rev":' .. rev .. '}'
+local event = {kind = 'app', name = name, rev = rev}
+if #touched > 0 then event.domains = touched end
+event = cjson.encode(event)
 redis.call('PUBLISH', p .. 'changes', event)
 return event
 "#;
@@ -105,7 +110,7 @@ else
   redis.call('ZADD', p .. 'certs', 0, domain)
 end
 local rev = redis.call('INCR', p .. 'revision')
-redis.call('PUBLISH', p .. 'changes', '{"kind":"cert","domain":' .. cjson.encode(domain) .. ',"rev":' .. rev .. '}')
+redis.call('PUBLISH', p .. 'changes', cjson.encode({kind = 'cert', domain = domain, rev = rev}))
 return 1
 "#;
 
@@ -370,12 +375,19 @@ enum PutOutcome {
     Conflict,
 }
 
-/// A change event and its revision: `{"kind":"app","name":…,"domains":[…],"rev":N}`.
+/// What travels on [`CHANGES_CHANNEL`]: the change's own fields and, for a stored change,
+/// the revision it made: `{"kind":"app","name":…,"domains":[…],"rev":N}`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ChangeEvent {
+    #[serde(flatten)]
+    change: Change,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rev: Option<i64>,
+}
+
 fn parse_event(payload: &str) -> Option<(Change, Option<i64>)> {
-    let value: serde_json::Value = serde_json::from_str(payload).ok()?;
-    let revision = value.get("rev").and_then(serde_json::Value::as_i64);
-    let change: Change = serde_json::from_value(value).ok()?;
-    Some((change, revision))
+    let event: ChangeEvent = serde_json::from_str(payload).ok()?;
+    Some((event.change, event.rev))
 }
 
 /// A write script with the key prefix written in: the layout's prefix has one source,
@@ -516,7 +528,13 @@ impl Store for RedisStore {
             path: path.to_string(),
             prefix,
         };
-        let event = encode(app, &change)?;
+        let event = encode(
+            app,
+            &ChangeEvent {
+                change: change.clone(),
+                rev: None,
+            },
+        )?;
         self.call(|mut c| async move { c.publish::<_, _, i64>(CHANGES_CHANNEL, event).await })
             .await?;
         self.changes.announce(change);
