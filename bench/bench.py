@@ -65,6 +65,18 @@ class Process:
         self.log.close()
 
 
+class Started(list):
+    """The processes a block starts, stopped last-first when it ends, however it ends."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        for process in reversed(self):
+            process.stop()
+        return False
+
+
 def get(port, host, path="/"):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
@@ -130,22 +142,30 @@ server {{
 """
 
 
-def nginx_conf(work, port):
+def nginx_proxy_conf(work, name, http):
+    """nginx as the proxy under test: a worker per core in the foreground, its pid and error
+    log in `work` under `name`, no access log, room for many server names; `http` ends its
+    http block."""
     return f"""
 worker_processes {THREADS};
 daemon off;
-pid {work}/nginx.pid;
-error_log {work}/nginx-error.log;
+pid {work}/{name}.pid;
+error_log {work}/{name}-error.log;
 events {{ worker_connections 8192; }}
 http {{
     access_log off;
     keepalive_requests 1000000;
     server_names_hash_max_size 1048576;
     server_names_hash_bucket_size 128;
-    server {{ listen 127.0.0.1:{port} default_server; return 404; }}
-    include {work}/nginx-apps/*.conf;
+{http}
 }}
 """
+
+
+def nginx_conf(work, port):
+    return nginx_proxy_conf(work, "nginx", f"""\
+    server {{ listen 127.0.0.1:{port} default_server; return 404; }}
+    include {work}/nginx-apps/*.conf;""")
 
 
 def haproxy_conf(work, port, apps, backend):

@@ -141,9 +141,8 @@ def main():
     cold_apps = 10000 if args.quick else 100000
 
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-fleet-"))
-    procs = []
     results = {"propagation": [], "throughput": {}, "cold": {}}
-    try:
+    with common.Started() as procs:
         origin, b1, b2 = common.start_origin(work)
         procs.append(origin)
         redis = Redis(work)
@@ -168,52 +167,38 @@ def main():
                 p.stop()
                 procs.remove(p)
 
-        # Warm cache: the same 1,000 apps on either store, one hot host.
-        redis.flush_and_seed(1000, b1)
-        embedded_data = work / "data-embedded"
-        subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(embedded_data), "--apps", "1000",
-                        "--backend", f"127.0.0.1:{b1}"], check=True, stdout=subprocess.DEVNULL)
-        for store, store_args, data in (("redis", redis_store, None), ("embedded", [], embedded_data)):
-            proc, port, _ = start_router(work, f"warm-{store}", store_args, data)
-            procs.append(proc)
+        def each_peer(phase, apps):
+            """Seeds `apps` apps in Redis and in an embedded store, then yields the name and
+            port of each peer serving them (the router on either store, nginx+lua), one at a
+            time, each stopped after its turn."""
+            redis.flush_and_seed(apps, b1)
+            embedded_data = work / f"data-{phase}-embedded"
+            subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(embedded_data), "--apps",
+                            str(apps), "--backend", f"127.0.0.1:{b1}"], check=True, stdout=subprocess.DEVNULL)
+            peers = (
+                ("redis", lambda: start_router(work, f"{phase}-redis", redis_store, None)[:2]),
+                ("embedded", lambda: start_router(work, f"{phase}-embedded", [], embedded_data)[:2]),
+                ("nginx+lua", lambda: start_nginx_lua(work, phase, redis.port)),
+            )
+            for name, start in peers:
+                proc, port = start()
+                procs.append(proc)
+                yield name, port
+                proc.stop()
+                procs.remove(proc)
+
+        # Warm cache: the same 1,000 apps everywhere, one hot host.
+        for name, port in each_peer("warm", 1000):
             common.wrk_throughput(port, 2)
             rps, errors = common.wrk_throughput(port, seconds)
-            results["throughput"][store] = {"rps": rps, "errors": errors}
-            print(f"warm throughput {store}: {rps:.0f} req/s {errors}", flush=True)
-            proc.stop()
-            procs.remove(proc)
-        ng, ng_port = start_nginx_lua(work, "warm", redis.port)
-        procs.append(ng)
-        common.wrk_throughput(ng_port, 2)
-        rps, errors = common.wrk_throughput(ng_port, seconds)
-        results["throughput"]["nginx+lua"] = {"rps": rps, "errors": errors}
-        print(f"warm throughput nginx+lua: {rps:.0f} req/s {errors}", flush=True)
-        ng.stop()
-        procs.remove(ng)
+            results["throughput"][name] = {"rps": rps, "errors": errors}
+            print(f"warm throughput {name}: {rps:.0f} req/s {errors}", flush=True)
 
         # Cold cache: every request of the walk is a first visit.
-        redis.flush_and_seed(cold_apps, b1)
-        embedded_data = work / "data-cold-embedded"
-        subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(embedded_data), "--apps",
-                        str(cold_apps), "--backend", f"127.0.0.1:{b1}"], check=True, stdout=subprocess.DEVNULL)
-        for store, store_args, data in (("redis", redis_store, None), ("embedded", [], embedded_data)):
-            proc, port, _ = start_router(work, f"cold-{store}", store_args, data)
-            procs.append(proc)
+        for name, port in each_peer("cold", cold_apps):
             rps = cold_throughput(port, cold_apps, seconds, work)
-            results["cold"][store] = {"rps": rps, "apps": cold_apps}
-            print(f"cold-cache throughput {store}: {rps:.0f} req/s", flush=True)
-            proc.stop()
-            procs.remove(proc)
-        ng, ng_port = start_nginx_lua(work, "cold", redis.port)
-        procs.append(ng)
-        rps = cold_throughput(ng_port, cold_apps, seconds, work)
-        results["cold"]["nginx+lua"] = {"rps": rps, "apps": cold_apps}
-        print(f"cold-cache throughput nginx+lua: {rps:.0f} req/s", flush=True)
-        ng.stop()
-        procs.remove(ng)
-    finally:
-        for p in reversed(procs):
-            p.stop()
+            results["cold"][name] = {"rps": rps, "apps": cold_apps}
+            print(f"cold-cache throughput {name}: {rps:.0f} req/s", flush=True)
 
     return report.finish_section("fleet", results, args.quick, work)
 

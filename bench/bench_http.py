@@ -27,7 +27,7 @@ from pathlib import Path
 
 import report
 from bench import (
-    HOT_HOST, ROOT, cached_app_memory, get, machine, nginx_route_changes, start_haproxy,
+    HOT_HOST, ROOT, Started, cached_app_memory, get, machine, nginx_route_changes, start_haproxy,
     start_nginx, start_origin, start_switchyard, switchyard_route_changes, vegeta_latency,
     wrk_throughput,
 )
@@ -46,11 +46,10 @@ def main():
     rates = [500, 1000, 2000]
 
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
-    started = []
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                "apps_for_load": load_apps, "throughput": {}, "latency": {}, "route_change": [],
                "nginx_start": {}, "targets": []}
-    try:
+    with Started() as started:
         origin, b1, b2 = start_origin(work)
         started.append(origin)
         print(f"work dir {work}; backends b1={b1} b2={b2}", flush=True)
@@ -118,9 +117,6 @@ def main():
         per_app = results["memory"]["bytes_per_app"]
         results["targets"].append({"name": f"resident memory ≤ 2 KB per stored app at {memory_apps} apps (all cached)",
                                    "measured": f"{per_app:.0f} B", "met": per_app <= 2048})
-    finally:
-        for p in reversed(started):
-            p.stop()
 
     out = ROOT / "bench" / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
     (ROOT / "bench" / "results").mkdir(exist_ok=True)

@@ -96,22 +96,10 @@ def nginx_https_conf(work, port, apps, backend):
 }}
 """)
     (work / "nginx-https-apps.conf").write_text("".join(blocks))
-    return f"""
-worker_processes {common.THREADS};
-daemon off;
-pid {work}/nginx-https.pid;
-error_log {work}/nginx-https-error.log;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
-    server_names_hash_max_size 1048576;
-    server_names_hash_bucket_size 128;
+    return common.nginx_proxy_conf(work, "nginx-https", f"""\
     ssl_protocols TLSv1.2 TLSv1.3;
     upstream origin {{ server 127.0.0.1:{backend}; keepalive 64; }}
-    include {work}/nginx-https-apps.conf;
-}}
-"""
+    include {work}/nginx-https-apps.conf;""")
 
 
 def vegeta(port, rate, seconds, keepalive, workers=None):
@@ -158,9 +146,8 @@ def main():
     startup_sizes = [10000] if args.quick else [10000, 100000]
 
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-https-"))
-    started_procs = []
     results = {"apps": apps, "latency": {}, "handshake_rate": {}, "startup": [], "cold_vs_warm": None}
-    try:
+    with common.Started() as started_procs:
         origin, b1, _ = common.start_origin(work)
         started_procs.append(origin)
         data = seed(work, "load", apps, apps, b1, pem_files=apps)
@@ -208,9 +195,6 @@ def main():
             sy.stop()
             started_procs.remove(sy)
             shutil.rmtree(data, ignore_errors=True)
-    finally:
-        for p in reversed(started_procs):
-            p.stop()
 
     return report.finish_section("https", results, args.quick, work)
 

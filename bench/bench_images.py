@@ -18,7 +18,6 @@ import struct
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import bench as common
 import report

@@ -25,7 +25,6 @@ import subprocess
 import threading
 import time
 import zlib
-from pathlib import Path
 
 import bench as common
 import report

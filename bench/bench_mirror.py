@@ -147,8 +147,7 @@ def main():
     seconds = 3 if args.quick else args.seconds
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-mirror-"))
     results = {"rate": RATE, "seconds": seconds, "runs": []}
-    procs = []
-    try:
+    with common.Started() as procs:
         backends, ports = start_backends(work)
         procs.append(backends)
         sy, sy_port, sy_admin = start_switchyard(work)
@@ -178,9 +177,6 @@ def main():
                       f"mean {r['mean_ms']:.3f} p99 {r['p99_ms']:.3f} ms success {r['success']:.3f}",
                       flush=True)
                 ng.stop()
-    finally:
-        for p in reversed(procs):
-            p.stop()
     return report.finish_section("mirror", results, args.quick, work)
 
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import HOT_HOST, ROOT, THREADS, host
+from bench import HOT_HOST, ROOT, THREADS, Started, host
 
 
 def write_report(results, path):
@@ -418,12 +418,8 @@ def run_section(key, doc, measure):
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
     work = Path(tempfile.mkdtemp(prefix=f"switchyard-bench-{key}-"))
-    procs = []
-    try:
+    with Started() as procs:
         results = measure(work, seconds, procs)
-    finally:
-        for p in reversed(procs):
-            p.stop()
     return finish_section(key, results, args.quick, work)
 
 

@@ -33,7 +33,7 @@ import http.client
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import BIN, ROOT, Process, free_port, put_app, wait_port  # noqa: E402
+from bench import BIN, ROOT, Process, Started, free_port, put_app, wait_port  # noqa: E402
 from report import written_by_other_scripts  # noqa: E402
 
 H2SPEC = shutil.which("h2spec") or str(Path.home() / "go" / "bin" / "h2spec")
@@ -372,8 +372,7 @@ def write_report(results):
 
 def main():
     work = Path(tempfile.mkdtemp(prefix="switchyard-conformance-"))
-    procs = []
-    try:
+    with Started() as procs:
         ca, cert, key = make_pki(work)
         backend = start_backend(work, procs)
         other_backend = start_backend(work, procs, "other-backend")
@@ -392,9 +391,6 @@ def main():
                   f"cleartext {results[name]['h2spec_h2c']['passed']}/{results[name]['h2spec_h2c']['total']}, "
                   f"sslyze {'compliant' if results[name]['sslyze']['compliant'] else 'not compliant'}, "
                   f"testssl {results[name]['testssl']['by_severity']}", flush=True)
-    finally:
-        for p in reversed(procs):
-            p.stop()
     results["smuggling"] = smuggling_suite()
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), "cpu")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import ROOT, Process, free_port, put_app, serve_switchyard, wait_port  # noqa: E402
+from bench import ROOT, Process, Started, free_port, put_app, serve_switchyard, wait_port  # noqa: E402
 from report import machine, replace_section  # noqa: E402
 
 TOXIPROXY = os.environ.get("TOXIPROXY") or shutil.which("toxiproxy-server") or str(Path.home() / "go" / "bin" / "server")
@@ -319,8 +319,7 @@ def write_section(results):
 
 def main():
     work = Path(tempfile.mkdtemp(prefix="switchyard-faults-"))
-    procs = []
-    try:
+    with Started() as procs:
         backend_proc, backend = start_backend(work)
         procs.append(backend_proc)
         toxiproxy = Toxiproxy(work)
@@ -336,10 +335,7 @@ def main():
             "nginx": run_cases("nginx", start_nginx, toxiproxy, backend, work),
             "redis": run_redis_cases(toxiproxy, backend, work),
         }
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     (ROOT / "bench" / "results" / "faults.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(write_section(results)))
 

@@ -249,7 +249,7 @@ def write_section(results):
         f"one proxy (at most {OPEN_AT_ONCE} handshakes at a time) to an echo backend, one message "
         f"each, held {s['hold_s']} s, a second message each. Memory: growth of the proxy's resident "
         "set (all its processes) from before the first handshake to all open, per connection.",
-        *([f"", f"Asked for {results['asked']:,}; this machine's open-file hard limit is "
+        *(["", f"Asked for {results['asked']:,}; this machine's open-file hard limit is "
            f"{results['file_limit']:,} and cannot be raised here (no CAP_SYS_RESOURCE), and a proxy "
            f"holds two sockets per WebSocket, so {s['asked']:,} is the most one proxy process can hold."]
           if s["asked"] < results["asked"] else []), "",

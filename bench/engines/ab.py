@@ -33,8 +33,8 @@ def main():
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ab-"))
     tls = R.make_certificate(work) if args.scheme == "https" else None
-    processes, running = [], {}
-    try:
+    running = {}
+    with bench.Started() as processes:
         origin, backend, status = R.start_origin(work)
         processes.append(origin)
         for target in args.targets:
@@ -57,9 +57,6 @@ def main():
             base = base or median
             print(f"{target}: median {median:.1f} µs/request ({median / base:.2f}× {args.targets[0]}), "
                   f"rounds {', '.join(f'{v:.1f}' for v in measured[target])}")
-    finally:
-        for process in reversed(processes):
-            process.stop()
 
 
 if __name__ == "__main__":

@@ -473,21 +473,13 @@ def main():
                "connections": args.connections, "websockets": args.websockets, "proxies": {}}
     tls = make_certificate(work)
     for name in args.only or PROXIES:
-        procs = []
-        try:
+        with bench.Started() as procs:
             print(f"measuring {name} …", flush=True)
             results["proxies"][name] = measure_proxy(name, PROXIES[name], work, args, procs, tls)
-        finally:
-            for p in reversed(procs):
-                p.stop()
     if args.apps and "switchyard" in (args.only or PROXIES):
-        procs = []
-        try:
+        with bench.Started() as procs:
             print(f"measuring switchyard's memory per cached app ({args.apps} apps) …", flush=True)
             results["cached_app_memory"] = cached_app_memory(work, args.apps, procs)
-        finally:
-            for p in reversed(procs):
-                p.stop()
     print("\n".join(table(results)))
     if args.quick or args.only:
         print("(a partial or quick run: bench/ENGINE.md and bench/results are left as they are)")

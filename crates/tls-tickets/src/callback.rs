@@ -81,17 +81,9 @@ unsafe extern "C" fn ticket_key_callback(
             return FAILURE;
         }
         name.copy_from_slice(&key.name);
-        // SAFETY: the contexts come from OpenSSL for this call; keys and IV are the lengths
-        // AES-256-CBC and our HMAC-SHA256 key require.
+        // SAFETY: the contexts come from OpenSSL for this call.
         let ok = unsafe {
-            ffi::EVP_EncryptInit_ex(
-                cipher,
-                ffi::EVP_aes_256_cbc(),
-                std::ptr::null_mut(),
-                key.aes.as_ptr(),
-                iv_bytes.as_ptr(),
-            ) == 1
-                && init_hmac(hmac, &key.hmac)
+            init_cipher(cipher, &key.aes, iv_bytes, Direction::Seal) && init_hmac(hmac, &key.hmac)
         };
         if ok {
             SEALED
@@ -104,20 +96,47 @@ unsafe extern "C" fn ticket_key_callback(
         };
         // SAFETY: as above.
         let ok = unsafe {
-            init_hmac(hmac, &key.hmac)
-                && ffi::EVP_DecryptInit_ex(
-                    cipher,
-                    ffi::EVP_aes_256_cbc(),
-                    std::ptr::null_mut(),
-                    key.aes.as_ptr(),
-                    iv_bytes.as_ptr(),
-                ) == 1
+            init_hmac(hmac, &key.hmac) && init_cipher(cipher, &key.aes, iv_bytes, Direction::Open)
         };
         match (ok, current) {
             (false, _) => FAILURE,
             (true, true) => RESUME,
             (true, false) => RESUME_AND_RENEW,
         }
+    }
+}
+
+/// Whether a ticket is being sealed (issued) or opened (resumed).
+#[derive(Clone, Copy)]
+enum Direction {
+    Seal,
+    Open,
+}
+
+/// Sets `cipher` up for AES-256-CBC with `key` and `iv` in `direction`.
+///
+/// # Safety
+/// `cipher` must be a valid `EVP_CIPHER_CTX` from OpenSSL; `iv` is at least AES's block.
+unsafe fn init_cipher(
+    cipher: *mut ffi::EVP_CIPHER_CTX,
+    key: &[u8; AES_KEY_LEN],
+    iv: &[u8],
+    direction: Direction,
+) -> bool {
+    let encrypt = match direction {
+        Direction::Seal => 1,
+        Direction::Open => 0,
+    };
+    // SAFETY: upheld by the caller; the key is the length AES-256 takes (checked below).
+    unsafe {
+        ffi::EVP_CipherInit_ex(
+            cipher,
+            ffi::EVP_aes_256_cbc(),
+            std::ptr::null_mut(),
+            key.as_ptr(),
+            iv.as_ptr(),
+            encrypt,
+        ) == 1
     }
 }
 
