@@ -187,13 +187,13 @@ fn kept_alive_clients_reuse_a_few_backend_connections() {
     }
     assert_eq!(backend.requests(), CLIENTS * REQUESTS);
     // One connection per thread serves every request made one after another.
-    let opened = router.metric("switchyard_hyper_backend_connections_opened_total");
+    let opened = router.metric("switchyard_backend_connections_opened_total");
     assert!(
         (1.0..=2.0).contains(&opened),
         "{opened} backend connections for {} requests",
         CLIENTS * REQUESTS
     );
-    assert!(router.metric("switchyard_hyper_idle_backend_connections") >= 1.0);
+    assert!(router.metric("switchyard_idle_backend_connections") >= 1.0);
 }
 
 /// A client still sending a body the router has answered without reading (an unknown host,

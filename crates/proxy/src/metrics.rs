@@ -295,8 +295,8 @@ switchyard_metrics::declare_metrics! {
         &["app", "result"]
     ));
 
-    pub(crate) static HYPER_IDLE_BACKEND_CONNECTIONS: IntGauge = registered(register_int_gauge!(
-        "switchyard_hyper_idle_backend_connections",
+    pub(crate) static IDLE_BACKEND_CONNECTIONS: IntGauge = registered(register_int_gauge!(
+        "switchyard_idle_backend_connections",
         "Idle backend connections kept by the listener's threads (at most 2,048 per \
          thread; a connection finished when the pool is full is closed)."
     ));
@@ -310,8 +310,8 @@ switchyard_metrics::declare_metrics! {
         &["use"]
     ));
 
-    pub(crate) static HYPER_BACKEND_CONNECTS: IntCounter = registered(register_int_counter!(
-        "switchyard_hyper_backend_connections_opened_total",
+    pub(crate) static BACKEND_CONNECTS: IntCounter = registered(register_int_counter!(
+        "switchyard_backend_connections_opened_total",
         "Backend connections the listener opened."
     ));
 }

@@ -67,7 +67,7 @@ pub(super) struct BackendPool {
 
 impl BackendPool {
     pub(super) fn new(limit: usize) -> Self {
-        let gauge = metrics::HYPER_IDLE_BACKEND_CONNECTIONS.clone();
+        let gauge = metrics::IDLE_BACKEND_CONNECTIONS.clone();
         Self {
             idle: RefCell::new(IdleConnections::new(limit, gauge)),
         }
@@ -129,7 +129,7 @@ async fn connect(
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| ConnectFailure::Other(e.to_string()))?;
-    metrics::HYPER_BACKEND_CONNECTS.inc();
+    metrics::BACKEND_CONNECTS.inc();
     let shutdown = Arc::new(ShutdownRequest::default());
     let watched = shutdown.clone();
     tokio::task::spawn_local(async move {
