@@ -16,7 +16,7 @@ ensure_packages() {
 }
 
 ensure_build_tools() {
-  # libssl-dev: Pingora links the system OpenSSL (see .cargo/config.toml).
+  # libssl-dev: the router links the system OpenSSL (TLS, certificates, the ACME CSR).
   # libmodsecurity-dev and modsecurity-crs: the WAF (crates/waf) links libmodsecurity 3 and
   # loads the OWASP Core Rule Set from Debian's paths.
   ensure_packages build-essential pkg-config libssl-dev ca-certificates \

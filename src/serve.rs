@@ -255,6 +255,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let health = HealthChecker::new(routes);
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { health.run(watch).await }));
+    if let Some(settings) = config.acme.clone() {
+        let issuer = switchyard_acme::Issuer::new(settings, store.clone())
+            .map_err(anyhow::Error::msg)
+            .context("cannot start the ACME issuer")?;
+        let mut watch = shutdown.clone();
+        tasks.push(background.spawn(issuer.run(async move {
+            let _ = watch.changed().await;
+        })));
+    }
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress));
     if let Some(cache_redis) = cache_redis {

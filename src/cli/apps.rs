@@ -40,6 +40,10 @@ enum AppsCommand {
         /// Send Strict-Transport-Security with this max-age (seconds) on HTTPS responses.
         #[arg(long, value_name = "MAX_AGE_S")]
         hsts: Option<u64>,
+        /// Order certificates for the app's exact domains from the router's ACME CA
+        /// (`switchyard serve --acme-directory …`).
+        #[arg(long)]
+        acme: bool,
     },
     /// Show one app.
     Get {
@@ -112,6 +116,7 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             health_check,
             https_redirect,
             hsts,
+            acme,
         } => {
             let mut body = json!({"domains": domains, "backends": backend_specs(backends)});
             if let Some(balancer) = balancer {
@@ -119,6 +124,9 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             }
             if let Some(path) = health_check {
                 body["health_check"] = json!({"path": path});
+            }
+            if *acme {
+                body["tls"] = json!({"acme": true});
             }
             if *https_redirect {
                 body["https_redirect"] = json!(true);

@@ -1,4 +1,5 @@
-//! `switchyard certs …`: upload, list and delete TLS certificates.
+//! `switchyard certs …`: upload, list and delete TLS certificates; see where ACME orders
+//! stand.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,6 +47,9 @@ enum CertsCommand {
         /// The domain it is stored under.
         domain: String,
     },
+    /// Where each ACME-ordered domain stands (pending, validating, issued, failed), and
+    /// which router holds the issuing lease.
+    Status,
 }
 
 /// Runs one certificate command.
@@ -94,6 +98,37 @@ pub(crate) fn run(args: CertsArgs) -> ExitCode {
             text.push_str(&format!("{} certificates", certs.len()));
             (text, Value::Array(certs))
         }),
+        CertsCommand::Status => client.call("GET", "/v1/acme", None).and_then(|first| {
+            let domains = list_all(&client, "/v1/acme", "domains")?;
+            let lease = match first["lease"]["holder"].as_str() {
+                Some(holder) => format!("issuing: {holder}"),
+                None => "issuing: no router holds the lease".to_string(),
+            };
+            let mut text = format!(
+                "{lease}\n{:<40} {:<11} {:<12} {:<8} DETAIL\n",
+                "DOMAIN", "STATE", "EXPIRES", "ATTEMPTS"
+            );
+            for state in &domains {
+                let detail = match state["status"].as_str() {
+                    Some("failed") => format!(
+                        "next try {}: {}",
+                        time_of_day(state["next_try_unix"].as_i64().unwrap_or(0)),
+                        state["reason"].as_str().unwrap_or("")
+                    ),
+                    _ => state["reason"].as_str().unwrap_or("").to_string(),
+                };
+                let expires = state["not_after_unix"].as_i64().map_or("-".into(), date);
+                text.push_str(&format!(
+                    "{:<40} {:<11} {:<12} {:<8} {detail}\n",
+                    state["domain"].as_str().unwrap_or(""),
+                    state["status"].as_str().unwrap_or(""),
+                    expires,
+                    state["attempts"].as_i64().unwrap_or(0),
+                ));
+            }
+            text.push_str(&format!("{} domains", domains.len()));
+            Ok((text, json!({"lease": first["lease"], "domains": domains})))
+        }),
         CertsCommand::Delete { domain } => client
             .call("DELETE", &format!("/v1/certs/{domain}"), None)
             .map(|_| {
@@ -119,6 +154,17 @@ fn describe(info: &Value) -> String {
         info["issuer"].as_str().unwrap_or(""),
         date(not_after),
         days_left(not_after)
+    )
+}
+
+/// `YYYY-MM-DD HH:MM UTC` of a Unix time.
+fn time_of_day(unix: i64) -> String {
+    let seconds = unix.rem_euclid(86_400);
+    format!(
+        "{} {:02}:{:02} UTC",
+        date(unix),
+        seconds / 3600,
+        seconds % 3600 / 60
     )
 }
 
@@ -154,5 +200,6 @@ mod tests {
         assert_eq!(date(0), "1970-01-01");
         assert_eq!(date(951_782_400), "2000-02-29");
         assert_eq!(date(1_798_761_599), "2026-12-31");
+        assert_eq!(super::time_of_day(1_798_761_599), "2026-12-31 23:59 UTC");
     }
 }

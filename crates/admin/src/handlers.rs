@@ -19,6 +19,7 @@ use switchyard_model::{
 };
 
 use crate::{AdminState, ApiError};
+use switchyard_store::acme;
 
 const DEFAULT_PAGE: usize = 1000;
 const MAX_PAGE: usize = 10_000;
@@ -206,10 +207,36 @@ pub(crate) async fn get_cert(
     Path(domain): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let domain = valid_domain(&domain)?;
-    match state.store.get_cert(domain.as_str()).await? {
-        Some(cert) => Ok(Json(json!(cert.info))),
-        None => Err(cert_not_found(&domain)),
+    let acme = acme::domain(state.store.as_ref(), domain.as_str()).await?;
+    match (state.store.get_cert(domain.as_str()).await?, acme) {
+        (Some(cert), acme) => {
+            let mut shown = json!(cert.info);
+            shown["acme"] = json!(acme);
+            Ok(Json(shown))
+        }
+        // Ordered but not issued yet (or failing): its state says where it stands.
+        (None, Some(acme)) => Ok(Json(json!({"domain": domain.as_str(), "acme": acme}))),
+        (None, None) => Err(cert_not_found(&domain)),
     }
+}
+
+/// `GET /v1/acme`: who issues, and every domain's ACME state, a page at a time.
+pub(crate) async fn acme_status(
+    State(state): State<AdminState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(&query)?;
+    let store = state.store.as_ref();
+    let (domains, next_after) = acme::domains(store, query.after.as_deref(), limit).await?;
+    let lease = store
+        .acme_lease_holder()
+        .await?
+        .map(|(holder, token)| json!({"holder": holder, "fencing_token": token}));
+    Ok(Json(json!({
+        "lease": lease,
+        "domains": domains,
+        "next_after": next_after,
+    })))
 }
 
 pub(crate) async fn delete_cert(

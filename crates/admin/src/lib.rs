@@ -109,6 +109,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/apps/{name}/cache", delete(handlers::purge_cache))
         .route("/v1/waf/reload", post(handlers::reload_waf))
         .route("/v1/certs", get(handlers::list_certs))
+        .route("/v1/acme", get(handlers::acme_status))
         .route(
             "/v1/certs/{domain}",
             put(handlers::put_cert)

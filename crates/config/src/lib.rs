@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
+use switchyard_acme::AcmeSettings;
 use switchyard_logs::ShipConfig;
 use switchyard_model::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 use toml::Spanned;
@@ -155,6 +156,20 @@ settings! {
     log_batch_delay_ms: u64 = "SWITCHYARD_LOG_BATCH_DELAY_MS";
     /// Memory for batches waiting for the log service, in MiB; past it they spool to disk.
     log_buffer_mb: usize = "SWITCHYARD_LOG_BUFFER_MB";
+    /// ACME directory URL (https://…): certificates are ordered for the domains of apps
+    /// with `"tls": {"acme": true}`. Without it, no router of this one's store orders, but
+    /// every router still answers the HTTP-01 challenges stored by one that does.
+    acme_directory: String = "SWITCHYARD_ACME_DIRECTORY";
+    /// Contact address of the fleet's ACME account.
+    acme_email: String = "SWITCHYARD_ACME_EMAIL";
+    /// External account binding key id (CAs that require one).
+    acme_eab_kid: String = "SWITCHYARD_ACME_EAB_KID";
+    /// External account binding HMAC key, base64url as the CA gives it.
+    acme_eab_hmac: String = "SWITCHYARD_ACME_EAB_HMAC";
+    /// PEM of a CA to trust for the ACME directory (a private ACME server).
+    acme_ca_file: PathBuf = "SWITCHYARD_ACME_CA_FILE";
+    /// Seconds between the issuer's rounds when no app changes (renewals, retries).
+    acme_check_interval_s: u64 = "SWITCHYARD_ACME_CHECK_INTERVAL_S";
     /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
     log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
     /// Most disk the spool may use, in MiB; past it records are dropped and counted.
@@ -334,6 +349,8 @@ pub struct Config {
     pub pool_queue: usize,
     /// Heavy stages run on the event loop instead of the pool (benchmarks only).
     pub pool_inline: bool,
+    /// Certificates ordered by ACME, when a directory is set.
+    pub acme: Option<AcmeSettings>,
 }
 
 /// Where access-log records go.
@@ -460,6 +477,17 @@ impl Config {
             Some(url) => Some((url.to_string(), cache_redis_timeout)),
             None => None,
         };
+        let acme = acme_settings(
+            source,
+            AcmeSources {
+                directory: settings.acme_directory,
+                email: settings.acme_email,
+                eab_kid: settings.acme_eab_kid,
+                eab_hmac: settings.acme_eab_hmac,
+                ca_file: settings.acme_ca_file,
+                check_interval_s: settings.acme_check_interval_s,
+            },
+        )?;
         let access_log = access_log_choice(
             source,
             settings.access_log,
@@ -513,9 +541,87 @@ impl Config {
             pool_inline: settings
                 .pool_mode
                 .choice(source, &[("threads", false), ("inline", true)])?,
+            acme,
             data_dir,
         })
     }
+}
+
+/// The ACME settings as given.
+struct AcmeSources {
+    directory: Setting<String>,
+    email: Setting<String>,
+    eab_kid: Setting<String>,
+    eab_hmac: Setting<String>,
+    ca_file: Setting<PathBuf>,
+    check_interval_s: Setting<u64>,
+}
+
+/// ACME is on when a directory is given; the other settings are refused without one, so
+/// that a typo in the directory's name does not silently leave certificates unordered.
+fn acme_settings(source: &Source<'_>, given: AcmeSources) -> anyhow::Result<Option<AcmeSettings>> {
+    let Some(directory) = given.directory.value.clone() else {
+        for (set, at) in [
+            (given.email.value.is_some(), given.email.at(source)),
+            (given.eab_kid.value.is_some(), given.eab_kid.at(source)),
+            (given.eab_hmac.value.is_some(), given.eab_hmac.at(source)),
+            (given.ca_file.value.is_some(), given.ca_file.at(source)),
+        ] {
+            if set {
+                bail!("{at}: needs acme_directory");
+            }
+        }
+        return Ok(None);
+    };
+    if !directory.starts_with("https://") || directory.parse::<http::Uri>().is_err() {
+        bail!(
+            "{}: must be the https:// URL of an ACME directory",
+            given.directory.at(source)
+        );
+    }
+    let eab = match (given.eab_kid.value.clone(), given.eab_hmac.value.as_deref()) {
+        (None, None) => None,
+        (Some(kid), Some(hmac)) => Some((
+            kid,
+            base64url(hmac)
+                .with_context(|| format!("{}: not base64url", given.eab_hmac.at(source)))?,
+        )),
+        (Some(_), None) => bail!("{}: needs acme_eab_hmac too", given.eab_kid.at(source)),
+        (None, Some(_)) => bail!("{}: needs acme_eab_kid too", given.eab_hmac.at(source)),
+    };
+    if let Some(path) = &given.ca_file.value {
+        if let Err(e) = std::fs::metadata(path) {
+            bail!(
+                "{}: cannot read {}: {e}",
+                given.ca_file.at(source),
+                path.display()
+            );
+        }
+    }
+    Ok(Some(AcmeSettings {
+        directory,
+        email: given.email.value.filter(|e| !e.is_empty()),
+        eab,
+        ca_file: given.ca_file.value,
+        check_interval: given.check_interval_s.seconds(source, 3600)?,
+    }))
+}
+
+/// Decodes base64url (padded or not), as CAs give EAB keys.
+fn base64url(text: &str) -> anyhow::Result<Vec<u8>> {
+    let mut standard: String = text
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '-' => '+',
+            '_' => '/',
+            c => c,
+        })
+        .collect();
+    while !standard.len().is_multiple_of(4) {
+        standard.push('=');
+    }
+    Ok(openssl::base64::decode_block(&standard)?)
 }
 
 /// The settings of shipping access logs to log services.
@@ -720,5 +826,45 @@ mod tests {
         let err = with_file("admin = \"0.0.0.0:8081\"\n").expect_err("no token");
         assert!(err.to_string().contains("token"), "{err}");
         assert!(with_file("admin = \"0.0.0.0:8081\"\nadmin_token = \"s3cret\"\n").is_ok());
+    }
+
+    #[test]
+    fn acme_settings_are_refused_with_their_line() {
+        let cases = [
+            ("acme_email = \"ops@example.com\"\n", "line 1: acme_email: needs acme_directory"),
+            ("acme_directory = \"http://ca.test/dir\"\n", "line 1: acme_directory"),
+            (
+                "acme_directory = \"https://ca.test/dir\"\nacme_eab_kid = \"kid\"\n",
+                "line 2: acme_eab_kid: needs acme_eab_hmac too",
+            ),
+            (
+                "acme_directory = \"https://ca.test/dir\"\nacme_eab_kid = \"k\"\nacme_eab_hmac = \"%%\"\n",
+                "line 3: acme_eab_hmac: not base64url",
+            ),
+            (
+                "acme_directory = \"https://ca.test/dir\"\nacme_ca_file = \"/nonexistent/ca.pem\"\n",
+                "line 2: acme_ca_file: cannot read",
+            ),
+        ];
+        for (file, expected) in cases {
+            let err = with_file(file).expect_err(file);
+            assert!(format!("{err:#}").contains(expected), "{file}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn acme_is_on_with_a_directory_and_decodes_the_eab_key() {
+        let config = with_file(
+            "acme_directory = \"https://ca.test/dir\"\nacme_eab_kid = \"kid-1\"\nacme_eab_hmac = \"aGVsbG8_-w\"\n",
+        )
+        .expect("valid");
+        let acme = config.acme.expect("acme on");
+        assert_eq!(acme.directory, "https://ca.test/dir");
+        assert_eq!(
+            acme.eab,
+            Some(("kid-1".to_string(), b"hello?\xfb".to_vec()))
+        );
+        assert_eq!(acme.check_interval, Duration::from_secs(3600));
+        assert!(with_file("").expect("defaults").acme.is_none());
     }
 }

@@ -178,6 +178,24 @@ pub struct App {
     /// What happens to open connections to a backend the app no longer lists.
     #[serde(default, skip_serializing_if = "Drain::keeps_connections")]
     pub drain: Drain,
+    /// How the app's certificates are obtained.
+    #[serde(default, skip_serializing_if = "AppTls::is_default")]
+    pub tls: AppTls,
+}
+
+/// How an app's certificates are obtained: uploaded by the operator (the default), or also
+/// ordered by the router from its ACME CA for each exact domain without a valid upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AppTls {
+    /// Order certificates for the app's domains by ACME.
+    #[serde(default)]
+    pub acme: bool,
+}
+
+impl AppTls {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// What happens to connections still open to a backend removed from the app (scale down,

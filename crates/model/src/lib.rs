@@ -3,6 +3,7 @@
 //! everything else — the store persists these types, the proxy routes by them, the admin API
 //! validates input with them — and it does no IO, so validation lives here once.
 
+mod acme;
 mod app;
 mod cache;
 mod certificate;
@@ -15,7 +16,8 @@ mod mirror;
 mod spec;
 mod waf;
 
-pub use app::{App, AppName, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
+pub use acme::{backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus};
+pub use app::{App, AppName, AppTls, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;

@@ -12,7 +12,8 @@ use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
 use crate::cache::parse_cache;
 use crate::mirror::{parse_mirror, MAX_FILTERS};
 use crate::{
-    App, AppName, Backend, Balancer, Domain, Drain, HealthCheck, Hsts, Timeouts, ValidationError,
+    App, AppName, AppTls, Backend, Balancer, Domain, Drain, HealthCheck, Hsts, Timeouts,
+    ValidationError,
 };
 
 type Fields<'a> = &'a Map<String, Value>;
@@ -42,6 +43,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "waf",
             "images",
             "drain",
+            "tls",
         ],
         "",
     )?;
@@ -126,6 +128,10 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => Drain::default(),
         Some(v) => parse_drain(v).map_err(|e| e.under("drain"))?,
     };
+    let tls = match fields.get("tls") {
+        None | Some(Value::Null) => AppTls::default(),
+        Some(v) => parse_tls(v).map_err(|e| e.under("tls"))?,
+    };
     Ok(App {
         name,
         domains,
@@ -142,6 +148,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         waf,
         images,
         drain,
+        tls,
     })
 }
 
@@ -291,6 +298,17 @@ fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
         unhealthy_threshold: optional_integer(fields, "unhealthy_threshold", 1, 100, 2)? as u32,
         healthy_threshold: optional_integer(fields, "healthy_threshold", 1, 100, 2)? as u32,
     })
+}
+
+fn parse_tls(value: &Value) -> Result<AppTls, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(fields, &["acme"], "")?;
+    let acme = match fields.get("acme") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ValidationError::new("acme", "must be true or false")),
+    };
+    Ok(AppTls { acme })
 }
 
 fn parse_hsts(value: &Value) -> Result<Hsts, ValidationError> {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransaction};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 
-use crate::{AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
+use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
 
 /// App name → the app as JSON.
 const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
@@ -23,6 +23,11 @@ const CERTS: TableDefinition<&str, &[u8]> = TableDefinition::new("certs");
 /// Domain → certificate description, as JSON: listings and expiry scans read these small
 /// records without touching keys.
 const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info");
+
+/// The ACME issuer's records, keyed `account:{directory}`, `domain:{domain}` and
+/// `challenge:{token}`; each value is its expiry (seconds since the epoch, big-endian, 0 for
+/// never) followed by its JSON.
+const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
 
 /// redb's page cache. Routes and certificates are cached above the store, which reads a
 /// record once per fill: the cache needs the B-trees' branch pages (about 100 KiB at
@@ -40,6 +45,15 @@ pub struct EmbeddedStore {
     /// to its successor must let go of it.
     db: Arc<RwLock<Option<Arc<Database>>>>,
     changes: Arc<ChangeFeed>,
+    /// The issuing lease: one process uses this file, so it lives in memory.
+    lease: Arc<Mutex<Lease>>,
+}
+
+/// The ACME issuing lease of a single process.
+#[derive(Debug, Default)]
+struct Lease {
+    holder: Option<(String, Instant, u64)>,
+    last_token: u64,
 }
 
 impl EmbeddedStore {
@@ -85,10 +99,12 @@ impl EmbeddedStore {
         txn.open_table(DOMAINS).map_err(unavailable)?;
         txn.open_table(CERTS).map_err(unavailable)?;
         txn.open_table(CERT_INFO).map_err(unavailable)?;
+        txn.open_table(ACME).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
             db: Arc::new(RwLock::new(Some(Arc::new(db)))),
             changes: Arc::default(),
+            lease: Arc::default(),
         })
     }
 
@@ -321,6 +337,124 @@ impl Store for EmbeddedStore {
         Ok(existed)
     }
 
+    async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError> {
+        let key = acme_key(record);
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(ACME).map_err(unavailable)?;
+        let value = table.get(key.as_str()).map_err(unavailable)?;
+        Ok(value.and_then(|v| unexpired(v.value(), unix_now()).map(str::to_string)))
+    }
+
+    async fn acme_put(
+        &self,
+        record: AcmeRecord<'_>,
+        json: String,
+        ttl: Option<Duration>,
+    ) -> Result<(), StoreError> {
+        let key = acme_key(record);
+        let expires = ttl.map_or(0, |ttl| unix_now().saturating_add(ttl.as_secs().max(1)));
+        let mut value = expires.to_be_bytes().to_vec();
+        value.extend_from_slice(json.as_bytes());
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            {
+                let mut table = txn.open_table(ACME).map_err(unavailable)?;
+                table
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(unavailable)?;
+                // Answers of orders that never cleaned up after themselves go with the next.
+                if record_is_challenge(&key) {
+                    let now = unix_now();
+                    table
+                        .retain_in::<&str, _>("challenge:".."challenge;", |_, v| {
+                            unexpired(v, now).is_some()
+                        })
+                        .map_err(unavailable)?;
+                }
+            }
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn acme_delete(&self, record: AcmeRecord<'_>) -> Result<(), StoreError> {
+        let key = acme_key(record);
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            txn.open_table(ACME)
+                .map_err(unavailable)?
+                .remove(key.as_str())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn acme_domains(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<String>, Option<String>), StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(ACME).map_err(unavailable)?;
+        let start = after.map_or_else(|| "domain:".to_string(), |a| format!("domain:{a}"));
+        let lower = match after {
+            Some(_) => std::ops::Bound::Excluded(start.as_str()),
+            None => std::ops::Bound::Included(start.as_str()),
+        };
+        let mut range = table
+            .range::<&str>((lower, std::ops::Bound::Excluded("domain;")))
+            .map_err(unavailable)?;
+        let mut page = Vec::new();
+        let mut last = None;
+        for entry in range.by_ref().take(limit) {
+            let (key, value) = entry.map_err(unavailable)?;
+            if let Some(json) = unexpired(value.value(), u64::MIN) {
+                page.push(json.to_string());
+            }
+            last = key.value().strip_prefix("domain:").map(str::to_string);
+        }
+        let next = if range.next().is_some() { last } else { None };
+        Ok((page, next))
+    }
+
+    async fn acme_lease(&self, holder: &str, ttl: Duration) -> Result<Option<u64>, StoreError> {
+        let now = Instant::now();
+        let mut lease = self.lease.lock();
+        match &mut lease.holder {
+            Some((current, expires, token)) if *expires > now => {
+                if current != holder {
+                    return Ok(None);
+                }
+                *expires = now + ttl;
+                Ok(Some(*token))
+            }
+            _ => {
+                lease.last_token += 1;
+                let token = lease.last_token;
+                lease.holder = Some((holder.to_string(), now + ttl, token));
+                Ok(Some(token))
+            }
+        }
+    }
+
+    async fn acme_release(&self, holder: &str) -> Result<(), StoreError> {
+        let mut lease = self.lease.lock();
+        if lease.holder.as_ref().is_some_and(|(h, _, _)| h == holder) {
+            lease.holder = None;
+        }
+        Ok(())
+    }
+
+    async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
+        let lease = self.lease.lock();
+        Ok(lease
+            .holder
+            .as_ref()
+            .filter(|(_, expires, _)| *expires > Instant::now())
+            .map(|(holder, _, token)| (holder.clone(), *token)))
+    }
+
     fn subscribe(&self) -> Subscription {
         self.changes.subscribe()
     }
@@ -420,6 +554,34 @@ fn read_page<T>(
         None
     };
     Ok((page, next_after))
+}
+
+fn acme_key(record: AcmeRecord<'_>) -> String {
+    match record {
+        AcmeRecord::Account(directory) => format!("account:{directory}"),
+        AcmeRecord::Domain(domain) => format!("domain:{domain}"),
+        AcmeRecord::Challenge(token) => format!("challenge:{token}"),
+    }
+}
+
+fn record_is_challenge(key: &str) -> bool {
+    key.starts_with("challenge:")
+}
+
+/// The JSON of an ACME record unless it expired by `now` (seconds since the epoch).
+fn unexpired(value: &[u8], now: u64) -> Option<&str> {
+    let (expires, json) = value.split_first_chunk::<8>()?;
+    let expires = u64::from_be_bytes(*expires);
+    if expires != 0 && expires <= now {
+        return None;
+    }
+    std::str::from_utf8(json).ok()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {

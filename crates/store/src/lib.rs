@@ -4,6 +4,7 @@
 //! Nothing else holds routing state that outlives a cache entry. Two implementations: the
 //! embedded redb file (one router) and Redis (a fleet of routers sharing one store).
 
+pub mod acme;
 mod embedded;
 mod error;
 mod feed;
@@ -38,6 +39,17 @@ pub struct CertPage {
     pub certs: Vec<CertificateInfo>,
     /// Pass as `after` to get the next page; `None` on the last page.
     pub next_after: Option<String>,
+}
+
+/// A record the ACME issuer keeps in the store.
+#[derive(Debug, Clone, Copy)]
+pub enum AcmeRecord<'a> {
+    /// The fleet's account credentials at a CA, by directory URL: created once per fleet.
+    Account(&'a str),
+    /// A domain's certificate state ([`switchyard_model::AcmeDomain`]).
+    Domain(&'a str),
+    /// An HTTP-01 answer by token ([`switchyard_model::AcmeChallenge`]).
+    Challenge(&'a str),
 }
 
 /// Where apps and certificates live. Every write is durable when it returns and is announced to subscribers.
@@ -77,6 +89,44 @@ pub trait Store: Send + Sync {
     /// Tells every router sharing this store to drop cached responses of `app` under `path`
     /// (a [`Change::CachePurge`](switchyard_model::Change::CachePurge)); nothing is stored.
     async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError>;
+
+    /// One record of the ACME issuer's, as JSON (see [`acme`] for the typed view).
+    async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError>;
+
+    /// Writes one record of the ACME issuer's; with `ttl`, it is gone after that long.
+    /// ACME records are not routing state: no change event is announced.
+    async fn acme_put(
+        &self,
+        record: AcmeRecord<'_>,
+        json: String,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes one record of the ACME issuer's (nothing when absent).
+    async fn acme_delete(&self, record: AcmeRecord<'_>) -> Result<(), StoreError>;
+
+    /// The domains' ACME records (JSON) ordered by domain, after `after`, at most `limit`,
+    /// and the `after` of the next page.
+    async fn acme_domains(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<String>, Option<String>), StoreError>;
+
+    /// Takes or extends the fleet's issuing lease for `holder`, for `ttl`. Returns the
+    /// lease's fencing token (it grows with every new holder) while `holder` holds it,
+    /// `None` while another does.
+    async fn acme_lease(
+        &self,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// Gives the lease up if `holder` holds it (a router stopping).
+    async fn acme_release(&self, holder: &str) -> Result<(), StoreError>;
+
+    /// Who holds the issuing lease now, if anyone: `holder` and its fencing token.
+    async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError>;
 
     /// Whether the store answered its last call. Caches use it to count what they serve
     /// while the store is away; a store that cannot fail is always available.

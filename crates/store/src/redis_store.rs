@@ -20,7 +20,7 @@ use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate}
 
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
-use crate::{AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
+use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
 
 /// Prefix of every key; see the README's "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
@@ -114,6 +114,33 @@ redis.call('PUBLISH', p .. 'changes', cjson.encode({kind = 'cert', domain = doma
 return 1
 "#;
 
+/// Takes or extends the ACME issuing lease. ARGV: holder, TTL in ms. The value is
+/// "TOKEN HOLDER"; a new holder gets a new token from the fence counter. Returns the token
+/// while ARGV[1] holds the lease, nil while another does.
+const ACME_LEASE: &str = r#"
+local p = '{KEY_PREFIX}'
+local current = redis.call('GET', p .. 'acme:lease')
+if current then
+  local token, holder = string.match(current, '^(%d+) (.*)$')
+  if holder ~= ARGV[1] then return false end
+  redis.call('PEXPIRE', p .. 'acme:lease', ARGV[2])
+  return tonumber(token)
+end
+local token = redis.call('INCR', p .. 'acme:fence')
+redis.call('SET', p .. 'acme:lease', token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return token
+"#;
+
+/// Gives the ACME lease up if ARGV[1] holds it.
+const ACME_RELEASE: &str = r#"
+local p = '{KEY_PREFIX}'
+local current = redis.call('GET', p .. 'acme:lease')
+if current and string.match(current, '^%d+ (.*)$') == ARGV[1] then
+  redis.call('DEL', p .. 'acme:lease')
+end
+return 1
+"#;
+
 /// The Redis-backed store.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -124,6 +151,8 @@ pub struct RedisStore {
     put_app: Arc<Script>,
     delete_app: Arc<Script>,
     write_cert: Arc<Script>,
+    acme_lease: Arc<Script>,
+    acme_release: Arc<Script>,
 }
 
 impl RedisStore {
@@ -141,6 +170,8 @@ impl RedisStore {
             put_app: Arc::new(script(PUT_APP)),
             delete_app: Arc::new(script(DELETE_APP)),
             write_cert: Arc::new(script(WRITE_CERT)),
+            acme_lease: Arc::new(script(ACME_LEASE)),
+            acme_release: Arc::new(script(ACME_RELEASE)),
         })
     }
 
@@ -390,6 +421,14 @@ fn parse_event(payload: &str) -> Option<(Change, Option<i64>)> {
     Some((event.change, event.rev))
 }
 
+fn acme_key(record: AcmeRecord<'_>) -> String {
+    match record {
+        AcmeRecord::Account(directory) => format!("{KEY_PREFIX}acme:account:{directory}"),
+        AcmeRecord::Domain(domain) => format!("{KEY_PREFIX}acme:domain:{domain}"),
+        AcmeRecord::Challenge(token) => format!("{KEY_PREFIX}acme:challenge:{token}"),
+    }
+}
+
 /// A write script with the key prefix written in: the layout's prefix has one source,
 /// [`KEY_PREFIX`], in Rust and in Lua alike.
 fn script(source: &str) -> Script {
@@ -491,6 +530,96 @@ impl Store for RedisStore {
             .transpose()
     }
 
+    async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError> {
+        let key = acme_key(record);
+        self.call(|mut c| async move { c.get::<_, Option<String>>(key).await })
+            .await
+    }
+
+    async fn acme_put(
+        &self,
+        record: AcmeRecord<'_>,
+        json: String,
+        ttl: Option<Duration>,
+    ) -> Result<(), StoreError> {
+        let key = acme_key(record);
+        let index = matches!(record, AcmeRecord::Domain(_));
+        let member = match record {
+            AcmeRecord::Domain(domain) => domain.to_string(),
+            _ => String::new(),
+        };
+        self.call(|mut c| async move {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            match ttl {
+                Some(ttl) => pipe.pset_ex(&key, json, ttl.as_millis().max(1) as u64),
+                None => pipe.set(&key, json),
+            };
+            if index {
+                pipe.zadd(format!("{KEY_PREFIX}acme:domains"), member, 0);
+            }
+            pipe.query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
+    async fn acme_delete(&self, record: AcmeRecord<'_>) -> Result<(), StoreError> {
+        let key = acme_key(record);
+        let member = match record {
+            AcmeRecord::Domain(domain) => Some(domain.to_string()),
+            _ => None,
+        };
+        self.call(|mut c| async move {
+            let mut pipe = redis::pipe();
+            pipe.atomic().del(&key);
+            if let Some(member) = member {
+                pipe.zrem(format!("{KEY_PREFIX}acme:domains"), member);
+            }
+            pipe.query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
+    async fn acme_domains(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<String>, Option<String>), StoreError> {
+        let (domains, more) = self.page_of("acme:domains", after, limit).await?;
+        let keys = domains
+            .iter()
+            .map(|d| acme_key(AcmeRecord::Domain(d)))
+            .collect();
+        let records = self.get_many(keys).await?.into_iter().flatten().collect();
+        Ok((records, if more { domains.last().cloned() } else { None }))
+    }
+
+    async fn acme_lease(&self, holder: &str, ttl: Duration) -> Result<Option<u64>, StoreError> {
+        let mut invocation = self.acme_lease.prepare_invoke();
+        invocation.arg(holder).arg(ttl.as_millis().max(1) as u64);
+        self.call(|mut c| async move { invocation.invoke_async::<Option<u64>>(&mut c).await })
+            .await
+    }
+
+    async fn acme_release(&self, holder: &str) -> Result<(), StoreError> {
+        let mut invocation = self.acme_release.prepare_invoke();
+        invocation.arg(holder);
+        self.call(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await })
+            .await
+            .map(drop)
+    }
+
+    async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
+        let key = format!("{KEY_PREFIX}acme:lease");
+        let value: Option<String> = self
+            .call(|mut c| async move { c.get::<_, Option<String>>(key).await })
+            .await?;
+        Ok(value.and_then(|v| {
+            let (token, holder) = v.split_once(' ')?;
+            Some((holder.to_string(), token.parse().ok()?))
+        }))
+    }
+
     async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError> {
         let (domains, more) = self.page_of("certs", after, limit).await?;
         let keys = domains
@@ -576,7 +705,7 @@ mod tests {
     fn the_layout_has_one_prefix_in_rust_and_in_lua() {
         assert_eq!(CHANGES_CHANNEL, format!("{KEY_PREFIX}changes"));
         assert_eq!(REVISION_KEY, format!("{KEY_PREFIX}revision"));
-        for source in [PUT_APP, DELETE_APP, WRITE_CERT] {
+        for source in [PUT_APP, DELETE_APP, WRITE_CERT, ACME_LEASE, ACME_RELEASE] {
             assert!(source.contains("local p = '{KEY_PREFIX}'"));
             assert!(
                 !source.contains("switchyard:"),

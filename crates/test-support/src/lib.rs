@@ -9,6 +9,7 @@ mod backend;
 mod client;
 pub mod h2_raw;
 pub mod logd;
+pub mod pebble;
 pub mod pki;
 mod redis;
 mod router;

@@ -28,9 +28,15 @@ impl RouterProcess {
 
     /// Starts a router with extra `serve` flags.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_on(free_port(), extra)
+    }
+
+    /// Starts a router whose plain HTTP listener is on `http_port` (one chosen before, for a
+    /// peer that must know it, such as an ACME server validating HTTP-01).
+    pub fn start_on(http_port: u16, extra: &[&str]) -> Self {
         let mut router = Self {
             child: None,
-            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            http: SocketAddr::from(([127, 0, 0, 1], http_port)),
             https: SocketAddr::from(([127, 0, 0, 1], free_port())),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir: tempfile::tempdir().expect("tempdir"),

@@ -34,6 +34,7 @@ use crate::metrics;
 use crate::respond::{self, LocalAnswer};
 use crate::response_cache::memory::CachedResponse;
 use crate::routing::attempt;
+use crate::stage::acme_challenge;
 use crate::stage::cache::{self, AppAnswer, CacheStatus};
 use crate::stage::framing;
 use crate::stage::https;
@@ -293,6 +294,17 @@ async fn proxy(
     let shared = &worker.shared;
     if let Err(answer) = route::route(&head.uri, &head.headers, ctx, &shared.routes).await {
         return answer.into();
+    }
+    if let Some(key_authorization) =
+        acme_challenge::answer(&head.method, head.uri.path(), ctx, shared.routes.store()).await
+    {
+        let mut headers = HeaderMap::with_capacity(2);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(key_authorization.len()));
+        return Answer::Made {
+            headers,
+            body: Bytes::from(key_authorization),
+        };
     }
     if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
         return Answer::Redirect(location);

@@ -67,6 +67,11 @@ pub struct RouteCache {
 }
 
 impl RouteCache {
+    /// The store it reads.
+    pub(crate) fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
     /// A cache over `store`.
     pub fn new(store: Arc<dyn Store>, limits: RouteCacheLimits) -> Self {
         metrics::register_all();

@@ -1,12 +1,8 @@
-//! Stage 1b, HTTPS policy of the app: a plain-HTTP request to an app that asks for it is
+//! Stage https, the HTTPS policy of the app: a plain-HTTP request to an app that asks for it is
 //! redirected to HTTPS (308 keeps the method and body), and HTTPS responses carry the app's
 //! `Strict-Transport-Security`.
 
 use crate::context::RequestCtx;
-
-/// ACME HTTP-01 challenges must stay reachable over plain HTTP, or an app that redirects
-/// could never obtain its first certificate.
-const ACME_CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// The `Location` to redirect to, when this request must move to HTTPS. `https_port` is the
 /// port clients reach HTTPS on (omitted from the URL when 443); without an HTTPS listener
@@ -22,7 +18,9 @@ pub(crate) fn redirect_location(
         return None;
     }
     let path = target.path_and_query().map_or("/", |p| p.as_str());
-    if path.starts_with(ACME_CHALLENGE_PREFIX) {
+    // ACME HTTP-01 challenges must stay reachable over plain HTTP (the app may answer its
+    // own), or an app that redirects could never obtain its first certificate.
+    if path.starts_with(crate::stage::acme_challenge::PREFIX) {
         return None;
     }
     let host = ctx.host.as_deref()?;

@@ -4,21 +4,24 @@
 //! 2. `framing` — a body framing no backend could read unambiguously is refused (400), an
 //!    upgrade other than WebSocket dropped;
 //! 3. `route` — Host (or `:authority`) → app (404, 400, 431, 503 answered here);
-//! 4. `https` — 308 to HTTPS for apps that ask; HSTS on their TLS answers;
-//! 5. `waf` — the request, and a body within the app's limit, inspected on the worker pool
+//! 4. `acme_challenge` — an HTTP-01 answer the fleet's issuer published in the store, for
+//!    its domain, over plain HTTP;
+//! 5. `https` — 308 to HTTPS for apps that ask; HSTS on their TLS answers;
+//! 6. `waf` — the request, and a body within the app's limit, inspected on the worker pool
 //!    (403, or 503 by the app's overload policy);
-//! 6. `static_files` — a file under the app's static root answers GET and HEAD;
-//! 7. `cache` — a fresh copy from the app's response cache answers; otherwise the request
+//! 7. `static_files` — a file under the app's static root answers GET and HEAD;
+//! 8. `cache` — a fresh copy from the app's response cache answers; otherwise the request
 //!    holds what the cache needs to keep the app's answer;
-//! 8. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
-//! 9. `mirror` — a copy starts towards the app's shadow backends, never waited for;
-//! 10. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
+//! 9. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
+//! 10. `mirror` — a copy starts towards the app's shadow backends, never waited for;
+//! 11. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
 //!     backend is picked, attempted, retried, marked down; its connection entered in the
 //!     connection table so a deletion can drain it.
 //!
 //! A stage reads the request and the [`RequestCtx`](crate::context::RequestCtx) and says
 //! whether the request goes on; the listener writes every answer.
 
+pub(crate) mod acme_challenge;
 pub(crate) mod cache;
 pub(crate) mod framing;
 pub(crate) mod https;

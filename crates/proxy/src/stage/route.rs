@@ -1,4 +1,4 @@
-//! Stage 1, route: Host → app. The authority of an absolute-form URI (and HTTP/2's
+//! Stage route: Host → app. The authority of an absolute-form URI (and HTTP/2's
 //! `:authority`) wins over the Host header, as RFC 9112 requires.
 
 use http::{HeaderMap, Uri};
