@@ -88,6 +88,8 @@ def write_report(results, path):
         lines += logd_report(results["logd"], when("logd"))
     if results.get("images"):
         lines += images_report(results["images"], when("images"))
+    if results.get("acme"):
+        lines += acme_report(results["acme"], when("acme"))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -373,6 +375,22 @@ def images_report(m, date):
     lines += isolation_table(m, "thumbnail", "thumbnails/s", lambda r: f"{r.get('thumbnails_per_s', 0):.0f}")
     lines += ["", "## Targets (issue 7, images)", ""] + light_route_targets(m["isolation"], "thumbnail")
     return lines
+
+
+def acme_report(a, date):
+    """The certificate-automation section, from bench/bench_acme.py's measurements."""
+    return ["", "# ACME certificates (bench/bench_acme.py)", "",
+            f"Measured {date} against Pebble {a['pebble']} on loopback (validation at once: "
+            "PEBBLE_VA_NOSLEEP), one router on the embedded store ordering one domain at a time.", "",
+            "| domains | all stored after | per certificate | orders issued (Pebble) | failed | "
+            "RSS before → after | start-up with them, ACME on | ACME off |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {a['domains']} | {a['issuing_s']} s | {a['ms_per_certificate']} ms | "
+            f"{a['issued']:.0f} ({a['pebble_issued']}) | {a['failed']:.0f} | "
+            f"{a['rss_before_kib']} → {a['rss_after_kib']} KiB | {a['startup_ms_with_acme']} ms | "
+            f"{a['startup_ms_without_acme']} ms |", "",
+            "Start-up reads no certificate and no ACME record (the issuer's first round runs after "
+            "the listeners are up), so the two start-up figures should match."]
 
 
 def logd_report(l, date):

@@ -126,8 +126,18 @@ fn an_opted_in_app_gets_certificates_served_on_the_next_handshake_and_kept_over_
         2.0
     );
     assert_eq!(router.metric("switchyard_acme_lease_held"), 1.0);
-    let days = router.metric("switchyard_acme_soonest_expiry_days");
-    assert!(days > 30.0, "Pebble's certificates last years: {days}");
+    // Counted by the periodic round over every domain (each second here).
+    support::eventually(Duration::from_secs(10), "the expiry metric", || {
+        router.metric("switchyard_acme_soonest_expiry_days") > 30.0
+    });
+    assert_eq!(
+        router.metric("switchyard_acme_domains{state=\"issued\"}"),
+        2.0
+    );
+    assert_eq!(
+        router.metric("switchyard_acme_domains{state=\"unsupported\"}"),
+        1.0
+    );
 
     let status = Command::new(RouterProcess::binary())
         .args(["certs", "status", "--admin", &router.admin.to_string()])
@@ -280,4 +290,76 @@ fn a_fleet_orders_once_answers_challenges_on_every_router_and_renews_without_cut
         .expect("the connection opened before the renewal still answers");
     assert_eq!(answer.status, 200);
     assert_eq!(hex(&open.fingerprint), issued, "it kept its certificate");
+}
+
+/// The lease holder killed in the middle of an order: once its lease runs out (30 s), the
+/// other router takes it and finishes the domain.
+#[test]
+fn a_holder_killed_mid_order_is_taken_over_when_its_lease_runs_out() {
+    let redis = RedisServer::start();
+    let store = redis.url();
+    let validated_port = free_port();
+    let pebble = Pebble::start(validated_port);
+    let mut routers = [
+        acme_router(&pebble, free_port(), &["--store", &store]),
+        acme_router(&pebble, validated_port, &["--store", &store]),
+    ];
+    let start = Instant::now();
+    let holder = loop {
+        if let Some(i) = routers
+            .iter()
+            .position(|r| r.metric("switchyard_acme_lease_held") == 1.0)
+        {
+            break i;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "nobody took the lease"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let survivor = 1 - holder;
+    routers[survivor].put_app(
+        "late",
+        json!({"domains": ["late.test"], "backends": ["127.0.0.1:9"], "tls": {"acme": true}}),
+    );
+    let start = Instant::now();
+    let seen = loop {
+        let shown = routers[survivor]
+            .admin_call("GET", "/v1/certs/late.test", None)
+            .1;
+        if matches!(
+            shown["acme"]["status"].as_str(),
+            Some("validating" | "issued")
+        ) {
+            break shown["acme"]["status"].as_str().unwrap_or("").to_string();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no order started: {shown}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    routers[holder].kill9();
+    let killed = Instant::now();
+    let shown = wait_for_state(&routers[survivor], "late.test", "issued");
+    assert_eq!(routers[survivor].metric("switchyard_acme_lease_held"), 1.0);
+    if seen == "validating" {
+        assert_eq!(
+            routers[survivor].metric("switchyard_acme_orders_total{result=\"issued\"}"),
+            1.0,
+            "the survivor finished the order: {shown}"
+        );
+        assert!(
+            killed.elapsed() >= Duration::from_secs(20),
+            "not before the lease ran out: {:?}",
+            killed.elapsed()
+        );
+    }
+    let tls =
+        support::tls::connect(routers[survivor].https, Some("late.test"), &[]).expect("handshake");
+    assert_eq!(
+        Some(hex(&tls.fingerprint).as_str()),
+        shown["sha256"].as_str()
+    );
 }

@@ -3,8 +3,9 @@
 //! fails the order instead of holding the issuer.
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use http::{HeaderValue, Request};
 use hyper_util::rt::TokioIo;
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 use openssl::ssl::{SslConnector, SslMethod};
+use openssl::x509::X509;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
@@ -21,26 +23,46 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(15);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// An HTTPS client for the ACME directory.
+/// An HTTPS client for the ACME directory. Its OpenSSL context (the system's roots are
+/// tens of milliseconds to load) is made on the first request, off the router's start-up.
 #[derive(Clone)]
 pub(crate) struct OpensslClient {
-    connector: SslConnector,
+    ca_file: Option<PathBuf>,
+    connector: Arc<OnceLock<Result<SslConnector, String>>>,
 }
 
 impl OpensslClient {
     /// Trusts the system's roots and, when given, the CA in `ca_file` (a private ACME
-    /// server's: Pebble's, step-ca's).
+    /// server's: Pebble's, step-ca's), which is checked now: a router is refused at start
+    /// rather than failing every order.
     pub(crate) fn new(ca_file: Option<&Path>) -> Result<Self, String> {
-        let mut builder = SslConnector::builder(SslMethod::tls_client())
-            .map_err(|e| format!("cannot set up TLS for ACME: {e}"))?;
         if let Some(path) = ca_file {
-            builder
-                .set_ca_file(path)
+            let pem = std::fs::read(path)
                 .map_err(|e| format!("cannot read the ACME CA file {}: {e}", path.display()))?;
+            match X509::stack_from_pem(&pem) {
+                Ok(certs) if !certs.is_empty() => {}
+                _ => return Err(format!("{} holds no PEM certificate", path.display())),
+            }
         }
         Ok(Self {
-            connector: builder.build(),
+            ca_file: ca_file.map(Path::to_path_buf),
+            connector: Arc::default(),
         })
+    }
+
+    fn connector(&self) -> Result<SslConnector, String> {
+        self.connector
+            .get_or_init(|| {
+                let mut builder = SslConnector::builder(SslMethod::tls_client())
+                    .map_err(|e| format!("cannot set up TLS for ACME: {e}"))?;
+                if let Some(path) = &self.ca_file {
+                    builder.set_ca_file(path).map_err(|e| {
+                        format!("cannot load the ACME CA file {}: {e}", path.display())
+                    })?;
+                }
+                Ok(builder.build())
+            })
+            .clone()
     }
 }
 
@@ -49,8 +71,9 @@ impl HttpClient for OpensslClient {
         &self,
         request: Request<BodyWrapper<Bytes>>,
     ) -> Pin<Box<dyn Future<Output = Result<BytesResponse, instant_acme::Error>> + Send>> {
-        let connector = self.connector.clone();
+        let connector = self.connector();
         Box::pin(async move {
+            let connector = connector.map_err(|e| instant_acme::Error::Other(e.into()))?;
             send(connector, request)
                 .await
                 .map_err(instant_acme::Error::Other)

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use instant_acme::{Account, AccountCredentials, ExternalAccountKey, NewAccount};
-use switchyard_model::{AcmeDomain, AcmeStatus};
+use switchyard_model::{AcmeDomain, AcmeStatus, Change};
 use switchyard_store::{acme, AcmeRecord, Store};
 
 use crate::http_client::OpensslClient;
@@ -21,6 +22,9 @@ use crate::order;
 const LEASE_TTL: Duration = Duration::from_secs(30);
 /// Longest an order may take, from the new order to the certificate.
 const ORDER_TIMEOUT: Duration = Duration::from_secs(300);
+/// Orders in flight at once: the CA's validations and issuance are waits, not work, so a
+/// thousand new domains take minutes, not a quarter of an hour.
+const ORDERS_AT_ONCE: usize = 8;
 /// Apps read per store call while collecting the wanted domains.
 const APPS_PAGE: usize = 1000;
 /// After a change to the apps, how long to let more arrive before a round.
@@ -52,9 +56,9 @@ pub struct Issuer {
     client: OpensslClient,
     /// Who this router is in the lease.
     holder: String,
-    account: Option<Account>,
+    account: tokio::sync::Mutex<Option<Account>>,
     /// When this router's recent orders started, for the CA's order limit.
-    recent_orders: VecDeque<Instant>,
+    recent_orders: std::sync::Mutex<VecDeque<Instant>>,
 }
 
 impl Issuer {
@@ -75,27 +79,72 @@ impl Issuer {
             store,
             client,
             holder,
-            account: None,
-            recent_orders: VecDeque::new(),
+            account: tokio::sync::Mutex::new(None),
+            recent_orders: std::sync::Mutex::new(VecDeque::new()),
         })
     }
 
     /// Runs rounds until `stop` resolves, then gives the lease up.
-    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+    ///
+    /// The lease is taken or renewed every tick (a third of its life, or the check interval
+    /// when shorter); a router that just took it runs a full round at once (a holder that
+    /// died mid-order is taken over), the holder another every check interval. A change to
+    /// an app runs a round over that app's domains only, so a busy fleet's deploys cost a
+    /// few store reads each, not a walk over every domain.
+    pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         log::info!(
             "acme: issuing from {} as {}",
             self.settings.directory,
             self.holder
         );
         let mut changes = self.store.subscribe().changes;
+        let mut lease_tick =
+            tokio::time::interval((LEASE_TTL / 3).min(self.settings.check_interval));
+        lease_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held = false;
+        let mut next_full_round = Instant::now();
+        // The store keeps its feed for the process's life; should it end, rounds go on by
+        // the clock alone.
+        let mut following = true;
         tokio::pin!(stop);
         loop {
-            self.round().await;
             tokio::select! {
                 () = &mut stop => break,
-                () = tokio::time::sleep(self.settings.check_interval) => {}
-                // A new app or domain is ordered for at once, not at the next interval.
-                _ = changes.recv() => tokio::time::sleep(SETTLE).await,
+                _ = lease_tick.tick() => {
+                    let holds = self.holds_lease().await;
+                    if holds && (!held || Instant::now() >= next_full_round) {
+                        self.full_round().await;
+                        next_full_round = Instant::now() + self.settings.check_interval;
+                    }
+                    held = holds;
+                }
+                change = changes.recv(), if following => {
+                    if matches!(change, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                        following = false;
+                        continue;
+                    }
+                    let mut apps = BTreeSet::new();
+                    let mut everything = !note_change(change, &mut apps);
+                    tokio::time::sleep(SETTLE).await;
+                    loop {
+                        match changes.try_recv() {
+                            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => break,
+                            change => everything |= !note_change(change.map_err(|_| {
+                                tokio::sync::broadcast::error::RecvError::Lagged(0)
+                            }), &mut apps),
+                        }
+                    }
+                    if !self.holds_lease().await {
+                        held = false;
+                        continue;
+                    }
+                    held = true;
+                    if everything {
+                        self.full_round().await;
+                    } else {
+                        self.round_for_apps(&apps).await;
+                    }
+                }
             }
         }
         if let Err(e) = self.store.acme_release(&self.holder).await {
@@ -104,10 +153,9 @@ impl Issuer {
         metrics::LEASE_HELD.set(0);
     }
 
-    async fn round(&mut self) {
-        if !self.holds_lease().await {
-            return;
-        }
+    /// Every opted-in domain: what is due is ordered, what no app lists is forgotten, and
+    /// the per-state metrics are counted.
+    async fn full_round(&self) {
         let wanted = match self.wanted_domains().await {
             Ok(wanted) => wanted,
             Err(e) => {
@@ -117,18 +165,14 @@ impl Issuer {
         };
         let mut by_status: HashMap<AcmeStatus, i64> = HashMap::new();
         let mut soonest_expiry = None::<i64>;
-        for domain in &wanted {
-            let Some(state) = self.step(domain).await else {
+        let mut steps = self.steps(wanted.iter().cloned().collect());
+        while let Some(state) = steps.next().await {
+            let Some(state) = state else {
                 continue;
             };
             *by_status.entry(state.status).or_default() += 1;
-            if state.status == AcmeStatus::Issued {
-                soonest_expiry = soonest_expiry
-                    .min(state.not_after_unix)
-                    .or(state.not_after_unix);
-            }
-            if !self.holds_lease().await {
-                return;
+            if let (AcmeStatus::Issued, Some(not_after)) = (state.status, state.not_after_unix) {
+                soonest_expiry = Some(soonest_expiry.map_or(not_after, |s| s.min(not_after)));
             }
         }
         self.forget_unwanted(&wanted).await;
@@ -140,6 +184,31 @@ impl Issuer {
         if let Some(not_after) = soonest_expiry {
             metrics::SOONEST_EXPIRY_DAYS.set((not_after - unix_now()) as f64 / 86_400.0);
         }
+    }
+
+    /// The domains of the apps named (those that opted in).
+    async fn round_for_apps(&self, apps: &BTreeSet<String>) {
+        let mut domains = Vec::new();
+        for name in apps {
+            match self.store.get_app(name).await {
+                Ok(Some(app)) if app.tls.acme => {
+                    domains.extend(app.domains.iter().map(ToString::to_string));
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("acme: cannot read app {name}: {e}"),
+            }
+        }
+        self.steps(domains).for_each(|_| async {}).await;
+    }
+
+    /// `step` over `domains`, [`ORDERS_AT_ONCE`] at a time, their states as they end.
+    fn steps(
+        &self,
+        domains: Vec<String>,
+    ) -> impl futures_util::Stream<Item = Option<AcmeDomain>> + Send + '_ {
+        futures_util::stream::iter(domains)
+            .map(move |domain| async move { self.step(&domain).await })
+            .buffer_unordered(ORDERS_AT_ONCE)
     }
 
     /// Takes or extends the lease; false while another router holds it (or the store is
@@ -175,7 +244,7 @@ impl Issuer {
     /// Moves one domain on: orders when it is due, records the outcome. The domain's state
     /// afterwards, or `None` when it is not the issuer's to handle (a valid upload) or the
     /// store could not be read.
-    async fn step(&mut self, domain: &str) -> Option<AcmeDomain> {
+    async fn step(&self, domain: &str) -> Option<AcmeDomain> {
         let now = unix_now();
         let store = self.store.clone();
         let mut state = match acme::domain(store.as_ref(), domain).await {
@@ -230,7 +299,6 @@ impl Issuer {
         state.status = AcmeStatus::Validating;
         state.updated_unix = now;
         self.save(&state).await;
-        self.recent_orders.push_back(Instant::now());
         let outcome = match self.account().await {
             Ok(account) => tokio::time::timeout(
                 ORDER_TIMEOUT,
@@ -277,16 +345,24 @@ impl Issuer {
         Some(state)
     }
 
-    /// Whether the CA's order limit leaves room for one more order now.
-    fn may_order(&mut self) -> bool {
-        while self
+    /// Counts an order against the CA's limit; false (and nothing counted) when the limit
+    /// leaves no room for it now.
+    fn may_order(&self) -> bool {
+        let mut recent = self
             .recent_orders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while recent
             .front()
             .is_some_and(|started| started.elapsed() > ORDER_WINDOW)
         {
-            self.recent_orders.pop_front();
+            recent.pop_front();
         }
-        self.recent_orders.len() < ORDERS_PER_WINDOW
+        if recent.len() >= ORDERS_PER_WINDOW {
+            return false;
+        }
+        recent.push_back(Instant::now());
+        true
     }
 
     async fn save(&self, state: &AcmeDomain) {
@@ -329,8 +405,10 @@ impl Issuer {
 
     /// The fleet's account at the CA: read from the store, or created once (by the lease
     /// holder) and stored for every router after it.
-    async fn account(&mut self) -> Result<Account, String> {
-        if let Some(account) = &self.account {
+    async fn account(&self) -> Result<Account, String> {
+        // Held while the account is loaded or created: orders running at once share one.
+        let mut cached = self.account.lock().await;
+        if let Some(account) = cached.as_ref() {
             return Ok(account.clone());
         }
         let record = AcmeRecord::Account(&self.settings.directory);
@@ -382,8 +460,24 @@ impl Issuer {
                 account
             }
         };
-        self.account = Some(account.clone());
+        *cached = Some(account.clone());
         Ok(account)
+    }
+}
+
+/// Notes the app a change names; false when every domain must be looked at (events were
+/// missed or the store says to resync).
+fn note_change(
+    change: Result<Change, tokio::sync::broadcast::error::RecvError>,
+    apps: &mut BTreeSet<String>,
+) -> bool {
+    match change {
+        Ok(Change::App { name, .. }) => {
+            apps.insert(name);
+            true
+        }
+        Ok(Change::Cert { .. } | Change::CachePurge { .. }) => true,
+        Ok(Change::Resync) | Err(_) => false,
     }
 }
 

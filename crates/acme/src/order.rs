@@ -19,7 +19,7 @@ use switchyard_store::{acme, AcmeRecord, Store};
 
 /// How long the CA may take to validate, and then to issue.
 const POLL: RetryPolicy = RetryPolicy::new()
-    .initial_delay(Duration::from_millis(250))
+    .initial_delay(Duration::from_millis(100))
     .backoff(1.5)
     .timeout(Duration::from_secs(90));
 

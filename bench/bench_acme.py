@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""ACME: the cost of issuing certificates for many domains, and of starting with them.
+
+Pebble 2.4 (Let's Encrypt's test CA, Debian `pebble`) with pebble-challtestsrv as its DNS
+(every name → 127.0.0.1), validating HTTP-01 against the router, which runs on the embedded
+store with `--acme-check-interval-s 5`:
+
+- issuing: N apps (1,000; 50 with --quick) each with one opted-in domain are PUT at once;
+  measured: time from the first PUT until every domain's certificate is stored (the router's
+  `switchyard_acme_orders_total{result="issued"}`), orders Pebble issued, failed orders,
+  the router's resident memory before and after;
+- start-up: the same data directory (N apps, N issued certificates, N ACME records) started
+  again with and without ACME, time from exec to the admin API answering, median of 5.
+
+Results go to bench/results/latest.json under "acme" and to bench/RESULTS.md.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import bench as common
+import report
+
+
+def start_pebble(work, http_port):
+    """Pebble and its DNS on free ports, its HTTPS certificate self-signed for localhost;
+    returns (processes, directory URL, CA file)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(work / "pebble-key.pem"), "-out", str(work / "pebble-cert.pem"),
+                    "-days", "30", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    dns, dns_management = common.free_port(), common.free_port()
+    listen, management = common.free_port(), common.free_port()
+    config = work / "pebble.json"
+    config.write_text(json.dumps({"pebble": {
+        "listenAddress": f"127.0.0.1:{listen}", "managementListenAddress": f"127.0.0.1:{management}",
+        "certificate": str(work / "pebble-cert.pem"), "privateKey": str(work / "pebble-key.pem"),
+        "httpPort": http_port, "tlsPort": common.free_port(), "ocspResponderURL": "",
+        "externalAccountBindingRequired": False}}))
+    dns_proc = common.Process("challtestsrv", [
+        "pebble-challtestsrv", "-defaultIPv4", "127.0.0.1", "-defaultIPv6", "",
+        "-dns01", f"127.0.0.1:{dns}", "-management", f"127.0.0.1:{dns_management}",
+        "-http01", "", "-https01", "", "-tlsalpn01", ""], work)
+    common.wait_port(dns_management)
+    pebble = common.Process("pebble", ["pebble", "-config", str(config), "-dnsserver", f"127.0.0.1:{dns}"],
+                            work, env={**os.environ, "PEBBLE_VA_NOSLEEP": "1", "PEBBLE_WFE_NONCEREJECT": "0"})
+    common.wait_port(listen)
+    return [dns_proc, pebble], f"https://localhost:{listen}/dir", work / "pebble-cert.pem"
+
+
+def router_args(work, http_port, admin_port, acme):
+    return [str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+            "--admin", f"127.0.0.1:{admin_port}", "--data-dir", str(work / "data"),
+            "--access-log", "off", "--shutdown-grace-s", "0", "--waf", "off", *acme]
+
+
+def admin_json(admin_port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def issued_orders(admin_port):
+    return common.metric(admin_port, 'switchyard_acme_orders_total{result="issued"}') or 0
+
+
+def startup_ms(work, acme, runs=5):
+    """Median time from exec to the admin API answering, on the issuing run's data."""
+    samples = []
+    for i in range(runs):
+        http_port, admin_port = common.free_port(), common.free_port()
+        started = time.monotonic()
+        proc = common.Process(f"restart-{'acme' if acme else 'plain'}-{i}",
+                              router_args(work, http_port, admin_port, acme), work)
+        while True:
+            try:
+                admin_json(admin_port, "/healthz")
+                break
+            except OSError:
+                if time.monotonic() - started > 30:
+                    raise RuntimeError("the router did not start")
+                time.sleep(0.002)
+        samples.append((time.monotonic() - started) * 1000)
+        proc.stop()
+    return sorted(samples)[len(samples) // 2]
+
+
+def measure(work, seconds, procs, quick):
+    domains = 50 if quick else 1000
+    http_port, admin_port = common.free_port(), common.free_port()
+    pebble_procs, directory, ca_file = start_pebble(work, http_port)
+    procs.extend(pebble_procs)
+    acme = ["--acme-directory", directory, "--acme-ca-file", str(ca_file),
+            "--acme-email", "bench@example.test", "--acme-check-interval-s", "5"]
+    router = common.Process("router", router_args(work, http_port, admin_port, acme), work)
+    procs.append(router)
+    common.wait_port(admin_port)
+    rss_before = common.rss_kib(router.pid)
+    started = time.monotonic()
+    for i in range(domains):
+        common.put_app(admin_port, f"app{i}", {"domains": [f"app{i}.acme.bench"],
+                                               "backends": ["127.0.0.1:9"], "tls": {"acme": True}})
+    put_s = time.monotonic() - started
+    deadline = started + max(600, domains * 2)
+    while issued_orders(admin_port) < domains and time.monotonic() < deadline:
+        time.sleep(0.5)
+    issuing_s = time.monotonic() - started
+    issued = issued_orders(admin_port)
+    failed = common.metric(admin_port, 'switchyard_acme_orders_total{result="failed"}') or 0
+    rss_after = common.rss_kib(router.pid)
+    pebble_issued = (work / "pebble.log").read_text().count("Issued certificate serial")
+    router.stop()
+    procs.remove(router)
+    results = {
+        "domains": domains, "put_s": round(put_s, 2), "issuing_s": round(issuing_s, 1),
+        "issued": issued, "failed": failed, "pebble_issued": pebble_issued,
+        "ms_per_certificate": round(issuing_s * 1000 / max(issued, 1), 1),
+        "rss_before_kib": rss_before, "rss_after_kib": rss_after,
+        "startup_ms_with_acme": round(startup_ms(work, acme), 1),
+        "startup_ms_without_acme": round(startup_ms(work, []), 1),
+        "pebble": subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "pebble"],
+                                 capture_output=True, text=True).stdout,
+    }
+    print(f"{issued:.0f}/{domains} certificates in {issuing_s:.1f} s ({results['ms_per_certificate']} ms each), "
+          f"{failed:.0f} failed, RSS {rss_before} → {rss_after} KiB; start-up with {domains} issued: "
+          f"{results['startup_ms_with_acme']} ms with ACME, {results['startup_ms_without_acme']} ms without",
+          flush=True)
+    return results
+
+
+def main():
+    quick = "--quick" in sys.argv
+    return report.run_section("acme", __doc__, lambda work, seconds, procs: measure(work, seconds, procs, quick))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
