@@ -29,10 +29,28 @@ const ORDERS_AT_ONCE: usize = 8;
 const APPS_PAGE: usize = 1000;
 /// After a change to the apps, how long to let more arrive before a round.
 const SETTLE: Duration = Duration::from_millis(200);
-/// Let's Encrypt's limit of new orders per account per three hours, kept locally so a
-/// burst of new apps waits its turn instead of being refused by the CA.
-const ORDERS_PER_WINDOW: usize = 300;
+/// Let's Encrypt's limit of new orders per account per three hours, the default of
+/// `AcmeSettings::orders_per_3h`: kept locally so a burst of new apps waits its turn
+/// instead of being refused by the CA.
+pub const LETS_ENCRYPT_ORDERS_PER_3H: usize = 300;
 const ORDER_WINDOW: Duration = Duration::from_secs(3 * 3600);
+
+/// Let's Encrypt's limit of certificates per registered domain per week, kept locally.
+const CERTIFICATES_PER_REGISTERED_DOMAIN: usize = 50;
+const REGISTERED_DOMAIN_WINDOW: Duration = Duration::from_secs(7 * 86_400);
+
+/// When this router's recent orders started: all of them, and by registered domain.
+#[derive(Debug, Default)]
+struct CaLimits {
+    orders: VecDeque<Instant>,
+    by_registered_domain: HashMap<String, VecDeque<Instant>>,
+}
+
+/// The registered domain (the public suffix and one label) of `domain`: `shop.example.co.uk`
+/// → `example.co.uk`; a name under no known suffix counts as itself.
+fn registered_domain(domain: &str) -> String {
+    psl::domain_str(domain).unwrap_or(domain).to_string()
+}
 
 /// How the router talks to its ACME CA.
 #[derive(Debug, Clone)]
@@ -47,6 +65,8 @@ pub struct AcmeSettings {
     pub ca_file: Option<PathBuf>,
     /// How often the lease holder looks for domains to order when nothing changes.
     pub check_interval: Duration,
+    /// Most new orders per three hours (the CA's limit for one account).
+    pub orders_per_3h: usize,
 }
 
 /// The fleet's certificate issuer, on one router.
@@ -57,8 +77,8 @@ pub struct Issuer {
     /// Who this router is in the lease.
     holder: String,
     account: tokio::sync::Mutex<Option<Account>>,
-    /// When this router's recent orders started, for the CA's order limit.
-    recent_orders: std::sync::Mutex<VecDeque<Instant>>,
+    /// The CA's limits across domains, counted by this router while it holds the lease.
+    limits: std::sync::Mutex<CaLimits>,
 }
 
 impl Issuer {
@@ -80,7 +100,7 @@ impl Issuer {
             client,
             holder,
             account: tokio::sync::Mutex::new(None),
-            recent_orders: std::sync::Mutex::new(VecDeque::new()),
+            limits: std::sync::Mutex::default(),
         })
     }
 
@@ -289,8 +309,13 @@ impl Issuer {
         if !state.due(now) {
             return Some(state);
         }
-        if !self.may_order() {
+        if let Err(limit) = self.may_order(domain) {
             metrics::ORDERS.with_label_values(&["deferred"]).inc();
+            if state.reason.as_deref() != Some(limit) {
+                state.reason = Some(limit.to_string());
+                state.updated_unix = now;
+                self.save(&state).await;
+            }
             return Some(state);
         }
         if !self.holds_lease().await {
@@ -345,24 +370,44 @@ impl Issuer {
         Some(state)
     }
 
-    /// Counts an order against the CA's limit; false (and nothing counted) when the limit
-    /// leaves no room for it now.
-    fn may_order(&self) -> bool {
-        let mut recent = self
-            .recent_orders
+    /// Counts an order for `domain` against the CA's limits kept here: new orders per
+    /// account per three hours, certificates per registered domain (by the Public Suffix
+    /// List) per week. Nothing is counted when a limit leaves no room; the error says which.
+    fn may_order(&self, domain: &str) -> Result<(), &'static str> {
+        let mut limits = self
+            .limits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while recent
+        let now = Instant::now();
+        let orders = &mut limits.orders;
+        while orders
             .front()
-            .is_some_and(|started| started.elapsed() > ORDER_WINDOW)
+            .is_some_and(|started| now.duration_since(*started) > ORDER_WINDOW)
         {
-            recent.pop_front();
+            orders.pop_front();
         }
-        if recent.len() >= ORDERS_PER_WINDOW {
-            return false;
+        if orders.len() >= self.settings.orders_per_3h {
+            return Err("waiting: the CA's limit of new orders per 3 hours");
         }
-        recent.push_back(Instant::now());
-        true
+        let registered = registered_domain(domain);
+        let issued = limits.by_registered_domain.entry(registered).or_default();
+        while issued
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > REGISTERED_DOMAIN_WINDOW)
+        {
+            issued.pop_front();
+        }
+        if issued.len() >= CERTIFICATES_PER_REGISTERED_DOMAIN {
+            return Err("waiting: the CA's limit of certificates per registered domain per week");
+        }
+        issued.push_back(now);
+        limits.orders.push_back(now);
+        // Registered domains with nothing in their window are forgotten: the map holds
+        // at most the registered domains ordered for this week.
+        limits
+            .by_registered_domain
+            .retain(|_, times| !times.is_empty());
+        Ok(())
     }
 
     async fn save(&self, state: &AcmeDomain) {
@@ -486,4 +531,62 @@ pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer_with(orders_per_3h: usize) -> (Issuer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = switchyard_store::EmbeddedStore::open(dir.path()).expect("store");
+        let settings = AcmeSettings {
+            directory: "https://ca.test/dir".into(),
+            email: None,
+            eab: None,
+            ca_file: None,
+            check_interval: Duration::from_secs(60),
+            orders_per_3h,
+        };
+        (Issuer::new(settings, Arc::new(store)).expect("issuer"), dir)
+    }
+
+    #[test]
+    fn the_cas_limits_across_domains_defer_orders() {
+        let (issuer, _dir) = issuer_with(1000);
+        for i in 0..CERTIFICATES_PER_REGISTERED_DOMAIN {
+            assert_eq!(issuer.may_order(&format!("s{i}.example.com")), Ok(()));
+        }
+        let refused = issuer.may_order("one-more.example.com");
+        assert!(
+            refused.is_err_and(|why| why.contains("registered domain")),
+            "the 51st of example.com this week waits"
+        );
+        assert_eq!(
+            issuer.may_order("shop.example.org"),
+            Ok(()),
+            "another registered domain"
+        );
+
+        let (issuer, _dir) = issuer_with(3);
+        for i in 0..3 {
+            assert_eq!(issuer.may_order(&format!("d{i}.test")), Ok(()));
+        }
+        assert!(issuer
+            .may_order("d3.test")
+            .is_err_and(|why| why.contains("orders per 3 hours")));
+    }
+
+    #[test]
+    fn certificates_are_counted_by_registered_domain() {
+        let cases = [
+            ("shop.example.com", "example.com"),
+            ("a.b.example.co.uk", "example.co.uk"),
+            ("tenant.herokuapp.com", "tenant.herokuapp.com"),
+            ("example.com", "example.com"),
+        ];
+        for (domain, registered) in cases {
+            assert_eq!(registered_domain(domain), registered, "{domain}");
+        }
+    }
 }

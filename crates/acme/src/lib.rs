@@ -8,4 +8,4 @@ mod issuer;
 mod metrics;
 mod order;
 
-pub use issuer::{AcmeSettings, Issuer};
+pub use issuer::{AcmeSettings, Issuer, LETS_ENCRYPT_ORDERS_PER_3H};

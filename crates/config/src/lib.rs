@@ -170,6 +170,9 @@ settings! {
     acme_ca_file: PathBuf = "SWITCHYARD_ACME_CA_FILE";
     /// Seconds between the issuer's rounds when no app changes (renewals, retries).
     acme_check_interval_s: u64 = "SWITCHYARD_ACME_CHECK_INTERVAL_S";
+    /// Most new ACME orders per three hours, the CA's limit per account (default 300, Let's
+    /// Encrypt's); past it, domains wait their turn.
+    acme_orders_per_3h: usize = "SWITCHYARD_ACME_ORDERS_PER_3H";
     /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
     log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
     /// Most disk the spool may use, in MiB; past it records are dropped and counted.
@@ -486,6 +489,7 @@ impl Config {
                 eab_hmac: settings.acme_eab_hmac,
                 ca_file: settings.acme_ca_file,
                 check_interval_s: settings.acme_check_interval_s,
+                orders_per_3h: settings.acme_orders_per_3h,
             },
         )?;
         let access_log = access_log_choice(
@@ -555,6 +559,7 @@ struct AcmeSources {
     eab_hmac: Setting<String>,
     ca_file: Setting<PathBuf>,
     check_interval_s: Setting<u64>,
+    orders_per_3h: Setting<usize>,
 }
 
 /// ACME is on when a directory is given; the other settings are refused without one, so
@@ -604,6 +609,9 @@ fn acme_settings(source: &Source<'_>, given: AcmeSources) -> anyhow::Result<Opti
         eab,
         ca_file: given.ca_file.value,
         check_interval: given.check_interval_s.seconds(source, 3600)?,
+        orders_per_3h: given
+            .orders_per_3h
+            .at_least_one(source, switchyard_acme::LETS_ENCRYPT_ORDERS_PER_3H)?,
     }))
 }
 

@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 const FIRST_BACKOFF_S: i64 = 60;
 /// Longest wait between two tries: one a day.
 const MAX_BACKOFF_S: i64 = 86_400;
+/// Let's Encrypt's limit of failed validations per name per hour, kept locally.
+pub const FAILURES_PER_HOUR: usize = 5;
+/// Let's Encrypt's limit of duplicate certificates (the same names) per week, kept locally.
+pub const DUPLICATES_PER_WEEK: usize = 5;
+const HOUR: i64 = 3600;
+const WEEK: i64 = 7 * 86_400;
 
 /// Where a domain's ACME certificate stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,6 +85,12 @@ pub struct AcmeDomain {
     /// Certificates issued for it so far.
     #[serde(default)]
     pub issued_count: u32,
+    /// When its last failed orders ended (the last [`FAILURES_PER_HOUR`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_failures_unix: Vec<i64>,
+    /// When its last certificates were issued (the last [`DUPLICATES_PER_WEEK`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_issues_unix: Vec<i64>,
     /// Last change of this record, seconds since the epoch.
     pub updated_unix: i64,
 }
@@ -97,15 +109,23 @@ impl AcmeDomain {
             issuer: None,
             sha256: None,
             issued_count: 0,
+            recent_failures_unix: Vec::new(),
+            recent_issues_unix: Vec::new(),
             updated_unix: now,
         }
     }
 
-    /// Records a failed order: the reason, one more attempt, and the back-off before the next.
+    /// Records a failed order: the reason, one more attempt, and the wait before the next:
+    /// the back-off, or longer when the CA's limit of failures per name per hour is reached.
     pub fn failed(&mut self, reason: String, now: i64) {
         self.status = AcmeStatus::Failed;
         self.attempts = self.attempts.saturating_add(1);
-        self.next_try_unix = Some(now + backoff_s(self.attempts));
+        keep_last(&mut self.recent_failures_unix, now, FAILURES_PER_HOUR);
+        let mut next_try = now + backoff_s(self.attempts);
+        if self.recent_failures_unix.len() == FAILURES_PER_HOUR {
+            next_try = next_try.max(self.recent_failures_unix[0] + HOUR);
+        }
+        self.next_try_unix = Some(next_try);
         self.reason = Some(reason);
         self.updated_unix = now;
     }
@@ -128,19 +148,40 @@ impl AcmeDomain {
         self.issuer = Some(issuer);
         self.sha256 = Some(sha256);
         self.issued_count = self.issued_count.saturating_add(1);
+        keep_last(&mut self.recent_issues_unix, now, DUPLICATES_PER_WEEK);
         self.updated_unix = now;
+    }
+
+    /// Until when the CA's limit of duplicate certificates per week holds a new order back.
+    pub fn duplicates_hold_until(&self) -> Option<i64> {
+        (self.recent_issues_unix.len() == DUPLICATES_PER_WEEK)
+            .then(|| self.recent_issues_unix[0] + WEEK)
     }
 
     /// Whether an order for it may start now: never while one is open elsewhere (the
     /// caller holds the fleet's lease), not before its back-off ends, and for an issued
     /// certificate not before its renewal time.
     pub fn due(&self, now: i64) -> bool {
+        if self
+            .duplicates_hold_until()
+            .is_some_and(|until| until > now)
+        {
+            return false;
+        }
         match self.status {
             AcmeStatus::Pending | AcmeStatus::Validating => true,
             AcmeStatus::Failed => self.next_try_unix.is_none_or(|t| t <= now),
             AcmeStatus::Issued => self.renew_at_unix.is_none_or(|t| t <= now),
             AcmeStatus::Unsupported => false,
         }
+    }
+}
+
+/// Appends `time` to `times`, keeping the last `most`.
+fn keep_last(times: &mut Vec<i64>, time: i64, most: usize) {
+    times.push(time);
+    if times.len() > most {
+        times.drain(..times.len() - most);
     }
 }
 
@@ -220,5 +261,36 @@ mod tests {
             ..AcmeDomain::pending("*.shop.test", now)
         };
         assert!(!unsupported.due(now + MAX_BACKOFF_S));
+    }
+
+    #[test]
+    fn the_cas_limits_per_name_hold_orders_back() {
+        let start = 1_000_000;
+        let mut domain = AcmeDomain::pending("shop.test", start);
+        // Failures at once after each back-off: 1, 2, 4, 8 minutes apart.
+        let mut now = start;
+        for _ in 0..4 {
+            domain.failed("refused".into(), now);
+            now = domain.next_try_unix.expect("next try");
+        }
+        assert_eq!(now, start + (1 + 2 + 4 + 8) * 60);
+        domain.failed("refused".into(), now);
+        assert_eq!(
+            domain.next_try_unix,
+            Some(start + HOUR),
+            "the fifth failure in an hour waits for the hour, past its 16-minute back-off"
+        );
+        assert_eq!(domain.recent_failures_unix.len(), FAILURES_PER_HOUR);
+
+        let mut renewed = AcmeDomain::pending("shop.test", start);
+        for i in 0..5 {
+            renewed.issued("CN=CA".into(), format!("{i}"), start, start + 10, start + i);
+        }
+        assert_eq!(renewed.duplicates_hold_until(), Some(start + WEEK));
+        assert!(!renewed.due(start + 100), "five in a week: the sixth waits");
+        assert!(renewed.due(start + WEEK));
+        renewed.issued("CN=CA".into(), "5".into(), start, start + 10, start + WEEK);
+        assert_eq!(renewed.recent_issues_unix.len(), DUPLICATES_PER_WEEK);
+        assert_eq!(renewed.recent_issues_unix[0], start + 1, "the oldest goes");
     }
 }

@@ -16,7 +16,10 @@ mod mirror;
 mod spec;
 mod waf;
 
-pub use acme::{backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus};
+pub use acme::{
+    backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, DUPLICATES_PER_WEEK,
+    FAILURES_PER_HOUR,
+};
 pub use app::{App, AppName, AppTls, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
