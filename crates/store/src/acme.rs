@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use switchyard_model::{AcmeChallenge, AcmeDomain};
 
+use crate::json::{decode, encode};
 use crate::{AcmeRecord, Store, StoreError};
 
 /// How long an HTTP-01 answer stays in the store when its order never cleans it up (a
@@ -64,18 +65,4 @@ pub async fn put_challenge(
     store
         .acme_put(AcmeRecord::Challenge(token), json, Some(CHALLENGE_TTL))
         .await
-}
-
-fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
-}
-
-fn decode<T: serde::de::DeserializeOwned>(key: &str, json: &str) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
 }

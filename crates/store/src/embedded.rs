@@ -338,7 +338,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError> {
-        let key = acme_key(record);
+        let key = record.key();
         let txn = self.db()?.begin_read().map_err(unavailable)?;
         let table = txn.open_table(ACME).map_err(unavailable)?;
         let value = table.get(key.as_str()).map_err(unavailable)?;
@@ -351,7 +351,7 @@ impl Store for EmbeddedStore {
         json: String,
         ttl: Option<Duration>,
     ) -> Result<(), StoreError> {
-        let key = acme_key(record);
+        let key = record.key();
         let expires = ttl.map_or(0, |ttl| unix_now().saturating_add(ttl.as_secs().max(1)));
         let mut value = expires.to_be_bytes().to_vec();
         value.extend_from_slice(json.as_bytes());
@@ -378,7 +378,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn acme_delete(&self, record: AcmeRecord<'_>) -> Result<(), StoreError> {
-        let key = acme_key(record);
+        let key = record.key();
         self.blocking(move |store| {
             let txn = store.db()?.begin_write().map_err(unavailable)?;
             txn.open_table(ACME)
@@ -554,14 +554,6 @@ fn read_page<T>(
         None
     };
     Ok((page, next_after))
-}
-
-fn acme_key(record: AcmeRecord<'_>) -> String {
-    match record {
-        AcmeRecord::Account(directory) => format!("account:{directory}"),
-        AcmeRecord::Domain(domain) => format!("domain:{domain}"),
-        AcmeRecord::Challenge(token) => format!("challenge:{token}"),
-    }
 }
 
 fn record_is_challenge(key: &str) -> bool {

@@ -8,6 +8,7 @@ pub mod acme;
 mod embedded;
 mod error;
 mod feed;
+mod json;
 mod metrics;
 mod redis_link;
 mod redis_store;
@@ -50,6 +51,18 @@ pub enum AcmeRecord<'a> {
     Domain(&'a str),
     /// An HTTP-01 answer by token ([`switchyard_model::AcmeChallenge`]).
     Challenge(&'a str),
+}
+
+impl AcmeRecord<'_> {
+    /// Its key, the same in every store (Redis puts the layout's prefix before it):
+    /// `account:{directory}`, `domain:{domain}`, `challenge:{token}`.
+    pub(crate) fn key(&self) -> String {
+        match self {
+            AcmeRecord::Account(directory) => format!("account:{directory}"),
+            AcmeRecord::Domain(domain) => format!("domain:{domain}"),
+            AcmeRecord::Challenge(token) => format!("challenge:{token}"),
+        }
+    }
 }
 
 /// Where apps and certificates live. Every write is durable when it returns and is announced to subscribers.

@@ -18,6 +18,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 
+use crate::json::{decode, encode};
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
 use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
@@ -422,31 +423,13 @@ fn parse_event(payload: &str) -> Option<(Change, Option<i64>)> {
 }
 
 fn acme_key(record: AcmeRecord<'_>) -> String {
-    match record {
-        AcmeRecord::Account(directory) => format!("{KEY_PREFIX}acme:account:{directory}"),
-        AcmeRecord::Domain(domain) => format!("{KEY_PREFIX}acme:domain:{domain}"),
-        AcmeRecord::Challenge(token) => format!("{KEY_PREFIX}acme:challenge:{token}"),
-    }
+    format!("{KEY_PREFIX}acme:{}", record.key())
 }
 
 /// A write script with the key prefix written in: the layout's prefix has one source,
 /// [`KEY_PREFIX`], in Rust and in Lua alike.
 fn script(source: &str) -> Script {
     Script::new(&source.replace("{KEY_PREFIX}", KEY_PREFIX))
-}
-
-fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
-}
-
-fn decode<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
 }
 
 #[async_trait]
