@@ -363,3 +363,39 @@ fn a_holder_killed_mid_order_is_taken_over_when_its_lease_runs_out() {
         shown["sha256"].as_str()
     );
 }
+
+/// A CA that requires external account binding: an account made with the key id and HMAC
+/// given gets certificates; without them the CA's refusal is the domain's reason.
+#[test]
+fn external_account_binding_is_sent_when_given_and_its_absence_is_reported() {
+    let hmac = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
+    let http_port = free_port();
+    let pebble = Pebble::start_requiring(http_port, Some(("kid-1", hmac)));
+    let unbound = acme_router(&pebble, free_port(), &[]);
+    unbound.put_app(
+        "unbound",
+        json!({"domains": ["unbound.test"], "backends": ["127.0.0.1:9"], "tls": {"acme": true}}),
+    );
+    let refused = wait_for_state(&unbound, "unbound.test", "failed");
+    let reason = refused["acme"]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("creating the account") && reason.to_lowercase().contains("external"),
+        "the CA's refusal: {reason}"
+    );
+
+    let bound = acme_router(
+        &pebble,
+        http_port,
+        &["--acme-eab-kid", "kid-1", "--acme-eab-hmac", hmac],
+    );
+    bound.put_app(
+        "bound",
+        json!({"domains": ["bound.test"], "backends": ["127.0.0.1:9"], "tls": {"acme": true}}),
+    );
+    let issued = wait_for_state(&bound, "bound.test", "issued");
+    let tls = support::tls::connect(bound.https, Some("bound.test"), &[]).expect("handshake");
+    assert_eq!(
+        Some(hex(&tls.fingerprint).as_str()),
+        issued["sha256"].as_str()
+    );
+}

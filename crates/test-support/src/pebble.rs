@@ -24,6 +24,12 @@ pub struct Pebble {
 impl Pebble {
     /// Starts the DNS and the CA, validating HTTP-01 challenges on 127.0.0.1:`http_port`.
     pub fn start(http_port: u16) -> Self {
+        Self::start_requiring(http_port, None)
+    }
+
+    /// Like [`Pebble::start`]; with `eab`, accounts must be bound to that external account
+    /// (key id, base64url HMAC key), as some CAs require.
+    pub fn start_requiring(http_port: u16, eab: Option<(&str, &str)>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = Ca::root("Pebble listener test CA");
         let listener_cert = ca.issue(&["localhost"], -1, 30);
@@ -40,7 +46,7 @@ impl Pebble {
         let dns_management = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let management = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let config = serde_json::json!({"pebble": {
+        let mut config = serde_json::json!({"pebble": {
             "listenAddress": listen.to_string(),
             "managementListenAddress": management.to_string(),
             "certificate": cert,
@@ -50,6 +56,10 @@ impl Pebble {
             "ocspResponderURL": "",
             "externalAccountBindingRequired": false,
         }});
+        if let Some((kid, hmac)) = eab {
+            config["pebble"]["externalAccountBindingRequired"] = true.into();
+            config["pebble"]["externalAccountMACKeys"] = serde_json::json!({ kid: hmac });
+        }
         let config_path = write("pebble.json", &config.to_string());
         let log =
             |name: &str| std::fs::File::create(dir.path().join(name)).expect("pebble log file");
