@@ -138,6 +138,15 @@ fn an_opted_in_app_gets_certificates_served_on_the_next_handshake_and_kept_over_
         router.metric("switchyard_acme_domains{state=\"unsupported\"}"),
         1.0
     );
+    // Pebble 2.4 has no renewal information (ARI): the issuer asked, learnt it, and keeps
+    // renewing at two thirds.
+    assert!(
+        router
+            .logs()
+            .contains("the CA offers no renewal information"),
+        "{}",
+        router.logs()
+    );
 
     let status = Command::new(RouterProcess::binary())
         .args(["certs", "status", "--admin", &router.admin.to_string()])

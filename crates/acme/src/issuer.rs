@@ -13,6 +13,7 @@ use instant_acme::{Account, AccountCredentials, ExternalAccountKey, NewAccount};
 use switchyard_model::{AcmeDomain, AcmeStatus, Change};
 use switchyard_store::{acme, AcmeRecord, Store};
 
+use crate::ari;
 use crate::http_client::OpensslClient;
 use crate::metrics;
 use crate::order;
@@ -79,6 +80,8 @@ pub struct Issuer {
     account: tokio::sync::Mutex<Option<Account>>,
     /// The CA's limits across domains, counted by this router while it holds the lease.
     limits: std::sync::Mutex<CaLimits>,
+    /// The CA's directory offers no renewal information (ARI): not asked again.
+    ari_unsupported: std::sync::atomic::AtomicBool,
 }
 
 impl Issuer {
@@ -101,6 +104,7 @@ impl Issuer {
             holder,
             account: tokio::sync::Mutex::new(None),
             limits: std::sync::Mutex::default(),
+            ari_unsupported: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -307,7 +311,12 @@ impl Issuer {
             _ => {}
         }
         if !state.due(now) {
-            return Some(state);
+            if let Some(cert) = stored.as_ref().filter(|_| state.ari_due(now)) {
+                self.consult_ari(&mut state, &cert.cert_pem, now).await;
+            }
+            if !state.due(now) {
+                return Some(state);
+            }
         }
         if let Err(limit) = self.may_order(domain) {
             metrics::ORDERS.with_label_values(&["deferred"]).inc();
@@ -368,6 +377,35 @@ impl Issuer {
         }
         self.save(&state).await;
         Some(state)
+    }
+
+    /// Asks the CA for the certificate's renewal window (ARI, when it offers it), which
+    /// moves the renewal sooner when the window opens before two thirds of the lifetime.
+    async fn consult_ari(&self, state: &mut AcmeDomain, cert_pem: &str, now: i64) {
+        if self
+            .ari_unsupported
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let Ok(account) = self.account().await else {
+            return;
+        };
+        match ari::window(&account, cert_pem).await {
+            Ok(Some((start, end))) => {
+                // A random point in the window, as RFC 9773 asks, so a fleet's renewals
+                // do not all land on its first second.
+                let pick = start + (rand::random::<u64>() % (end - start).max(1) as u64) as i64;
+                state.consider_renewal_window(start, end, pick, now);
+                self.save(state).await;
+            }
+            Ok(None) => {
+                log::info!("acme: the CA offers no renewal information; renewing at two thirds");
+                self.ari_unsupported
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => log::info!("acme: {}: {e}", state.domain),
+        }
     }
 
     /// Counts an order for `domain` against the CA's limits kept here: new orders per

@@ -3,6 +3,7 @@
 //! router (the challenges are in the store), stored like uploaded certificates so every
 //! router serves them on the next handshake.
 
+mod ari;
 mod http_client;
 mod issuer;
 mod metrics;

@@ -13,6 +13,8 @@ pub const FAILURES_PER_HOUR: usize = 5;
 /// Let's Encrypt's limit of duplicate certificates (the same names) per week, kept locally.
 pub const DUPLICATES_PER_WEEK: usize = 5;
 const HOUR: i64 = 3600;
+/// How often an issued certificate's renewal information is asked for.
+const ARI_EVERY_S: i64 = 6 * HOUR;
 const WEEK: i64 = 7 * 86_400;
 
 /// Where a domain's ACME certificate stands.
@@ -91,6 +93,9 @@ pub struct AcmeDomain {
     /// When its last certificates were issued (the last [`DUPLICATES_PER_WEEK`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_issues_unix: Vec<i64>,
+    /// When the CA's renewal information (ARI) was last asked for this certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ari_checked_unix: Option<i64>,
     /// Last change of this record, seconds since the epoch.
     pub updated_unix: i64,
 }
@@ -111,6 +116,7 @@ impl AcmeDomain {
             issued_count: 0,
             recent_failures_unix: Vec::new(),
             recent_issues_unix: Vec::new(),
+            ari_checked_unix: None,
             updated_unix: now,
         }
     }
@@ -149,7 +155,32 @@ impl AcmeDomain {
         self.sha256 = Some(sha256);
         self.issued_count = self.issued_count.saturating_add(1);
         keep_last(&mut self.recent_issues_unix, now, DUPLICATES_PER_WEEK);
+        self.ari_checked_unix = None;
         self.updated_unix = now;
+    }
+
+    /// Whether to ask the CA's renewal information again: an issued certificate, every six
+    /// hours (Let's Encrypt's own suggestion when it gives no Retry-After).
+    pub fn ari_due(&self, now: i64) -> bool {
+        self.status == AcmeStatus::Issued
+            && self
+                .ari_checked_unix
+                .is_none_or(|checked| now - checked >= ARI_EVERY_S)
+    }
+
+    /// Takes the CA's suggested renewal window (ARI) into account: the renewal moves to
+    /// `pick` within it when the window opens before the planned time (the CA wants the
+    /// certificate replaced sooner: a revocation coming, a shorter lifetime). A window
+    /// after the planned time changes nothing: two thirds of the lifetime is never late.
+    pub fn consider_renewal_window(&mut self, start: i64, end: i64, pick: i64, now: i64) {
+        self.ari_checked_unix = Some(now);
+        self.updated_unix = now;
+        if end < start {
+            return;
+        }
+        if self.renew_at_unix.is_none_or(|planned| start < planned) {
+            self.renew_at_unix = Some(pick.clamp(start, end));
+        }
     }
 
     /// Until when the CA's limit of duplicate certificates per week holds a new order back.
@@ -261,6 +292,34 @@ mod tests {
             ..AcmeDomain::pending("*.shop.test", now)
         };
         assert!(!unsupported.due(now + MAX_BACKOFF_S));
+    }
+
+    #[test]
+    fn a_renewal_window_that_opens_sooner_moves_the_renewal() {
+        let day = 86_400;
+        let mut domain = AcmeDomain::pending("shop.test", 0);
+        domain.issued("CN=CA".into(), "ab".into(), 0, 90 * day, 0);
+        assert_eq!(domain.renew_at_unix, Some(60 * day));
+        domain.consider_renewal_window(70 * day, 75 * day, 72 * day, day);
+        assert_eq!(
+            domain.renew_at_unix,
+            Some(60 * day),
+            "a later window changes nothing"
+        );
+        assert_eq!(domain.ari_checked_unix, Some(day));
+        domain.consider_renewal_window(2 * day, 3 * day, 2 * day + 100, 2 * day);
+        assert_eq!(
+            domain.renew_at_unix,
+            Some(2 * day + 100),
+            "revoked soon: renewed within it"
+        );
+        assert!(domain.due(2 * day + 100));
+        domain.consider_renewal_window(5, 1, 3, 2 * day);
+        assert_eq!(
+            domain.renew_at_unix,
+            Some(2 * day + 100),
+            "a window that ends before it starts"
+        );
     }
 
     #[test]
