@@ -5,12 +5,12 @@ Pebble 2.4 (Let's Encrypt's test CA, Debian `pebble`) with pebble-challtestsrv a
 (every name → 127.0.0.1), validating HTTP-01 against the router, which runs on the embedded
 store with `--acme-check-interval-s 5`:
 
-- issuing: N apps (1,000; 50 with --quick) each with one opted-in domain, each its own
+- issuing: N apps (10,000; 50 with --quick) each with one opted-in domain, each its own
   registered domain (`appI.test`: the CA's limit of 50 per registered domain per week,
   kept by the router, would otherwise be what is measured), are PUT at once;
-  measured: time from the first PUT until every domain's certificate is stored (the router's
-  `switchyard_acme_orders_total{result="issued"}`), orders Pebble issued, failed orders,
-  the router's resident memory before and after;
+  measured: time from the first PUT until the first 1,000 and until every domain's
+  certificate is stored (the router's `switchyard_acme_orders_total{result="issued"}`),
+  orders Pebble issued, failed orders, the router's resident memory before and after;
 - start-up: the same data directory (N apps, N issued certificates, N ACME records) started
   again with and without ACME, time from exec to the admin API answering, median of 5;
 - a random-SNI flood on that data, with and without ACME: 3,000 TLS handshakes (one
@@ -138,7 +138,8 @@ def sni_flood_us(work, acme, handshakes, rounds=3):
 
 
 def measure(work, seconds, procs, quick):
-    domains = 50 if quick else 1000
+    domains = 50 if quick else 10000
+    first = min(domains, 1000)
     http_port, admin_port = common.free_port(), common.free_port()
     pebble_procs, directory, ca_file = start_pebble(work, http_port)
     procs.extend(pebble_procs)
@@ -157,7 +158,13 @@ def measure(work, seconds, procs, quick):
                                                "backends": ["127.0.0.1:9"], "tls": {"acme": True}})
     put_s = time.monotonic() - started
     deadline = started + max(600, domains * 2)
-    while issued_orders(admin_port) < domains and time.monotonic() < deadline:
+    first_s = None
+    while time.monotonic() < deadline:
+        done = issued_orders(admin_port)
+        if first_s is None and done >= first:
+            first_s = time.monotonic() - started
+        if done >= domains:
+            break
         time.sleep(0.5)
     issuing_s = time.monotonic() - started
     issued = issued_orders(admin_port)
@@ -168,6 +175,7 @@ def measure(work, seconds, procs, quick):
     procs.remove(router)
     results = {
         "domains": domains, "put_s": round(put_s, 2), "issuing_s": round(issuing_s, 1),
+        "first": first, "first_s": round(first_s, 1) if first_s else None,
         "issued": issued, "failed": failed, "pebble_issued": pebble_issued,
         "ms_per_certificate": round(issuing_s * 1000 / max(issued, 1), 1),
         "rss_before_kib": rss_before, "rss_after_kib": rss_after,
@@ -178,7 +186,8 @@ def measure(work, seconds, procs, quick):
         "pebble": subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "pebble"],
                                  capture_output=True, text=True).stdout,
     }
-    print(f"{issued:.0f}/{domains} certificates in {issuing_s:.1f} s ({results['ms_per_certificate']} ms each), "
+    print(f"{issued:.0f}/{domains} certificates in {issuing_s:.1f} s ({results['ms_per_certificate']} ms each; "
+          f"the first {first} in {results['first_s']} s), "
           f"{failed:.0f} failed, RSS {rss_before} → {rss_after} KiB; start-up with {domains} issued: "
           f"{results['startup_ms_with_acme']} ms with ACME, {results['startup_ms_without_acme']} ms without; "
           f"random-SNI handshake: {results['sni_flood_us_with_acme']} µs CPU with ACME, "
