@@ -15,6 +15,14 @@ store with `--acme-check-interval-s 5`:
   2026-11-25, so the run measures 1,000);
 - start-up: the same data directory (N apps, N issued certificates, N ACME records) started
   again with and without ACME, time from exec to the admin API answering, median of 5;
+- start-up at scale: `switchyard bench-seed --acme` stores 10,000 and 100,000 opted-in apps,
+  each with a certificate from a throw-away CA recorded as issued by the router's ACME
+  issuer (renewal due in 60 days: the steady state of a fleet); the router started on it
+  with ACME on and off (the same flags as bench_https' start-up figure): time from exec to
+  the first HTTPS answer for the last domain (a cold certificate), resident memory then,
+  and with ACME on the issuer's first full round over every domain (time from exec until
+  `switchyard_acme_domains{state="issued"}` counts them all, orders it made: none are due,
+  so 0 is expected, the router's CPU until then); median of 3 starts;
 - a random-SNI flood on that data, with and without ACME: 3,000 TLS handshakes (one
   connection each, from 4 client threads), each with a server name no app owns; the
   router's CPU (utime + stime) per handshake, median of 3 rounds. Nothing is ordered for
@@ -95,6 +103,59 @@ def startup_ms(work, acme, runs=5):
         samples.append((time.monotonic() - started) * 1000)
         proc.stop()
     return sorted(samples)[len(samples) // 2]
+
+
+def seeded_startup(work, procs, acme, sizes, runs=3):
+    """Start-up over `bench-seed --acme` data of each size, ACME on and off."""
+    import bench_https
+    origin, backend, _ = common.start_origin(work)
+    procs.append(origin)
+    rows = []
+    for size in sizes:
+        data = work / f"seeded-{size}"
+        subprocess.run([str(common.BIN), "bench-seed", "--data-dir", str(data), "--apps", str(size),
+                        "--backend", f"127.0.0.1:{backend}", "--certs", str(size), "--acme"],
+                       check=True, stdout=subprocess.DEVNULL)
+        row = {"certificates": size}
+        for label, flags in (("on", acme), ("off", [])):
+            samples = []
+            for i in range(runs):
+                samples.append(one_seeded_start(work, data, size, flags, f"seeded-{size}-{label}-{i}",
+                                                bench_https))
+            samples.sort(key=lambda s: s["first_https_ms"])
+            row[label] = samples[len(samples) // 2]
+            print(f"{size} issued certificates stored, ACME {label}: {row[label]}", flush=True)
+        rows.append(row)
+    origin.stop()
+    procs.remove(origin)
+    return rows
+
+
+def one_seeded_start(work, data, size, acme, tag, bench_https):
+    http_port, https_port, admin_port = common.free_port(), common.free_port(), common.free_port()
+    args = [str(common.BIN), "serve", "--http", f"127.0.0.1:{http_port}",
+            "--https", f"127.0.0.1:{https_port}", "--admin", f"127.0.0.1:{admin_port}",
+            "--data-dir", str(data), "--threads", str(common.THREADS), "--access-log", "off",
+            "--shutdown-grace-s", "0", *acme]
+    started = time.perf_counter()
+    proc = common.Process(tag, args, work, env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
+    with common.Started([proc]):
+        ready_s = bench_https.first_https_answer(https_port, f"app{size - 1}.bench", started)
+        sample = {"first_https_ms": round(ready_s * 1000, 1), "rss_kib": common.rss_kib(proc.pid)}
+        if acme:
+            deadline = time.perf_counter() + 300
+            while (common.metric(admin_port, 'switchyard_acme_domains{state="issued"}') or 0) < size:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"the issuer's first round did not count {size} issued domains")
+                time.sleep(0.02)
+            sample["first_round_done_ms"] = round((time.perf_counter() - started) * 1000, 1)
+            sample["cpu_ms_until_round_done"] = round(cpu_seconds(proc.pid) * 1000, 1)
+            sample["rss_after_round_kib"] = common.rss_kib(proc.pid)
+            sample["orders"] = sum(common.metric(admin_port, f'switchyard_acme_orders_total{{result="{r}"}}') or 0
+                                   for r in ("issued", "failed", "deferred"))
+        else:
+            sample["cpu_ms_at_first_answer"] = round(cpu_seconds(proc.pid) * 1000, 1)
+    return sample
 
 
 def cpu_seconds(pid):
@@ -185,6 +246,7 @@ def measure(work, seconds, procs, quick):
         "startup_ms_without_acme": round(startup_ms(work, []), 1),
         "sni_flood_us_with_acme": round(sni_flood_us(work, acme, 600 if quick else 3000), 1),
         "sni_flood_us_without_acme": round(sni_flood_us(work, [], 600 if quick else 3000), 1),
+        "seeded_startup": seeded_startup(work, procs, acme, [1000] if quick else [10000, 100000]),
         "pebble": subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "pebble"],
                                  capture_output=True, text=True).stdout,
     }

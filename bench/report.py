@@ -396,7 +396,33 @@ def acme_report(a, date):
             f"{a.get('sni_flood_us_with_acme', '–')} µs | {a.get('sni_flood_us_without_acme', '–')} µs |", "",
             "Start-up reads no certificate and no ACME record (the issuer's first round runs after "
             "the listeners are up), and a handshake never looks at ACME state: names no app owns "
-            "are never ordered (orders start from app changes and rounds over opted-in apps)."]
+            "are never ordered (orders start from app changes and rounds over opted-in apps)."
+            ] + seeded_startup_report(a.get("seeded_startup", []))
+
+
+def seeded_startup_report(rows):
+    """Start-up over many ACME-issued certificates (bench_acme's `bench-seed --acme` data)."""
+    if not rows:
+        return []
+    lines = ["", "## Start-up with many ACME-issued certificates stored", "",
+             "`bench-seed --acme`: opted-in apps, each with a certificate recorded as issued by the "
+             "router's issuer (renewal due in 60 days). Exec to the first HTTPS answer for the last "
+             "domain (a cold certificate), median of 3 starts; with ACME on, also until the issuer's "
+             "first full round has counted every domain (nothing is due: orders made should be 0). "
+             "bench_https' figure for issue 3 (121 ms at 100,000 uploaded certificates) was taken "
+             "before the WAF loaded the OWASP CRS at start (about 130 ms of these figures: 39–59 ms "
+             "with `--waf off` at 1,000 apps on 2026-11-25); ACME off is this run's baseline.", "",
+             "| certificates | ACME | first HTTPS answer | RSS then | first round done | CPU until then | "
+             "RSS after the round | orders made |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        on, off = row["on"], row["off"]
+        lines.append(f"| {row['certificates']} | on | {on['first_https_ms']} ms | {on['rss_kib'] / 1024:.1f} MiB | "
+                     f"{on['first_round_done_ms']} ms | {on['cpu_ms_until_round_done']} ms | "
+                     f"{on['rss_after_round_kib'] / 1024:.1f} MiB | {on['orders']:.0f} |")
+        lines.append(f"| {row['certificates']} | off | {off['first_https_ms']} ms | {off['rss_kib'] / 1024:.1f} MiB | "
+                     f"– | {off['cpu_ms_at_first_answer']} ms (at the first answer) | – | – |")
+    return lines
 
 
 def logd_report(l, date):

@@ -2,7 +2,9 @@
 //! transactions, so benchmarks can start a router over 100,000 apps in seconds instead of
 //! issuing 100,000 fsynced API writes. Run it before the router starts. With `--certs` it
 //! also issues a certificate per app from a throw-away CA (EC P-256, 90 days), validated by
-//! the same code as the admin API.
+//! the same code as the admin API. With `--acme` the apps opt in to ACME and those
+//! certificates are recorded as issued by the router's ACME issuer (renewal due in 60 days),
+//! the state a fleet reaches once its certificates are issued.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,7 +20,7 @@ use openssl::pkey::{PKey, Private};
 use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
 use openssl::x509::{X509Name, X509};
 use serde_json::json;
-use switchyard_model::{parse_app_spec, parse_certificate_spec};
+use switchyard_model::{parse_app_spec, parse_certificate_spec, AcmeDomain, StoredCertificate};
 use switchyard_store::EmbeddedStore;
 
 const BATCH: usize = 10_000;
@@ -48,6 +50,9 @@ pub(crate) struct SeedArgs {
     /// How many certificates to write to `--pem-dir`.
     #[arg(long, default_value_t = 0)]
     pem_files: usize,
+    /// The apps opt in to ACME, and their stored certificates are recorded as its own.
+    #[arg(long)]
+    acme: bool,
 }
 
 /// Writes the apps and reports how many were stored.
@@ -56,8 +61,11 @@ pub(crate) fn run(args: SeedArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?;
     let mut batch = Vec::with_capacity(BATCH);
     for i in 0..args.apps {
-        let spec =
-            json!({"domains": [format!("app{i}.{}", args.suffix)], "backends": args.backends});
+        let spec = json!({
+            "domains": [format!("app{i}.{}", args.suffix)],
+            "backends": args.backends,
+            "tls": {"acme": args.acme},
+        });
         batch.push(parse_app_spec(&format!("app{i}"), &spec).map_err(|e| anyhow::anyhow!("{e}"))?);
         if batch.len() == BATCH || i + 1 == args.apps {
             store.import_apps(&batch)?;
@@ -85,6 +93,7 @@ fn seed_certs(store: &EmbeddedStore, args: &SeedArgs) -> anyhow::Result<()> {
     }
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
     let mut batch = Vec::with_capacity(BATCH);
+    let mut acme_batch = Vec::new();
     for i in 0..args.certs {
         let domain = format!("app{i}.{}", args.suffix);
         let key = ec_key()?;
@@ -95,14 +104,35 @@ fn seed_certs(store: &EmbeddedStore, args: &SeedArgs) -> anyhow::Result<()> {
             write_pem_pair(dir, &domain, &cert_pem, &key_pem)?;
         }
         let spec = json!({"cert_pem": cert_pem, "key_pem": key_pem});
-        batch
-            .push(parse_certificate_spec(&domain, &spec, now).map_err(|e| anyhow::anyhow!("{e}"))?);
+        let cert =
+            parse_certificate_spec(&domain, &spec, now).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if args.acme {
+            acme_batch.push(issued_by_acme(&cert, now));
+        }
+        batch.push(cert);
         if batch.len() == BATCH || i + 1 == args.certs {
             store.import_certs(&batch)?;
+            store.import_acme_domains(&acme_batch)?;
             batch.clear();
+            acme_batch.clear();
         }
     }
     Ok(())
+}
+
+/// The ACME state of a certificate the issuer ordered itself.
+fn issued_by_acme(cert: &StoredCertificate, now: i64) -> AcmeDomain {
+    let mut state = AcmeDomain::pending(&cert.info.domain, now);
+    state.issued(
+        cert.info.issuer.clone(),
+        cert.info.sha256.clone(),
+        cert.info.not_before,
+        cert.info.not_after,
+        now,
+    );
+    // The CA's renewal information was asked for at issue, as the issuer does in its rounds.
+    state.ari_checked_unix = Some(now);
+    state
 }
 
 fn write_pem_pair(dir: &Path, domain: &str, cert: &str, key: &str) -> anyhow::Result<()> {

@@ -226,7 +226,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .listen_http(config.http, &mut inherited_sockets)
         .with_context(|| format!("cannot listen for http on {}", config.http))?;
     if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
-        let tls = ListenerTls::new(certs.clone(), tickets.clone()).map_err(anyhow::Error::msg)?;
+        let tls = ListenerTls::new(certs.clone(), tickets.clone(), store.clone())
+            .map_err(anyhow::Error::msg)?;
         listener = listener
             .listen_https(address, tls, &mut inherited_sockets)
             .with_context(|| format!("cannot listen for https on {address}"))?;

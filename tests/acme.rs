@@ -408,3 +408,47 @@ fn external_account_binding_is_sent_when_given_and_its_absence_is_reported() {
         issued["sha256"].as_str()
     );
 }
+
+#[test]
+fn tls_alpn_01_is_answered_on_the_https_listener_when_port_80_is_closed() {
+    // Pebble checks HTTP-01 on a port where nothing listens: only TLS-ALPN-01, on the
+    // router's HTTPS listener, can succeed.
+    let https_port = free_port();
+    let pebble = Pebble::start_validating_tls(free_port(), https_port);
+    let mut flags = pebble.router_flags();
+    flags.extend(CHECK_EVERY_SECOND.iter().map(|s| s.to_string()));
+    flags.extend(["--acme-challenge".to_string(), "tls-alpn-01".to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let router = RouterProcess::start_on_ports(free_port(), https_port, &flags);
+    let backend = Backend::start("alpn");
+    router.put_app(
+        "alpn",
+        json!({"domains": ["alpn.test"], "backends": [backend.addr.to_string()], "tls": {"acme": true}}),
+    );
+
+    let shown = wait_for_state(&router, "alpn.test", "issued");
+    assert_eq!(issued_by_pebble(&pebble), 1);
+    assert!(
+        router
+            .logs()
+            .contains("answered a TLS-ALPN-01 validation for alpn.test"),
+        "{}",
+        router.logs()
+    );
+    let mut tls = support::tls::connect(router.https, Some("alpn.test"), &[]).expect("handshake");
+    assert_eq!(
+        Some(hex(&tls.fingerprint).as_str()),
+        shown["sha256"].as_str()
+    );
+    assert_eq!(tls.get("alpn.test", "/").expect("GET").status, 200);
+    // The order is over and its answer removed: a validator's handshake now gets no
+    // certificate at all, never the app's.
+    assert!(
+        support::tls::connect(router.https, Some("alpn.test"), &["acme-tls/1"]).is_err(),
+        "a TLS-ALPN-01 handshake with no order open was answered"
+    );
+    assert_eq!(
+        router.metric("switchyard_acme_orders_total{result=\"issued\"}"),
+        1.0
+    );
+}

@@ -68,6 +68,18 @@ pub struct AcmeSettings {
     pub check_interval: Duration,
     /// Most new orders per three hours (the CA's limit for one account).
     pub orders_per_3h: usize,
+    /// How the fleet proves it controls a domain.
+    pub challenge: ChallengeKind,
+}
+
+/// The challenge the issuer answers; every router of the fleet serves its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeKind {
+    /// HTTP-01, on the plain HTTP listener (the CA connects to port 80).
+    Http01,
+    /// TLS-ALPN-01 (RFC 8737), on the HTTPS listener (port 443): for fleets whose port 80
+    /// is closed.
+    TlsAlpn01,
 }
 
 /// The fleet's certificate issuer, on one router.
@@ -336,7 +348,7 @@ impl Issuer {
         let outcome = match self.account().await {
             Ok(account) => tokio::time::timeout(
                 ORDER_TIMEOUT,
-                order::certificate_for(&account, store.as_ref(), domain),
+                order::certificate_for(&account, store.as_ref(), domain, self.settings.challenge),
             )
             .await
             .unwrap_or_else(|_| Err(format!("the order took longer than {ORDER_TIMEOUT:?}"))),
@@ -585,6 +597,7 @@ mod tests {
             ca_file: None,
             check_interval: Duration::from_secs(60),
             orders_per_3h,
+            challenge: ChallengeKind::Http01,
         };
         (Issuer::new(settings, Arc::new(store)).expect("issuer"), dir)
     }

@@ -9,4 +9,4 @@ mod issuer;
 mod metrics;
 mod order;
 
-pub use issuer::{AcmeSettings, Issuer, LETS_ENCRYPT_ORDERS_PER_3H};
+pub use issuer::{AcmeSettings, ChallengeKind, Issuer, LETS_ENCRYPT_ORDERS_PER_3H};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
-use switchyard_acme::AcmeSettings;
+use switchyard_acme::{AcmeSettings, ChallengeKind};
 use switchyard_logs::ShipConfig;
 use switchyard_model::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 use toml::Spanned;
@@ -173,6 +173,9 @@ settings! {
     /// Most new ACME orders per three hours, the CA's limit per account (default 300, Let's
     /// Encrypt's); past it, domains wait their turn.
     acme_orders_per_3h: usize = "SWITCHYARD_ACME_ORDERS_PER_3H";
+    /// `http-01` (default): the CA checks the plain HTTP listener (port 80);
+    /// `tls-alpn-01`: the HTTPS listener (port 443), for fleets whose port 80 is closed.
+    acme_challenge: String = "SWITCHYARD_ACME_CHALLENGE";
     /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
     log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
     /// Most disk the spool may use, in MiB; past it records are dropped and counted.
@@ -490,7 +493,9 @@ impl Config {
                 ca_file: settings.acme_ca_file,
                 check_interval_s: settings.acme_check_interval_s,
                 orders_per_3h: settings.acme_orders_per_3h,
+                challenge: settings.acme_challenge,
             },
+            https.is_some(),
         )?;
         let access_log = access_log_choice(
             source,
@@ -560,14 +565,20 @@ struct AcmeSources {
     ca_file: Setting<PathBuf>,
     check_interval_s: Setting<u64>,
     orders_per_3h: Setting<usize>,
+    challenge: Setting<String>,
 }
 
 /// ACME is on when a directory is given; the other settings are refused without one, so
 /// that a typo in the directory's name does not silently leave certificates unordered.
-fn acme_settings(source: &Source<'_>, given: AcmeSources) -> anyhow::Result<Option<AcmeSettings>> {
+fn acme_settings(
+    source: &Source<'_>,
+    given: AcmeSources,
+    https_listener: bool,
+) -> anyhow::Result<Option<AcmeSettings>> {
     let Some(directory) = given.directory.value.clone() else {
         for (set, at) in [
             (given.email.value.is_some(), given.email.at(source)),
+            (given.challenge.value.is_some(), given.challenge.at(source)),
             (given.eab_kid.value.is_some(), given.eab_kid.at(source)),
             (given.eab_hmac.value.is_some(), given.eab_hmac.at(source)),
             (given.ca_file.value.is_some(), given.ca_file.at(source)),
@@ -603,8 +614,20 @@ fn acme_settings(source: &Source<'_>, given: AcmeSources) -> anyhow::Result<Opti
             );
         }
     }
+    let challenge_at = given.challenge.at(source);
+    let challenge = given.challenge.choice(
+        source,
+        &[
+            ("http-01", ChallengeKind::Http01),
+            ("tls-alpn-01", ChallengeKind::TlsAlpn01),
+        ],
+    )?;
+    if challenge == ChallengeKind::TlsAlpn01 && !https_listener {
+        bail!("{challenge_at}: tls-alpn-01 is answered on the HTTPS listener, which is off");
+    }
     Ok(Some(AcmeSettings {
         directory,
+        challenge,
         email: given.email.value.filter(|e| !e.is_empty()),
         eab,
         ca_file: given.ca_file.value,
@@ -853,6 +876,15 @@ mod tests {
                 "acme_directory = \"https://ca.test/dir\"\nacme_ca_file = \"/nonexistent/ca.pem\"\n",
                 "line 2: acme_ca_file: cannot read",
             ),
+            (
+                "acme_directory = \"https://ca.test/dir\"\nacme_challenge = \"dns-01\"\n",
+                "line 2: acme_challenge: 'dns-01' is not one of `http-01`, `tls-alpn-01`",
+            ),
+            (
+                "https = \"off\"\nacme_directory = \"https://ca.test/dir\"\nacme_challenge = \"tls-alpn-01\"\n",
+                "line 3: acme_challenge: tls-alpn-01 is answered on the HTTPS listener, which is off",
+            ),
+            ("acme_challenge = \"tls-alpn-01\"\n", "line 1: acme_challenge: needs acme_directory"),
         ];
         for (file, expected) in cases {
             let err = with_file(file).expect_err(file);
@@ -873,6 +905,7 @@ mod tests {
             Some(("kid-1".to_string(), b"hello?\xfb".to_vec()))
         );
         assert_eq!(acme.check_interval, Duration::from_secs(3600));
+        assert_eq!(acme.challenge, ChallengeKind::Http01);
         assert!(with_file("").expect("defaults").acme.is_none());
     }
 }

@@ -353,3 +353,14 @@ mod tests {
         assert_eq!(renewed.recent_issues_unix[0], start + 1, "the oldest goes");
     }
 }
+
+/// A TLS-ALPN-01 answer (RFC 8737) every router serves to a handshake for `domain` that
+/// offers only the `acme-tls/1` protocol, while the order is open: a self-signed
+/// certificate naming the domain and carrying the key authorization's digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcmeTlsAlpnAnswer {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM.
+    pub key_pem: String,
+}

@@ -17,8 +17,8 @@ mod spec;
 mod waf;
 
 pub use acme::{
-    backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, DUPLICATES_PER_WEEK,
-    FAILURES_PER_HOUR,
+    backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, AcmeTlsAlpnAnswer,
+    DUPLICATES_PER_WEEK, FAILURES_PER_HOUR,
 };
 pub use app::{App, AppName, AppTls, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
 pub use cache::{CacheStore, ResponseCache};

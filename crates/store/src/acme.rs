@@ -1,9 +1,9 @@
 //! The typed view of the ACME issuer's records ([`AcmeRecord`]): each domain's state and
-//! the HTTP-01 answers, decoded here once for the issuer, the proxy and the admin API.
+//! the HTTP-01 and TLS-ALPN-01 answers, decoded here once for the issuer, the proxy and the admin API.
 
 use std::time::Duration;
 
-use switchyard_model::{AcmeChallenge, AcmeDomain};
+use switchyard_model::{AcmeChallenge, AcmeDomain, AcmeTlsAlpnAnswer};
 
 use crate::json::{decode, encode};
 use crate::{AcmeRecord, Store, StoreError};
@@ -53,6 +53,30 @@ pub async fn challenge(
         .await?
         .map(|json| decode(token, &json))
         .transpose()
+}
+
+/// The TLS-ALPN-01 answer for `domain`, if an order published one.
+pub async fn tls_alpn_answer(
+    store: &dyn Store,
+    domain: &str,
+) -> Result<Option<AcmeTlsAlpnAnswer>, StoreError> {
+    store
+        .acme_get(AcmeRecord::TlsAlpn(domain))
+        .await?
+        .map(|json| decode(domain, &json))
+        .transpose()
+}
+
+/// Publishes the TLS-ALPN-01 answer for `domain` to every router of the fleet.
+pub async fn put_tls_alpn_answer(
+    store: &dyn Store,
+    domain: &str,
+    answer: &AcmeTlsAlpnAnswer,
+) -> Result<(), StoreError> {
+    let json = encode(domain, answer)?;
+    store
+        .acme_put(AcmeRecord::TlsAlpn(domain), json, Some(CHALLENGE_TTL))
+        .await
 }
 
 /// Publishes the HTTP-01 answer for `token` to every router of the fleet.

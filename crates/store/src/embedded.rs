@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransaction};
-use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
+use switchyard_model::{AcmeDomain, App, Backend, CertificateInfo, Change, StoredCertificate};
 
+use crate::json::encode;
 use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
 
 /// App name → the app as JSON.
@@ -28,6 +29,11 @@ const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info"
 /// `challenge:{token}`; each value is its expiry (seconds since the epoch, big-endian, 0 for
 /// never) followed by its JSON.
 const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
+/// The key ranges of the ACME records written with an expiry: the answers of open orders.
+const EXPIRING_RECORDS: [(&str, &str); 2] =
+    [("challenge:", "challenge;"), ("tls-alpn:", "tls-alpn;")];
+/// The expiry of an ACME record kept until deleted.
+const NEVER_EXPIRES: u64 = 0;
 
 /// redb's page cache. Routes and certificates are cached above the store, which reads a
 /// record once per fill: the cache needs the B-trees' branch pages (about 100 KiB at
@@ -151,6 +157,25 @@ impl EmbeddedStore {
         let txn = self.db()?.begin_write().map_err(unavailable)?;
         for cert in certs {
             write_cert_in(&txn, cert)?;
+        }
+        txn.commit().map_err(unavailable)
+    }
+
+    /// Writes many domains' ACME states in one transaction, like
+    /// [`EmbeddedStore::import_apps`]: benchmarks start a router over thousands of issued
+    /// certificates without issuing them.
+    pub fn import_acme_domains(&self, states: &[AcmeDomain]) -> Result<(), StoreError> {
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
+        {
+            let mut table = txn.open_table(ACME).map_err(unavailable)?;
+            for state in states {
+                let key = AcmeRecord::Domain(&state.domain).key();
+                let mut value = NEVER_EXPIRES.to_be_bytes().to_vec();
+                value.extend_from_slice(encode(&key, state)?.as_bytes());
+                table
+                    .insert(key.as_str(), value.as_slice())
+                    .map_err(unavailable)?;
+            }
         }
         txn.commit().map_err(unavailable)
     }
@@ -352,7 +377,9 @@ impl Store for EmbeddedStore {
         ttl: Option<Duration>,
     ) -> Result<(), StoreError> {
         let key = record.key();
-        let expires = ttl.map_or(0, |ttl| unix_now().saturating_add(ttl.as_secs().max(1)));
+        let expires = ttl.map_or(NEVER_EXPIRES, |ttl| {
+            unix_now().saturating_add(ttl.as_secs().max(1))
+        });
         let mut value = expires.to_be_bytes().to_vec();
         value.extend_from_slice(json.as_bytes());
         self.blocking(move |store| {
@@ -363,13 +390,13 @@ impl Store for EmbeddedStore {
                     .insert(key.as_str(), value.as_slice())
                     .map_err(unavailable)?;
                 // Answers of orders that never cleaned up after themselves go with the next.
-                if record_is_challenge(&key) {
+                if ttl.is_some() {
                     let now = unix_now();
-                    table
-                        .retain_in::<&str, _>("challenge:".."challenge;", |_, v| {
-                            unexpired(v, now).is_some()
-                        })
-                        .map_err(unavailable)?;
+                    for (from, to) in EXPIRING_RECORDS {
+                        table
+                            .retain_in::<&str, _>(from..to, |_, v| unexpired(v, now).is_some())
+                            .map_err(unavailable)?;
+                    }
                 }
             }
             txn.commit().map_err(unavailable)
@@ -554,10 +581,6 @@ fn read_page<T>(
         None
     };
     Ok((page, next_after))
-}
-
-fn record_is_challenge(key: &str) -> bool {
-    key.starts_with("challenge:")
 }
 
 /// The JSON of an ACME record unless it expired by `now` (seconds since the epoch).

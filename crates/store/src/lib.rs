@@ -51,16 +51,19 @@ pub enum AcmeRecord<'a> {
     Domain(&'a str),
     /// An HTTP-01 answer by token ([`switchyard_model::AcmeChallenge`]).
     Challenge(&'a str),
+    /// A TLS-ALPN-01 answer by domain ([`switchyard_model::AcmeTlsAlpnAnswer`]).
+    TlsAlpn(&'a str),
 }
 
 impl AcmeRecord<'_> {
     /// Its key, the same in every store (Redis puts the layout's prefix before it):
-    /// `account:{directory}`, `domain:{domain}`, `challenge:{token}`.
+    /// `account:{directory}`, `domain:{domain}`, `challenge:{token}`, `tls-alpn:{domain}`.
     pub(crate) fn key(&self) -> String {
         match self {
             AcmeRecord::Account(directory) => format!("account:{directory}"),
             AcmeRecord::Domain(domain) => format!("domain:{domain}"),
             AcmeRecord::Challenge(token) => format!("challenge:{token}"),
+            AcmeRecord::TlsAlpn(domain) => format!("tls-alpn:{domain}"),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! A real ACME server for the certificate tests: Pebble (Let's Encrypt's test CA) and its
 //! DNS, pebble-challtestsrv, which answers every name with 127.0.0.1, on free ports of
 //! 127.0.0.1, stopped by their PIDs. Pebble validates HTTP-01 on the port the test gives
-//! (the router's plain HTTP listener); its own HTTPS certificate comes from a test CA whose
-//! PEM routers are told to trust.
+//! (the router's plain HTTP listener), TLS-ALPN-01 on another (its HTTPS listener); its own
+//! HTTPS certificate comes from a test CA whose PEM routers are told to trust.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -24,12 +24,21 @@ pub struct Pebble {
 impl Pebble {
     /// Starts the DNS and the CA, validating HTTP-01 challenges on 127.0.0.1:`http_port`.
     pub fn start(http_port: u16) -> Self {
-        Self::start_requiring(http_port, None)
+        Self::launch(http_port, free_port(), None)
     }
 
     /// Like [`Pebble::start`]; with `eab`, accounts must be bound to that external account
     /// (key id, base64url HMAC key), as some CAs require.
     pub fn start_requiring(http_port: u16, eab: Option<(&str, &str)>) -> Self {
+        Self::launch(http_port, free_port(), eab)
+    }
+
+    /// Like [`Pebble::start`], validating TLS-ALPN-01 challenges on 127.0.0.1:`tls_port`.
+    pub fn start_validating_tls(http_port: u16, tls_port: u16) -> Self {
+        Self::launch(http_port, tls_port, None)
+    }
+
+    fn launch(http_port: u16, tls_port: u16, eab: Option<(&str, &str)>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = Ca::root("Pebble listener test CA");
         let listener_cert = ca.issue(&["localhost"], -1, 30);
@@ -52,7 +61,7 @@ impl Pebble {
             "certificate": cert,
             "privateKey": key,
             "httpPort": http_port,
-            "tlsPort": free_port(),
+            "tlsPort": tls_port,
             "ocspResponderURL": "",
             "externalAccountBindingRequired": false,
         }});

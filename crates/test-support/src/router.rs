@@ -34,10 +34,15 @@ impl RouterProcess {
     /// Starts a router whose plain HTTP listener is on `http_port` (one chosen before, for a
     /// peer that must know it, such as an ACME server validating HTTP-01).
     pub fn start_on(http_port: u16, extra: &[&str]) -> Self {
+        Self::start_on_ports(http_port, free_port(), extra)
+    }
+
+    /// Like [`RouterProcess::start_on`], with the HTTPS listener on `https_port` too.
+    pub fn start_on_ports(http_port: u16, https_port: u16, extra: &[&str]) -> Self {
         let mut router = Self {
             child: None,
             http: SocketAddr::from(([127, 0, 0, 1], http_port)),
-            https: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            https: SocketAddr::from(([127, 0, 0, 1], https_port)),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir: tempfile::tempdir().expect("tempdir"),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),

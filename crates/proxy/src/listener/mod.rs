@@ -46,6 +46,7 @@ use crate::stage::images::ImageStage;
 use crate::stage::mirror::MirrorClient;
 use crate::stage::waf::Inspector;
 use send_deadline::SendDeadline;
+use tls::Accepted;
 
 /// Connections waiting to be accepted, per thread's socket.
 const LISTEN_BACKLOG: i32 = 4096;
@@ -350,10 +351,11 @@ impl Connection {
     async fn handshake(self, stream: TcpStream, tls: Arc<ListenerTls>) {
         let deadline = self.worker.shared.client_timeouts.header;
         match tls.accept(stream, deadline).await {
-            Ok(stream) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
+            Ok(Accepted::Serve(stream)) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
                 h2::serve(self, stream, true).await;
             }
-            Ok(stream) => {
+            Ok(Accepted::AcmeValidation) => {}
+            Ok(Accepted::Serve(stream)) => {
                 let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
                 self.serve_http1(stream, true, head_due).await;
             }
