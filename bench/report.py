@@ -90,6 +90,8 @@ def write_report(results, path):
         lines += images_report(results["images"], when("images"))
     if results.get("acme"):
         lines += acme_report(results["acme"], when("acme"))
+    if results.get("limits"):
+        lines += limits_report(results["limits"], when("limits"))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -422,6 +424,32 @@ def seeded_startup_report(rows):
                      f"{on['rss_after_round_kib'] / 1024:.1f} MiB | {on['orders']:.0f} |")
         lines.append(f"| {row['certificates']} | off | {off['first_https_ms']} ms | {off['rss_kib'] / 1024:.1f} MiB | "
                      f"– | {off['cpu_ms_at_first_answer']} ms (at the first answer) | – | – |")
+    return lines
+
+
+def limits_report(m, date):
+    """The tenant-limits section, from bench/bench_limits.py's measurements."""
+    cost, acc, iso, memory = m["cost"], m["accuracy"], m["isolation"], m["memory"]
+    lines = ["", "# Tenant limits (bench/bench_limits.py)", "",
+             f"Measured {date}. One router (2 threads, no access log) before an nginx origin; "
+             "vegeta at a constant rate, wrk for the million clients.", "",
+             "| measure | without | with | ratio | target |", "|---|---|---|---|---|",
+             f"| router CPU per request at 2,000 req/s, every limit set, none reached (median of "
+             f"{len(cost['rounds']['none'])}) | {cost['us_without']} µs | {cost['us_with']} µs | "
+             f"{cost['ratio']}× | ≤ 1.05× |",
+             f"| neighbour's p99 at 500 req/s, beside a 2,000 req/s flood of an app limited to "
+             f"{iso['flood_limit']}/s (median of {iso.get('rounds', 1)}) | {iso['p99_ms_alone']} ms | {iso['p99_ms_flooded']} ms | "
+             f"{iso['ratio']}× | ≤ 1.2× |",
+             f"| the same, the flood's app without limits (for scale) | {iso['p99_ms_alone']} ms | "
+             f"{iso['p99_ms_unlimited_flood']} ms | {iso['ratio_unlimited']}× | – |", "",
+             f"Accuracy: a limit of {acc['limit_per_s']} req/s offered {acc['offered_per_s']} req/s admitted "
+             f"{acc['admitted_per_s']} per second ({acc['error_pct']:+}%; target ± 5%); answers "
+             f"{acc['status_codes']}.", "",
+             "Memory with distinct client addresses (per-client limit by address; the client table "
+             "holds at most `--limit-clients` = 100,000 records):", "",
+             "| distinct clients seen | records held | router RSS |", "|---|---|---|"]
+    for row in memory:
+        lines.append(f"| {row['clients']:,} | {row['records']:,.0f} | {row['rss_kib'] / 1024:.1f} MiB |")
     return lines
 
 

@@ -156,7 +156,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         https_port,
         cache_redis.clone(),
     )
-    .with_client_timeouts(config.client_timeouts);
+    .with_client_timeouts(config.client_timeouts)
+    .with_limits(config.limit_clients, config.trusted_proxies.clone());
+    // With a Redis store, apps may count their rate across the fleet through it.
+    let mut fleet_limit_sync = None;
+    if let StoreChoice::Redis { url, .. } = &config.store {
+        let (with_fleet, sync) = router.with_fleet_limits(url).map_err(anyhow::Error::msg)?;
+        router = with_fleet;
+        fleet_limit_sync = Some(sync);
+    }
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
     let pool = Arc::new(if config.pool_inline {
         WorkerPool::inline(config.pool_threads)
@@ -251,6 +259,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
                 let _ = watch.changed().await;
             });
             store.follow_changes(stop).await;
+        }));
+    }
+    if let Some(sync) = fleet_limit_sync {
+        let (interval, mut watch) = (config.limit_sync, shutdown.clone());
+        tasks.push(background.spawn(async move {
+            sync.run(interval, async move {
+                let _ = watch.changed().await;
+            })
+            .await;
         }));
     }
     let health = HealthChecker::new(routes);

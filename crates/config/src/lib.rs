@@ -12,7 +12,9 @@ use clap::Args;
 use serde::Deserialize;
 use switchyard_acme::{AcmeSettings, ChallengeKind};
 use switchyard_logs::ShipConfig;
-use switchyard_model::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
+use switchyard_model::{
+    parse_cidr, ClientTimeouts, IpNet, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_LIMIT_CLIENTS,
+};
 use toml::Spanned;
 
 /// Declares every setting once: its doc (the `--help` text), name (the flag `--name`, the
@@ -123,6 +125,16 @@ settings! {
     client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S";
     /// Most apps kept in the in-process route cache.
     route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS";
+    /// Proxies in front of the router whose `X-Forwarded-For` is believed for apps' limits
+    /// and IP rules: CIDRs separated by commas (default: none, the peer is the client).
+    trusted_proxies: String = "SWITCHYARD_TRUSTED_PROXIES";
+    /// Most client records kept for per-client rate limits, all apps together (default
+    /// 100000, about 10 MiB); past it the least used are forgotten.
+    limit_clients: usize = "SWITCHYARD_LIMIT_CLIENTS";
+    /// Milliseconds between two syncs of fleet-wide app rates with the Redis store (default
+    /// 100): the fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than
+    /// the rate.
+    limit_sync_ms: u64 = "SWITCHYARD_LIMIT_SYNC_MS";
     /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
     /// reserved from it).
     cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB";
@@ -339,6 +351,12 @@ pub struct Config {
     pub upgrade: bool,
     /// Most apps (and absent domains) kept in the route cache.
     pub route_cache_apps: usize,
+    /// Whose `X-Forwarded-For` limits believe.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Most client records of per-client limits.
+    pub limit_clients: usize,
+    /// Between two syncs of fleet-wide app rates.
+    pub limit_sync: Duration,
     /// Memory for cached responses over all apps.
     pub cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
@@ -483,6 +501,16 @@ impl Config {
             Some(url) => Some((url.to_string(), cache_redis_timeout)),
             None => None,
         };
+        let trusted_proxies = match settings.trusted_proxies.value.as_deref() {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|cidr| !cidr.is_empty())
+                .map(parse_cidr)
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", settings.trusted_proxies.at(source)))?,
+        };
         let acme = acme_settings(
             source,
             AcmeSources {
@@ -538,6 +566,11 @@ impl Config {
             },
             upgrade: settings.upgrade,
             route_cache_apps: settings.route_cache_apps.at_least_one(source, 100_000)?,
+            trusted_proxies,
+            limit_sync: settings.limit_sync_ms.millis(source, 100)?,
+            limit_clients: settings
+                .limit_clients
+                .at_least_one(source, DEFAULT_LIMIT_CLIENTS)?,
             cache_memory_bytes: settings.cache_memory_mb.mebibytes(source, 256)?,
             cache_redis,
             waf: settings

@@ -181,6 +181,9 @@ pub struct App {
     /// How the app's certificates are obtained.
     #[serde(default, skip_serializing_if = "AppTls::is_default")]
     pub tls: AppTls,
+    /// Guardrails: allowed networks, rates, requests in flight, sizes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Box<crate::Limits>>,
 }
 
 /// How an app's certificates are obtained: uploaded by the operator (the default), or also

@@ -12,6 +12,7 @@ mod client;
 mod domain;
 mod error;
 mod images;
+mod limits;
 mod mirror;
 mod spec;
 mod waf;
@@ -28,6 +29,11 @@ pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
 pub use images::{Images, DEFAULT_MAX_SOURCE_BYTES};
+pub use ipnet::IpNet;
+pub use limits::{
+    parse_cidr, ClientKey, ClientRate, LimitMode, LimitScope, Limits, Rate, DEFAULT_LIMIT_CLIENTS,
+    MAX_CIDRS,
+};
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

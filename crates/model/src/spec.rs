@@ -16,7 +16,7 @@ use crate::{
     ValidationError,
 };
 
-type Fields<'a> = &'a Map<String, Value>;
+pub(crate) type Fields<'a> = &'a Map<String, Value>;
 
 /// Builds an app from the body of `PUT /v1/apps/{name}`.
 ///
@@ -44,6 +44,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "images",
             "drain",
             "tls",
+            "limits",
         ],
         "",
     )?;
@@ -132,8 +133,15 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => AppTls::default(),
         Some(v) => parse_tls(v).map_err(|e| e.under("tls"))?,
     };
+    let limits = match fields.get("limits") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Box::new(
+            crate::limits::parse_limits(v).map_err(|e| e.under("limits"))?,
+        )),
+    };
     Ok(App {
         name,
+        limits,
         domains,
         backends,
         balancer,

@@ -12,6 +12,7 @@ use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
 use crate::stage::cache::CacheCtx;
+use crate::stage::limits::InFlightPlace;
 
 /// What the stages know about one request.
 #[derive(Debug)]
@@ -45,6 +46,9 @@ pub(crate) struct RequestCtx {
     pub(crate) local_status: Option<u16>,
     /// The response cache's state, for apps that cache.
     pub(crate) cache: Option<CacheCtx>,
+    /// Its place among the app's requests in flight, held until the answer ends (a
+    /// WebSocket's until it closes).
+    pub(crate) in_flight_place: Option<InFlightPlace>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -67,6 +71,7 @@ impl RequestCtx {
             upgraded: false,
             local_status: None,
             cache: None,
+            in_flight_place: None,
             _active: ActiveRequest::start(),
         }
     }

@@ -31,7 +31,7 @@ mod worker_pool;
 pub use access_log::{AccessLog, AccessLogTarget};
 pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
 pub use response_cache::redis::CacheRedis;
-pub use router::Router;
+pub use router::{FleetLimitSync, Router};
 pub use routing::connections::ConnectionTable;
 pub use routing::drain::ConnectionDrain;
 pub use routing::follower::ChangeFollower;

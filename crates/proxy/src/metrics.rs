@@ -74,6 +74,41 @@ switchyard_metrics::declare_metrics! {
         "Requests (including upgraded connections) being proxied now."
     ));
 
+    pub(crate) static LIMIT_DECISIONS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_limit_decisions_total",
+        "Requests an app's limit looked at, by app, limit (ip, uri, header, body, \
+         client_rate, app_rate, in_flight) and result (allowed, queued: allowed after a \
+         wait, refused, logged: would have been refused in log mode).",
+        &["app", "limit", "result"]
+    ));
+
+    pub(crate) static APP_IN_FLIGHT: IntGaugeVec = registered(register_int_gauge_vec!(
+        "switchyard_app_in_flight",
+        "Requests in flight (WebSockets until they close) of each app with max_in_flight.",
+        &["app"]
+    ));
+
+    pub(crate) static LIMIT_CLIENTS: IntGauge = registered(register_int_gauge!(
+        "switchyard_limit_clients",
+        "Client rate records held for per-client limits (all apps)."
+    ));
+
+    pub(crate) static LIMIT_CLIENT_CAPACITY: IntGauge = registered(register_int_gauge!(
+        "switchyard_limit_client_capacity",
+        "Most client rate records held (--limit-clients); past it the least used go."
+    ));
+
+    pub(crate) static LIMIT_FLEET_SYNCED: IntGauge = registered(register_int_gauge!(
+        "switchyard_limit_fleet_synced",
+        "1 when the last sync of fleet-wide app rates with Redis succeeded, 0 while Redis \
+         is away (each router then limits on its own counts)."
+    ));
+
+    pub(crate) static LIMIT_FLEET_SYNC_FAILURES: IntCounter = registered(register_int_counter!(
+        "switchyard_limit_fleet_sync_failures_total",
+        "Syncs of fleet-wide app rates that failed (Redis away or slow)."
+    ));
+
     pub(crate) static OPEN_WEBSOCKETS: IntGauge = registered(register_int_gauge!(
         "switchyard_open_websockets",
         "Upgraded connections (WebSocket and others) open now."

@@ -4,15 +4,21 @@
 
 use std::sync::Arc;
 
-use switchyard_model::ClientTimeouts;
+use switchyard_model::{ClientTimeouts, IpNet, DEFAULT_LIMIT_CLIENTS};
 
 use crate::access_log::AccessLog;
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
+use crate::stage::fleet_rate::FleetRates;
 use crate::stage::images::ImageStage;
+use crate::stage::limits::Limiter;
 use crate::stage::waf::Inspector;
 use crate::worker_pool::WorkerPool;
+
+/// Apps whose limit counters are kept (the route cache's default size): past it, the least
+/// used app's counters start again.
+const DEFAULT_LIMITED_APPS: usize = 100_000;
 
 /// The router's shared state, built once by the binary and handed to the listener.
 pub struct Router {
@@ -25,6 +31,7 @@ pub struct Router {
     /// `None` until a worker pool is given: resize requests are then answered 503.
     images: Option<ImageStage>,
     client_timeouts: ClientTimeouts,
+    limiter: Arc<Limiter>,
 }
 
 impl Router {
@@ -47,7 +54,27 @@ impl Router {
             waf: None,
             images: None,
             client_timeouts: ClientTimeouts::default(),
+            limiter: Arc::new(Limiter::new(
+                DEFAULT_LIMITED_APPS,
+                DEFAULT_LIMIT_CLIENTS,
+                Vec::new(),
+            )),
         }
+    }
+
+    /// Per-client limits keep at most `clients` records; `X-Forwarded-For` is believed from
+    /// `trusted_proxies` only (the client address limits and IP rules see).
+    pub fn with_limits(mut self, clients: usize, trusted_proxies: Vec<IpNet>) -> Self {
+        self.limiter = Arc::new(Limiter::new(DEFAULT_LIMITED_APPS, clients, trusted_proxies));
+        self
+    }
+
+    /// App rates with `"scope": "fleet"` are counted with the other routers sharing the
+    /// Redis at `url` (the store's); the returned task syncs the counts and must run.
+    pub fn with_fleet_limits(self, url: &str) -> Result<(Self, FleetLimitSync), String> {
+        let fleet = Arc::new(FleetRates::new(url, DEFAULT_LIMITED_APPS)?);
+        self.limiter.count_fleet_rates_with(fleet.clone());
+        Ok((self, FleetLimitSync(fleet)))
     }
 
     /// Deadlines for clients: the first head, an idle keep-alive connection, each read of a
@@ -82,6 +109,17 @@ impl Router {
             waf: self.waf.clone(),
             cache_redis: self.cache_redis.clone(),
             images: self.images.as_ref().map(ImageStage::for_another_thread),
+            limiter: self.limiter.clone(),
         }
+    }
+}
+
+/// The sync of fleet-wide app rates with Redis.
+pub struct FleetLimitSync(Arc<FleetRates>);
+
+impl FleetLimitSync {
+    /// Syncs every `interval` until `stop` resolves.
+    pub async fn run(self, interval: std::time::Duration, stop: impl std::future::Future) {
+        self.0.run(interval, stop).await;
     }
 }

@@ -37,6 +37,8 @@ pub(super) enum BodyError {
     TimedOut(Duration),
     /// A file being sent could not be read.
     File(std::io::Error),
+    /// The client's body passed the app's `max_body_bytes`.
+    TooLarge(u64),
 }
 
 impl std::fmt::Display for BodyError {
@@ -45,6 +47,7 @@ impl std::fmt::Display for BodyError {
             Self::Peer(e) => write!(f, "{e}"),
             Self::TimedOut(after) => write!(f, "no data for {after:?}"),
             Self::File(e) => write!(f, "reading the file: {e}"),
+            Self::TooLarge(limit) => write!(f, "the body passed the app's limit of {limit} bytes"),
         }
     }
 }
@@ -105,6 +108,8 @@ pub(super) enum ClientBodyFailure {
     TimedOut,
     /// The body broke: a malformed chunk, a reset.
     Broken,
+    /// The body passed the app's `max_body_bytes`.
+    TooLarge,
 }
 
 impl ClientBodyFailure {
@@ -112,6 +117,7 @@ impl ClientBodyFailure {
         match self {
             Self::TimedOut => 408,
             Self::Broken => 400,
+            Self::TooLarge => 413,
         }
     }
 }
@@ -130,6 +136,8 @@ pub(super) struct ForwardBody {
     /// A copy of the body for the app's shadow backend, pushed as it is read; dropped (the
     /// copy then aborts) if the body stops short.
     mirror: Option<MirrorFeed>,
+    /// The app's `max_body_bytes`: the body is cut where it passes it.
+    limit: Option<u64>,
 }
 
 impl ForwardBody {
@@ -147,7 +155,15 @@ impl ForwardBody {
             deadline: ReadDeadline::new(read_deadline),
             bytes_in,
             mirror: None,
+            limit: None,
         }
+    }
+
+    /// The body fails with [`ClientBodyFailure::TooLarge`] where it passes `limit` bytes
+    /// (those read ahead for the WAF included).
+    pub(super) fn limited_to(mut self, limit: Option<u64>) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// `held` (already read and counted) goes before the rest of the body.
@@ -186,6 +202,7 @@ impl ForwardBody {
             deadline: ReadDeadline::new(Duration::MAX),
             bytes_in: Rc::default(),
             mirror: None,
+            limit: None,
         }
     }
 }
@@ -199,6 +216,13 @@ impl Body for ForwardBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if let Some(limit) = this.limit.filter(|l| this.bytes_in.get() as u64 > *l) {
+            this.failure.set(Some(ClientBodyFailure::TooLarge));
+            this.held = None;
+            this.incoming = None;
+            this.mirror = None;
+            return Poll::Ready(Some(Err(BodyError::TooLarge(limit))));
+        }
         let incoming_ended = this.incoming.as_ref().is_none_or(Body::is_end_stream);
         if let Some(held) = this.held.take() {
             if let Some(feed) = this.mirror.as_mut() {
@@ -214,7 +238,16 @@ impl Body for ForwardBody {
         };
         let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
         match &frame {
-            Some(Ok(frame)) => this.bytes_in.set(this.bytes_in.get() + data_len(frame)),
+            Some(Ok(frame)) => {
+                this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+                if let Some(limit) = this.limit.filter(|l| this.bytes_in.get() as u64 > *l) {
+                    // Not a byte past the limit goes on.
+                    this.failure.set(Some(ClientBodyFailure::TooLarge));
+                    this.incoming = None;
+                    this.mirror = None;
+                    return Poll::Ready(Some(Err(BodyError::TooLarge(limit))));
+                }
+            }
             Some(Err(BodyError::TimedOut(_))) => {
                 this.failure.set(Some(ClientBodyFailure::TimedOut))
             }

@@ -43,6 +43,7 @@ use crate::router::Router;
 use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
 use crate::stage::images::ImageStage;
+use crate::stage::limits::Limiter;
 use crate::stage::mirror::MirrorClient;
 use crate::stage::waf::Inspector;
 use send_deadline::SendDeadline;
@@ -229,6 +230,8 @@ pub(crate) struct Shared {
     /// This thread's image stage (its own connections for originals); `None` without a
     /// worker pool.
     pub(crate) images: Option<ImageStage>,
+    /// Every app's limits and their counters.
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 /// One thread's state: the shared parts and its own backend pool.

@@ -39,6 +39,7 @@ use crate::stage::cache::{self, AppAnswer, CacheStatus};
 use crate::stage::framing;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
+use crate::stage::limits;
 use crate::stage::mirror;
 use crate::stage::request_id::request_id;
 use crate::stage::route;
@@ -81,11 +82,11 @@ pub(super) enum Answer {
     Made { headers: HeaderMap, body: Bytes },
     /// An answer of the router's own instead of the app's (a refusal, or a failure to get
     /// the app's): the status, a short text saying why (the body, with the request id),
-    /// and whether the client is asked to come back shortly (`Retry-After`).
+    /// and in how many seconds the client is asked to come back (`Retry-After`).
     Refused {
         status: u16,
         text: Cow<'static, str>,
-        retry_after: bool,
+        retry_after: Option<u32>,
     },
 }
 
@@ -95,7 +96,7 @@ impl Answer {
         Self::Refused {
             status,
             text: Cow::Borrowed(text),
-            retry_after: false,
+            retry_after: None,
         }
     }
 }
@@ -196,7 +197,7 @@ pub(super) async fn handle(
     let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
     if let Answer::Refused {
         status: 500..,
-        retry_after: false,
+        retry_after: None,
         ..
     } = answer
     {
@@ -228,10 +229,10 @@ pub(super) async fn handle(
         } => {
             let body = respond::error_body(status, &text, &end.ctx.request_id);
             let mut response = local_response(status, body, None, end);
-            if retry_after {
+            if let Some(seconds) = retry_after {
                 response
                     .headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from_static(images::RETRY_AFTER_S));
+                    .insert(RETRY_AFTER, HeaderValue::from(seconds));
             }
             response
         }
@@ -306,12 +307,32 @@ async fn proxy(
             body: Bytes::from(key_authorization),
         };
     }
-    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
-        return Answer::Redirect(location);
-    }
     let Some(route) = ctx.route.clone() else {
         return LocalAnswer::UnknownHost.into();
     };
+    if let Some(limits) = route.app.limits.as_deref() {
+        let request = limits::Request {
+            app: route.app.name.as_str(),
+            limits,
+            peer: client.ip,
+            headers: &head.headers,
+            target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
+            declared_length: ctx.declared_length,
+        };
+        match shared.limiter.admit(request).await {
+            Ok(place) => ctx.in_flight_place = place,
+            Err(refusal) => {
+                return Answer::Refused {
+                    status: refusal.status,
+                    text: Cow::Borrowed(refusal.text),
+                    retry_after: refusal.retry_after_s,
+                }
+            }
+        }
+    }
+    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
+        return Answer::Redirect(location);
+    }
     let body_deadline = shared.client_timeouts.body;
     if head.version == Version::HTTP_2
         && ctx.declared_length == Some(0)
@@ -370,6 +391,7 @@ async fn proxy(
     let client_failure = Rc::new(Cell::new(None));
     let mut body = Some(
         ForwardBody::new(incoming, body_deadline, bytes_in)
+            .limited_to(route.app.limits.as_deref().and_then(|l| l.max_body_bytes))
             .after(held)
             .mirrored_into(mirror_feed)
             .failures_into(client_failure.clone()),
@@ -653,7 +675,7 @@ fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut Reque
             return Answer::Refused {
                 status,
                 text: Cow::Owned(text),
-                retry_after,
+                retry_after: retry_after.then_some(images::RETRY_AFTER_S),
             }
         }
         ImageAnswer::Resized {

@@ -6,15 +6,17 @@
 //! 3. `route` — Host (or `:authority`) → app (404, 400, 431, 503 answered here);
 //! 4. `acme_challenge` — an HTTP-01 answer the fleet's issuer published in the store, for
 //!    its domain, over plain HTTP;
-//! 5. `https` — 308 to HTTPS for apps that ask; HSTS on their TLS answers;
-//! 6. `waf` — the request, and a body within the app's limit, inspected on the worker pool
+//! 5. `limits` — the app's guardrails: allow and deny lists (403), sizes (414, 431, 413),
+//!    rates of the client and the app (429), requests in flight (503);
+//! 6. `https` — 308 to HTTPS for apps that ask; HSTS on their TLS answers;
+//! 7. `waf` — the request, and a body within the app's limit, inspected on the worker pool
 //!    (403, or 503 by the app's overload policy);
-//! 7. `static_files` — a file under the app's static root answers GET and HEAD;
-//! 8. `cache` — a fresh copy from the app's response cache answers; otherwise the request
+//! 8. `static_files` — a file under the app's static root answers GET and HEAD;
+//! 9. `cache` — a fresh copy from the app's response cache answers; otherwise the request
 //!    holds what the cache needs to keep the app's answer;
-//! 9. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
-//! 10. `mirror` — a copy starts towards the app's shadow backends, never waited for;
-//! 11. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
+//! 10. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
+//! 11. `mirror` — a copy starts towards the app's shadow backends, never waited for;
+//! 12. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
 //!     backend is picked, attempted, retried, marked down; its connection entered in the
 //!     connection table so a deletion can drain it.
 //!
@@ -23,9 +25,11 @@
 
 pub(crate) mod acme_challenge;
 pub(crate) mod cache;
+pub(crate) mod fleet_rate;
 pub(crate) mod framing;
 pub(crate) mod https;
 pub(crate) mod images;
+pub(crate) mod limits;
 pub(crate) mod mirror;
 pub(crate) mod request_id;
 pub(crate) mod route;
