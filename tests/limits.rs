@@ -225,6 +225,53 @@ fn max_in_flight_refuses_at_once_when_hard_and_queues_briefly_when_soft() {
 }
 
 #[test]
+fn a_client_past_its_connections_gets_429_while_another_client_goes_on() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("per-client");
+    backend.set_behaviour(Behaviour::Delay(Duration::from_millis(600)));
+    router.put_app(
+        "capped",
+        json!({"domains": ["capped.test"], "backends": [backend.addr.to_string()],
+               "limits": {"per_client": {"key": "cookie:session", "max_connections": 2}}}),
+    );
+    let request = |session: &'static str, delay_ms: u64| {
+        let addr = router.http;
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            support::request(
+                addr,
+                &format!(
+                    "GET / HTTP/1.1\r\nHost: capped.test\r\nCookie: session={session}\r\n\
+                     Connection: close\r\n\r\n"
+                ),
+            )
+            .expect("request")
+        })
+    };
+    let busy = [
+        request("busy", 0),
+        request("busy", 20),
+        request("busy", 150),
+    ];
+    let other = request("other", 200);
+    let busy: Vec<Response> = busy
+        .into_iter()
+        .map(|t| t.join().expect("client"))
+        .collect();
+    assert_eq!(busy[0].status, 200);
+    assert_eq!(busy[1].status, 200);
+    assert_eq!(busy[2].status, 429, "{}", busy[2].text());
+    assert_eq!(busy[2].header("retry-after"), Some("1"));
+    assert_eq!(
+        other.join().expect("client").status,
+        200,
+        "another client is not held back"
+    );
+    // The places are given back when the answers end.
+    assert_eq!(request("busy", 0).join().expect("client").status, 200);
+}
+
+#[test]
 fn an_oversized_upload_is_refused_before_the_backend_gets_its_body() {
     let router = RouterProcess::start();
     let backend = Backend::start("uploads");

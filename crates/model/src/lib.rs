@@ -31,7 +31,7 @@ pub use error::ValidationError;
 pub use images::{Images, DEFAULT_MAX_SOURCE_BYTES};
 pub use ipnet::IpNet;
 pub use limits::{
-    parse_cidr, ClientKey, ClientRate, LimitMode, LimitScope, Limits, Rate, DEFAULT_LIMIT_CLIENTS,
+    parse_cidr, ClientKey, LimitMode, LimitScope, Limits, PerClient, Rate, DEFAULT_LIMIT_CLIENTS,
     MAX_CIDRS,
 };
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};

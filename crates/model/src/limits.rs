@@ -53,9 +53,9 @@ pub struct Rate {
     pub burst: u32,
 }
 
-/// What tells one client of an app from another.
+/// What tells one client of an app from another; written as the spec gives it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "name")]
+#[serde(try_from = "String", into = "String")]
 pub enum ClientKey {
     /// The client's address (behind trusted proxies, the one they forwarded).
     ClientIp,
@@ -90,13 +90,35 @@ impl ClientKey {
     }
 }
 
-/// A rate per client of the app.
+impl TryFrom<String> for ClientKey {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::parse(&text)
+    }
+}
+
+impl From<ClientKey> for String {
+    fn from(key: ClientKey) -> Self {
+        match key {
+            ClientKey::ClientIp => "client_ip".into(),
+            ClientKey::Header(name) => format!("header:{name}"),
+            ClientKey::Cookie(name) => format!("cookie:{name}"),
+        }
+    }
+}
+
+/// What each client of the app may do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientRate {
+pub struct PerClient {
     /// How clients are told apart.
     pub key: ClientKey,
-    /// The rate each gets.
-    pub rate: Rate,
+    /// The rate each gets (`requests_per_s` and `burst` beside `key`, as the spec has them).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    /// Requests each may have in flight at once, WebSockets included until they close (a
+    /// browser's HTTP/1.1 connections each carry one at a time): 429 past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
 }
 
 /// An app's limits; every one optional.
@@ -108,12 +130,13 @@ pub struct Limits {
     /// These networks get 403, checked first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<IpNet>,
-    /// The app's requests per second, all clients together.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The app's requests per second, all clients together (`requests_per_s` and `burst`
+    /// at the top, as the spec has them).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
-    /// Each client's requests per second.
+    /// Each client's rate and connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub per_client: Option<ClientRate>,
+    pub per_client: Option<PerClient>,
     /// Requests being proxied at once (a WebSocket counts until it closes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
@@ -202,7 +225,7 @@ pub(crate) fn parse_limits(value: &Value) -> Result<Limits, ValidationError> {
     }
     let per_client = match fields.get("per_client") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(parse_client_rate(v).map_err(|e| e.under("per_client"))?),
+        Some(v) => Some(parse_per_client(v).map_err(|e| e.under("per_client"))?),
     };
     let max_in_flight = match fields.get("max_in_flight") {
         None => None,
@@ -282,9 +305,13 @@ fn parse_rate(fields: crate::spec::Fields<'_>) -> Result<Option<Rate>, Validatio
     }))
 }
 
-fn parse_client_rate(value: &Value) -> Result<ClientRate, ValidationError> {
+fn parse_per_client(value: &Value) -> Result<PerClient, ValidationError> {
     let fields = as_object(value, "")?;
-    refuse_unknown(fields, &["key", "requests_per_s", "burst"], "")?;
+    refuse_unknown(
+        fields,
+        &["key", "requests_per_s", "burst", "max_connections"],
+        "",
+    )?;
     let key = match fields.get("key") {
         None => ClientKey::ClientIp,
         Some(v) => v
@@ -293,9 +320,28 @@ fn parse_client_rate(value: &Value) -> Result<ClientRate, ValidationError> {
             .and_then(ClientKey::parse)
             .map_err(|m| ValidationError::new("key", m))?,
     };
-    let rate =
-        parse_rate(fields)?.ok_or_else(|| ValidationError::new("requests_per_s", "is required"))?;
-    Ok(ClientRate { key, rate })
+    let rate = parse_rate(fields)?;
+    if rate.is_none() && fields.contains_key("burst") {
+        return Err(ValidationError::new("burst", "needs requests_per_s"));
+    }
+    let max_connections = match fields.get("max_connections") {
+        None => None,
+        Some(v) => Some(
+            integer_in(v, 1, u64::from(u32::MAX))
+                .map_err(|m| ValidationError::new("max_connections", m))? as u32,
+        ),
+    };
+    if rate.is_none() && max_connections.is_none() {
+        return Err(ValidationError::new(
+            "requests_per_s",
+            "is required (or max_connections)",
+        ));
+    }
+    Ok(PerClient {
+        key,
+        rate,
+        max_connections,
+    })
 }
 
 #[cfg(test)]
@@ -309,7 +355,7 @@ mod tests {
             "allow": ["10.0.0.0/8", "2001:db8::1"],
             "deny": ["10.1.2.3"],
             "requests_per_s": 50, "burst": 10,
-            "per_client": {"key": "header:X-Api-Key", "requests_per_s": 5},
+            "per_client": {"key": "header:X-Api-Key", "requests_per_s": 5, "max_connections": 4},
             "max_in_flight": 100, "queue_ms": 200,
             "max_body_bytes": 1048576, "max_header_bytes": 8192, "max_uri_bytes": 2048,
             "mode": "log", "scope": "fleet",
@@ -324,7 +370,12 @@ mod tests {
         );
         let per_client = limits.per_client.clone().expect("per client");
         assert_eq!(per_client.key, ClientKey::Header("x-api-key".into()));
-        assert_eq!(per_client.rate.burst, 2, "the default burst");
+        assert_eq!(
+            per_client.rate.map(|r| r.burst),
+            Some(2),
+            "the default burst"
+        );
+        assert_eq!(per_client.max_connections, Some(4));
         assert!(limits.denies("10.1.2.3".parse().expect("ip")));
         assert!(!limits.denies("10.9.9.9".parse().expect("ip")));
         assert!(
@@ -334,6 +385,9 @@ mod tests {
         let stored: Limits =
             serde_json::from_str(&serde_json::to_string(&limits).expect("json")).expect("back");
         assert_eq!(stored, limits);
+        // What the API shows is what it takes.
+        let shown = serde_json::to_value(&limits).expect("json");
+        assert_eq!(parse_limits(&shown).expect("shown limits parse"), limits);
     }
 
     #[test]

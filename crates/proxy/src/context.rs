@@ -12,7 +12,7 @@ use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
 use crate::stage::cache::CacheCtx;
-use crate::stage::limits::InFlightPlace;
+use crate::stage::limits::Places;
 
 /// What the stages know about one request.
 #[derive(Debug)]
@@ -46,9 +46,9 @@ pub(crate) struct RequestCtx {
     pub(crate) local_status: Option<u16>,
     /// The response cache's state, for apps that cache.
     pub(crate) cache: Option<CacheCtx>,
-    /// Its place among the app's requests in flight, held until the answer ends (a
-    /// WebSocket's until it closes).
-    pub(crate) in_flight_place: Option<InFlightPlace>,
+    /// Its places among the app's and its client's requests in flight, held until the
+    /// answer ends (a WebSocket's until it closes).
+    pub(crate) limit_places: Places,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -71,7 +71,7 @@ impl RequestCtx {
             upgraded: false,
             local_status: None,
             cache: None,
-            in_flight_place: None,
+            limit_places: Places::default(),
             _active: ActiveRequest::start(),
         }
     }

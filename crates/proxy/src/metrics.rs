@@ -77,7 +77,7 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static LIMIT_DECISIONS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_limit_decisions_total",
         "Requests an app's limit looked at, by app, limit (ip, uri, header, body, \
-         client_rate, app_rate, in_flight) and result (allowed, queued: allowed after a \
+         client_rate, client_connections, app_rate, in_flight) and result (allowed, queued: allowed after a \
          wait, refused, logged: would have been refused in log mode).",
         &["app", "limit", "result"]
     ));

@@ -320,7 +320,7 @@ async fn proxy(
             declared_length: ctx.declared_length,
         };
         match shared.limiter.admit(request).await {
-            Ok(place) => ctx.in_flight_place = place,
+            Ok(places) => ctx.limit_places = places,
             Err(refusal) => {
                 return Answer::Refused {
                     status: refusal.status,

@@ -34,17 +34,19 @@ pub(crate) enum Limit {
     Header,
     Body,
     ClientRate,
+    ClientConnections,
     AppRate,
     InFlight,
 }
 
 impl Limit {
-    const ALL: [Limit; 7] = [
+    const ALL: [Limit; 8] = [
         Limit::Ip,
         Limit::Uri,
         Limit::Header,
         Limit::Body,
         Limit::ClientRate,
+        Limit::ClientConnections,
         Limit::AppRate,
         Limit::InFlight,
     ];
@@ -56,6 +58,7 @@ impl Limit {
             Limit::Header => "header",
             Limit::Body => "body",
             Limit::ClientRate => "client_rate",
+            Limit::ClientConnections => "client_connections",
             Limit::AppRate => "app_rate",
             Limit::InFlight => "in_flight",
         }
@@ -121,6 +124,12 @@ const BUSY: Refusal = Refusal {
     retry_after_s: Some(1),
 };
 
+const TOO_MANY_CONNECTIONS: Refusal = Refusal {
+    status: 429,
+    text: "too many requests in progress from you to this app",
+    retry_after_s: Some(1),
+};
+
 fn rate_limited(wait: Duration) -> Refusal {
     Refusal {
         status: 429,
@@ -133,6 +142,8 @@ fn rate_limited(wait: Duration) -> Refusal {
 pub(crate) struct Limiter {
     apps: Cache<String, Arc<AppCounters>>,
     clients: Cache<u64, Arc<AtomicU64>>,
+    /// Each client's requests in flight, for `per_client.max_connections`.
+    client_connections: Cache<u64, Arc<AtomicU32>>,
     client_capacity: usize,
     /// Keys the client table: SipHash with a per-process key, so nobody can aim many
     /// clients at one record.
@@ -193,6 +204,27 @@ impl AppCounters {
     }
 }
 
+/// What an admitted request holds until its answer ends (a WebSocket's until it closes).
+#[derive(Debug, Default)]
+pub(crate) struct Places {
+    #[allow(dead_code)] // held for its Drop
+    app: Option<InFlightPlace>,
+    #[allow(dead_code)] // held for its Drop
+    client: Option<ClientPlace>,
+}
+
+/// A place among a client's requests in flight to an app.
+#[derive(Debug)]
+pub(crate) struct ClientPlace {
+    count: Arc<AtomicU32>,
+}
+
+impl Drop for ClientPlace {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A place among an app's requests in flight, given back when dropped (the answer's end,
 /// or a WebSocket's close).
 #[derive(Debug)]
@@ -235,6 +267,7 @@ impl Limiter {
         Self {
             apps: Cache::new(apps.max(1)),
             clients: Cache::new(clients.max(1)),
+            client_connections: Cache::new(clients.max(1)),
             client_capacity: clients.max(1),
             hasher: RandomState::new(),
             trusted_proxies,
@@ -249,12 +282,9 @@ impl Limiter {
         let _ = self.fleet.set(fleet);
     }
 
-    /// Admits the request, or says how it is refused. An admitted request of an app with
-    /// `max_in_flight` holds its place until the returned value is dropped.
-    pub(crate) async fn admit(
-        &self,
-        request: Request<'_>,
-    ) -> Result<Option<InFlightPlace>, Refusal> {
+    /// Admits the request, or says how it is refused. An admitted request holds its places
+    /// (`max_in_flight`, `per_client.max_connections`) until the returned value is dropped.
+    pub(crate) async fn admit(&self, request: Request<'_>) -> Result<Places, Refusal> {
         let limits = request.limits;
         let counters = self.counters(request.app);
         let enforce = limits.mode == LimitMode::Enforce;
@@ -293,11 +323,27 @@ impl Limiter {
             decide(Limit::Body, declared <= max, BODY_TOO_LARGE)?;
         }
         let now = self.now();
+        let mut places = Places::default();
         if let Some(per_client) = &limits.per_client {
             let key = self.client_key(request.app, &per_client.key, client_ip, request.headers);
-            let bucket = self.client_bucket(key);
-            let taken = take(&bucket, now, per_client.rate);
-            decide(Limit::ClientRate, taken.is_ok(), rate_limited(wait(taken)))?;
+            if let Some(rate) = per_client.rate {
+                let taken = take(&self.client_bucket(key), now, rate);
+                decide(Limit::ClientRate, taken.is_ok(), rate_limited(wait(taken)))?;
+            }
+            if let Some(max) = per_client.max_connections {
+                let count = self.client_connections(key);
+                // Counted in log mode too (past the limit), so the places given back match.
+                let entered = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max || !enforce).then_some(n + 1)
+                });
+                match entered {
+                    Ok(before) => {
+                        places.client = Some(ClientPlace { count });
+                        decide(Limit::ClientConnections, before < max, TOO_MANY_CONNECTIONS)?;
+                    }
+                    Err(_) => decide(Limit::ClientConnections, false, TOO_MANY_CONNECTIONS)?,
+                }
+            }
         }
         if let Some(rate) = limits.rate {
             // A fleet-wide rate is also paced here: between two syncs a router cannot see
@@ -311,21 +357,24 @@ impl Limiter {
             decide(Limit::AppRate, taken.is_ok(), rate_limited(wait(taken)))?;
         }
         let Some(max) = limits.max_in_flight else {
-            return Ok(None);
+            return Ok(places);
         };
         if let Some(place) = try_enter(&counters, max) {
             counters.count(Limit::InFlight, Decision::Allowed);
-            return Ok(Some(place));
+            places.app = Some(place);
+            return Ok(places);
         }
         if !enforce {
             counters.count(Limit::InFlight, Decision::Logged);
-            return Ok(Some(enter_anyway(&counters)));
+            places.app = Some(enter_anyway(&counters));
+            return Ok(places);
         }
         let queue = Duration::from_millis(limits.queue_ms);
         match wait_for_place(&counters, max, queue).await {
             Some(place) => {
                 counters.count(Limit::InFlight, Decision::Queued);
-                Ok(Some(place))
+                places.app = Some(place);
+                Ok(places)
             }
             None => {
                 counters.count(Limit::InFlight, Decision::Refused);
@@ -392,6 +441,15 @@ impl Limiter {
         self.clients.insert(key, bucket.clone());
         metrics::LIMIT_CLIENTS.set(self.clients.len().min(self.client_capacity) as i64);
         bucket
+    }
+
+    fn client_connections(&self, key: u64) -> Arc<AtomicU32> {
+        if let Some(count) = self.client_connections.get(&key) {
+            return count;
+        }
+        let count = Arc::new(AtomicU32::new(0));
+        self.client_connections.insert(key, count.clone());
+        count
     }
 
     fn now(&self) -> u64 {
