@@ -312,3 +312,56 @@ fn a_router_started_while_redis_is_down_comes_up_and_serves_when_it_appears() {
         backend_name(&router, "late.test").as_deref() == Some("late")
     });
 }
+
+#[test]
+fn the_store_status_shows_the_subscription_and_the_last_revision_seen() {
+    let mut redis = RedisServer::start();
+    let a = subscribed_router_on(&redis);
+    let b = subscribed_router_on(&redis);
+    let (status, shown) = b.admin_call("GET", "/v1/store", None);
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["kind"], "redis");
+    assert_eq!(shown["subscribed"], true);
+    assert!(
+        redis
+            .url()
+            .ends_with(shown["location"].as_str().unwrap_or("?")),
+        "{shown} for {}",
+        redis.url()
+    );
+    let before = shown["last_revision"].as_i64().expect("a revision");
+    assert!(shown["seconds_since_last_sync"].as_i64().expect("since") < 30);
+
+    a.put_app(
+        "counted",
+        json!({"domains": ["counted.test"], "backends": ["127.0.0.1:9"]}),
+    );
+    eventually(
+        Duration::from_secs(5),
+        "router B sees the new revision",
+        || b.admin_call("GET", "/v1/store", None).1["last_revision"].as_i64() == Some(before + 1),
+    );
+    assert_eq!(b.metric("switchyard_store_revision"), (before + 1) as f64);
+
+    redis.stop();
+    eventually(
+        Duration::from_secs(10),
+        "the subscription seen down",
+        || b.admin_call("GET", "/v1/store", None).1["subscribed"] == false,
+    );
+    // `available` is the last call's outcome: a read that finds Redis away turns it.
+    assert_eq!(b.admin_call("GET", "/v1/apps/counted", None).0, 503);
+    assert_eq!(b.admin_call("GET", "/v1/store", None).1["available"], false);
+
+    let embedded = RouterProcess::start();
+    let shown = embedded.admin_call("GET", "/v1/store", None).1;
+    assert_eq!(shown["kind"], "embedded");
+    assert!(
+        shown["location"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("switchyard.redb"),
+        "{shown}"
+    );
+    assert!(shown.get("subscribed").is_none(), "{shown}");
+}

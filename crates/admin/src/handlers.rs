@@ -220,6 +220,20 @@ pub(crate) async fn get_cert(
     }
 }
 
+/// `GET /v1/store`: the store's kind and location, and for Redis the subscription, the last
+/// revision seen and how long ago this router was last known in step.
+pub(crate) async fn store_status(State(state): State<AdminState>) -> Json<Value> {
+    let status = state.store.status();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut shown = json!(status);
+    if let Some(last) = status.last_sync_unix {
+        shown["seconds_since_last_sync"] = json!((now - last).max(0));
+    }
+    Json(shown)
+}
+
 /// `GET /v1/acme`: who issues, and every domain's ACME state, a page at a time.
 pub(crate) async fn acme_status(
     State(state): State<AdminState>,

@@ -110,6 +110,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/waf/reload", post(handlers::reload_waf))
         .route("/v1/certs", get(handlers::list_certs))
         .route("/v1/acme", get(handlers::acme_status))
+        .route("/v1/store", get(handlers::store_status))
         .route(
             "/v1/certs/{domain}",
             put(handlers::put_cert)

@@ -12,7 +12,10 @@ use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransac
 use switchyard_model::{AcmeDomain, App, Backend, CertificateInfo, Change, StoredCertificate};
 
 use crate::json::encode;
-use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
+use crate::unix_now;
+use crate::{
+    AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
+};
 
 /// App name → the app as JSON.
 const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
@@ -53,6 +56,8 @@ pub struct EmbeddedStore {
     changes: Arc<ChangeFeed>,
     /// The issuing lease: one process uses this file, so it lives in memory.
     lease: Arc<Mutex<Lease>>,
+    /// The redb file, for the status.
+    file: Arc<std::path::PathBuf>,
 }
 
 /// The ACME issuing lease of a single process.
@@ -111,6 +116,7 @@ impl EmbeddedStore {
             db: Arc::new(RwLock::new(Some(Arc::new(db)))),
             changes: Arc::default(),
             lease: Arc::default(),
+            file: Arc::new(path.to_path_buf()),
         })
     }
 
@@ -362,6 +368,17 @@ impl Store for EmbeddedStore {
         Ok(existed)
     }
 
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: "embedded",
+            location: self.file.display().to_string(),
+            available: self.db().is_ok(),
+            subscribed: None,
+            last_revision: None,
+            last_sync_unix: None,
+        }
+    }
+
     async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError> {
         let key = record.key();
         let txn = self.db()?.begin_read().map_err(unavailable)?;
@@ -591,12 +608,6 @@ fn unexpired(value: &[u8], now: u64) -> Option<&str> {
         return None;
     }
     std::str::from_utf8(json).ok()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {

@@ -19,6 +19,7 @@ pub use error::StoreError;
 pub use feed::{ChangeFeed, Subscription};
 pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
+
 use switchyard_model::{App, Backend, CertificateInfo, StoredCertificate};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
@@ -40,6 +41,27 @@ pub struct CertPage {
     pub certs: Vec<CertificateInfo>,
     /// Pass as `after` to get the next page; `None` on the last page.
     pub next_after: Option<String>,
+}
+
+/// Where the store stands, as `GET /v1/store` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStatus {
+    /// `embedded` or `redis`.
+    pub kind: &'static str,
+    /// The redb file, or the Redis server as `host:port/db` (never its password).
+    pub location: String,
+    /// Whether the last call succeeded.
+    pub available: bool,
+    /// Whether the change subscription (Redis Pub/Sub) is up; `None` for a store with none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribed: Option<bool>,
+    /// The last store revision this router saw (Redis: on subscribing and in each event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_revision: Option<i64>,
+    /// When this router last knew itself in step with the store: its subscription made or
+    /// an event received (seconds since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sync_unix: Option<i64>,
 }
 
 /// A record the ACME issuer keeps in the store.
@@ -150,6 +172,9 @@ pub trait Store: Send + Sync {
         true
     }
 
+    /// Where the store stands: kind, location, subscription, last revision seen.
+    fn status(&self) -> StoreStatus;
+
     /// Change events from now on. A subscriber that falls more than
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.
     fn subscribe(&self) -> Subscription;
@@ -169,4 +194,11 @@ pub trait Store: Send + Sync {
     /// own event is among them (a Redis store announces its writes locally too), so a
     /// subscriber that has applied this many events has applied the write.
     fn announced(&self) -> u64;
+}
+
+/// Seconds since the epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -26,6 +26,17 @@ switchyard_metrics::declare_metrics! {
         "1 while the change subscription (Redis Pub/Sub) is up."
     ));
 
+    pub(crate) static REVISION: IntGauge = registered(register_int_gauge!(
+        "switchyard_store_revision",
+        "The last store revision this router saw (on subscribing and in each change event)."
+    ));
+
+    pub(crate) static LAST_SYNC: IntGauge = registered(register_int_gauge!(
+        "switchyard_store_last_sync_timestamp_seconds",
+        "When this router last knew itself in step with the store: its change subscription \
+         made or an event received."
+    ));
+
     pub(crate) static PUBSUB_DISCONNECTS: IntCounter = registered(register_int_counter!(
         "switchyard_store_subscription_disconnects_total",
         "Times the change subscription was lost."

@@ -21,7 +21,10 @@ use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate}
 use crate::json::{decode, encode};
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
-use crate::{AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, Subscription};
+use crate::unix_now;
+use crate::{
+    AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
+};
 
 /// Prefix of every key; see the README's "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
@@ -154,6 +157,16 @@ pub struct RedisStore {
     write_cert: Arc<Script>,
     acme_lease: Arc<Script>,
     acme_release: Arc<Script>,
+    /// Where the change subscription stands, for the status.
+    following: Arc<parking_lot::Mutex<Following>>,
+}
+
+/// The change subscription's state.
+#[derive(Debug, Default)]
+struct Following {
+    subscribed: bool,
+    last_revision: Option<i64>,
+    last_sync_unix: Option<i64>,
 }
 
 impl RedisStore {
@@ -173,7 +186,22 @@ impl RedisStore {
             write_cert: Arc::new(script(WRITE_CERT)),
             acme_lease: Arc::new(script(ACME_LEASE)),
             acme_release: Arc::new(script(ACME_RELEASE)),
+            following: Arc::default(),
         })
+    }
+
+    /// Notes the subscription's state and the revision last seen.
+    fn note_following(&self, subscribed: bool, revision: Option<i64>) {
+        let mut following = self.following.lock();
+        following.subscribed = subscribed;
+        if subscribed {
+            following.last_sync_unix = Some(unix_now() as i64);
+            metrics::LAST_SYNC.set(unix_now() as i64);
+        }
+        if let Some(revision) = revision {
+            following.last_revision = Some(revision);
+            metrics::REVISION.set(revision);
+        }
     }
 
     fn set_healthy(&self, healthy: bool) {
@@ -356,6 +384,7 @@ impl RedisStore {
             }
         }
         *last_revision = Some(revision);
+        self.note_following(true, Some(revision));
         metrics::PUBSUB_CONNECTED.set(1);
         log::info!("following Redis changes on {CHANGES_CHANNEL} (revision {revision})");
         let mut messages = pubsub.on_message();
@@ -374,11 +403,13 @@ impl RedisStore {
                     if let Some(rev) = revision {
                         *last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
                     }
+                    self.note_following(true, *last_revision);
                     self.changes.announce(change);
                 }
                 None => log::warn!("ignoring a malformed change event: {payload:.200}"),
             }
         }
+        self.note_following(false, None);
         metrics::PUBSUB_CONNECTED.set(0);
         metrics::PUBSUB_DISCONNECTS.inc();
         log::warn!("the Redis change subscription ended; reconnecting");
@@ -434,6 +465,19 @@ fn script(source: &str) -> Script {
 
 #[async_trait]
 impl Store for RedisStore {
+    fn status(&self) -> StoreStatus {
+        let info = self.link.client().get_connection_info();
+        let following = self.following.lock();
+        StoreStatus {
+            kind: "redis",
+            location: format!("{}/{}", info.addr, info.redis.db),
+            available: self.available(),
+            subscribed: Some(following.subscribed),
+            last_revision: following.last_revision,
+            last_sync_unix: following.last_sync_unix,
+        }
+    }
+
     async fn follow_changes(
         &self,
         stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
