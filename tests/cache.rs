@@ -31,11 +31,8 @@ fn request_with(
     path: &str,
     extra: &str,
 ) -> support::Response {
-    support::request(
-        router.http,
-        &format!("{method} {path} HTTP/1.1\r\nHost: site.test\r\n{extra}Connection: close\r\n\r\n"),
-    )
-    .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", router.logs()))
+    support::send(router.http, method, "site.test", path, extra)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", router.logs()))
 }
 
 #[test]

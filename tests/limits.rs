@@ -12,11 +12,7 @@ use support::{Backend, Behaviour, Response, RouterProcess};
 use switchyard_test_support as support;
 
 fn get_with(router: &RouterProcess, host: &str, path: &str, headers: &str) -> Response {
-    support::request(
-        router.http,
-        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"),
-    )
-    .expect("request")
+    support::send(router.http, "GET", host, path, headers).expect("request")
 }
 
 #[test]
@@ -238,14 +234,8 @@ fn a_client_past_its_connections_gets_429_while_another_client_goes_on() {
         let addr = router.http;
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(delay_ms));
-            support::request(
-                addr,
-                &format!(
-                    "GET / HTTP/1.1\r\nHost: capped.test\r\nCookie: session={session}\r\n\
-                     Connection: close\r\n\r\n"
-                ),
-            )
-            .expect("request")
+            let cookie = format!("Cookie: session={session}\r\n");
+            support::send(addr, "GET", "capped.test", "/", &cookie).expect("request")
         })
     };
     let busy = [

@@ -53,6 +53,17 @@ fn registered_domain(domain: &str) -> String {
     psl::domain_str(domain).unwrap_or(domain).to_string()
 }
 
+/// How many of `times` fall within `window` before `now`, the older ones dropped.
+fn within(times: &mut VecDeque<Instant>, now: Instant, window: Duration) -> usize {
+    while times
+        .front()
+        .is_some_and(|at| now.duration_since(*at) > window)
+    {
+        times.pop_front();
+    }
+    times.len()
+}
+
 /// How the router talks to its ACME CA.
 #[derive(Debug, Clone)]
 pub struct AcmeSettings {
@@ -429,25 +440,12 @@ impl Issuer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
-        let orders = &mut limits.orders;
-        while orders
-            .front()
-            .is_some_and(|started| now.duration_since(*started) > ORDER_WINDOW)
-        {
-            orders.pop_front();
-        }
-        if orders.len() >= self.settings.orders_per_3h {
+        if within(&mut limits.orders, now, ORDER_WINDOW) >= self.settings.orders_per_3h {
             return Err("waiting: the CA's limit of new orders per 3 hours");
         }
         let registered = registered_domain(domain);
         let issued = limits.by_registered_domain.entry(registered).or_default();
-        while issued
-            .front()
-            .is_some_and(|at| now.duration_since(*at) > REGISTERED_DOMAIN_WINDOW)
-        {
-            issued.pop_front();
-        }
-        if issued.len() >= CERTIFICATES_PER_REGISTERED_DOMAIN {
+        if within(issued, now, REGISTERED_DOMAIN_WINDOW) >= CERTIFICATES_PER_REGISTERED_DOMAIN {
             return Err("waiting: the CA's limit of certificates per registered domain per week");
         }
         issued.push_back(now);

@@ -128,8 +128,8 @@ settings! {
     /// Proxies in front of the router whose `X-Forwarded-For` is believed for apps' limits
     /// and IP rules: CIDRs separated by commas (default: none, the peer is the client).
     trusted_proxies: String = "SWITCHYARD_TRUSTED_PROXIES";
-    /// Most client records kept for per-client rate limits, all apps together (default
-    /// 100000, about 10 MiB); past it the least used are forgotten.
+    /// Most client records kept for per-client limits, all apps together (default 100000,
+    /// about 7 MiB); past it the least used are forgotten.
     limit_clients: usize = "SWITCHYARD_LIMIT_CLIENTS";
     /// Milliseconds between two syncs of fleet-wide app rates with the Redis store (default
     /// 100): the fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than

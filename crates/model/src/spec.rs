@@ -444,6 +444,19 @@ pub(crate) fn optional_integer(
     }
 }
 
+/// An optional integer field within `min..=max`; `None` when absent.
+pub(crate) fn integer_field(
+    fields: Fields<'_>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ValidationError> {
+    fields
+        .get(name)
+        .map(|v| integer_in(v, min, max).map_err(|m| ValidationError::new(name, m)))
+        .transpose()
+}
+
 pub(crate) fn integer_in(value: &Value, min: u64, max: u64) -> Result<u64, String> {
     match value.as_u64() {
         Some(n) if (min..=max).contains(&n) => Ok(n),

@@ -176,8 +176,7 @@ impl EmbeddedStore {
             let mut table = txn.open_table(ACME).map_err(unavailable)?;
             for state in states {
                 let key = AcmeRecord::Domain(&state.domain).key();
-                let mut value = NEVER_EXPIRES.to_be_bytes().to_vec();
-                value.extend_from_slice(encode(&key, state)?.as_bytes());
+                let value = acme_value(NEVER_EXPIRES, &encode(&key, state)?);
                 table
                     .insert(key.as_str(), value.as_slice())
                     .map_err(unavailable)?;
@@ -397,8 +396,7 @@ impl Store for EmbeddedStore {
         let expires = ttl.map_or(NEVER_EXPIRES, |ttl| {
             unix_now().saturating_add(ttl.as_secs().max(1))
         });
-        let mut value = expires.to_be_bytes().to_vec();
-        value.extend_from_slice(json.as_bytes());
+        let value = acme_value(expires, &json);
         self.blocking(move |store| {
             let txn = store.db()?.begin_write().map_err(unavailable)?;
             {
@@ -598,6 +596,13 @@ fn read_page<T>(
         None
     };
     Ok((page, next_after))
+}
+
+/// An ACME record as the table keeps it: its expiry, then its JSON ([`unexpired`] reads it).
+fn acme_value(expires: u64, json: &str) -> Vec<u8> {
+    let mut value = expires.to_be_bytes().to_vec();
+    value.extend_from_slice(json.as_bytes());
+    value
 }
 
 /// The JSON of an ACME record unless it expired by `now` (seconds since the epoch).

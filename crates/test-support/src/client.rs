@@ -32,9 +32,21 @@ impl Response {
 
 /// `GET path` with the given Host.
 pub fn get(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<Response> {
+    send(addr, "GET", host, path, "")
+}
+
+/// `method path` without a body, with the given Host and `extra` header lines (each ending
+/// in `\r\n`).
+pub fn send(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    extra: &str,
+) -> std::io::Result<Response> {
     request(
         addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        &format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"),
     )
 }
 

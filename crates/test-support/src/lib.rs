@@ -18,7 +18,7 @@ pub mod websocket;
 pub mod wiretap;
 
 pub use backend::{Backend, Behaviour, Recorded};
-pub use client::{get, request, Response};
+pub use client::{get, request, send, Response};
 pub use logd::LogdProcess;
 pub use redis::RedisServer;
 pub use router::RouterProcess;

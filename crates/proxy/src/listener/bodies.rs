@@ -192,6 +192,21 @@ impl ForwardBody {
         self
     }
 
+    /// The app's limit, once the body counted has passed it.
+    fn passed_limit(limit: Option<u64>, bytes_in: &Cell<usize>) -> Option<u64> {
+        limit.filter(|l| bytes_in.get() as u64 > *l)
+    }
+
+    /// Ends a body past the app's `limit`: the failure told, nothing more sent, read or
+    /// mirrored; the error that ends it.
+    fn cut(&mut self, limit: u64) -> BodyError {
+        self.failure.set(Some(ClientBodyFailure::TooLarge));
+        self.held = None;
+        self.incoming = None;
+        self.mirror = None;
+        BodyError::TooLarge(limit)
+    }
+
     /// No body (a retried request never had one).
     pub(super) fn empty() -> Self {
         Self {
@@ -216,12 +231,9 @@ impl Body for ForwardBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        if let Some(limit) = this.limit.filter(|l| this.bytes_in.get() as u64 > *l) {
-            this.failure.set(Some(ClientBodyFailure::TooLarge));
-            this.held = None;
-            this.incoming = None;
-            this.mirror = None;
-            return Poll::Ready(Some(Err(BodyError::TooLarge(limit))));
+        // What was read ahead for the WAF may already be past the limit.
+        if let Some(limit) = Self::passed_limit(this.limit, &this.bytes_in) {
+            return Poll::Ready(Some(Err(this.cut(limit))));
         }
         let incoming_ended = this.incoming.as_ref().is_none_or(Body::is_end_stream);
         if let Some(held) = this.held.take() {
@@ -240,12 +252,9 @@ impl Body for ForwardBody {
         match &frame {
             Some(Ok(frame)) => {
                 this.bytes_in.set(this.bytes_in.get() + data_len(frame));
-                if let Some(limit) = this.limit.filter(|l| this.bytes_in.get() as u64 > *l) {
-                    // Not a byte past the limit goes on.
-                    this.failure.set(Some(ClientBodyFailure::TooLarge));
-                    this.incoming = None;
-                    this.mirror = None;
-                    return Poll::Ready(Some(Err(BodyError::TooLarge(limit))));
+                // Not a byte past the limit goes on.
+                if let Some(limit) = Self::passed_limit(this.limit, &this.bytes_in) {
+                    return Poll::Ready(Some(Err(this.cut(limit))));
                 }
             }
             Some(Err(BodyError::TimedOut(_))) => {

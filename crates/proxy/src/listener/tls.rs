@@ -12,9 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openssl::pkey::PKey;
 use openssl::ssl::{select_next_proto, AlpnError, Ssl, SslAcceptor, SslMethod};
-use openssl::x509::X509;
 use switchyard_store::{acme, Store};
 use switchyard_tls_tickets::TicketKeys;
 use tls_parser::{
@@ -26,8 +24,8 @@ use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use super::peek_until;
-use crate::tls::cert_cache::CertCache;
-use crate::tls::settings::{configure_context, count_completed, CertSelector};
+use crate::tls::cert_cache::{CertCache, ServedCert};
+use crate::tls::settings::{configure_context, count_completed, use_certificate, CertSelector};
 
 /// A TLS record's header: type, version, length.
 const RECORD_HEADER: usize = 5;
@@ -169,11 +167,9 @@ impl ListenerTls {
                 return Err(HandshakeFailure::NoCertificate);
             }
         };
-        let cert = X509::from_pem(answer.cert_pem.as_bytes()).map_err(failed)?;
-        let key = PKey::private_key_from_pem(answer.key_pem.as_bytes()).map_err(failed)?;
+        let cert = ServedCert::from_pem(&answer.cert_pem, &answer.key_pem).map_err(failed)?;
         let mut ssl = Ssl::new(self.acme_acceptor.context()).map_err(failed)?;
-        ssl.set_certificate(&cert).map_err(failed)?;
-        ssl.set_private_key(&key).map_err(failed)?;
+        use_certificate(&mut ssl, &cert).map_err(failed)?;
         let mut tls = SslStream::new(ssl, stream).map_err(failed)?;
         Pin::new(&mut tls).accept().await.map_err(failed)?;
         log::info!("answered a TLS-ALPN-01 validation for {name}");

@@ -411,12 +411,7 @@ impl Limiter {
     }
 
     fn counters(&self, app: &str) -> Arc<AppCounters> {
-        if let Some(counters) = self.apps.get(app) {
-            return counters;
-        }
-        let counters = Arc::new(AppCounters::new(app));
-        self.apps.insert(app.to_string(), counters.clone());
-        counters
+        get_or_make(&self.apps, app, || AppCounters::new(app))
     }
 
     fn client_key(&self, app: &str, key: &ClientKey, ip: IpAddr, headers: &HeaderMap) -> u64 {
@@ -434,28 +429,35 @@ impl Limiter {
     }
 
     fn client_bucket(&self, key: u64) -> Arc<AtomicU64> {
-        if let Some(bucket) = self.clients.get(&key) {
-            return bucket;
-        }
-        let bucket = Arc::new(AtomicU64::new(0));
-        self.clients.insert(key, bucket.clone());
-        metrics::LIMIT_CLIENTS.set(self.clients.len().min(self.client_capacity) as i64);
-        bucket
+        get_or_make(&self.clients, &key, || {
+            // A new client: the table grows by one, up to its capacity.
+            let held = self.clients.len() + 1;
+            metrics::LIMIT_CLIENTS.set(held.min(self.client_capacity) as i64);
+            AtomicU64::new(0)
+        })
     }
 
     fn client_connections(&self, key: u64) -> Arc<AtomicU32> {
-        if let Some(count) = self.client_connections.get(&key) {
-            return count;
-        }
-        let count = Arc::new(AtomicU32::new(0));
-        self.client_connections.insert(key, count.clone());
-        count
+        get_or_make(&self.client_connections, &key, || AtomicU32::new(0))
     }
 
     fn now(&self) -> u64 {
         // From 1 s on, so a fresh bucket (0) is a full one.
         1_000_000_000 + self.epoch.elapsed().as_nanos() as u64
     }
+}
+
+/// The value kept under `key`, made by `make` when absent. Concurrent first requests for
+/// one key wait for the one making it, so they all count on the same record.
+fn get_or_make<K, Q, V>(cache: &Cache<K, Arc<V>>, key: &Q, make: impl FnOnce() -> V) -> Arc<V>
+where
+    K: Eq + std::hash::Hash + Clone,
+    Q: std::hash::Hash + quick_cache::Equivalent<K> + ToOwned<Owned = K> + ?Sized,
+{
+    let made =
+        cache.get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::new(make())));
+    let Ok(value) = made;
+    value
 }
 
 /// Takes one request from a GCRA bucket whose state is `tat`: at most `burst` at once,

@@ -94,7 +94,10 @@ pub(crate) fn count_completed(ssl: &SslRef) {
     metrics::TLS_HANDSHAKES.with_label_values(&[result]).inc();
 }
 
-fn use_certificate(ssl: &mut SslRef, cert: &ServedCert) -> Result<(), openssl::error::ErrorStack> {
+pub(crate) fn use_certificate(
+    ssl: &mut SslRef,
+    cert: &ServedCert,
+) -> Result<(), openssl::error::ErrorStack> {
     ssl.set_certificate(&cert.leaf)?;
     ssl.set_private_key(&cert.key)?;
     for intermediate in &cert.chain {
