@@ -450,6 +450,13 @@ def limits_report(m, date):
              "| distinct clients seen | records held | router RSS |", "|---|---|---|"]
     for row in memory:
         lines.append(f"| {row['clients']:,} | {row['records']:,.0f} | {row['rss_kib'] / 1024:.1f} MiB |")
+    if m.get("earlier_runs"):
+        lines += ["", "Earlier runs (same machine; the p99 ratio swings run to run on 2 shared cores):", "",
+                  "| commit | date | CPU ratio | admitted/s | neighbour p99 (limited flood) | (unlimited flood) "
+                  "| RSS at 1M clients |", "|---|---|---|---|---|---|---|"]
+        for r in m["earlier_runs"]:
+            lines.append(f"| {r['commit']} | {r['date']} | {r['cpu_ratio']}× | {r['accuracy_admitted_per_s']} | "
+                         f"{r['isolation_ratio']}× | {r['isolation_ratio_unlimited']}× | {r['rss_mib_at_1m_clients']} MiB |")
     return lines
 
 
