@@ -92,6 +92,8 @@ def write_report(results, path):
         lines += acme_report(results["acme"], when("acme"))
     if results.get("limits"):
         lines += limits_report(results["limits"], when("limits"))
+    if results.get("sentinel"):
+        lines += sentinel_report(results["sentinel"], when("sentinel"))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -441,7 +443,7 @@ def limits_report(m, date):
              f"{iso['flood_limit']}/s (median of {iso.get('rounds', 1)}) | {iso['p99_ms_alone']} ms | {iso['p99_ms_flooded']} ms | "
              f"{iso['ratio']}× | ≤ 1.2× |",
              f"| the same, the flood's app without limits (for scale) | {iso['p99_ms_alone']} ms | "
-             f"{iso['p99_ms_unlimited_flood']} ms | {iso['ratio_unlimited']}× | – |", "",
+             f"{iso.get('p99_ms_unlimited_flood', '–')} ms | {iso.get('ratio_unlimited', '–')}× | – |", "",
              f"Accuracy: a limit of {acc['limit_per_s']} req/s offered {acc['offered_per_s']} req/s admitted "
              f"{acc['admitted_per_s']} per second ({acc['error_pct']:+}%; target ± 5%); answers "
              f"{acc['status_codes']}.", "",
@@ -457,6 +459,25 @@ def limits_report(m, date):
         for r in m["earlier_runs"]:
             lines.append(f"| {r['commit']} | {r['date']} | {r['cpu_ratio']}× | {r['accuracy_admitted_per_s']} | "
                          f"{r['isolation_ratio']}× | {r['isolation_ratio_unlimited']}× | {r['rss_mib_at_1m_clients']} MiB |")
+    return lines
+
+
+def sentinel_report(s, date):
+    """The Sentinel failover section, from bench/bench_sentinel.py's measurements."""
+    lines = ["", "# Store failover behind Redis Sentinel (bench/bench_sentinel.py)", "",
+             f"Measured {date}. Per round: a primary, a replica and three Sentinels "
+             f"(`down-after-milliseconds` {s['down_after_ms']}), two routers on "
+             f"`redis+sentinel://`, vegeta at {s['rate_per_router']} req/s to each router over 20 known "
+             "hosts; the primary gets SIGKILL; times from the kill.", "",
+             "| round | first successful write | change seen on the other router | writes refused (503) "
+             "| slowest write | requests | failed |", "|---|---|---|---|---|---|---|"]
+    for n, r in enumerate(s["rounds"], 1):
+        lines.append(f"| {n} | {r['write_s']} s | {r['seen_on_other_router_s']} s | {r['writes_refused']} | "
+                     f"{r['slowest_write_ms']} ms | {r['requests']:,} | {r['failed']} |")
+    lines += ["", f"Median: writes resume {s['median_write_s']} s after the kill, the other router routes "
+              f"by a new change {s['median_seen_s']} s after it; {s['failed_requests']} of "
+              f"{s['requests']:,} requests failed (target: 0). Most of the time is the Sentinels' own: "
+              f"{s['down_after_ms']} ms before they call the primary down, then their election."]
     return lines
 
 

@@ -15,6 +15,7 @@ use switchyard_logs::ShipConfig;
 use switchyard_model::{
     parse_cidr, ClientTimeouts, IpNet, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_LIMIT_CLIENTS,
 };
+use switchyard_store::RedisTarget;
 use toml::Spanned;
 
 /// Declares every setting once: its doc (the `--help` text), name (the flag `--name`, the
@@ -98,7 +99,8 @@ settings! {
     admin: String = "SWITCHYARD_ADMIN";
     /// Directory of the embedded store.
     data_dir: PathBuf = "SWITCHYARD_DATA_DIR";
-    /// `embedded`, or `redis://HOST:PORT/DB` for a fleet.
+    /// `embedded`, or for a fleet `redis://HOST:PORT/DB` or
+    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB` (the primary the Sentinels name).
     store: String = "SWITCHYARD_STORE";
     /// Bearer token required by every admin call but /healthz.
     #[arg(hide_env_values = true)]
@@ -138,7 +140,8 @@ settings! {
     /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
     /// reserved from it).
     cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB";
-    /// Redis of the response cache (redis://HOST:PORT/DB): apps with a Redis cache store.
+    /// Redis of the response cache (redis://HOST:PORT/DB or redis+sentinel://…): apps with a
+    /// Redis cache store.
     /// Keep it apart from the route store: a cache Redis evicts (allkeys-lru).
     cache_redis: String = "SWITCHYARD_CACHE_REDIS";
     /// Deadline of one cache Redis lookup, in milliseconds; slower is a miss.
@@ -474,14 +477,18 @@ impl Config {
         let redis_timeout = settings.redis_timeout_ms.millis(source, 500)?;
         let store = match settings.store.value.as_deref() {
             None | Some("embedded") => StoreChoice::Embedded,
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            Some(url) if url.starts_with("redis") => {
+                if let Err(reason) = RedisTarget::parse(url) {
+                    bail!("{}: {reason}", settings.store.at(source));
+                }
                 StoreChoice::Redis {
                     url: with_password(url, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
                     timeout: redis_timeout,
                 }
             }
             Some(other) => bail!(
-                "{}: '{other}' is not a store; use `embedded` or `redis://HOST:PORT/DB`",
+                "{}: '{other}' is not a store; use `embedded`, `redis://HOST:PORT/DB` or \
+                 `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB`",
                 settings.store.at(source)
             ),
         };
@@ -494,11 +501,12 @@ impl Config {
         }
         let cache_redis_timeout = settings.cache_redis_timeout_ms.millis(source, 50)?;
         let cache_redis = match settings.cache_redis.value.as_deref() {
-            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => bail!(
-                "{}: must be a redis:// or rediss:// URL",
-                settings.cache_redis.at(source)
-            ),
-            Some(url) => Some((url.to_string(), cache_redis_timeout)),
+            Some(url) => {
+                if let Err(reason) = RedisTarget::parse(url) {
+                    bail!("{}: {reason}", settings.cache_redis.at(source));
+                }
+                Some((url.to_string(), cache_redis_timeout))
+            }
             None => None,
         };
         let trusted_proxies = match settings.trusted_proxies.value.as_deref() {
@@ -883,6 +891,25 @@ mod tests {
         let shown = format!("{:?}", config.store);
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("127.0.0.1:6379/0"), "{shown}");
+    }
+
+    #[test]
+    fn sentinel_urls_are_taken_and_a_malformed_one_is_refused_with_its_line() {
+        let config = with_file(
+            "store = \"redis+sentinel://:secret@127.0.0.1:26379,127.0.0.1:26380/main/0\"\n",
+        )
+        .expect("valid");
+        let shown = format!("{:?}", config.store);
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("26380/main/0"), "{shown}");
+        let err = with_file("\nstore = \"redis+sentinel://127.0.0.1:26379\"\n")
+            .expect_err("no primary name");
+        assert!(err.to_string().contains("line 2"), "{err}");
+        assert!(err.to_string().contains("primary's name"), "{err}");
+        let err =
+            with_file("cache_redis = \"redis+sentinel://h:1/m/x\"\n").expect_err("bad database");
+        assert!(err.to_string().contains("line 1"), "{err}");
+        assert!(err.to_string().contains("not a database"), "{err}");
     }
 
     #[test]

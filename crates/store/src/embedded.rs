@@ -371,6 +371,7 @@ impl Store for EmbeddedStore {
         StoreStatus {
             kind: "embedded",
             location: self.file.display().to_string(),
+            primary: None,
             available: self.db().is_ok(),
             subscribed: None,
             last_revision: None,

@@ -12,6 +12,7 @@ mod json;
 mod metrics;
 mod redis_link;
 mod redis_store;
+mod redis_target;
 
 use async_trait::async_trait;
 pub use embedded::EmbeddedStore;
@@ -19,6 +20,7 @@ pub use error::StoreError;
 pub use feed::{ChangeFeed, Subscription};
 pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
+pub use redis_target::RedisTarget;
 
 use switchyard_model::{App, Backend, CertificateInfo, StoredCertificate};
 
@@ -46,10 +48,14 @@ pub struct CertPage {
 /// Where the store stands, as `GET /v1/store` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStatus {
-    /// `embedded` or `redis`.
+    /// `embedded`, `redis` or `redis+sentinel`.
     pub kind: &'static str,
-    /// The redb file, or the Redis server as `host:port/db` (never its password).
+    /// The redb file, the Redis server as `host:port/db`, or the Sentinels as
+    /// `sentinel:MASTER@host:port,…/db` (never a password).
     pub location: String,
+    /// The Redis server written to (behind Sentinels: the primary last found), `host:port`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
     /// Whether the last call succeeded.
     pub available: bool,
     /// Whether the change subscription (Redis Pub/Sub) is up; `None` for a store with none.

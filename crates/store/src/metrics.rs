@@ -37,6 +37,13 @@ switchyard_metrics::declare_metrics! {
          made or an event received."
     ));
 
+    pub(crate) static PRIMARY_MOVES: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_redis_primary_moves_total",
+        "Times a Redis link moved to another primary (a Sentinel failover), by the link's \
+         role (route store, response cache, fleet limits).",
+        &["role"]
+    ));
+
     pub(crate) static PUBSUB_DISCONNECTS: IntCounter = registered(register_int_counter!(
         "switchyard_store_subscription_disconnects_total",
         "Times the change subscription was lost."

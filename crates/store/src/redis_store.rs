@@ -317,10 +317,11 @@ impl RedisStore {
     /// caches entry by entry.
     async fn follow_pubsub(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut last_revision: Option<i64> = None;
+        let mut last_seen: Option<Position> = None;
         let mut backoff = PUBSUB_BACKOFF_MIN;
+        let mut moves = self.link.moves();
         loop {
-            let session = self.follow_once(&mut last_revision);
+            let session = self.follow_once(&mut last_seen);
             tokio::select! {
                 ended = session => {
                     if ended {
@@ -329,28 +330,25 @@ impl RedisStore {
                 }
                 _ = &mut shutdown => return,
             }
+            // A failover (even one during the session just ended) ends the wait: the new primary is there to subscribe on now.
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
+                _ = moves.changed() => backoff = PUBSUB_BACKOFF_MIN,
                 _ = &mut shutdown => return,
             }
             backoff = (backoff * 2).min(PUBSUB_BACKOFF_MAX);
         }
     }
 
-    /// One subscription, until the connection drops. Returns whether it got subscribed.
-    async fn follow_once(&self, last_revision: &mut Option<i64>) -> bool {
-        let connect = tokio::time::timeout(
-            self.link.timeouts().connect,
-            self.link.client().get_async_pubsub(),
-        );
-        let mut pubsub = match connect.await {
-            Ok(Ok(pubsub)) => pubsub,
-            Ok(Err(e)) => {
+    /// One subscription, until the connection drops or the primary moves. Returns whether
+    /// it got subscribed.
+    async fn follow_once(&self, last_seen: &mut Option<Position>) -> bool {
+        let mut moves = self.link.moves();
+        moves.borrow_and_update();
+        let mut pubsub = match self.link.pubsub().await {
+            Ok(pubsub) => pubsub,
+            Err(e) => {
                 self.report_unreachable(&e.to_string());
-                return false;
-            }
-            Err(_) => {
-                self.report_unreachable("connect timed out");
                 return false;
             }
         };
@@ -361,19 +359,32 @@ impl RedisStore {
         }
         // Subscribed first, then read the revision: a change after this read arrives as a
         // message, one before it shows as a revision we have not seen.
-        let revision = match self.revision().await {
-            Ok(revision) => revision,
+        let position = match self.position().await {
+            Ok(position) => position,
             Err(e) => {
                 log::warn!("subscribed but cannot read the revision: {e}");
                 return false;
             }
         };
-        match *last_revision {
-            Some(seen) if seen == revision => {}
+        match last_seen.as_ref() {
+            Some(seen) if *seen == position => {}
+            Some(seen) if seen.replication_id != position.replication_id => {
+                // Another primary (a promoted replica) may lack writes the old one took, so
+                // its revision says nothing about what this router has: revalidate all.
+                log::warn!(
+                    "the Redis primary's history changed (revision {} -> {}); revalidating \
+                     cached routes and certificates",
+                    seen.revision,
+                    position.revision
+                );
+                self.changes.announce(Change::Resync);
+            }
             Some(seen) => {
                 log::warn!(
-                    "Redis revision moved from {seen} to {revision} while unsubscribed; \
-                     revalidating cached routes and certificates"
+                    "Redis revision moved from {} to {} while unsubscribed; revalidating \
+                     cached routes and certificates",
+                    seen.revision,
+                    position.revision
                 );
                 self.changes.announce(Change::Resync);
             }
@@ -383,27 +394,42 @@ impl RedisStore {
                 self.changes.announce(Change::Resync);
             }
         }
-        *last_revision = Some(revision);
-        self.note_following(true, Some(revision));
+        let mut last_revision = Some(position.revision);
+        log::info!(
+            "following Redis changes on {CHANGES_CHANNEL} (revision {})",
+            position.revision
+        );
+        self.note_following(true, last_revision);
+        *last_seen = Some(position);
         metrics::PUBSUB_CONNECTED.set(1);
-        log::info!("following Redis changes on {CHANGES_CHANNEL} (revision {revision})");
         let mut messages = pubsub.on_message();
-        while let Some(message) = messages.next().await {
+        loop {
+            let message = tokio::select! {
+                message = messages.next() => message,
+                _ = moves.changed() => {
+                    log::info!("the Redis primary moved; subscribing on the new one");
+                    break;
+                }
+            };
+            let Some(message) = message else { break };
             let Ok(payload) = message.get_payload::<String>() else {
                 continue;
             };
             match parse_event(&payload) {
                 Some((change, revision)) => {
-                    if let (Some(rev), Some(seen)) = (revision, *last_revision) {
+                    if let (Some(rev), Some(seen)) = (revision, last_revision) {
                         if rev > seen + 1 {
                             // Revisions skipped: a writer bumped it without announcing.
                             self.changes.announce(Change::Resync);
                         }
                     }
                     if let Some(rev) = revision {
-                        *last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
+                        last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
+                        if let Some(seen) = last_seen.as_mut() {
+                            seen.revision = seen.revision.max(rev);
+                        }
                     }
-                    self.note_following(true, *last_revision);
+                    self.note_following(true, last_revision);
                     self.changes.announce(change);
                 }
                 None => log::warn!("ignoring a malformed change event: {payload:.200}"),
@@ -426,11 +452,35 @@ impl RedisStore {
         }
     }
 
-    async fn revision(&self) -> Result<i64, StoreError> {
-        self.call(|mut c| async move { c.get::<_, Option<i64>>(REVISION_KEY).await })
-            .await
-            .map(|r| r.unwrap_or(0))
+    /// The revision and the primary's replication id, read together.
+    async fn position(&self) -> Result<Position, StoreError> {
+        let (revision, info): (Option<i64>, String) = self
+            .call(|mut c| async move {
+                redis::pipe()
+                    .get(REVISION_KEY)
+                    .cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let replication_id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("master_replid:"))
+            .map(|id| id.trim().to_string());
+        Ok(Position {
+            revision: revision.unwrap_or(0),
+            replication_id,
+        })
     }
+}
+
+/// Where this router stands in the store's history: the revision counter, and the id of
+/// the replication history it belongs to (a new one after a failover or a restart).
+#[derive(Debug, PartialEq, Eq)]
+struct Position {
+    revision: i64,
+    replication_id: Option<String>,
 }
 
 enum PutOutcome {
@@ -466,11 +516,11 @@ fn script(source: &str) -> Script {
 #[async_trait]
 impl Store for RedisStore {
     fn status(&self) -> StoreStatus {
-        let info = self.link.client().get_connection_info();
         let following = self.following.lock();
         StoreStatus {
-            kind: "redis",
-            location: format!("{}/{}", info.addr, info.redis.db),
+            kind: self.link.kind(),
+            location: self.link.location(),
+            primary: self.link.primary(),
             available: self.available(),
             subscribed: Some(following.subscribed),
             last_revision: following.last_revision,

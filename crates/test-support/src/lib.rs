@@ -20,7 +20,7 @@ pub mod wiretap;
 pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, send, Response};
 pub use logd::LogdProcess;
-pub use redis::RedisServer;
+pub use redis::{RedisSentinel, RedisServer};
 pub use router::RouterProcess;
 
 use std::time::{Duration, Instant};

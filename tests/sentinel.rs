@@ -1,0 +1,318 @@
+//! The fleet store behind Redis Sentinel: one primary, one replica and three
+//! `redis-sentinel` processes, all real and on free ports of 127.0.0.1. Killing the primary
+//! under load must fail no request for a known host; admin writes fail fast (503) while
+//! the Sentinels fail over and succeed after; a change written after the failover reaches
+//! both routers.
+
+use switchyard_test_support as support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{eventually, Backend, RedisSentinel, RedisServer, RouterProcess};
+
+const MASTER: &str = "main";
+
+/// A primary, its replica and three Sentinels (quorum 2) that all know one another.
+struct SentinelSet {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<RedisSentinel>,
+}
+
+impl SentinelSet {
+    fn start() -> Self {
+        let primary = RedisServer::start();
+        let replica = RedisServer::start_replica_of(primary.addr);
+        let sentinels: Vec<RedisSentinel> = (0..3)
+            .map(|_| RedisSentinel::start(MASTER, primary.addr, 2))
+            .collect();
+        // A failover needs each Sentinel to know the replica and the other two.
+        eventually(Duration::from_secs(30), "the Sentinels to meet", || {
+            sentinels.iter().all(|s| {
+                s.master_field(MASTER, "num-slaves").as_deref() == Some("1")
+                    && s.master_field(MASTER, "num-other-sentinels").as_deref() == Some("2")
+            })
+        });
+        Self {
+            primary,
+            replica,
+            sentinels,
+        }
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| s.addr.to_string()).collect();
+        format!("redis+sentinel://{}/{MASTER}/0", hosts.join(","))
+    }
+
+    /// Waits until the replica has every write the primary took, so killing the primary
+    /// loses nothing the test relies on.
+    fn wait_replicated(&self) {
+        let mut connection = self.primary.connection().expect("primary");
+        let replicas: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(5000)
+            .query(&mut connection)
+            .expect("WAIT");
+        assert_eq!(replicas, 1, "the replica did not acknowledge the writes");
+    }
+}
+
+fn subscribed_router(url: &str) -> RouterProcess {
+    let router = RouterProcess::start_with(&["--store", url, "--redis-timeout-ms", "300"]);
+    eventually(Duration::from_secs(10), "the change subscription", || {
+        router.metric("switchyard_store_subscription_connected") == 1.0
+    });
+    router
+}
+
+fn backend_name(router: &RouterProcess, host: &str) -> Option<String> {
+    let response = support::get(router.http, host, "/").ok()?;
+    (response.status == 200).then(|| response.json()["backend"].as_str().unwrap_or("").into())
+}
+
+/// One admin write during the test: when it was sent (from the kill), its status, how
+/// long it took and what it answered.
+#[derive(Debug)]
+struct Write {
+    sent_after_kill: Option<Duration>,
+    status: u16,
+    took: Duration,
+    body: serde_json::Value,
+}
+
+#[test]
+fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replica() {
+    let mut set = SentinelSet::start();
+    let url = set.url();
+    let a = Arc::new(subscribed_router(&url));
+    let b = Arc::new(subscribed_router(&url));
+    let first = Backend::start("first");
+    let second = Backend::start("second");
+
+    for n in 0..5 {
+        a.put_app(
+            &format!("shop{n}"),
+            json!({"domains": [format!("shop{n}.test")], "backends": [first.addr.to_string()]}),
+        );
+    }
+    a.put_app(
+        "probe",
+        json!({"domains": ["probe.test"], "backends": [first.addr.to_string()]}),
+    );
+    for router in [&a, &b] {
+        eventually(Duration::from_secs(2), "both routers to serve", || {
+            (0..5).all(|n| backend_name(router, &format!("shop{n}.test")).is_some())
+        });
+    }
+    set.wait_replicated();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let killed_at = Arc::new(Mutex::new(None::<Instant>));
+    let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
+
+    // Two clients, one per router, each asking for the known hosts in turn.
+    let mut load = Vec::new();
+    for router in [a.clone(), b.clone()] {
+        let (stop, served, failures) = (stop.clone(), served.clone(), failures.clone());
+        load.push(std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let host = format!("shop{}.test", n % 5);
+                n += 1;
+                match support::get(router.http, &host, "/") {
+                    Ok(response) if response.status == 200 => {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(response) => failures.lock().expect("lock").push(format!(
+                        "{host}: {} {}",
+                        response.status,
+                        response.text()
+                    )),
+                    Err(e) => failures.lock().expect("lock").push(format!("{host}: {e}")),
+                }
+            }
+        }));
+    }
+    // An operator's tool writing every 100 ms through router A.
+    let writer = {
+        let (stop, writes, killed_at, a) =
+            (stop.clone(), writes.clone(), killed_at.clone(), a.clone());
+        let backends = [first.addr.to_string(), second.addr.to_string()];
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let body = json!({"backends": [backends[n % 2].clone()]}).to_string();
+                n += 1;
+                let sent = Instant::now();
+                let sent_after_kill = killed_at.lock().expect("lock").map(|k| sent - k);
+                let (status, answer) = a.admin_call("PUT", "/v1/apps/probe/backends", Some(&body));
+                writes.lock().expect("lock").push(Write {
+                    sent_after_kill,
+                    status,
+                    took: sent.elapsed(),
+                    body: answer,
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+
+    std::thread::sleep(Duration::from_millis(500));
+    let kill = Instant::now();
+    *killed_at.lock().expect("lock") = Some(kill);
+    set.primary.stop();
+
+    let first_write = eventually(
+        Duration::from_secs(30),
+        "an admin write to succeed after the failover",
+        || {
+            writes
+                .lock()
+                .expect("lock")
+                .iter()
+                .any(|w| w.sent_after_kill.is_some() && w.status == 200)
+        },
+    );
+    // Load goes on a little after the failover: the resync must not fail requests either.
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    for thread in load {
+        thread.join().expect("load thread");
+    }
+    writer.join().expect("writer thread");
+
+    let failures = failures.lock().expect("lock");
+    assert!(
+        failures.is_empty(),
+        "{} requests for known hosts failed during the failover (of {} served): {:?}",
+        failures.len(),
+        served.load(Ordering::Relaxed),
+        &failures[..failures.len().min(10)]
+    );
+    let writes = writes.lock().expect("lock");
+    let refused: Vec<&Write> = writes.iter().filter(|w| w.status != 200).collect();
+    assert!(
+        !refused.is_empty(),
+        "no write was refused while the Sentinels failed over: {writes:?}"
+    );
+    for write in &writes[..] {
+        assert!(
+            write.status == 200 || write.status == 503,
+            "a write answered neither 200 nor 503: {write:?}"
+        );
+        if write.status == 503 {
+            assert!(
+                write.body["error"].is_string(),
+                "503 without a JSON error: {write:?}"
+            );
+        }
+        assert!(
+            write.took < Duration::from_millis(1500),
+            "a write waited instead of failing fast: {write:?}"
+        );
+    }
+    eprintln!(
+        "primary killed -> first successful write: {first_write:?}; {} writes refused; {} \
+         requests served, none failed",
+        refused.len(),
+        served.load(Ordering::Relaxed)
+    );
+
+    // A change written after the failover reaches both routers, whichever one took it.
+    let replica = set.replica.addr.to_string();
+    a.scale("shop0", &[second.addr]);
+    let seen = eventually(Duration::from_secs(2), "router B to see A's change", || {
+        backend_name(&b, "shop0.test").as_deref() == Some("second")
+    });
+    eprintln!(
+        "primary killed -> change seen on the other router: {:?}",
+        kill.elapsed()
+    );
+    eprintln!("(the change itself reached router B {seen:?} after it was written)");
+    b.scale("shop1", &[second.addr]);
+    eventually(Duration::from_secs(2), "router A to see B's change", || {
+        backend_name(&a, "shop1.test").as_deref() == Some("second")
+    });
+    // No router keeps a route the store no longer has: both agree with the store on the
+    // app written through the failover.
+    let (_, stored) = a.admin_call("GET", "/v1/apps/probe", None);
+    let stored_backend = stored["backends"][0]["address"]
+        .as_str()
+        .or(stored["backends"][0].as_str())
+        .unwrap_or("?")
+        .to_string();
+    let expected = if stored_backend.starts_with(&first.addr.to_string()) {
+        "first"
+    } else {
+        "second"
+    };
+    for router in [&a, &b] {
+        eventually(
+            Duration::from_secs(2),
+            "the routers to agree with the store",
+            || backend_name(router, "probe.test").as_deref() == Some(expected),
+        );
+        let (status, shown) = router.admin_call("GET", "/v1/store", None);
+        assert_eq!(status, 200);
+        assert_eq!(shown["kind"], "redis+sentinel", "{shown}");
+        assert_eq!(shown["primary"], replica.as_str(), "{shown}");
+        assert_eq!(shown["subscribed"], true, "{shown}");
+        assert!(
+            router.metric("switchyard_redis_primary_moves_total{role=\"route store\"}") >= 1.0,
+            "{}",
+            router.logs()
+        );
+    }
+    assert!(set.replica.info_has("role:master"));
+}
+
+#[test]
+fn a_router_started_on_sentinels_finds_the_primary_and_refuses_a_name_they_do_not_know() {
+    let set = SentinelSet::start();
+    let router = subscribed_router(&set.url());
+    let (_, shown) = router.admin_call("GET", "/v1/store", None);
+    assert_eq!(
+        shown["primary"],
+        set.primary.addr.to_string().as_str(),
+        "{shown}"
+    );
+    assert!(
+        shown["location"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with(&format!("sentinel:{MASTER}@")),
+        "{shown}"
+    );
+    let backend = Backend::start("only");
+    router.put_app(
+        "one",
+        json!({"domains": ["one.test"], "backends": [backend.addr.to_string()]}),
+    );
+    assert_eq!(backend_name(&router, "one.test").as_deref(), Some("only"));
+
+    // Sentinels that monitor no primary of that name: the router still starts (it serves
+    // what it has), writes answer 503 naming the reason, and the status says unavailable.
+    let hosts: Vec<String> = set.sentinels.iter().map(|s| s.addr.to_string()).collect();
+    let unknown = RouterProcess::start_with(&[
+        "--store",
+        &format!("redis+sentinel://{}/elsewhere/0", hosts.join(",")),
+        "--redis-timeout-ms",
+        "300",
+    ]);
+    let (status, answer) = unknown.admin_call(
+        "PUT",
+        "/v1/apps/two",
+        Some(&json!({"domains": ["two.test"], "backends": []}).to_string()),
+    );
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap_or("").contains("elsewhere"),
+        "{answer}"
+    );
+}
