@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use switchyard_admin::{AdminState, LocalCaches, SharedCache, WafControl};
-use switchyard_proxy::{CacheRedis, Inspector, ShutdownWatch};
+use switchyard_admin::{AdminState, BackendNamesView, LocalCaches, SharedCache, WafControl};
+use switchyard_proxy::{BackendNames, CacheRedis, Inspector, ShutdownWatch};
 use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up, until the router stops.
@@ -53,6 +53,15 @@ pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 impl WafControl for WafReload {
     fn reload(&self) -> Result<usize, String> {
         self.0.reload().map_err(|e| e.to_string())
+    }
+}
+
+/// The router's backend names, as `GET /v1/apps/{name}` shows them.
+pub(crate) struct NamesView(pub(crate) Arc<BackendNames>);
+
+impl BackendNamesView for NamesView {
+    fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value> {
+        self.0.describe(app)
     }
 }
 

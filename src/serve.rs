@@ -14,10 +14,10 @@ use anyhow::Context;
 use switchyard_admin::AdminState;
 use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
 use switchyard_proxy::{
-    AccessLog, AccessLogTarget, CacheRedis, CertCache, CertCacheLimits, CertExpiryScan,
-    ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker, InheritedSockets, Inspector,
-    Listener, ListenerStop, ListenerTls, RouteCache, RouteCacheLimits, Router, ServedCert,
-    SpoolSettings, TicketKeyRotation, WorkerPool,
+    AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
+    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker,
+    InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, RouteCache,
+    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -25,7 +25,7 @@ use switchyard_waf::RuleFiles;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use crate::admin_service::{serve_admin, CacheRedisPurge, FollowerProgress, WafReload};
+use crate::admin_service::{serve_admin, CacheRedisPurge, FollowerProgress, NamesView, WafReload};
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
@@ -126,14 +126,30 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
 
     let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
-    let routes = Arc::new(RouteCache::new(
-        store.clone(),
-        RouteCacheLimits {
-            apps: config.route_cache_apps,
-            domains: config.route_cache_apps.saturating_mul(4),
-            response_bytes: config.cache_memory_bytes,
-        },
-    ));
+    let backend_names = Arc::new(
+        BackendNames::new(NameSettings {
+            min_ttl: config.dns.min_ttl,
+            max_ttl: config.dns.max_ttl,
+            timeout: config.dns.timeout,
+            max_names: config.dns.max_names,
+            resolv_conf: config.dns.resolv_conf.clone(),
+            hosts_file: config.dns.hosts_file.clone(),
+            servers: config.dns.servers.clone(),
+        })
+        .map_err(anyhow::Error::msg)
+        .context("cannot set up the resolver of backend names")?,
+    );
+    let routes = Arc::new(
+        RouteCache::new(
+            store.clone(),
+            RouteCacheLimits {
+                apps: config.route_cache_apps,
+                domains: config.route_cache_apps.saturating_mul(4),
+                response_bytes: config.cache_memory_bytes,
+            },
+        )
+        .with_backend_names(backend_names.clone()),
+    );
     let connections = Arc::new(ConnectionTable::new());
     let drain = Arc::new(ConnectionDrain::new(
         connections.clone(),
@@ -248,7 +264,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .context("cannot start the listener")?;
     let certs = certs.map(|(certs, _)| certs);
 
-    let follower = ChangeFollower::new(routes.clone(), certs, drain, changes);
+    let follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
+        .with_backend_names(backend_names.clone());
     let follower_progress = FollowerProgress(follower.applied());
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { follower.run(watch).await }));
@@ -270,6 +287,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             .await;
         }));
     }
+    {
+        let (names, routes, watch) = (backend_names.clone(), routes.clone(), shutdown.clone());
+        tasks.push(background.spawn(async move { names.run(routes, watch).await }));
+    }
     let health = HealthChecker::new(routes);
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { health.run(watch).await }));
@@ -283,7 +304,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         })));
     }
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
-        .with_local_caches(Arc::new(follower_progress));
+        .with_local_caches(Arc::new(follower_progress))
+        .with_backend_names(Arc::new(NamesView(backend_names)));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

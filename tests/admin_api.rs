@@ -28,7 +28,7 @@ fn every_validation_error_names_the_field_and_stores_nothing() {
         ("bad-wildcard", r#"{"domains": ["*.test"]}"#, "domains[0]"),
         (
             "bad-backend",
-            r#"{"domains": ["b.test"], "backends": ["127.0.0.1:80", "db.internal:5432"]}"#,
+            r#"{"domains": ["b.test"], "backends": ["127.0.0.1:80", "db.internal:99999"]}"#,
             "backends[1]",
         ),
         (

@@ -25,7 +25,7 @@ enum AppsCommand {
         /// A domain (repeatable): www.example.com or *.example.com.
         #[arg(long = "domain", short = 'd')]
         domains: Vec<String>,
-        /// A backend (repeatable): ip:port, or ip:port=WEIGHT.
+        /// A backend (repeatable): ip:port, host:port or srv:NAME, optionally =WEIGHT.
         #[arg(long = "backend", short = 'b')]
         backends: Vec<String>,
         /// round_robin (default) or least_loaded.
@@ -98,7 +98,7 @@ enum AppsCommand {
     Scale {
         /// App name.
         name: String,
-        /// A backend (repeatable): ip:port, or ip:port=WEIGHT. None means zero containers.
+        /// A backend (repeatable): ip:port, host:port or srv:NAME, optionally =WEIGHT. None means zero containers.
         #[arg(long = "backend", short = 'b')]
         backends: Vec<String>,
     },

@@ -66,7 +66,18 @@ pub(crate) async fn get_app(
 ) -> Result<Json<Value>, ApiError> {
     let name = valid_name(&name)?;
     match state.store.get_app(name.as_str()).await? {
-        Some(app) => Ok(Json(json!(app))),
+        Some(app) => {
+            let mut shown = json!(app);
+            let resolved = state
+                .backend_names
+                .as_ref()
+                .map(|names| names.describe(&app))
+                .unwrap_or_default();
+            if !resolved.is_empty() {
+                shown["resolved_backends"] = Value::Array(resolved);
+            }
+            Ok(Json(shown))
+        }
         None => Err(app_not_found(&name)),
     }
 }

@@ -47,6 +47,12 @@ pub trait LocalCaches: Send + Sync {
     async fn caught_up(&self, announced: u64);
 }
 
+/// What this router resolved its apps' backend names to.
+pub trait BackendNamesView: Send + Sync {
+    /// One entry per named backend of `app`: its state, addresses and last error.
+    fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value>;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
@@ -55,6 +61,7 @@ pub struct AdminState {
     shared_cache: Option<Arc<dyn SharedCache>>,
     waf: Option<Arc<dyn WafControl>>,
     local_caches: Option<Arc<dyn LocalCaches>>,
+    backend_names: Option<Arc<dyn BackendNamesView>>,
 }
 
 impl AdminState {
@@ -66,7 +73,14 @@ impl AdminState {
             shared_cache: None,
             waf: None,
             local_caches: None,
+            backend_names: None,
         }
+    }
+
+    /// `GET /v1/apps/{name}` shows what `names` resolved the app's backend names to.
+    pub fn with_backend_names(mut self, names: Arc<dyn BackendNamesView>) -> Self {
+        self.backend_names = Some(names);
+        self
     }
 
     /// Writes answer once `caches` have applied them.

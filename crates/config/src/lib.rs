@@ -137,6 +137,23 @@ settings! {
     /// 100): the fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than
     /// the rate.
     limit_sync_ms: u64 = "SWITCHYARD_LIMIT_SYNC_MS";
+    /// Backends given by DNS name are resolved again no sooner than this after an answer,
+    /// whatever its TTL (default 1).
+    dns_min_ttl_s: u64 = "SWITCHYARD_DNS_MIN_TTL_S";
+    /// ... and no later than this (default 60); a failing name is retried from the minimum,
+    /// doubling up to this.
+    dns_max_ttl_s: u64 = "SWITCHYARD_DNS_MAX_TTL_S";
+    /// Deadline of one DNS query, in milliseconds (default 2000).
+    dns_timeout_ms: u64 = "SWITCHYARD_DNS_TIMEOUT_MS";
+    /// Most backend names followed (default 10000).
+    dns_max_names: usize = "SWITCHYARD_DNS_MAX_NAMES";
+    /// Resolver configuration: nameservers, search domains (default /etc/resolv.conf).
+    dns_resolv_conf: PathBuf = "SWITCHYARD_DNS_RESOLV_CONF";
+    /// Static names, read again when the file changes (default /etc/hosts).
+    dns_hosts_file: PathBuf = "SWITCHYARD_DNS_HOSTS_FILE";
+    /// Nameservers to ask instead of resolv.conf's, IP:PORT separated by commas (e.g.
+    /// Consul's DNS, 127.0.0.1:8600).
+    dns_servers: String = "SWITCHYARD_DNS_SERVERS";
     /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
     /// reserved from it).
     cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB";
@@ -291,6 +308,25 @@ impl Setting<String> {
     }
 }
 
+/// How backends given by DNS name are resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Shortest time an answer is kept.
+    pub min_ttl: Duration,
+    /// Longest time an answer is kept.
+    pub max_ttl: Duration,
+    /// Deadline of one query.
+    pub timeout: Duration,
+    /// Most names followed.
+    pub max_names: usize,
+    /// The resolver configuration file.
+    pub resolv_conf: PathBuf,
+    /// The hosts file.
+    pub hosts_file: PathBuf,
+    /// Nameservers instead of the resolver configuration's.
+    pub servers: Vec<SocketAddr>,
+}
+
 /// Which store holds the routes.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -360,6 +396,8 @@ pub struct Config {
     pub limit_clients: usize,
     /// Between two syncs of fleet-wide app rates.
     pub limit_sync: Duration,
+    /// How backends given by name are resolved.
+    pub dns: DnsConfig,
     /// Memory for cached responses over all apps.
     pub cache_memory_bytes: u64,
     /// The response cache's Redis URL and per-call deadline.
@@ -519,6 +557,48 @@ impl Config {
                 .collect::<Result<_, _>>()
                 .map_err(|e| anyhow::anyhow!("{}: {e}", settings.trusted_proxies.at(source)))?,
         };
+        let dns_min_ttl = settings.dns_min_ttl_s.seconds(source, 1)?;
+        let dns_max_ttl_at = settings.dns_max_ttl_s.at(source);
+        let dns_max_ttl = settings.dns_max_ttl_s.seconds(source, 60)?;
+        if dns_max_ttl < dns_min_ttl {
+            bail!(
+                "{dns_max_ttl_at}: must be at least dns_min_ttl_s ({}s)",
+                dns_min_ttl.as_secs()
+            );
+        }
+        let dns = DnsConfig {
+            min_ttl: dns_min_ttl,
+            max_ttl: dns_max_ttl,
+            timeout: settings.dns_timeout_ms.millis(source, 2000)?,
+            max_names: settings.dns_max_names.at_least_one(source, 10_000)?,
+            resolv_conf: settings
+                .dns_resolv_conf
+                .value
+                .unwrap_or_else(|| PathBuf::from("/etc/resolv.conf")),
+            hosts_file: settings
+                .dns_hosts_file
+                .value
+                .unwrap_or_else(|| PathBuf::from("/etc/hosts")),
+            servers: {
+                let at = settings.dns_servers.at(source);
+                settings
+                    .dns_servers
+                    .value
+                    .as_deref()
+                    .unwrap_or("")
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        s.parse::<SocketAddr>().map_err(|_| {
+                            anyhow::anyhow!(
+                                "{at}: '{s}' is not an ip:port address (e.g. 127.0.0.1:8600)"
+                            )
+                        })
+                    })
+                    .collect::<anyhow::Result<_>>()?
+            },
+        };
         let acme = acme_settings(
             source,
             AcmeSources {
@@ -576,6 +656,7 @@ impl Config {
             route_cache_apps: settings.route_cache_apps.at_least_one(source, 100_000)?,
             trusted_proxies,
             limit_sync: settings.limit_sync_ms.millis(source, 100)?,
+            dns,
             limit_clients: settings
                 .limit_clients
                 .at_least_one(source, DEFAULT_LIMIT_CLIENTS)?,
@@ -910,6 +991,17 @@ mod tests {
             with_file("cache_redis = \"redis+sentinel://h:1/m/x\"\n").expect_err("bad database");
         assert!(err.to_string().contains("line 1"), "{err}");
         assert!(err.to_string().contains("not a database"), "{err}");
+    }
+
+    #[test]
+    fn dns_settings_are_checked_with_their_line() {
+        let config = with_file("dns_servers = \"127.0.0.1:8600, 10.0.0.2:53\"\n").expect("valid");
+        assert_eq!(config.dns.servers.len(), 2);
+        assert_eq!(config.dns.min_ttl, Duration::from_secs(1));
+        let err = with_file("dns_min_ttl_s = 30\ndns_max_ttl_s = 10\n").expect_err("max < min");
+        assert!(err.to_string().contains("line 2: dns_max_ttl_s"), "{err}");
+        let err = with_file("\ndns_servers = \"consul:8600\"\n").expect_err("not ip:port");
+        assert!(err.to_string().contains("line 2: dns_servers"), "{err}");
     }
 
     #[test]

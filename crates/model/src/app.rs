@@ -54,20 +54,135 @@ impl fmt::Display for AppName {
     }
 }
 
-/// One container of an app: an IP socket address and a relative weight.
-///
-/// Only IP literals are accepted: resolving names on the request path would put DNS latency
-/// and failures in front of every connection, and platforms address containers by IP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// One container (or, for a DNS name, the containers it names) of an app and a relative
+/// weight.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Backend {
     /// Where the container listens.
-    pub address: SocketAddr,
-    /// Share of traffic relative to the app's other backends (1..=100).
+    pub address: BackendAddress,
+    /// Share of traffic relative to the app's other backends (1..=100); each address a name
+    /// resolves to gets this weight.
     pub weight: u16,
 }
 
+/// Where a backend listens: an IP socket address, or a name the router resolves in the
+/// background (never on the request path) and re-resolves at its TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum BackendAddress {
+    /// `10.0.0.5:8080` or `[fd00::5]:8080`.
+    Ip(SocketAddr),
+    /// `web-1.internal:8080`: every A/AAAA address of the name, on this port.
+    Name {
+        /// The DNS name, lowercase, as given (a trailing dot makes it absolute).
+        host: String,
+        /// The port on every address.
+        port: u16,
+    },
+    /// `srv:_http._tcp.web.service.consul`: the targets, ports and weights of the SRV
+    /// records with the lowest priority.
+    Srv(String),
+}
+
+/// Prefix of an SRV backend.
+pub const SRV_PREFIX: &str = "srv:";
+
+impl BackendAddress {
+    /// Parses `ip:port`, `host:port` or `srv:NAME`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(name) = text.strip_prefix(SRV_PREFIX) {
+            validate_dns_name(name, true)
+                .map_err(|reason| format!("'{text}': the SRV name {reason}"))?;
+            return Ok(Self::Srv(name.to_ascii_lowercase()));
+        }
+        if let Ok(address) = text.parse::<SocketAddr>() {
+            if address.port() == 0 {
+                return Err("port must not be 0".into());
+            }
+            if address.ip().is_unspecified() || address.ip().is_multicast() {
+                return Err(format!("'{}' cannot be connected to", address.ip()));
+            }
+            return Ok(Self::Ip(address));
+        }
+        let not_an_address = || {
+            format!(
+                "'{text}' is not ip:port, host:port or srv:NAME (e.g. 10.0.0.5:8080, \
+                 web-1.internal:8080, srv:_http._tcp.web.service.consul)"
+            )
+        };
+        let (host, port) = text.rsplit_once(':').ok_or_else(not_an_address)?;
+        let port: u16 = port.parse().map_err(|_| not_an_address())?;
+        if port == 0 {
+            return Err("port must not be 0".into());
+        }
+        if host.contains(':') || host.starts_with('[') {
+            return Err(not_an_address());
+        }
+        validate_dns_name(host, false).map_err(|reason| format!("'{host}' {reason}"))?;
+        Ok(Self::Name {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// The IP address, when it is one.
+    pub fn ip(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Ip(address) => Some(*address),
+            Self::Name { .. } | Self::Srv(_) => None,
+        }
+    }
+}
+
+/// A DNS name's syntax: dot-separated labels of letters, digits, `-` (and `_` for SRV
+/// names, whose service and protocol labels start with one), at most 253 characters.
+fn validate_dns_name(name: &str, srv: bool) -> Result<(), String> {
+    let trimmed = name.strip_suffix('.').unwrap_or(name);
+    if trimmed.is_empty() || trimmed.len() > 253 {
+        return Err("must be a DNS name of 1 to 253 characters".into());
+    }
+    for label in trimmed.split('.') {
+        let valid = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || (srv && b == b'_'));
+        if !valid {
+            return Err(format!(
+                "has an invalid label '{label}' (letters, digits and '-', at most 63)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl TryFrom<String> for BackendAddress {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<BackendAddress> for String {
+    fn from(value: BackendAddress) -> Self {
+        value.to_string()
+    }
+}
+
+impl fmt::Display for BackendAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ip(address) => write!(f, "{address}"),
+            Self::Name { host, port } => write!(f, "{host}:{port}"),
+            Self::Srv(name) => write!(f, "{SRV_PREFIX}{name}"),
+        }
+    }
+}
+
 /// Highest weight a backend may have; bounds the round-robin schedule's length.
-pub(crate) const MAX_WEIGHT: u16 = 100;
+pub const MAX_WEIGHT: u16 = 100;
 /// Most backends one app may have; bounds per-app balancer state.
 pub(crate) const MAX_BACKENDS: usize = 1000;
 /// Most domains one app may have.

@@ -21,7 +21,10 @@ pub use acme::{
     backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, AcmeTlsAlpnAnswer,
     DUPLICATES_PER_WEEK, FAILURES_PER_HOUR,
 };
-pub use app::{App, AppName, AppTls, Backend, Balancer, Drain, HealthCheck, Hsts, Timeouts};
+pub use app::{
+    App, AppName, AppTls, Backend, BackendAddress, Balancer, Drain, HealthCheck, Hsts, Timeouts,
+    MAX_WEIGHT, SRV_PREFIX,
+};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;

@@ -12,8 +12,8 @@ use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
 use crate::cache::parse_cache;
 use crate::mirror::{parse_mirror, MAX_FILTERS};
 use crate::{
-    App, AppName, AppTls, Backend, Balancer, Domain, Drain, HealthCheck, Hsts, Timeouts,
-    ValidationError,
+    App, AppName, AppTls, Backend, BackendAddress, Balancer, Domain, Drain, HealthCheck, Hsts,
+    Timeouts, ValidationError,
 };
 
 pub(crate) type Fields<'a> = &'a Map<String, Value>;
@@ -45,6 +45,9 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "drain",
             "tls",
             "limits",
+            // What GET shows of the named backends' addresses: read-only, ignored here, so
+            // an app read and written back is accepted.
+            "resolved_backends",
         ],
         "",
     )?;
@@ -199,7 +202,11 @@ fn parse_domains(value: &Value) -> Result<Vec<Domain>, ValidationError> {
 /// Field names are relative (`[1].weight`); the caller prefixes them.
 fn parse_backends(value: &Value) -> Result<Vec<Backend>, ValidationError> {
     let items = value.as_array().ok_or_else(|| {
-        ValidationError::new("", "must be an array of \"ip:port\" or {address, weight}")
+        ValidationError::new(
+            "",
+            "must be an array of \"ip:port\", \"host:port\", \"srv:NAME\" (each may end in \
+             \"=WEIGHT\") or {address, weight}",
+        )
     })?;
     if items.len() > MAX_BACKENDS {
         return Err(ValidationError::new(
@@ -212,7 +219,7 @@ fn parse_backends(value: &Value) -> Result<Vec<Backend>, ValidationError> {
     for (i, item) in items.iter().enumerate() {
         let index = format!("[{i}]");
         let backend = parse_backend(item).map_err(|e| e.under(&index))?;
-        if !seen.insert(backend.address) {
+        if !seen.insert(backend.address.clone()) {
             return Err(ValidationError::new(index, "is listed twice"));
         }
         backends.push(backend);
@@ -222,18 +229,39 @@ fn parse_backends(value: &Value) -> Result<Vec<Backend>, ValidationError> {
 
 fn parse_backend(value: &Value) -> Result<Backend, ValidationError> {
     match value {
-        Value::String(address) => Ok(Backend {
-            address: parse_socket_addr(address).map_err(|m| ValidationError::new("", m))?,
-            weight: 1,
-        }),
+        Value::String(text) => {
+            // `host:port=WEIGHT`: `=` appears in no address form.
+            let (address, weight) = match text.rsplit_once('=') {
+                Some((address, weight)) => (
+                    address,
+                    weight
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|w| (1..=u64::from(MAX_WEIGHT)).contains(w))
+                        .ok_or_else(|| {
+                            ValidationError::new(
+                                "",
+                                format!("the weight after '=' must be 1 to {MAX_WEIGHT}"),
+                            )
+                        })? as u16,
+                ),
+                None => (text.as_str(), 1),
+            };
+            Ok(Backend {
+                address: BackendAddress::parse(address).map_err(|m| ValidationError::new("", m))?,
+                weight,
+            })
+        }
         Value::Object(fields) => {
             refuse_unknown(fields, &["address", "weight"], "")?;
             let address = fields
                 .get("address")
                 .and_then(Value::as_str)
-                .ok_or_else(|| ValidationError::new("address", "is required, as \"ip:port\""))?;
+                .ok_or_else(|| {
+                    ValidationError::new("address", "is required, as \"ip:port\" or \"host:port\"")
+                })?;
             let address =
-                parse_socket_addr(address).map_err(|m| ValidationError::new("address", m))?;
+                BackendAddress::parse(address).map_err(|m| ValidationError::new("address", m))?;
             let weight = match fields.get("weight") {
                 None => 1,
                 Some(v) => integer_in(v, 1, u64::from(MAX_WEIGHT))
@@ -244,7 +272,7 @@ fn parse_backend(value: &Value) -> Result<Backend, ValidationError> {
         }
         _ => Err(ValidationError::new(
             "",
-            "must be \"ip:port\" or {\"address\": \"ip:port\", \"weight\": N}",
+            "must be \"ip:port\", \"host:port\", \"srv:NAME\" or {\"address\": …, \"weight\": N}",
         )),
     }
 }
@@ -514,6 +542,41 @@ mod tests {
     }
 
     #[test]
+    fn backends_may_be_names_srv_records_and_carry_a_weight_suffix() {
+        let app = parse_app_spec(
+            "named",
+            &json!({"backends": [
+                "10.0.0.5:8080=3",
+                "Web-1.Internal:8080",
+                "web-2.internal.:9000=7",
+                "srv:_http._tcp.web.service.consul",
+                {"address": "api.internal:80", "weight": 5},
+            ]}),
+        )
+        .expect("valid spec");
+        let shown: Vec<(String, u16)> = app
+            .backends
+            .iter()
+            .map(|b| (b.address.to_string(), b.weight))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("10.0.0.5:8080".to_string(), 3),
+                ("web-1.internal:8080".to_string(), 1),
+                ("web-2.internal.:9000".to_string(), 7),
+                ("srv:_http._tcp.web.service.consul".to_string(), 1),
+                ("api.internal:80".to_string(), 5),
+            ]
+        );
+        // Stored as the strings they were given as; read back the same.
+        let stored = serde_json::to_value(&app).expect("serialise");
+        assert_eq!(stored["backends"][1]["address"], "web-1.internal:8080");
+        let back: App = serde_json::from_value(stored).expect("deserialise");
+        assert_eq!(back, app);
+    }
+
+    #[test]
     fn every_refusal_names_its_field() {
         let cases: &[(&str, Value, &str)] = &[
             ("Bad_Name", json!({}), "name"),
@@ -527,7 +590,19 @@ mod tests {
                 json!({"backends": ["127.0.0.1:80", "nope"]}),
                 "backends[1]",
             ),
-            ("ok", json!({"backends": ["localhost:80"]}), "backends[0]"),
+            ("ok", json!({"backends": ["bad_host:80"]}), "backends[0]"),
+            (
+                "ok",
+                json!({"backends": ["web.internal:80=0"]}),
+                "backends[0]",
+            ),
+            ("ok", json!({"backends": ["srv:"]}), "backends[0]"),
+            ("ok", json!({"backends": ["web.internal"]}), "backends[0]"),
+            (
+                "ok",
+                json!({"backends": ["web.internal:80", "WEB.internal:80=2"]}),
+                "backends[1]",
+            ),
             ("ok", json!({"backends": ["127.0.0.1:0"]}), "backends[0]"),
             (
                 "ok",
@@ -596,7 +671,7 @@ mod tests {
             Err("backends".to_string())
         );
         let backends = parse_backends_spec(&json!({"backends": ["10.0.0.1:8080"]})).expect("valid");
-        assert_eq!(backends[0].address.port(), 8080);
+        assert_eq!(backends[0].address.ip().map(|a| a.port()), Some(8080));
     }
 
     #[test]

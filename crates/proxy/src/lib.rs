@@ -36,6 +36,7 @@ pub use routing::connections::ConnectionTable;
 pub use routing::drain::ConnectionDrain;
 pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
+pub use routing::names::{BackendNames, NameSettings};
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
 pub use shutdown::ShutdownWatch;
 pub use stage::waf::{Inspector, SpoolSettings};

@@ -14,6 +14,29 @@ use prometheus::{
 use switchyard_metrics::registered;
 
 switchyard_metrics::declare_metrics! {
+    pub(crate) static DNS_NAMES: IntGaugeVec = registered(register_int_gauge_vec!(
+        "switchyard_dns_names",
+        "Backend names followed, by state: resolved, stale (failing; the last good addresses \
+         are kept) or unresolved (never answered).",
+        &["state"]
+    ));
+
+    pub(crate) static DNS_NAMES_CAPACITY: IntGauge = registered(register_int_gauge!(
+        "switchyard_dns_names_capacity",
+        "Most backend names followed (--dns-max-names)."
+    ));
+
+    pub(crate) static DNS_NAMES_REFUSED: IntCounter = registered(register_int_counter!(
+        "switchyard_dns_names_refused_total",
+        "Backend names not followed because --dns-max-names were already."
+    ));
+
+    pub(crate) static DNS_RESOLUTIONS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_dns_resolutions_total",
+        "Resolutions of backend names, by result: same, changed (the addresses differ), failed.",
+        &["result"]
+    ));
+
     pub(crate) static REQUEST_DURATION: HistogramVec = registered(register_histogram_vec!(
         "switchyard_request_duration_seconds",
         "Time from request start to the last byte sent, by status class.",

@@ -7,6 +7,7 @@
 
 mod backend;
 mod client;
+pub mod dns;
 pub mod h2_raw;
 pub mod logd;
 pub mod pebble;

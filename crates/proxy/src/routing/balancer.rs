@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use switchyard_model::{Backend, Balancer};
+use switchyard_model::Balancer;
+
+use crate::routing::names::Endpoint;
 
 /// How long a backend that refused a connection is skipped before it gets traffic again.
 pub(crate) const PASSIVE_DOWN_FOR: Duration = Duration::from_secs(10);
@@ -30,7 +32,7 @@ pub(crate) struct BackendState {
 
 impl BackendState {
     /// Fresh state for a backend: healthy, idle.
-    pub(crate) fn new(backend: &Backend) -> Self {
+    pub(crate) fn new(backend: &Endpoint) -> Self {
         Self {
             address: backend.address,
             weight: AtomicU32::new(u32::from(backend.weight)),
@@ -154,7 +156,11 @@ pub(crate) struct Upstream {
 impl Upstream {
     /// Builds an upstream, reusing the live state of backends `previous` already had, so that
     /// load counts, health and open connections carry over a route change.
-    pub(crate) fn new(backends: &[Backend], policy: Balancer, previous: Option<&Upstream>) -> Self {
+    pub(crate) fn new(
+        backends: &[Endpoint],
+        policy: Balancer,
+        previous: Option<&Upstream>,
+    ) -> Self {
         let states: Vec<Arc<BackendState>> = backends
             .iter()
             .map(|b| {
@@ -324,11 +330,11 @@ fn now_ms() -> u64 {
 mod tests {
     use super::*;
 
-    fn backends(weights: &[u16]) -> Vec<Backend> {
+    fn backends(weights: &[u16]) -> Vec<Endpoint> {
         weights
             .iter()
             .enumerate()
-            .map(|(i, &weight)| Backend {
+            .map(|(i, &weight)| Endpoint {
                 address: SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16)),
                 weight,
             })

@@ -12,6 +12,7 @@ use tokio::sync::{watch, Mutex};
 
 use crate::metrics;
 use crate::routing::drain::ConnectionDrain;
+use crate::routing::names::BackendNames;
 use crate::routing::route_cache::RouteCache;
 use crate::tls::cert_cache::CertCache;
 
@@ -25,6 +26,9 @@ pub struct ChangeFollower {
     changes: Mutex<Receiver<Change>>,
     // How many of the store's events (counted from its first) the caches have applied.
     applied: watch::Sender<u64>,
+    // Backend names whose addresses change: their apps' routes are rebuilt here, in turn
+    // with the store's changes, so a rebuild never overwrites a newer version of an app.
+    names: Option<Arc<BackendNames>>,
 }
 
 impl ChangeFollower {
@@ -42,6 +46,25 @@ impl ChangeFollower {
             drain,
             changes: Mutex::new(changes.changes),
             applied: watch::Sender::new(changes.position),
+            names: None,
+        }
+    }
+
+    /// Also rebuilds the routes whose backend names resolve to new addresses.
+    pub fn with_backend_names(mut self, names: Arc<BackendNames>) -> Self {
+        self.names = Some(names);
+        self
+    }
+
+    /// Rebuilds the routes of apps whose names changed, then reviews their connections as
+    /// after a scale: addresses that left are drained like removed backends.
+    fn apply_new_addresses(&self, names: &BackendNames) {
+        for app in names.take_changed_apps() {
+            self.routes.rebuild_with_new_addresses(&app);
+            self.drain.on_change(&Change::App {
+                name: app,
+                domains: Vec::new(),
+            });
         }
     }
 
@@ -64,8 +87,20 @@ impl ChangeFollower {
     pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut changes = self.changes.lock().await;
         loop {
+            let names_changed = async {
+                match &self.names {
+                    Some(names) => names.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
             let change = tokio::select! {
                 change = changes.recv() => change,
+                _ = names_changed => {
+                    if let Some(names) = &self.names {
+                        self.apply_new_addresses(names);
+                    }
+                    continue;
+                }
                 _ = shutdown.changed() => return,
             };
             match change {

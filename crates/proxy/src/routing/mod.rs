@@ -11,4 +11,5 @@ pub(crate) mod drain;
 pub(crate) mod follower;
 pub(crate) mod health;
 pub(crate) mod mirror_state;
+pub(crate) mod names;
 pub(crate) mod route_cache;

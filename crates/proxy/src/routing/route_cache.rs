@@ -21,6 +21,7 @@ use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::app_requests::{AppRequests, REQUEST_COUNTS};
 use crate::routing::balancer::Upstream;
 use crate::routing::mirror_state::MirrorState;
+use crate::routing::names::{BackendNames, Endpoint};
 
 const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.
@@ -64,6 +65,8 @@ pub struct RouteCache {
     /// short list instead of every cached route.
     health_checked: Mutex<HashSet<String>>,
     response_budget: Arc<CacheBudget>,
+    /// Addresses of backends given by name; without it, named backends get no address.
+    names: Option<Arc<BackendNames>>,
 }
 
 impl RouteCache {
@@ -83,7 +86,56 @@ impl RouteCache {
             hasher: RandomState::new(),
             health_checked: Mutex::new(HashSet::new()),
             response_budget: CacheBudget::new(limits.response_bytes),
+            names: None,
         }
+    }
+
+    /// Routes resolve their backends' names through `names`.
+    pub fn with_backend_names(mut self, names: Arc<BackendNames>) -> Self {
+        self.names = Some(names);
+        self
+    }
+
+    /// The route of `name` if it is cached; never reads the store.
+    pub(crate) fn cached(&self, name: &str) -> Option<Arc<AppRoute>> {
+        self.apps.get(name)
+    }
+
+    /// Builds `app`'s route: its backends' names resolved to their current addresses.
+    fn build(&self, app: App, previous: Option<&AppRoute>) -> AppRoute {
+        let endpoints = match &self.names {
+            Some(names) => names.endpoints(&app),
+            None => app
+                .backends
+                .iter()
+                .filter_map(|b| {
+                    b.address.ip().map(|address| Endpoint {
+                        address,
+                        weight: b.weight,
+                    })
+                })
+                .collect(),
+        };
+        build_route(app, &endpoints, previous, &self.response_budget)
+    }
+
+    /// Waits, the first time only, for the names `app` uses to be resolved.
+    async fn first_answers(&self, app: &App) {
+        if let Some(names) = &self.names {
+            names.first_answers(app).await;
+        }
+    }
+
+    /// Rebuilds the cached route of `name` from the app it holds, with its names' current
+    /// addresses (they changed); addresses that left are retired. No store read: a DNS
+    /// change during a store outage still applies.
+    pub(crate) fn rebuild_with_new_addresses(&self, name: &str) {
+        let Some(previous) = self.apps.get(name) else {
+            return;
+        };
+        let route = Arc::new(self.build(previous.app.clone(), Some(&previous)));
+        self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
+        previous.upstream.retire_missing_from(&route.upstream);
     }
 
     /// The app serving `host` (already normalised): exact domain first, then the most
@@ -129,7 +181,8 @@ impl RouteCache {
         let Some(app) = self.store.get_app(name).await? else {
             return Ok(None);
         };
-        let mut route = Arc::new(build_route(app, None, &self.response_budget));
+        self.first_answers(&app).await;
+        let mut route = Arc::new(self.build(app, None));
         // Concurrent first requests each build a route; all must share one, or each would
         // have its own backend state and response cache (and coalesce misses only among
         // themselves). The first inserted wins: with the epoch unchanged it is as current.
@@ -186,7 +239,8 @@ impl RouteCache {
         };
         match self.store.get_app(name).await {
             Ok(Some(app)) => {
-                let route = Arc::new(build_route(app, Some(&previous), &self.response_budget));
+                self.first_answers(&app).await;
+                let route = Arc::new(self.build(app, Some(&previous)));
                 self.note_health_check(&route);
                 self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
                 previous.upstream.retire_missing_from(&route.upstream);
@@ -300,16 +354,31 @@ fn log_interrupted_resync(e: &StoreError) {
 /// The route of `app` as the cache would build it, for unit tests of the stages.
 #[cfg(test)]
 pub(crate) fn route_of(app: App) -> Arc<AppRoute> {
-    Arc::new(build_route(app, None, &CacheBudget::new(0)))
+    let endpoints: Vec<Endpoint> = app
+        .backends
+        .iter()
+        .filter_map(|b| {
+            b.address.ip().map(|address| Endpoint {
+                address,
+                weight: b.weight,
+            })
+        })
+        .collect();
+    Arc::new(build_route(app, &endpoints, None, &CacheBudget::new(0)))
 }
 
-fn build_route(mut app: App, previous: Option<&AppRoute>, budget: &Arc<CacheBudget>) -> AppRoute {
+fn build_route(
+    mut app: App,
+    endpoints: &[Endpoint],
+    previous: Option<&AppRoute>,
+    budget: &Arc<CacheBudget>,
+) -> AppRoute {
     // The route keeps the app for as long as it is cached. A list deserialised from the
     // store has room for four entries when it holds one (serde grows it while reading): 180
     // of the 1,130 B a cached app cost at 100,000 one-domain, one-backend apps.
     app.domains.shrink_to_fit();
     app.backends.shrink_to_fit();
-    let upstream = Upstream::new(&app.backends, app.balancer, previous.map(|p| &p.upstream));
+    let upstream = Upstream::new(endpoints, app.balancer, previous.map(|p| &p.upstream));
     let mirror = app.mirror.as_ref().map(|_| {
         let previous = previous.and_then(|p| p.mirror.as_deref());
         Box::new(MirrorState::new(app.name.as_str(), previous))
@@ -444,7 +513,7 @@ mod tests {
         // What the shrinking is for: deserialised lists come with room to spare.
         assert!(app.domains.capacity() > app.domains.len());
         assert!(app.backends.capacity() > app.backends.len());
-        let route = build_route(app, None, &CacheBudget::new(0));
+        let route = build_route(app, &[], None, &CacheBudget::new(0));
         assert_eq!(route.app.domains.capacity(), 1);
         assert_eq!(route.app.backends.capacity(), 1);
     }
