@@ -220,13 +220,14 @@ def start_switchyard(work, apps, backend, tag):
     return proc, http_port, admin_port
 
 
-def serve_switchyard(work, name, *args, log_level="warn"):
+def serve_switchyard(work, name, *args, log_level="warn", binary=None):
     """`switchyard serve` on free ports with its own data directory, no HTTPS listener (it
     would take the default port 8443), no access log and no shutdown grace, plus `args`;
-    returns (process, http port, admin port)."""
+    returns (process, http port, admin port). `binary`: another build (an earlier commit's,
+    measured beside this one)."""
     http_port, admin_port = free_port(), free_port()
     proc = Process(name, [
-        str(BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        str(binary or BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
         "--admin", f"127.0.0.1:{admin_port}",
         "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
         *args,
@@ -427,6 +428,23 @@ def touch_all_apps(port, apps, work):
     # One thread, so one counter walks every app in order.
     subprocess.run(["wrk", "-t1", "-c16", "-d25s", "-s", str(script), f"http://127.0.0.1:{port}/"],
                    check=True, capture_output=True)
+
+
+def earlier_summary(key, summarise):
+    """The section `key` of bench/results/latest.json as `summarise` sums it up, with its
+    commit and date, and the earlier runs it carried: a new run keeps the older figures
+    beside its own."""
+    path = ROOT / "bench" / "results" / "latest.json"
+    if not path.exists():
+        return []
+    results = json.loads(path.read_text())
+    section = results.get(key)
+    if not section:
+        return []
+    host = results.get(f"{key}_host") or {}
+    earlier = section.get("earlier_runs", [])
+    return earlier + [{"commit": host.get("commit", "?"), "date": results.get(f"{key}_date", "?"),
+                       **summarise(section)}]
 
 
 def metric(admin_port, name):

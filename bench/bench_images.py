@@ -8,15 +8,26 @@ router itself from a generated PNG with gradients and texture, so no image tool 
 The light route runs at a constant 500 req/s (vegeta, 1 s timeout), alone and while wrk
 keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a fetch, a
 decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
-time are answered 503 with Retry-After (wrk counts them as non-2xx). Twice: resizing on
-the worker pool, and forced inline on the event loops (`--pool-mode inline`, what a router
-without a pool does). Results go to
-bench/results/latest.json under "images" and to bench/RESULTS.md.
+time are answered 503 with Retry-After (wrk counts them as non-2xx). Three times: on the
+worker pool as configured by default (SCHED_IDLE workers), on a pool of nice-10 workers
+(`--pool-sched nice`, the earlier setting), and forced inline on the event loops
+(`--pool-mode inline`, what a router without a pool does).
+
+Thumbnails per second alone (64 connections) are measured for this build and, with
+`SWITCHYARD_BASELINE_BIN=path/to/switchyard` (an earlier commit's release build, named by
+`SWITCHYARD_BASELINE_COMMIT`), for that one in the same run. While 400 connections saturate the pool, a probe sends 200 thumbnail
+requests one by one and times the 503 answers (target: refused in under 5 ms).
+
+Results go to bench/results/latest.json under "images" and to bench/RESULTS.md.
 """
 
+import os
+import statistics
 import struct
 import subprocess
 import sys
+import threading
+import time
 import zlib
 
 import bench as common
@@ -69,10 +80,12 @@ def make_jpeg_original(port, site):
     return len(body)
 
 
-def start_switchyard(work, origin_port, pool_mode="threads"):
+def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None, binary=None, tag=""):
+    sched = ["--pool-sched", pool_sched] if pool_sched else []
     proc, http_port, admin_port = common.serve_switchyard(
-        work, f"switchyard-images-{pool_mode}", "--threads", str(common.THREADS),
-        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, "--waf", "off", log_level="error")
+        work, f"switchyard-images-{pool_mode}{tag}", "--threads", str(common.THREADS),
+        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, "--waf", "off", *sched,
+        log_level="error", binary=binary)
     for name, host, extra in [("gallery", GALLERY_HOST, {"images": {"timeout_ms": 2000}}),
                               ("light", LIGHT_HOST, {})]:
         common.put_app(admin_port, name, {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra})
@@ -98,7 +111,48 @@ def refused(errors):
     return sum(int(e.split(":")[1]) for e in errors if e.startswith("Non-2xx"))
 
 
+def thumbnails_alone(port, script, seconds):
+    """Thumbnails made per second with 64 connections (answers less 503 refusals): (rate,
+    wrk's errors)."""
+    out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
+                          f"http://127.0.0.1:{port}{THUMBNAIL}"], check=True, capture_output=True,
+                         text=True).stdout
+    _, errors = common.parse_wrk(out)
+    return thumbnails_per_s({"heavy_errors": errors}, out)["thumbnails_per_s"], errors
+
+
+def refusal_times(port, script, seconds):
+    """While wrk keeps 400 connections of thumbnails going, 200 requests one by one: how
+    long the 503 answers took, in ms."""
+    heavy = threading.Thread(target=subprocess.run, args=(
+        ["wrk", "-t2", "-c400", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
+         f"http://127.0.0.1:{port}{THUMBNAIL}"],), kwargs={"capture_output": True})
+    heavy.start()
+    time.sleep(min(2, seconds / 3))
+    refused, served = [], 0
+    for _ in range(200):
+        started = time.monotonic()
+        status, _ = common.get(port, GALLERY_HOST, THUMBNAIL)
+        took = (time.monotonic() - started) * 1000
+        if status == 503:
+            refused.append(took)
+        elif status == 200:
+            served += 1
+    heavy.join()
+    refused.sort()
+    summary = {"probes": 200, "served": served, "refused": len(refused)}
+    if refused:
+        summary.update({"p50_ms": round(statistics.median(refused), 2),
+                        "p99_ms": round(refused[min(len(refused) - 1, int(len(refused) * 0.99))], 2),
+                        "max_ms": round(refused[-1], 2)})
+    print(f"refusals under 400 connections: {summary}", flush=True)
+    return summary
+
+
 def measure(work, seconds, procs):
+    earlier = common.earlier_summary("images", lambda s: {
+        "alone_rps": round(s["alone_rps"], 1),
+        "light_p99_ratios": [round(r["p99_ms"] / s["isolation"][0]["p99_ms"], 2) for r in s["isolation"][1:]]})
     origin, origin_port, site = start_origin(work)
     procs.append(origin)
     sy, port = start_switchyard(work, origin_port)
@@ -108,16 +162,29 @@ def measure(work, seconds, procs):
     if status != 200 or not body.startswith(b"\xff\xd8"):
         raise SystemExit(f"the thumbnail route answered {status}, not a JPEG")
     script = thumbnail_script(work)
-    # The pool alone: thumbnails per second with 64 connections.
-    out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s", str(script), "--timeout", "5s",
-                          f"http://127.0.0.1:{port}{THUMBNAIL}"], check=True, capture_output=True,
-                         text=True).stdout
-    rps, errors = common.parse_wrk(out)
+    rps, errors = thumbnails_alone(port, script, seconds)
     results = {"seconds": seconds, "light_rate": LIGHT_RATE, "width": WIDTH, "height": HEIGHT,
-               "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors}
+               "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors,
+               "earlier_runs": earlier}
     print(f"thumbnails alone: {rps:.0f}/s {errors}", flush=True)
+    baseline = os.environ.get("SWITCHYARD_BASELINE_BIN")
+    if baseline:
+        commit = os.environ.get("SWITCHYARD_BASELINE_COMMIT", "?")
+        base, base_port = start_switchyard(work, origin_port, binary=baseline, tag="-baseline")
+        procs.append(base)
+        base_rps, base_errors = thumbnails_alone(base_port, script, seconds)
+        base.stop()
+        results["baseline"] = {"commit": commit, "alone_rps": base_rps,
+                               "alone_errors": base_errors}
+        print(f"baseline {baseline}: {base_rps:.0f} thumbnails/s {base_errors}", flush=True)
+    results["refusals"] = refusal_times(port, script, seconds)
     results["isolation"] = isolation(port, script, THUMBNAIL, seconds, "pool", thumbnails_per_s)
     sy.stop()
+    nice, nice_port = start_switchyard(work, origin_port, pool_sched="nice", tag="-nice")
+    procs.append(nice)
+    results["isolation_nice"] = isolation(nice_port, script, THUMBNAIL, seconds, "pool, nice 10",
+                                          thumbnails_per_s)
+    nice.stop()
     inline, inline_port = start_switchyard(work, origin_port, "inline")
     procs.append(inline)
     results["isolation_inline"] = isolation(inline_port, script, THUMBNAIL, seconds, "inline",

@@ -99,10 +99,11 @@ http {{
     return proc, port
 
 
-def start_switchyard(work, origin_port, pool_mode="threads"):
+def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None):
+    sched = ["--pool-sched", pool_sched] if pool_sched else []
     proc, http_port, admin_port = common.serve_switchyard(
-        work, f"switchyard-waf-{pool_mode}", "--threads", str(common.THREADS),
-        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, log_level="error")
+        work, f"switchyard-waf-{pool_mode}{pool_sched or ''}", "--threads", str(common.THREADS),
+        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, *sched, log_level="error")
     # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
     for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:
@@ -183,7 +184,11 @@ def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
 def measure(work, seconds, procs):
     if not Path(MODSEC_MODULE).exists():
         raise SystemExit("nginx's ModSecurity module is missing: apt install libnginx-mod-http-modsecurity")
-    results = {"seconds": seconds, "light_rate": LIGHT_RATE, "throughput": [], "isolation": []}
+    earlier = common.earlier_summary("waf", lambda s: {
+        "throughput_ratios": [round(r["switchyard"]["rps"] / r["nginx"]["rps"], 2) for r in s["throughput"]],
+        "light_p99_ratios": [round(r["p99_ms"] / s["isolation"][0]["p99_ms"], 2) for r in s["isolation"][1:]]})
+    results = {"seconds": seconds, "light_rate": LIGHT_RATE, "throughput": [], "isolation": [],
+               "earlier_runs": earlier}
     origin, origin_port = start_origin(work)
     procs.append(origin)
     sy, sy_port = start_switchyard(work, origin_port)
@@ -209,6 +214,13 @@ def measure(work, seconds, procs):
     # pool, then with the same router forced to inspect inline.
     results["isolation"] = isolation(sy_port, script, "/comments", seconds, "pool")
     sy.stop()
+    # The same pool with the workers scheduled the other ways, to choose by measurement.
+    for sched, key in (("nice", "isolation_nice"), ("pinned", "isolation_pinned")):
+        other, other_port = start_switchyard(work, origin_port, pool_sched=sched)
+        procs.append(other)
+        check_blocks(other_port)
+        results[key] = isolation(other_port, script, "/comments", seconds, f"pool, {sched}")
+        other.stop()
     inline, inline_port = start_switchyard(work, origin_port, "inline")
     procs.append(inline)
     check_blocks(inline_port)

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use switchyard_admin::AdminState;
-use switchyard_config::{AccessLogChoice, Config, StoreChoice, TlsConfig};
+use switchyard_config::{AccessLogChoice, Config, PoolSched, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker,
-    InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, RouteCache,
-    RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, PoolScheduling,
+    RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -185,7 +185,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let pool = Arc::new(if config.pool_inline {
         WorkerPool::inline(config.pool_threads)
     } else {
-        WorkerPool::new(config.pool_threads, config.pool_queue)
+        let scheduling = match config.pool_sched {
+            PoolSched::Idle => PoolScheduling::Idle,
+            PoolSched::Nice => PoolScheduling::Nice,
+            PoolSched::Pinned => PoolScheduling::Pinned,
+        };
+        WorkerPool::new(config.pool_threads, config.pool_queue, scheduling)
             .context("cannot start the worker pool")?
     });
     router = router.with_worker_pool(pool.clone());

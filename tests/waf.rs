@@ -390,7 +390,10 @@ fn an_overloaded_pool_fails_open_or_closed_as_configured() {
     let passed =
         router.metric("switchyard_waf_requests_total{app=\"lenient\",result=\"overload_passed\"}");
     assert!(passed > 0.0, "some passed uninspected");
-    let pool_refusals = router.metric("switchyard_pool_rejected_total{stage=\"waf\"}")
+    let pool_refusals = router
+        .metric("switchyard_pool_rejected_total{reason=\"queue_full\",stage=\"waf\"}")
+        + router
+            .metric("switchyard_pool_rejected_total{reason=\"would_miss_deadline\",stage=\"waf\"}")
         + router.metric("switchyard_pool_timeouts_total{stage=\"waf\"}");
     assert!(
         pool_refusals >= passed + refused as f64,

@@ -182,6 +182,10 @@ settings! {
     /// the request. Only for measuring what the pool saves (bench/bench_waf.py,
     /// bench/bench_images.py); never for serving.
     pool_mode: String = "SWITCHYARD_POOL_MODE";
+    /// How pool threads share the CPU with the event loops: `idle` (default: SCHED_IDLE,
+    /// only CPU the loops leave), `nice` (nice 10) or `pinned` (nice 10 on the last core);
+    /// the last two for comparison (bench/bench_waf.py).
+    pool_sched: String = "SWITCHYARD_POOL_SCHED";
     /// Largest access-log batch in KiB (at most 64).
     log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB";
     /// Longest a record waits for its batch to fill, in milliseconds.
@@ -327,6 +331,17 @@ pub struct DnsConfig {
     pub servers: Vec<SocketAddr>,
 }
 
+/// How worker-pool threads share the CPU with the event loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSched {
+    /// SCHED_IDLE.
+    Idle,
+    /// nice 10.
+    Nice,
+    /// nice 10 on the last core.
+    Pinned,
+}
+
 /// Which store holds the routes.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -414,6 +429,8 @@ pub struct Config {
     pub pool_queue: usize,
     /// Heavy stages run on the event loop instead of the pool (benchmarks only).
     pub pool_inline: bool,
+    /// How pool threads are scheduled.
+    pub pool_sched: PoolSched,
     /// Certificates ordered by ACME, when a directory is set.
     pub acme: Option<AcmeSettings>,
 }
@@ -669,6 +686,14 @@ impl Config {
             waf_spool_bytes: settings.waf_spool_mb.mebibytes(source, 1024)?,
             pool_threads: settings.pool_threads.at_least_one(source, cores)?,
             pool_queue: settings.pool_queue.at_least_one(source, 1024)?,
+            pool_sched: settings.pool_sched.choice(
+                source,
+                &[
+                    ("idle", PoolSched::Idle),
+                    ("nice", PoolSched::Nice),
+                    ("pinned", PoolSched::Pinned),
+                ],
+            )?,
             pool_inline: settings
                 .pool_mode
                 .choice(source, &[("threads", false), ("inline", true)])?,

@@ -43,4 +43,4 @@ pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use tls::cert_expiry::CertExpiryScan;
 pub use tls::settings::TicketKeyRotation;
-pub use worker_pool::WorkerPool;
+pub use worker_pool::{PoolScheduling, WorkerPool};

@@ -313,8 +313,9 @@ switchyard_metrics::declare_metrics! {
 
     pub(crate) static POOL_REJECTED: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_pool_rejected_total",
-        "Tasks refused because the worker pool's queue was full, by stage.",
-        &["stage"]
+        "Tasks refused before being queued, by stage and reason: queue_full, or \
+         would_miss_deadline (the work queued ahead would make it end past its deadline).",
+        &["stage", "reason"]
     ));
 
     pub(crate) static POOL_TIMEOUTS: IntCounterVec = registered(register_int_counter_vec!(

@@ -94,7 +94,13 @@ impl ImageStage {
         }
         // Counted while waiting, also if the request is dropped mid-wait.
         let waiting = Waiting::enter(&admission.waiting);
-        if waiting.ahead >= admission.max_waiting {
+        // Refused now rather than at the deadline: too many wait, or the resizes they
+        // and the pool's queue stand for would end past it.
+        if waiting.ahead >= admission.max_waiting
+            || admission
+                .pool
+                .would_miss("images", waiting.ahead + 1, deadline)
+        {
             return None;
         }
         tokio::time::timeout_at(deadline.into(), admission.places.clone().acquire_owned())
@@ -240,7 +246,9 @@ pub(crate) async fn resize_for(
 fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
     count(app, "overloaded");
     let why = match refusal {
-        PoolRefusal::Full => "the image workers are busy, try again shortly",
+        PoolRefusal::Full | PoolRefusal::WouldMissDeadline => {
+            "the image workers are busy, try again shortly"
+        }
         PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
     };
     ImageAnswer::Refused {

@@ -239,6 +239,9 @@ fn judge(
                 ctx.request_id,
                 match refusal {
                     PoolRefusal::Full => "refused, the worker pool is full",
+                    PoolRefusal::WouldMissDeadline => {
+                        "refused, the work queued ahead would make it miss its deadline"
+                    }
                     PoolRefusal::TimedOut => "missed its deadline",
                 },
                 allowed.as_millis(),
