@@ -105,16 +105,7 @@ impl RouteCache {
     fn build(&self, app: App, previous: Option<&AppRoute>) -> AppRoute {
         let endpoints = match &self.names {
             Some(names) => names.endpoints(&app),
-            None => app
-                .backends
-                .iter()
-                .filter_map(|b| {
-                    b.address.ip().map(|address| Endpoint {
-                        address,
-                        weight: b.weight,
-                    })
-                })
-                .collect(),
+            None => ip_endpoints(&app),
         };
         build_route(app, &endpoints, previous, &self.response_budget)
     }
@@ -354,8 +345,13 @@ fn log_interrupted_resync(e: &StoreError) {
 /// The route of `app` as the cache would build it, for unit tests of the stages.
 #[cfg(test)]
 pub(crate) fn route_of(app: App) -> Arc<AppRoute> {
-    let endpoints: Vec<Endpoint> = app
-        .backends
+    let endpoints = ip_endpoints(&app);
+    Arc::new(build_route(app, &endpoints, None, &CacheBudget::new(0)))
+}
+
+/// The app's backends given as IP addresses; names have no address without a resolver.
+fn ip_endpoints(app: &App) -> Vec<Endpoint> {
+    app.backends
         .iter()
         .filter_map(|b| {
             b.address.ip().map(|address| Endpoint {
@@ -363,8 +359,7 @@ pub(crate) fn route_of(app: App) -> Arc<AppRoute> {
                 weight: b.weight,
             })
         })
-        .collect();
-    Arc::new(build_route(app, &endpoints, None, &CacheBudget::new(0)))
+        .collect()
 }
 
 fn build_route(
