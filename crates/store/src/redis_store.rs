@@ -394,13 +394,13 @@ impl RedisStore {
                 self.changes.announce(Change::Resync);
             }
         }
-        let mut last_revision = Some(position.revision);
         log::info!(
             "following Redis changes on {CHANGES_CHANNEL} (revision {})",
             position.revision
         );
-        self.note_following(true, last_revision);
-        *last_seen = Some(position);
+        // Where this session stands; events move its revision on.
+        let mut seen = position;
+        self.note_following(true, Some(seen.revision));
         metrics::PUBSUB_CONNECTED.set(1);
         let mut messages = pubsub.on_message();
         loop {
@@ -417,24 +417,20 @@ impl RedisStore {
             };
             match parse_event(&payload) {
                 Some((change, revision)) => {
-                    if let (Some(rev), Some(seen)) = (revision, last_revision) {
-                        if rev > seen + 1 {
+                    if let Some(rev) = revision {
+                        if rev > seen.revision + 1 {
                             // Revisions skipped: a writer bumped it without announcing.
                             self.changes.announce(Change::Resync);
                         }
+                        seen.revision = seen.revision.max(rev);
                     }
-                    if let Some(rev) = revision {
-                        last_revision = Some(last_revision.map_or(rev, |s| s.max(rev)));
-                        if let Some(seen) = last_seen.as_mut() {
-                            seen.revision = seen.revision.max(rev);
-                        }
-                    }
-                    self.note_following(true, last_revision);
+                    self.note_following(true, Some(seen.revision));
                     self.changes.announce(change);
                 }
                 None => log::warn!("ignoring a malformed change event: {payload:.200}"),
             }
         }
+        *last_seen = Some(seen);
         self.note_following(false, None);
         metrics::PUBSUB_CONNECTED.set(0);
         metrics::PUBSUB_DISCONNECTS.inc();
