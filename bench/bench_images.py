@@ -3,8 +3,8 @@
 stay fast while thumbnails saturate the pool?
 
 Switchyard serves two apps from the same origin (an nginx): `light` (plain GETs) and
-`gallery` with the `images` option. Its original is a 1200×800 JPEG (quality 82, made by the
-router itself from a generated PNG with gradients and texture, so no image tool is needed).
+`gallery` with the `images` option. Its original is a 1200×800 JPEG (quality 82, 4:4:4, made by
+libjpeg-turbo's cjpeg from generated pixels with gradients and texture).
 The light route runs at a constant 500 req/s (vegeta, 1 s timeout), alone and while wrk
 keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a fetch, a
 decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
@@ -32,7 +32,7 @@ import zlib
 
 import bench as common
 import report
-from bench_waf import LIGHT_HOST, LIGHT_RATE, isolation
+from bench_waf import LIGHT_HOST, LIGHT_RATE, honouring_retry_after, isolation
 
 GALLERY_HOST = "gallery.bench"
 HEAVY_CONNECTIONS = [100, 200, 400]
@@ -40,27 +40,22 @@ THUMBNAIL = "/_img/320x240/photo.jpg"
 WIDTH, HEIGHT = 1200, 800
 
 
-def photo_png():
-    """A 1200×800 RGB PNG with smooth gradients and texture, like a photo's detail."""
+def photo_pixels():
+    """A 1200×800 RGB image with smooth gradients and texture, like a photo's detail (as PPM)."""
     rows = bytearray()
     for y in range(HEIGHT):
-        rows.append(0)  # filter: none
         for x in range(WIDTH):
             rows += bytes(((x * 255 // WIDTH) ^ (y & 15), (y * 255 // HEIGHT) ^ (x & 7), (x * y) % 251))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", WIDTH, HEIGHT, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
+    return b"P6\n%d %d\n255\n" % (WIDTH, HEIGHT) + bytes(rows)
 
 
 def start_origin(work):
     port = common.free_port()
     site = work / "site"
     site.mkdir()
-    (site / "photo.png").write_bytes(photo_png())
+    (site / "photo.jpg").write_bytes(jpeg_original(work))
     # nginx's workers run as another user: they must be able to reach the file.
-    for path in (work, site, site / "photo.png"):
+    for path in (work, site, site / "photo.jpg"):
         path.chmod(0o755)
     proc = common.start_nginx_origin(work, "origin", f"""
     server {{
@@ -71,13 +66,17 @@ def start_origin(work):
     return proc, port, site
 
 
-def make_jpeg_original(port, site):
-    status, body = common.get(port, GALLERY_HOST, f"/_img/{WIDTH}x{HEIGHT}/photo.png?format=jpeg")
-    if status != 200 or not body.startswith(b"\xff\xd8"):
-        raise SystemExit(f"could not make the JPEG original: {status}")
-    (site / "photo.jpg").write_bytes(body)
-    (site / "photo.jpg").chmod(0o644)
-    return len(body)
+def jpeg_original(work):
+    """The original, made by libjpeg-turbo's cjpeg, not by the router under test, so every
+    build is measured on the same bytes: quality 82 without chroma subsampling, the JPEG the
+    image crate's encoder made for the runs before 2026-11-26 (586 KB then, 591 KB now)."""
+    pixels = work / "photo.ppm"
+    pixels.write_bytes(photo_pixels())
+    out = subprocess.run(["cjpeg", "-quality", "82", "-sample", "1x1", str(pixels)],
+                         check=True, capture_output=True).stdout
+    if not out.startswith(b"\xff\xd8"):
+        raise SystemExit("cjpeg (libjpeg-turbo-progs) made no JPEG")
+    return out
 
 
 def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None, binary=None, tag=""):
@@ -157,7 +156,7 @@ def measure(work, seconds, procs):
     procs.append(origin)
     sy, port = start_switchyard(work, origin_port)
     procs.append(sy)
-    original_bytes = make_jpeg_original(port, site)
+    original_bytes = (site / "photo.jpg").stat().st_size
     status, body = common.get(port, GALLERY_HOST, THUMBNAIL)
     if status != 200 or not body.startswith(b"\xff\xd8"):
         raise SystemExit(f"the thumbnail route answered {status}, not a JPEG")
@@ -179,6 +178,8 @@ def measure(work, seconds, procs):
         print(f"baseline {baseline}: {base_rps:.0f} thumbnails/s {base_errors}", flush=True)
     results["refusals"] = refusal_times(port, script, seconds)
     results["isolation"] = isolation(port, script, THUMBNAIL, seconds, "pool", thumbnails_per_s)
+    results["isolation_retry_after"] = isolation(port, honouring_retry_after(script), THUMBNAIL, seconds,
+                                                 "pool, clients honour Retry-After", thumbnails_per_s)
     sy.stop()
     nice, nice_port = start_switchyard(work, origin_port, pool_sched="nice", tag="-nice")
     procs.append(nice)

@@ -163,6 +163,28 @@ def light_beside_heavy(port, script, url_path, seconds, connections):
             "heavy_p50_ms": p50, "heavy_p99_ms": p99, **light}, out
 
 
+def honouring_retry_after(script):
+    """`script` for clients that honour Retry-After: each 503 holds one of the thread's next
+    requests back for its Retry-After (jittered ±50%, as careful clients spread retries).
+    wrk's delay() has no connection of its own, so delays are owed per thread rather than
+    per connection; the count of held-back requests equals the count of refusals."""
+    polite = script.with_name(script.stem + "-retry-after.lua")
+    polite.write_text(script.read_text() + """
+local owed = {}
+function response(status, headers, body)
+  if status == 503 then
+    local after = tonumber(headers["Retry-After"] or headers["retry-after"]) or 1
+    owed[#owed + 1] = after * 1000 * (0.5 + math.random())
+  end
+end
+function delay()
+  if #owed == 0 then return 0 end
+  return table.remove(owed, 1)
+end
+""")
+    return polite
+
+
 def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
     """Seed 001's rows for one router: the light route alone, then beside each count of
     heavy connections; `more(row, wrk output)` adds figures of the caller's own to a row."""
@@ -213,6 +235,10 @@ def measure(work, seconds, procs):
     # The light route through Switchyard: alone, then beside heavy inspected POSTs; on the
     # pool, then with the same router forced to inspect inline.
     results["isolation"] = isolation(sy_port, script, "/comments", seconds, "pool")
+    # wrk asks again the moment it is refused, so beside 200 and 400 connections the router
+    # mostly answers refusals; clients that honour Retry-After show the heavy work alone.
+    results["isolation_retry_after"] = isolation(sy_port, honouring_retry_after(script), "/comments",
+                                                 seconds, "pool, clients honour Retry-After")
     sy.stop()
     # The same pool with the workers scheduled the other ways, to choose by measurement.
     for sched, key in (("nice", "isolation_nice"), ("pinned", "isolation_pinned")):

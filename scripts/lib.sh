@@ -18,9 +18,10 @@ ensure_packages() {
 ensure_build_tools() {
   # libssl-dev: the router links the system OpenSSL (TLS, certificates, the ACME CSR).
   # libmodsecurity-dev and modsecurity-crs: the WAF (crates/waf) links libmodsecurity 3 and
-  # loads the OWASP Core Rule Set from Debian's paths.
+  # loads the OWASP Core Rule Set from Debian's paths. libturbojpeg0-dev: thumbnails decode
+  # and encode JPEG with libjpeg-turbo (crates/proxy, stage/thumbnail.rs).
   ensure_packages build-essential pkg-config libssl-dev ca-certificates \
-    libmodsecurity-dev modsecurity-crs
+    libmodsecurity-dev modsecurity-crs libturbojpeg0-dev
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
   fi

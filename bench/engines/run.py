@@ -28,6 +28,7 @@ Results: bench/results/engines.json and the tables in bench/ENGINE.md (between t
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -42,8 +43,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "conformance"))
 import bench  # noqa: E402
-import report  # noqa: E402
 import websockets as ws_bench  # noqa: E402
+# Two modules are called `report`: bench/conformance's (which websockets imports) and
+# bench's, the benchmark report this script adds its section to; the latter is loaded
+# under its own name.
+_report_spec = importlib.util.spec_from_file_location("bench_report", HERE.parent / "report.py")
+report = importlib.util.module_from_spec(_report_spec)
+_report_spec.loader.exec_module(report)
 from bench import (ROOT, Process, free_port, nginx_app_conf, nginx_conf, put_app,  # noqa: E402
                    start_nginx_origin, wait_port)
 
