@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use switchyard_admin::{AdminState, BackendNamesView, LocalCaches, SharedCache, WafControl};
-use switchyard_proxy::{BackendNames, CacheRedis, Inspector, ShutdownWatch};
+use switchyard_admin::{
+    AdminState, BackendNamesView, HostExplainer, LocalCaches, SharedCache, WafControl,
+};
+use switchyard_proxy::{BackendNames, CacheRedis, Inspector, RouteCache, ShutdownWatch};
+use switchyard_store::StoreError;
 use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up, until the router stops.
@@ -62,6 +65,21 @@ pub(crate) struct NamesView(pub(crate) Arc<BackendNames>);
 impl BackendNamesView for NamesView {
     fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value> {
         self.0.describe(app)
+    }
+}
+
+/// `GET /v1/explain` from the routing view this router's requests use.
+pub(crate) struct RouteExplainer(pub(crate) Arc<RouteCache>);
+
+#[async_trait]
+impl HostExplainer for RouteExplainer {
+    async fn explain(
+        &self,
+        host: &str,
+        path: &str,
+        method: &str,
+    ) -> Result<serde_json::Value, StoreError> {
+        switchyard_proxy::explain_host(&self.0, host, path, method).await
     }
 }
 

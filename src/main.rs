@@ -33,6 +33,8 @@ enum Command {
     Apps(cli::AppsArgs),
     /// Upload, list and delete TLS certificates through the admin API.
     Certs(cli::CertsArgs),
+    /// Explain where a request for HOST [PATH] goes: app, rule, stages, next backend.
+    Explain(cli::ExplainArgs),
     /// Run the log service: receives routers' access-log batches, writes one file per app.
     Logd(logd::LogdArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         },
         Command::Apps(args) => cli::run_apps(args),
         Command::Certs(args) => cli::run_certs(args),
+        Command::Explain(args) => cli::run_explain(args),
         Command::BenchSeed(args) => match bench_seed::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

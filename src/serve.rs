@@ -25,7 +25,9 @@ use switchyard_waf::RuleFiles;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use crate::admin_service::{serve_admin, CacheRedisPurge, FollowerProgress, NamesView, WafReload};
+use crate::admin_service::{
+    serve_admin, CacheRedisPurge, FollowerProgress, NamesView, RouteExplainer, WafReload,
+};
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
 /// before they are left in the spool for the next start.
@@ -296,6 +298,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let (names, routes, watch) = (backend_names.clone(), routes.clone(), shutdown.clone());
         tasks.push(background.spawn(async move { names.run(routes, watch).await }));
     }
+    let explainer = RouteExplainer(routes.clone());
     let health = HealthChecker::new(routes);
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { health.run(watch).await }));
@@ -310,7 +313,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     }
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress))
-        .with_backend_names(Arc::new(NamesView(backend_names)));
+        .with_backend_names(Arc::new(NamesView(backend_names)))
+        .with_explainer(Arc::new(explainer));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::{joined, list_all, AdminClient, AdminOptions};
+use super::{files, joined, list_all, AdminClient, AdminOptions};
 
 /// `switchyard apps` and its subcommands.
 #[derive(Args)]
@@ -18,10 +18,15 @@ pub(crate) struct AppsArgs {
 
 #[derive(Subcommand)]
 enum AppsCommand {
-    /// Create or replace an app.
+    /// Create or replace an app, from options or from a whole app file (-f).
     Put {
         /// App name ([a-z0-9][a-z0-9-]{0,62}).
         name: String,
+        /// The whole app as JSON or TOML (as `apps get --output` prints it; `-`: stdin).
+        /// Replaces every option below.
+        #[arg(long = "file", short = 'f', value_name = "FILE", conflicts_with_all = [
+            "domains", "backends", "balancer", "health_check", "https_redirect", "hsts", "acme"])]
+        file: Option<String>,
         /// A domain (repeatable): www.example.com or *.example.com.
         #[arg(long = "domain", short = 'd')]
         domains: Vec<String>,
@@ -49,6 +54,20 @@ enum AppsCommand {
     Get {
         /// App name.
         name: String,
+        /// Print the whole app as `json` or `toml` (what `apps put -f` reads back).
+        #[arg(long, short = 'o', value_parser = ["json", "toml"])]
+        output: Option<String>,
+    },
+    /// Edit an app in $EDITOR (TOML) and store it when the editor exits.
+    Edit {
+        /// App name.
+        name: String,
+    },
+    /// Create or replace many apps: a file of JSON lines, one app object with its "name"
+    /// per line (`-`: stdin). A file with a bad line is refused whole, each bad line named.
+    Import {
+        /// The JSON-lines file.
+        file: String,
     },
     /// List apps.
     List,
@@ -110,6 +129,12 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
     let result = match &args.command {
         AppsCommand::Put {
             name,
+            file: Some(file),
+            ..
+        } => files::read_app(file).and_then(|app| put_whole(&client, name, app)),
+        AppsCommand::Put {
+            name,
+            file: None,
             domains,
             backends,
             balancer,
@@ -138,9 +163,20 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
                 .call("PUT", &format!("/v1/apps/{name}"), Some(body))
                 .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
         }
-        AppsCommand::Get { name } => client
-            .call("GET", &format!("/v1/apps/{name}"), None)
-            .map(|app| (describe(&app), app)),
+        AppsCommand::Get { name, output } => {
+            client
+                .call("GET", &format!("/v1/apps/{name}"), None)
+                .and_then(|app| match output.as_deref() {
+                    Some(format) => files::render_app(&app, format).map(|text| (text, app)),
+                    None => Ok((describe(&app), app)),
+                })
+        }
+        AppsCommand::Edit { name } => files::edit_app(&client, name)
+            .and_then(|edited| match edited {
+                Some(app) => put_whole(&client, name, app),
+                None => Ok((format!("app {name} unchanged"), Value::Null)),
+            }),
+        AppsCommand::Import { file } => files::import_apps(&client, file),
         AppsCommand::List => list_all(&client, "/v1/apps", "apps").map(|apps| {
             let mut text = format!("{:<32} {:<40} BACKENDS\n", "NAME", "DOMAINS");
             for app in &apps {
@@ -206,6 +242,13 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             .map(|app| (format!("app {name} scaled\n{}", describe(&app)), app)),
     };
     args.admin.report(result)
+}
+
+/// Stores `app` whole under `name`.
+fn put_whole(client: &AdminClient, name: &str, app: Value) -> Result<(String, Value), String> {
+    client
+        .call("PUT", &format!("/v1/apps/{name}"), Some(app))
+        .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
 }
 
 /// `ip:port=3` → `{"address": "ip:port", "weight": 3}`; anything else is passed as given so

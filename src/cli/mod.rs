@@ -1,9 +1,10 @@
-//! `switchyard apps …` and `switchyard certs …`: thin clients of the admin API. Output is
+//! `switchyard apps …`, `switchyard certs …` and `switchyard explain`: thin clients of the admin API. Output is
 //! short and readable; any failure prints the API's error (with the field it names) and
 //! exits non-zero.
 
 mod apps;
 mod certs;
+mod files;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 pub(crate) use apps::{run as run_apps, AppsArgs};
 pub(crate) use certs::{run as run_certs, CertsArgs};
+pub(crate) use explain::{run as run_explain, ExplainArgs};
 
 /// Options shared by every admin command.
 #[derive(Args)]
@@ -109,6 +111,34 @@ impl AdminClient {
             .timeout(Duration::from_secs(30))
             .build();
         Self { base, token, agent }
+    }
+
+    /// Sends `body` as `content_type` and returns the status and the JSON answer, whatever
+    /// the status (the bulk import's refusals carry one entry per line).
+    fn send_text(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: String,
+    ) -> Result<(u16, Value), String> {
+        let mut request = self
+            .agent
+            .request(method, &format!("{}{path}", self.base))
+            .set("Content-Type", content_type);
+        if let Some(token) = &self.token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        let response = match request.send_string(&body) {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(e) => return Err(format!("cannot reach the admin API at {}: {e}", self.base)),
+        };
+        let status = response.status();
+        let answer = response
+            .into_json()
+            .map_err(|e| format!("unreadable answer from {}: {e}", self.base))?;
+        Ok((status, answer))
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {

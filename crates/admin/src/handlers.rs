@@ -245,6 +245,33 @@ pub(crate) async fn store_status(State(state): State<AdminState>) -> Json<Value>
     Json(shown)
 }
 
+/// `GET /v1/explain?host=H[&path=P][&method=M]`: which app serves the host, by which rule,
+/// which stages act on such a request, and which backend the next one would take — this
+/// router's own view.
+pub(crate) async fn explain(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let host = query
+        .get("host")
+        .filter(|host| !host.is_empty())
+        .ok_or_else(|| ValidationError::new("host", "missing: the Host to explain"))?;
+    let path = query.get("path").map_or("/", String::as_str);
+    if !path.starts_with('/') {
+        return Err(ValidationError::new("path", "must start with '/'").into());
+    }
+    let method = query.get("method").map_or("GET", String::as_str);
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(ValidationError::new("method", "an HTTP method in capitals, e.g. GET").into());
+    }
+    let Some(explainer) = &state.explainer else {
+        return Err(ApiError::Unavailable(
+            "this admin API is not attached to a router".into(),
+        ));
+    };
+    Ok(Json(explainer.explain(host, path, method).await?))
+}
+
 /// `GET /v1/acme`: who issues, and every domain's ACME state, a page at a time.
 pub(crate) async fn acme_status(
     State(state): State<AdminState>,

@@ -4,6 +4,7 @@
 
 mod error;
 mod handlers;
+mod import;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use switchyard_store::Store;
+use switchyard_store::{Store, StoreError};
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
@@ -53,6 +54,14 @@ pub trait BackendNamesView: Send + Sync {
     fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value>;
 }
 
+/// The router's own answer to "where does this host go, and why".
+#[async_trait]
+pub trait HostExplainer: Send + Sync {
+    /// The app, the rule (exact or which wildcard), the stages that act and the backend
+    /// the next request would take, for `host`, `path` and `method`.
+    async fn explain(&self, host: &str, path: &str, method: &str) -> Result<serde_json::Value, StoreError>;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
@@ -62,6 +71,7 @@ pub struct AdminState {
     waf: Option<Arc<dyn WafControl>>,
     local_caches: Option<Arc<dyn LocalCaches>>,
     backend_names: Option<Arc<dyn BackendNamesView>>,
+    explainer: Option<Arc<dyn HostExplainer>>,
 }
 
 impl AdminState {
@@ -74,12 +84,19 @@ impl AdminState {
             waf: None,
             local_caches: None,
             backend_names: None,
+            explainer: None,
         }
     }
 
     /// `GET /v1/apps/{name}` shows what `names` resolved the app's backend names to.
     pub fn with_backend_names(mut self, names: Arc<dyn BackendNamesView>) -> Self {
         self.backend_names = Some(names);
+        self
+    }
+
+    /// `GET /v1/explain` answers from `explainer`.
+    pub fn with_explainer(mut self, explainer: Arc<dyn HostExplainer>) -> Self {
+        self.explainer = Some(explainer);
         self
     }
 
@@ -114,6 +131,10 @@ pub fn router(state: AdminState) -> Router {
     let protected = Router::new()
         .route("/v1/apps", get(handlers::list_apps))
         .route(
+            "/v1/import/apps",
+            post(import::import_apps).layer(DefaultBodyLimit::max(import::MAX_IMPORT_BYTES)),
+        )
+        .route(
             "/v1/apps/{name}",
             put(handlers::put_app)
                 .get(handlers::get_app)
@@ -125,6 +146,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/certs", get(handlers::list_certs))
         .route("/v1/acme", get(handlers::acme_status))
         .route("/v1/store", get(handlers::store_status))
+        .route("/v1/explain", get(handlers::explain))
         .route(
             "/v1/certs/{domain}",
             put(handlers::put_cert)
@@ -180,13 +202,15 @@ const MAX_REJECTION_TEXT: usize = 4096;
 /// axum's extractors answer what they refuse (an oversized body, a query or path that does
 /// not parse) in plain text; give every such answer the API's JSON shape.
 async fn json_rejections(request: Request, next: Next) -> Response {
+    let limit = if request.uri().path() == "/v1/import/apps" {
+        import::MAX_IMPORT_BYTES
+    } else {
+        MAX_BODY_BYTES
+    };
     let response = next.run(request).await;
     let status = response.status();
     if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::TooLarge {
-            limit: MAX_BODY_BYTES,
-        }
-        .into_response();
+        return ApiError::TooLarge { limit }.into_response();
     }
     let is_json = response
         .headers()

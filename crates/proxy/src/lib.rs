@@ -34,6 +34,7 @@ pub use response_cache::redis::CacheRedis;
 pub use router::{FleetLimitSync, Router};
 pub use routing::connections::ConnectionTable;
 pub use routing::drain::ConnectionDrain;
+pub use routing::explain::explain as explain_host;
 pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
 pub use routing::names::{BackendNames, NameSettings};

@@ -96,6 +96,9 @@ impl AcmeRecord<'_> {
     }
 }
 
+/// Writes a bulk import keeps under way at once on a store without one of its own.
+const BULK_WRITES_IN_FLIGHT: usize = 64;
+
 /// Where apps and certificates live. Every write is durable when it returns and is announced to subscribers.
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -111,6 +114,29 @@ pub trait Store: Send + Sync {
     /// Creates or replaces an app. Fails with [`StoreError::DomainTaken`] (and stores nothing)
     /// when one of its domains belongs to another app.
     async fn put_app(&self, app: App) -> Result<App, StoreError>;
+
+    /// Creates or replaces many apps (a bulk import). Each app is written wholly or not at
+    /// all and gets its own result, in order: one refused for a domain owned elsewhere does
+    /// not stop the others. `Err` only when the store itself failed, and then the
+    /// results of the apps already written are lost to the caller, not their writes: the
+    /// import is safe to run again, every put being a replacement.
+    async fn put_apps(&self, apps: Vec<App>) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        use futures_util::StreamExt;
+        // Concurrent puts: a networked store pipelines them on its connection.
+        let results: Vec<Result<App, StoreError>> = futures_util::stream::iter(apps)
+            .map(|app| self.put_app(app))
+            .buffered(BULK_WRITES_IN_FLIGHT)
+            .collect()
+            .await;
+        results
+            .into_iter()
+            .map(|result| match result {
+                Ok(_) => Ok(Ok(())),
+                Err(refused @ StoreError::DomainTaken { .. }) => Ok(Err(refused)),
+                Err(failed) => Err(failed),
+            })
+            .collect()
+    }
 
     /// Replaces an existing app's backends (scale up / down / redeploy).
     async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError>;

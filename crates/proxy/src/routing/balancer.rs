@@ -105,6 +105,26 @@ impl BackendState {
         self.retired.store(false, Ordering::Relaxed);
     }
 
+    /// Its share of requests relative to the app's other backends.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// Whether its active health checks (if any) pass.
+    pub(crate) fn passes_active_checks(&self) -> bool {
+        self.active_healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether a refused connection keeps it skipped for now.
+    pub(crate) fn is_passively_down(&self) -> bool {
+        self.passive_down_until_ms.load(Ordering::Relaxed) > now_ms()
+    }
+
+    /// Whether it was removed from its app (draining, no new requests).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
     fn set_weight(&self, weight: u16) {
         self.weight.store(u32::from(weight), Ordering::Relaxed);
     }
@@ -230,6 +250,32 @@ impl Upstream {
             Some(state) => Pick::Backend(InFlight::start(state.clone())),
             None => Pick::NoneHealthy,
         }
+    }
+
+    /// The backend [`Upstream::pick`] would choose next, without choosing it, and whether
+    /// passive marks had to be ignored to find one. For `least_loaded`, whose pick draws
+    /// two at random, the least loaded usable backend now.
+    pub(crate) fn peek(&self) -> Option<(&Arc<BackendState>, bool)> {
+        let first_usable = |eligible: &dyn Fn(&BackendState) -> bool| match self.policy {
+            Balancer::RoundRobin => {
+                let len = self.schedule.len();
+                let start = self.cursor.load(Ordering::Relaxed);
+                (0..len)
+                    .map(|step| &self.backends[usize::from(self.schedule[(start + step) % len])])
+                    .find(|b| eligible(b))
+            }
+            Balancer::LeastLoaded => self
+                .backends
+                .iter()
+                .filter(|b| eligible(b))
+                .min_by_key(|b| (b.in_flight() as u64 * 1_000_000) / u64::from(b.weight().max(1))),
+        };
+        first_usable(&|b: &BackendState| b.is_usable())
+            .map(|b| (b, false))
+            .or_else(|| {
+                first_usable(&|b: &BackendState| b.is_usable_ignoring_passive_marks())
+                    .map(|b| (b, true))
+            })
     }
 
     fn pick_by_policy(

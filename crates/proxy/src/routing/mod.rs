@@ -1,13 +1,15 @@
 //! What routing knows and keeps current: the route cache (host → app, built once per
 //! change), each app's backends with their balancing and health, the table of connections
 //! to backends (so a deletion or a domain transfer can drain them), the follower that
-//! applies the store's change events, and the per-app request counts.
+//! applies the store's change events, the per-app request counts, and the explanation of
+//! where a host goes.
 
 pub(crate) mod app_requests;
 pub(crate) mod attempt;
 pub(crate) mod balancer;
 pub(crate) mod connections;
 pub(crate) mod drain;
+pub(crate) mod explain;
 pub(crate) mod follower;
 pub(crate) mod health;
 pub(crate) mod mirror_state;

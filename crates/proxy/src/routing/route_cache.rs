@@ -27,6 +27,27 @@ const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.
 const MAX_WILDCARD_DEPTH: usize = 8;
 
+/// Which stored domain routed a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DomainMatch {
+    /// The host itself.
+    Exact,
+    /// This wildcard (`*.example.com`).
+    Wildcard(String),
+}
+
+/// The parents of `host` a wildcard may be stored for, most specific first:
+/// `a.b.example.com` → `b.example.com`, `example.com`. At most [`MAX_WILDCARD_DEPTH`] (an
+/// odd Host costs a bounded number of lookups), and never a bare TLD (`*.com` cannot be
+/// stored).
+pub(crate) fn wildcard_parents(host: &str) -> impl Iterator<Item = &str> {
+    std::iter::successors(host.split_once('.').map(|(_, rest)| rest), |parent| {
+        parent.split_once('.').map(|(_, rest)| rest)
+    })
+    .take_while(|parent| parent.contains('.'))
+    .take(MAX_WILDCARD_DEPTH)
+}
+
 /// Everything the request path needs about one app, built once per change.
 #[derive(Debug)]
 pub(crate) struct AppRoute {
@@ -141,22 +162,26 @@ impl RouteCache {
     }
 
     async fn resolve_through_cache(&self, host: &str) -> Result<Option<Arc<AppRoute>>, StoreError> {
-        if let Some(name) = self.owner_of(host).await? {
-            return self.app(&name).await;
+        match self.matching_domain(host).await? {
+            Some((_, name)) => self.app(&name).await,
+            None => Ok(None),
         }
-        let mut parent = host;
-        for _ in 0..MAX_WILDCARD_DEPTH {
-            let Some((_, rest)) = parent.split_once('.') else {
-                break;
-            };
-            // `*.com` can never be stored, so stop before the last label.
-            if !rest.contains('.') {
-                break;
+    }
+
+    /// The stored domain that routes `host` and its app: the host itself, else the most
+    /// specific wildcard above it.
+    pub(crate) async fn matching_domain(
+        &self,
+        host: &str,
+    ) -> Result<Option<(DomainMatch, Arc<str>)>, StoreError> {
+        if let Some(name) = self.owner_of(host).await? {
+            return Ok(Some((DomainMatch::Exact, name)));
+        }
+        for parent in wildcard_parents(host) {
+            let wildcard = format!("*.{parent}");
+            if let Some(name) = self.owner_of(&wildcard).await? {
+                return Ok(Some((DomainMatch::Wildcard(wildcard), name)));
             }
-            if let Some(name) = self.owner_of(&format!("*.{rest}")).await? {
-                return self.app(&name).await;
-            }
-            parent = rest;
         }
         Ok(None)
     }

@@ -1,0 +1,208 @@
+//! Why a host goes where it goes: the answer of `GET /v1/explain` and `switchyard explain`.
+//! Read from this router's own routing view, the one its requests use — the same domain
+//! matching, the same stages and the same backend state — without changing any of it (the
+//! round-robin cursor is read, not advanced).
+
+use serde_json::{json, Value};
+use switchyard_model::{normalize_host, App, Balancer};
+use switchyard_store::StoreError;
+
+use crate::routing::balancer::{BackendState, Upstream};
+use crate::routing::route_cache::{wildcard_parents, DomainMatch, RouteCache};
+
+/// Explains `host` (as a client would send it, port allowed) and `path` for `method`.
+pub async fn explain(
+    routes: &RouteCache,
+    host: &str,
+    path: &str,
+    method: &str,
+) -> Result<Value, StoreError> {
+    let Some(normalized) = normalize_host(host) else {
+        return Ok(json!({
+            "host": host,
+            "app": null,
+            "why": "not a host name an app can own (an IP literal, or not a valid name): 400 or 404",
+        }));
+    };
+    let Some((matched, name)) = routes.matching_domain(&normalized).await? else {
+        return Ok(json!({
+            "host": normalized,
+            "app": null,
+            "rule": null,
+            "tried": tried_domains(&normalized, None),
+            "why": "no app owns this host or a wildcard above it: 404",
+        }));
+    };
+    let Some(route) = routes.app(&name).await? else {
+        return Ok(json!({
+            "host": normalized,
+            "app": null,
+            "why": format!("the domain names app '{name}', which was deleted a moment ago: 404"),
+        }));
+    };
+    let (rule, domain) = match &matched {
+        DomainMatch::Exact => ("exact", normalized.clone()),
+        DomainMatch::Wildcard(domain) => ("wildcard", domain.clone()),
+    };
+    Ok(json!({
+        "host": normalized,
+        "path": path,
+        "method": method,
+        "app": name.as_ref(),
+        "rule": rule,
+        "domain": domain,
+        "tried": tried_domains(&normalized, Some(&domain)),
+        "stages": stages(&route.app, method, path),
+        "backend": next_backend(&route.upstream, &route.app),
+    }))
+}
+
+/// The stored domains looked up for `host`, in order, up to the one that matched.
+fn tried_domains(host: &str, matched: Option<&str>) -> Vec<String> {
+    let candidates = std::iter::once(host.to_string())
+        .chain(wildcard_parents(host).map(|parent| format!("*.{parent}")));
+    let mut tried = Vec::new();
+    for candidate in candidates {
+        let done = matched == Some(candidate.as_str());
+        tried.push(candidate);
+        if done {
+            break;
+        }
+    }
+    tried
+}
+
+/// Each stage, in the order requests run them, and whether it acts on this request.
+fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
+    let reads = method == "GET" || method == "HEAD";
+    let mut stages = Vec::new();
+    let mut stage = |name: &str, applies: bool, why: String| {
+        stages.push(json!({"stage": name, "applies": applies, "why": why}));
+    };
+    match &app.limits {
+        Some(limits) => stage(
+            "limits",
+            true,
+            format!(
+                "guardrails apply: {}",
+                serde_json::to_string(limits).unwrap_or_default()
+            ),
+        ),
+        None => stage("limits", false, "the app sets no limits".into()),
+    }
+    stage(
+        "https_redirect",
+        app.https_redirect,
+        if app.https_redirect {
+            "plain-HTTP requests get 308 to HTTPS; HTTPS ones go on".into()
+        } else {
+            "off: plain HTTP is served".into()
+        },
+    );
+    match &app.waf {
+        Some(waf) => stage(
+            "waf",
+            true,
+            format!(
+                "inspected on the worker pool ({:?} mode, paranoia {}, bodies up to {} bytes, {} ms, on overload {:?})",
+                waf.mode, waf.paranoia, waf.max_body_bytes, waf.timeout_ms, waf.on_overload
+            ),
+        ),
+        None => stage("waf", false, "the app has no WAF".into()),
+    }
+    match &app.static_root {
+        Some(root) if reads => stage(
+            "static",
+            true,
+            format!("answered from {root}{path} if that file exists, else passed on"),
+        ),
+        Some(_) => stage("static", false, format!("{method} is never served from files")),
+        None => stage("static", false, "the app has no static root".into()),
+    }
+    match &app.cache {
+        Some(_) if !reads => stage("cache", false, format!("{method} is not cached")),
+        Some(cache) if !cache.paths.is_empty() && !cache.paths.iter().any(|p| p.matches(path)) => {
+            stage("cache", false, "the path is not among the cached paths".into())
+        }
+        Some(cache) => stage(
+            "cache",
+            true,
+            format!(
+                "{:?} cache, fresh for {} s: a fresh copy answers, else the answer is kept",
+                cache.store, cache.ttl_s
+            ),
+        ),
+        None => stage("cache", false, "the app caches nothing".into()),
+    }
+    match &app.images {
+        Some(images) if path.starts_with(images.prefix.as_str()) && reads => stage(
+            "images",
+            true,
+            format!("resized on the worker pool ({}WxH/…)", images.prefix),
+        ),
+        Some(images) => stage(
+            "images",
+            false,
+            format!("only {} GET/HEAD requests are resized", images.prefix),
+        ),
+        None => stage("images", false, "the app resizes no images".into()),
+    }
+    match &app.mirror {
+        Some(mirror) if mirror.applies_to(method, path) => stage(
+            "mirror",
+            true,
+            format!(
+                "{}% of such requests (chosen by {:?}) copied to {:?}, never waited for",
+                mirror.percent.percent(),
+                mirror.key,
+                mirror.backends
+            ),
+        ),
+        Some(_) => stage(
+            "mirror",
+            false,
+            "the method or path is outside the mirrored ones".into(),
+        ),
+        None => stage("mirror", false, "the app mirrors nothing".into()),
+    }
+    stages
+}
+
+/// The backend the next request would take, why, and the state of every backend.
+fn next_backend(upstream: &Upstream, app: &App) -> Value {
+    let backends: Vec<Value> = upstream.backends().iter().map(|b| describe(b)).collect();
+    let (next, why) = match upstream.peek() {
+        None if backends.is_empty() => (None, "the app has no backends: 503".to_string()),
+        None => (
+            None,
+            "no backend is usable (down, failing checks or retired): 502".to_string(),
+        ),
+        Some((backend, passive_marks_ignored)) => {
+            let how = match app.balancer {
+                Balancer::RoundRobin => "next in the weighted round-robin cycle",
+                Balancer::LeastLoaded => {
+                    "least loaded now (the next request compares two drawn at random)"
+                }
+            };
+            let caveat = if passive_marks_ignored {
+                "; every usable backend is passively marked down, so they are tried anyway"
+            } else {
+                ""
+            };
+            (Some(backend.address.to_string()), format!("{how}{caveat}"))
+        }
+    };
+    json!({"next": next, "why": why, "balancer": app.balancer, "backends": backends})
+}
+
+fn describe(backend: &BackendState) -> Value {
+    json!({
+        "address": backend.address.to_string(),
+        "weight": backend.weight(),
+        "in_flight": backend.in_flight(),
+        "healthy": backend.is_usable(),
+        "failing_checks": !backend.passes_active_checks(),
+        "passively_down": backend.is_passively_down(),
+        "retired": backend.is_retired(),
+    })
+}

@@ -1,0 +1,115 @@
+//! `switchyard explain HOST [PATH]`: the router's own account of where a request goes —
+//! the same answer as `GET /v1/explain`.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::Value;
+
+use super::{AdminClient, AdminOptions};
+
+/// `switchyard explain`.
+#[derive(Args)]
+pub(crate) struct ExplainArgs {
+    #[command(flatten)]
+    admin: AdminOptions,
+    /// The Host a client sends (a port is allowed).
+    host: String,
+    /// The request path.
+    #[arg(default_value = "/")]
+    path: String,
+    /// The request method.
+    #[arg(long, short = 'X', default_value = "GET")]
+    method: String,
+}
+
+pub(crate) fn run(args: ExplainArgs) -> ExitCode {
+    let client = AdminClient::new(&args.admin);
+    let query = format!(
+        "/v1/explain?host={}&path={}&method={}",
+        encode(&args.host),
+        encode(&args.path),
+        encode(&args.method)
+    );
+    let result = client
+        .call("GET", &query, None)
+        .map(|answer| (render(&answer), answer));
+    args.admin.report(result)
+}
+
+/// The explanation as an on-call engineer reads it, top to bottom.
+fn render(answer: &Value) -> String {
+    let host = answer["host"].as_str().unwrap_or("?");
+    let Some(app) = answer["app"].as_str() else {
+        let tried = tried(answer);
+        return format!(
+            "{host}: no app\n  {}{tried}",
+            answer["why"].as_str().unwrap_or("no app owns it")
+        );
+    };
+    let mut text = format!(
+        "{host}{} → app {app}\n  rule:     {} domain {}{}\n",
+        answer["path"].as_str().unwrap_or(""),
+        answer["rule"].as_str().unwrap_or("?"),
+        answer["domain"].as_str().unwrap_or("?"),
+        tried(answer)
+    );
+    text.push_str("  stages:\n");
+    for stage in answer["stages"].as_array().into_iter().flatten() {
+        text.push_str(&format!(
+            "    {} {:<15} {}\n",
+            if stage["applies"] == true { "✔" } else { "·" },
+            stage["stage"].as_str().unwrap_or("?"),
+            stage["why"].as_str().unwrap_or("")
+        ));
+    }
+    let backend = &answer["backend"];
+    text.push_str(&format!(
+        "  next backend: {} ({})\n",
+        backend["next"].as_str().unwrap_or("none"),
+        backend["why"].as_str().unwrap_or("")
+    ));
+    for b in backend["backends"].as_array().into_iter().flatten() {
+        let state = if b["retired"] == true {
+            "retired"
+        } else if b["failing_checks"] == true {
+            "failing checks"
+        } else if b["passively_down"] == true {
+            "passively down"
+        } else {
+            "healthy"
+        };
+        text.push_str(&format!(
+            "    {:<24} weight {:<4} in flight {:<5} {state}\n",
+            b["address"].as_str().unwrap_or("?"),
+            b["weight"],
+            b["in_flight"]
+        ));
+    }
+    text.trim_end().to_string()
+}
+
+fn tried(answer: &Value) -> String {
+    let tried: Vec<&str> = answer["tried"]
+        .as_array()
+        .map(|list| list.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if tried.len() > 1 {
+        format!(" (looked up: {})", tried.join(", "))
+    } else {
+        String::new()
+    }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` stay).
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/:".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
