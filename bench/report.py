@@ -94,6 +94,8 @@ def write_report(results, path):
         lines += limits_report(results["limits"], when("limits"))
     if results.get("sentinel"):
         lines += sentinel_report(results["sentinel"], when("sentinel"))
+    if results.get("operator"):
+        lines += operator_report(results["operator"], when("operator"))
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -515,6 +517,33 @@ def sentinel_report(s, date):
               f"by a new change {s['median_seen_s']} s after it; {s['failed_requests']} of "
               f"{s['requests']:,} requests failed (target: 0). Most of the time is the Sentinels' own: "
               f"{s['down_after_ms']} ms before they call the primary down, then their election."]
+    return lines
+
+
+def operator_report(o, date):
+    """The operator's tools section, from bench/bench_operator.py's measurements."""
+    lines = ["", "# Bulk import and traffic history (bench/bench_operator.py)", "",
+             f"Measured {date}. `switchyard apps import FILE` (JSON lines, one app a line) into a "
+             "fresh router; then the same file with one bad line in its middle.", "",
+             "| store | apps | import s | host routed after | file with a bad line | refused in s | applied anyway |",
+             "|---|---|---|---|---|---|---|"]
+    for r in o["import"]:
+        lines.append(f"| {r['store']} | {r['apps']} | {r['seconds']} | {r['routed_after']} | "
+                     f"exit {r['bad_exit']}: {r['bad_message']} | {r['bad_refused_s']} | "
+                     f"{'yes' if r['bad_partially_applied'] else 'no'} |")
+    h = o["history"]
+    lines += ["", f"Traffic history: {h['apps']} apps stored ({h['import_s']} s to import), {h['active']} asked "
+              f"for once each: {h['tracked_apps']} apps kept, **{h['history_bytes'] / 1e6:.1f} MB** by the "
+              f"router's own count (`switchyard_history_bytes`). The router's RSS at the end: "
+              f"{h['rss_after_kib'] / 1024:.0f} MiB with the 10,000 active apps' routes built "
+              f"({h['rss_before_traffic_kib'] / 1024:.0f} MiB just after the import, whose buffers "
+              "were returned since).", "",
+              "## Targets (issue 23)", ""]
+    for r in o["import"]:
+        lines.append(f"- {r['apps']} apps imported in under 10 s ({r['store']} store): measured {r['seconds']} s "
+                     f"→ **{'met' if r['seconds'] < 10 else 'NOT met'}**")
+        lines.append(f"- a bad line refuses the whole file, nothing half-applied ({r['store']}): "
+                     f"**{'met' if r['bad_exit'] != 0 and not r['bad_partially_applied'] else 'NOT met'}**")
     return lines
 
 

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_admin::{
-    AdminState, BackendNamesView, HostExplainer, LocalCaches, SharedCache, WafControl,
+    AdminState, BackendNamesView, HostExplainer, LocalCaches, SharedCache, TrafficView, WafControl,
 };
-use switchyard_proxy::{BackendNames, CacheRedis, Inspector, RouteCache, ShutdownWatch};
+use switchyard_proxy::{
+    BackendNames, CacheRedis, Inspector, RouteCache, ShutdownWatch, TrafficHistory, TrafficOrder,
+};
 use switchyard_store::StoreError;
 use tokio::sync::watch;
 
@@ -80,6 +82,20 @@ impl HostExplainer for RouteExplainer {
         method: &str,
     ) -> Result<serde_json::Value, StoreError> {
         switchyard_proxy::explain_host(&self.0, host, path, method).await
+    }
+}
+
+/// `GET /v1/stats/apps` from the router's traffic history.
+pub(crate) struct Traffic(pub(crate) Arc<TrafficHistory>);
+
+impl TrafficView for Traffic {
+    fn busiest(&self, by_errors: bool, limit: usize) -> serde_json::Value {
+        let order = if by_errors {
+            TrafficOrder::Errors
+        } else {
+            TrafficOrder::Traffic
+        };
+        self.0.busiest(order, limit)
     }
 }
 

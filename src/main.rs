@@ -35,6 +35,8 @@ enum Command {
     Certs(cli::CertsArgs),
     /// Explain where a request for HOST [PATH] goes: app, rule, stages, next backend.
     Explain(cli::ExplainArgs),
+    /// A live view of the busiest apps: requests/s, 5xx and 4xx shares, 15 minutes of traffic.
+    Top(cli::TopArgs),
     /// Run the log service: receives routers' access-log batches, writes one file per app.
     Logd(logd::LogdArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
         Command::Apps(args) => cli::run_apps(args),
         Command::Certs(args) => cli::run_certs(args),
         Command::Explain(args) => cli::run_explain(args),
+        Command::Top(args) => cli::run_top(args),
         Command::BenchSeed(args) => match bench_seed::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

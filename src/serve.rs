@@ -17,7 +17,8 @@ use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker,
     InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, PoolScheduling,
-    RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation, WorkerPool,
+    RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation,
+    TrafficHistory, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -26,7 +27,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::admin_service::{
-    serve_admin, CacheRedisPurge, FollowerProgress, NamesView, RouteExplainer, WafReload,
+    serve_admin, CacheRedisPurge, FollowerProgress, NamesView, RouteExplainer, Traffic, WafReload,
 };
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
@@ -299,6 +300,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         tasks.push(background.spawn(async move { names.run(routes, watch).await }));
     }
     let explainer = RouteExplainer(routes.clone());
+    let history = Arc::new(TrafficHistory::new(config.history_max_apps));
+    {
+        let (history, watch) = (history.clone(), shutdown.clone());
+        tasks.push(background.spawn(async move { history.run(watch).await }));
+    }
     let health = HealthChecker::new(routes);
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { health.run(watch).await }));
@@ -314,7 +320,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress))
         .with_backend_names(Arc::new(NamesView(backend_names)))
-        .with_explainer(Arc::new(explainer));
+        .with_explainer(Arc::new(explainer))
+        .with_traffic(Arc::new(Traffic(history)));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

@@ -163,19 +163,18 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
                 .call("PUT", &format!("/v1/apps/{name}"), Some(body))
                 .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
         }
-        AppsCommand::Get { name, output } => {
-            client
-                .call("GET", &format!("/v1/apps/{name}"), None)
-                .and_then(|app| match output.as_deref() {
-                    Some(format) => files::render_app(&app, format).map(|text| (text, app)),
-                    None => Ok((describe(&app), app)),
-                })
-        }
-        AppsCommand::Edit { name } => files::edit_app(&client, name)
-            .and_then(|edited| match edited {
+        AppsCommand::Get { name, output } => client
+            .call("GET", &format!("/v1/apps/{name}"), None)
+            .and_then(|app| match output.as_deref() {
+                Some(format) => files::render_app(&app, format).map(|text| (text, app)),
+                None => Ok((describe(&app), app)),
+            }),
+        AppsCommand::Edit { name } => {
+            files::edit_app(&client, name).and_then(|edited| match edited {
                 Some(app) => put_whole(&client, name, app),
                 None => Ok((format!("app {name} unchanged"), Value::Null)),
-            }),
+            })
+        }
         AppsCommand::Import { file } => files::import_apps(&client, file),
         AppsCommand::List => list_all(&client, "/v1/apps", "apps").map(|apps| {
             let mut text = format!("{:<32} {:<40} BACKENDS\n", "NAME", "DOMAINS");

@@ -58,7 +58,11 @@ fn render(answer: &Value) -> String {
     for stage in answer["stages"].as_array().into_iter().flatten() {
         text.push_str(&format!(
             "    {} {:<15} {}\n",
-            if stage["applies"] == true { "✔" } else { "·" },
+            if stage["applies"] == true {
+                "✔"
+            } else {
+                "·"
+            },
             stage["stage"].as_str().unwrap_or("?"),
             stage["why"].as_str().unwrap_or("")
         ));

@@ -97,7 +97,10 @@ fn edit_path(name: &str) -> PathBuf {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
-    std::env::temp_dir().join(format!("switchyard-{name}-{}-{unique}.toml", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "switchyard-{name}-{}-{unique}.toml",
+        std::process::id()
+    ))
 }
 
 /// Sends a JSON-lines file to the bulk endpoint and summarises its answer: every applied

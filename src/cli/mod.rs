@@ -1,10 +1,12 @@
-//! `switchyard apps …`, `switchyard certs …` and `switchyard explain`: thin clients of the admin API. Output is
-//! short and readable; any failure prints the API's error (with the field it names) and
+//! `switchyard apps …`, `certs …`, `explain` and `top`: thin clients of the admin API.
+//! Output is short and readable; any failure prints the API's error (with the field it names) and
 //! exits non-zero.
 
 mod apps;
 mod certs;
+mod explain;
 mod files;
+mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,6 +17,7 @@ use serde_json::Value;
 pub(crate) use apps::{run as run_apps, AppsArgs};
 pub(crate) use certs::{run as run_certs, CertsArgs};
 pub(crate) use explain::{run as run_explain, ExplainArgs};
+pub(crate) use top::{run as run_top, TopArgs};
 
 /// Options shared by every admin command.
 #[derive(Args)]

@@ -272,6 +272,38 @@ pub(crate) async fn explain(
     Ok(Json(explainer.explain(host, path, method).await?))
 }
 
+/// Most apps one stats answer lists.
+const MAX_STATS_APPS: usize = 1000;
+
+/// `GET /v1/stats/apps?sort=traffic|errors&limit=N`: the busiest apps of the last minute,
+/// each with its last 15 minutes at 10 s resolution.
+pub(crate) async fn busiest_apps(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let by_errors = match query.get("sort").map(String::as_str) {
+        None | Some("traffic") => false,
+        Some("errors") => true,
+        Some(_) => return Err(ValidationError::new("sort", "traffic or errors").into()),
+    };
+    let limit = match query.get("limit") {
+        None => 20,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_STATS_APPS).contains(n))
+            .ok_or_else(|| {
+                ValidationError::new("limit", format!("an integer from 1 to {MAX_STATS_APPS}"))
+            })?,
+    };
+    let Some(traffic) = &state.traffic else {
+        return Err(ApiError::Unavailable(
+            "this admin API is not attached to a router".into(),
+        ));
+    };
+    Ok(Json(traffic.busiest(by_errors, limit)))
+}
+
 /// `GET /v1/acme`: who issues, and every domain's ACME state, a page at a time.
 pub(crate) async fn acme_status(
     State(state): State<AdminState>,

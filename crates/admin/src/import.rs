@@ -57,7 +57,9 @@ pub(crate) async fn import_apps(
         return Ok(refusal(&problems));
     }
     if apps.is_empty() {
-        return Err(ValidationError::new("body", "no app to import (one JSON object per line)").into());
+        return Err(
+            ValidationError::new("body", "no app to import (one JSON object per line)").into(),
+        );
     }
     let (lines, apps): (Vec<usize>, Vec<App>) = apps.into_iter().unzip();
     let names: Vec<String> = apps.iter().map(|app| app.name.to_string()).collect();
@@ -133,16 +135,12 @@ fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {
             });
             continue;
         }
-        let repeated = app
-            .domains
-            .iter()
-            .enumerate()
-            .find_map(|(at, domain)| {
-                domains
-                    .insert(domain.to_string(), number)
-                    .filter(|&first| first != number)
-                    .map(|first| (at, domain.to_string(), first))
-            });
+        let repeated = app.domains.iter().enumerate().find_map(|(at, domain)| {
+            domains
+                .insert(domain.to_string(), number)
+                .filter(|&first| first != number)
+                .map(|first| (at, domain.to_string(), first))
+        });
         if let Some((at, domain, first)) = repeated {
             problems.push(LineProblem {
                 line: number,
@@ -167,7 +165,12 @@ fn parse_line(line: &str) -> Result<App, (Option<String>, ValidationError)> {
         .get("name")
         .and_then(Value::as_str)
         .map(str::to_string)
-        .ok_or_else(|| (None, ValidationError::new("name", "missing: each line names its app")))?;
+        .ok_or_else(|| {
+            (
+                None,
+                ValidationError::new("name", "missing: each line names its app"),
+            )
+        })?;
     parse_app_spec(&name, &spec).map_err(|e| (Some(name), e))
 }
 

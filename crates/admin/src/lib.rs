@@ -59,7 +59,18 @@ pub trait BackendNamesView: Send + Sync {
 pub trait HostExplainer: Send + Sync {
     /// The app, the rule (exact or which wildcard), the stages that act and the backend
     /// the next request would take, for `host`, `path` and `method`.
-    async fn explain(&self, host: &str, path: &str, method: &str) -> Result<serde_json::Value, StoreError>;
+    async fn explain(
+        &self,
+        host: &str,
+        path: &str,
+        method: &str,
+    ) -> Result<serde_json::Value, StoreError>;
+}
+
+/// The router's recent traffic per app.
+pub trait TrafficView: Send + Sync {
+    /// The busiest `limit` apps, by 5xx when `by_errors`, else by answers.
+    fn busiest(&self, by_errors: bool, limit: usize) -> serde_json::Value;
 }
 
 /// What the handlers share.
@@ -72,6 +83,7 @@ pub struct AdminState {
     local_caches: Option<Arc<dyn LocalCaches>>,
     backend_names: Option<Arc<dyn BackendNamesView>>,
     explainer: Option<Arc<dyn HostExplainer>>,
+    traffic: Option<Arc<dyn TrafficView>>,
 }
 
 impl AdminState {
@@ -85,6 +97,7 @@ impl AdminState {
             local_caches: None,
             backend_names: None,
             explainer: None,
+            traffic: None,
         }
     }
 
@@ -97,6 +110,12 @@ impl AdminState {
     /// `GET /v1/explain` answers from `explainer`.
     pub fn with_explainer(mut self, explainer: Arc<dyn HostExplainer>) -> Self {
         self.explainer = Some(explainer);
+        self
+    }
+
+    /// `GET /v1/stats/apps` answers from `traffic`.
+    pub fn with_traffic(mut self, traffic: Arc<dyn TrafficView>) -> Self {
+        self.traffic = Some(traffic);
         self
     }
 
@@ -147,6 +166,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/acme", get(handlers::acme_status))
         .route("/v1/store", get(handlers::store_status))
         .route("/v1/explain", get(handlers::explain))
+        .route("/v1/stats/apps", get(handlers::busiest_apps))
         .route(
             "/v1/certs/{domain}",
             put(handlers::put_cert)

@@ -127,6 +127,9 @@ settings! {
     client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S";
     /// Most apps kept in the in-process route cache.
     route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS";
+    /// Most busy apps whose last 15 minutes of traffic are kept for `switchyard top` and
+    /// `GET /v1/stats/apps` (default 10000; about 1.2 KB each).
+    history_max_apps: usize = "SWITCHYARD_HISTORY_MAX_APPS";
     /// Proxies in front of the router whose `X-Forwarded-For` is believed for apps' limits
     /// and IP rules: CIDRs separated by commas (default: none, the peer is the client).
     trusted_proxies: String = "SWITCHYARD_TRUSTED_PROXIES";
@@ -405,6 +408,8 @@ pub struct Config {
     pub upgrade: bool,
     /// Most apps (and absent domains) kept in the route cache.
     pub route_cache_apps: usize,
+    /// Most busy apps the traffic history keeps.
+    pub history_max_apps: usize,
     /// Whose `X-Forwarded-For` limits believe.
     pub trusted_proxies: Vec<IpNet>,
     /// Most client records of per-client limits.
@@ -671,6 +676,7 @@ impl Config {
             },
             upgrade: settings.upgrade,
             route_cache_apps: settings.route_cache_apps.at_least_one(source, 100_000)?,
+            history_max_apps: settings.history_max_apps.at_least_one(source, 10_000)?,
             trusted_proxies,
             limit_sync: settings.limit_sync_ms.millis(source, 100)?,
             dns,

@@ -39,6 +39,7 @@ pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
 pub use routing::names::{BackendNames, NameSettings};
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
+pub use routing::traffic_history::{TrafficHistory, TrafficOrder};
 pub use shutdown::ShutdownWatch;
 pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};

@@ -26,6 +26,26 @@ switchyard_metrics::declare_metrics! {
         "Most backend names followed (--dns-max-names)."
     ));
 
+    pub(crate) static HISTORY_APPS: IntGauge = registered(register_int_gauge!(
+        "switchyard_history_apps",
+        "Apps whose last 15 minutes of traffic are kept (those that answered in that window)."
+    ));
+
+    pub(crate) static HISTORY_CAPACITY: IntGauge = registered(register_int_gauge!(
+        "switchyard_history_apps_capacity",
+        "Most apps the traffic history keeps (--history-max-apps)."
+    ));
+
+    pub(crate) static HISTORY_REFUSED: IntCounter = registered(register_int_counter!(
+        "switchyard_history_apps_refused_total",
+        "Samples of busy apps not kept because the history already held --history-max-apps."
+    ));
+
+    pub(crate) static HISTORY_BYTES: IntGauge = registered(register_int_gauge!(
+        "switchyard_history_bytes",
+        "Approximate memory of the traffic history."
+    ));
+
     pub(crate) static DNS_NAMES_REFUSED: IntCounter = registered(register_int_counter!(
         "switchyard_dns_names_refused_total",
         "Backend names not followed because --dns-max-names were already."

@@ -33,6 +33,13 @@ impl AppRequests {
     }
 }
 
+impl AppRequests {
+    /// The counters, one per status class in [`STATUS_CLASSES`]' order.
+    pub(crate) fn by_class(&self) -> &[AtomicU64; STATUS_CLASSES.len()] {
+        &self.by_class
+    }
+}
+
 /// Every app's slot, and the exposition of them all.
 pub(crate) struct RequestCounts {
     apps: Mutex<HashMap<Box<str>, Arc<AppRequests>>>,
@@ -63,7 +70,7 @@ fn described() -> Desc {
 }
 
 impl RequestCounts {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             apps: Mutex::new(HashMap::new()),
             unrouted: Arc::default(),
@@ -81,6 +88,13 @@ impl RequestCounts {
         let slot = Arc::<AppRequests>::default();
         apps.insert(app.into(), slot.clone());
         slot
+    }
+
+    /// Calls `visit` with every app's slot (under the table's lock: keep it short).
+    pub(crate) fn each_app(&self, mut visit: impl FnMut(&str, &AppRequests)) {
+        for (app, counts) in self.apps.lock().iter() {
+            visit(app, counts);
+        }
     }
 
     /// The slot of requests no app took.

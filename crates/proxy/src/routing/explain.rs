@@ -116,13 +116,21 @@ fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
             true,
             format!("answered from {root}{path} if that file exists, else passed on"),
         ),
-        Some(_) => stage("static", false, format!("{method} is never served from files")),
+        Some(_) => stage(
+            "static",
+            false,
+            format!("{method} is never served from files"),
+        ),
         None => stage("static", false, "the app has no static root".into()),
     }
     match &app.cache {
         Some(_) if !reads => stage("cache", false, format!("{method} is not cached")),
         Some(cache) if !cache.paths.is_empty() && !cache.paths.iter().any(|p| p.matches(path)) => {
-            stage("cache", false, "the path is not among the cached paths".into())
+            stage(
+                "cache",
+                false,
+                "the path is not among the cached paths".into(),
+            )
         }
         Some(cache) => stage(
             "cache",

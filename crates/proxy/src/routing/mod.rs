@@ -15,3 +15,4 @@ pub(crate) mod health;
 pub(crate) mod mirror_state;
 pub(crate) mod names;
 pub(crate) mod route_cache;
+pub(crate) mod traffic_history;
