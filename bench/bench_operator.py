@@ -11,10 +11,17 @@ History: 100,000 apps imported, 10,000 of them asked for once each, then the his
 memory as the router reports it (`GET /v1/stats/apps`, `switchyard_history_bytes`) after
 its next sample, and the router's RSS.
 
+Cost: CPU per proxied request (utime+stime of the router ÷ requests) at 2,000 req/s
+over 100 apps' hosts, this build against `SWITCHYARD_BASELINE_BIN` (a build from before
+the history, named by `SWITCHYARD_BASELINE_COMMIT`), alternated, three rounds each
+(target: at most 3% more).
+
 Results go to bench/results/latest.json under "operator" and to bench/RESULTS.md.
 """
 
 import json
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +33,8 @@ import report
 IMPORT_APPS = 20_000
 HISTORY_APPS = 100_000
 ACTIVE_APPS = 10_000
+COST_APPS = 100
+COST_RATE = 2000
 
 
 def app_lines(count, backend_port, prefix):
@@ -110,6 +119,57 @@ def history_run(work, procs, backend_port):
     return row
 
 
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def cost_run(work, procs, backend_port, binary, tag, seconds):
+    """CPU per proxied request of one build at a constant rate over COST_APPS hosts (so the
+    history, where there is one, keeps COST_APPS apps and samples them every 10 s)."""
+    sy, http_port, admin_port = common.serve_switchyard(work, f"cost-{tag}", binary=binary)
+    procs.append(sy)
+    for i in range(COST_APPS):
+        common.put_app(admin_port, f"cost-{i}", {"domains": [f"cost-{i}.bench"],
+                                                 "backends": [f"127.0.0.1:{backend_port}"]})
+    targets = "".join(f"GET http://127.0.0.1:{http_port}/\nHost: cost-{i}.bench\n\n" for i in range(COST_APPS))
+
+    def attack(rate, duration):
+        return subprocess.run([common.VEGETA, "attack", f"-rate={rate}", f"-duration={duration}s",
+                               "-timeout=5s", "-keepalive=true"], input=targets.encode(), check=True,
+                              capture_output=True).stdout
+
+    attack(500, 2)  # routes built, connections pooled
+    before = cpu_seconds(sy.pid)
+    summary = common.vegeta_summary(attack(COST_RATE, seconds))
+    used = cpu_seconds(sy.pid) - before
+    sy.stop()
+    return {"tag": tag, "requests": summary["requests"], "success": summary["success"],
+            "cpu_us_per_request": round(used / summary["requests"] * 1e6, 2), "p99_ms": round(summary["p99_ms"], 3)}
+
+
+def cost(work, procs, backend_port, seconds):
+    """The history's cost: this build against SWITCHYARD_BASELINE_BIN (a build without the
+    history), alternated over three rounds; the median of each."""
+    baseline = os.environ.get("SWITCHYARD_BASELINE_BIN")
+    if not baseline:
+        print("cost: no SWITCHYARD_BASELINE_BIN, skipped", flush=True)
+        return None
+    label = os.environ.get("SWITCHYARD_BASELINE_COMMIT", "baseline")
+    rounds = []
+    for n in range(3):
+        for binary, tag in ((None, "this"), (baseline, label)):
+            row = cost_run(work, procs, backend_port, binary, f"{tag}-{n}", seconds)
+            row["build"] = tag
+            rounds.append(row)
+            print(f"cost {tag} round {n + 1}: {row['cpu_us_per_request']} µs CPU per request "
+                  f"({row['requests']} requests, success {row['success']:.4f}, p99 {row['p99_ms']} ms)", flush=True)
+    median = lambda tag: statistics.median(r["cpu_us_per_request"] for r in rounds if r["build"] == tag)
+    return {"baseline": label, "rate": COST_RATE, "apps": COST_APPS, "seconds": seconds, "rounds": rounds,
+            "this_us": median("this"), "baseline_us": median(label),
+            "ratio": round(median("this") / median(label), 3)}
+
+
 def measure(work, seconds, procs):
     backend_port = common.free_port()
     origin = common.start_nginx_origin(work, "origin", f"""
@@ -122,7 +182,8 @@ def measure(work, seconds, procs):
     common.wait_port(redis_port)
     rows = [import_run(work, procs, "embedded", backend_port, []),
             import_run(work, procs, "redis", backend_port, ["--store", f"redis://127.0.0.1:{redis_port}/0"])]
-    return {"import": rows, "history": history_run(work, procs, backend_port)}
+    return {"import": rows, "history": history_run(work, procs, backend_port),
+            "cost": cost(work, procs, backend_port, max(seconds, 20))}
 
 
 def main():

@@ -538,12 +538,22 @@ def operator_report(o, date):
               f"{h['rss_after_kib'] / 1024:.0f} MiB with the 10,000 active apps' routes built "
               f"({h['rss_before_traffic_kib'] / 1024:.0f} MiB just after the import, whose buffers "
               "were returned since).", "",
-              "## Targets (issue 23)", ""]
+              ]
+    c = o.get("cost")
+    if c:
+        lines += ["", f"CPU per proxied request at {c['rate']} req/s over {c['apps']} apps, {c['seconds']} s "
+                  f"runs alternated: this build {c['this_us']} µs, {c['baseline']} (no history) "
+                  f"{c['baseline_us']} µs (medians of 3; rounds: "
+                  + ", ".join(f"{r['build']} {r['cpu_us_per_request']}" for r in c["rounds"]) + ")."]
+    lines += ["", "## Targets (issue 23)", ""]
     for r in o["import"]:
         lines.append(f"- {r['apps']} apps imported in under 10 s ({r['store']} store): measured {r['seconds']} s "
                      f"→ **{'met' if r['seconds'] < 10 else 'NOT met'}**")
         lines.append(f"- a bad line refuses the whole file, nothing half-applied ({r['store']}): "
                      f"**{'met' if r['bad_exit'] != 0 and not r['bad_partially_applied'] else 'NOT met'}**")
+    if c:
+        lines.append(f"- CPU per proxied request with the history ≤ 1.03× without: measured {c['ratio']}× "
+                     f"→ **{'met' if c['ratio'] <= 1.03 else 'NOT met'}**")
     return lines
 
 

@@ -97,6 +97,10 @@ impl TrafficView for Traffic {
         };
         self.0.busiest(order, limit)
     }
+
+    fn of_app(&self, app: &str) -> serde_json::Value {
+        self.0.of_app(app)
+    }
 }
 
 /// Longest an admin write waits for this router's caches to apply it. Applying reads the

@@ -275,8 +275,8 @@ pub(crate) async fn explain(
 /// Most apps one stats answer lists.
 const MAX_STATS_APPS: usize = 1000;
 
-/// `GET /v1/stats/apps?sort=traffic|errors&limit=N`: the busiest apps of the last minute,
-/// each with its last 15 minutes at 10 s resolution.
+/// `GET /v1/stats/apps?sort=traffic|errors&limit=N` (or `?app=NAME`): the busiest apps of
+/// the last minute, each with its last 15 minutes at 10 s resolution.
 pub(crate) async fn busiest_apps(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
@@ -301,6 +301,9 @@ pub(crate) async fn busiest_apps(
             "this admin API is not attached to a router".into(),
         ));
     };
+    if let Some(app) = query.get("app") {
+        return Ok(Json(traffic.of_app(valid_name(app)?.as_str())));
+    }
     Ok(Json(traffic.busiest(by_errors, limit)))
 }
 

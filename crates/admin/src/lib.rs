@@ -5,6 +5,7 @@
 mod error;
 mod handlers;
 mod import;
+mod ui;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -71,6 +72,8 @@ pub trait HostExplainer: Send + Sync {
 pub trait TrafficView: Send + Sync {
     /// The busiest `limit` apps, by 5xx when `by_errors`, else by answers.
     fn busiest(&self, by_errors: bool, limit: usize) -> serde_json::Value;
+    /// The same for one app (`apps` empty when it had no traffic in the window).
+    fn of_app(&self, app: &str) -> serde_json::Value;
 }
 
 /// What the handlers share.
@@ -178,6 +181,10 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(handlers::healthz))
         .route("/v1/openapi.json", get(handlers::openapi))
+        .route("/ui", get(ui::to_index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/style.css", get(ui::style))
         .merge(protected)
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)

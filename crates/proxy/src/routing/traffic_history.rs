@@ -153,10 +153,20 @@ impl TrafficHistory {
 
     /// The busiest `limit` apps by `order`, each with its rates and its series.
     pub fn busiest(&self, order: TrafficOrder, limit: usize) -> Value {
+        self.listed(order, limit, |_| true)
+    }
+
+    /// [`TrafficHistory::busiest`]'s answer for `app` alone.
+    pub fn of_app(&self, app: &str) -> Value {
+        self.listed(TrafficOrder::Traffic, 1, |name| name == app)
+    }
+
+    fn listed(&self, order: TrafficOrder, limit: usize, wanted: impl Fn(&str) -> bool) -> Value {
         let state = self.state.lock();
         let mut rows: Vec<(&Box<str>, &AppTraffic, Sample)> = state
             .apps
             .iter()
+            .filter(|(app, _)| wanted(app))
             .map(|(app, traffic)| (app, traffic, traffic.sum(MINUTE)))
             .collect();
         match order {

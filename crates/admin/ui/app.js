@@ -1,0 +1,291 @@
+// Switchyard's dashboard: plain JavaScript over the admin API, no build step. Every view
+// is a function of the URL's hash (#/apps?q=…), so a view can be bookmarked and shared,
+// and the router's data stays behind the API's token.
+"use strict";
+
+const view = document.getElementById("view");
+const statusLine = document.getElementById("status");
+let token = sessionStorage.getItem("switchyard-token") || "";
+let refresh = null;
+
+async function api(path, text) {
+  const headers = token ? { Authorization: "Bearer " + token } : {};
+  const response = await fetch(path, { headers });
+  if (response.status === 401) {
+    token = prompt("Admin token") || "";
+    sessionStorage.setItem("switchyard-token", token);
+    return api(path, text);
+  }
+  if (text) return response.text();
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.status);
+  return body;
+}
+
+function escape(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+// A bar per 10 s sample, scaled to the series' own maximum: readable with one sample or 90.
+function sparkline(series, width = 180, height = 28) {
+  if (!series || series.length === 0) return "";
+  const max = Math.max(1, ...series);
+  const slot = width / 90;
+  const bars = series.map((v, i) => {
+    const h = Math.max(1, (v / max) * (height - 2));
+    const x = width - (series.length - i) * slot;
+    return `<rect x="${x.toFixed(1)}" y="${(height - h).toFixed(1)}" width="${Math.max(1, slot - 0.5).toFixed(1)}" height="${h.toFixed(1)}" fill="#2f5fd0"/>`;
+  });
+  return `<svg class="spark" width="${width}" height="${height}"><rect width="${width}" height="${height}" fill="#eef1f5"/>${bars.join("")}</svg>`;
+}
+
+// Prometheus text → { "name{labels}": value }.
+function parseMetrics(text) {
+  const values = {};
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const at = line.lastIndexOf(" ");
+    values[line.slice(0, at)] = Number(line.slice(at + 1));
+  }
+  return values;
+}
+
+function sum(metrics, prefix, filter = () => true) {
+  let total = 0;
+  for (const [key, value] of Object.entries(metrics)) {
+    if ((key === prefix || key.startsWith(prefix + "{")) && filter(key)) total += value;
+  }
+  return total;
+}
+
+// The le="…" quantile of a histogram's increase between two scrapes, in ms.
+function quantile(before, after, name, q) {
+  const buckets = [];
+  for (const [key, value] of Object.entries(after)) {
+    const match = key.match(new RegExp(`^${name}_bucket\\{.*le="([^"]+)"`));
+    if (!match) continue;
+    const le = match[1] === "+Inf" ? Infinity : Number(match[1]);
+    const delta = value - (before[key] || 0);
+    const at = buckets.findIndex((b) => b.le === le);
+    if (at >= 0) buckets[at].count += delta; else buckets.push({ le, count: delta });
+  }
+  buckets.sort((a, b) => a.le - b.le);
+  const total = buckets.length ? buckets[buckets.length - 1].count : 0;
+  if (total <= 0) return null;
+  const wanted = total * q;
+  const found = buckets.find((b) => b.count >= wanted);
+  return found && Number.isFinite(found.le) ? found.le * 1000 : null;
+}
+
+function card(label, value, id) {
+  return `<div class="card"><div class="label">${escape(label)}</div><div class="value" id="${id}">${escape(value)}</div></div>`;
+}
+
+let previous = null;
+
+async function overview() {
+  view.innerHTML = `<h1>Overview</h1><div class="cards">
+    ${card("requests/s", "…", "rps")}${card("5xx share", "…", "errors")}
+    ${card("p50 ms", "…", "p50")}${card("p99 ms", "…", "p99")}
+    ${card("requests in flight", "…", "active")}${card("open WebSockets", "…", "websockets")}
+    ${card("route cache hits", "…", "routehits")}${card("certificate cache hits", "…", "certhits")}
+    ${card("route changes", "…", "changes")}${card("store", "…", "store")}
+  </div><h2>Busiest apps (last minute)</h2><div id="busiest"></div>`;
+  const tick = async () => {
+    const [text, store, busiest] = await Promise.all([
+      api("/metrics", true), api("/v1/store"), api("/v1/stats/apps?limit=10"),
+    ]);
+    const now = { at: Date.now(), metrics: parseMetrics(text) };
+    const m = now.metrics;
+    const answered = sum(m, "switchyard_requests_total");
+    if (previous) {
+      const seconds = (now.at - previous.at) / 1000;
+      const delta = answered - sum(previous.metrics, "switchyard_requests_total");
+      const errors = sum(m, "switchyard_requests_total", (k) => k.includes('class="5xx"'))
+        - sum(previous.metrics, "switchyard_requests_total", (k) => k.includes('class="5xx"'));
+      set("rps", (delta / seconds).toFixed(1));
+      set("errors", delta > 0 ? ((100 * errors) / delta).toFixed(2) + "%" : "–");
+      const p50 = quantile(previous.metrics, m, "switchyard_request_duration_seconds", 0.5);
+      const p99 = quantile(previous.metrics, m, "switchyard_request_duration_seconds", 0.99);
+      set("p50", p50 === null ? "–" : "≤ " + p50);
+      set("p99", p99 === null ? "–" : "≤ " + p99);
+    }
+    previous = now;
+    set("active", sum(m, "switchyard_active_requests"));
+    set("websockets", sum(m, "switchyard_open_websockets"));
+    const ratio = (hits, misses) => {
+      const h = sum(m, hits), total = h + sum(m, misses);
+      return total ? ((100 * h) / total).toFixed(1) + "%" : "–";
+    };
+    set("routehits", ratio("switchyard_route_cache_hits_total", "switchyard_route_cache_misses_total"));
+    set("certhits", ratio("switchyard_cert_cache_hits_total", "switchyard_cert_cache_misses_total"));
+    set("changes", sum(m, "switchyard_route_changes_total"));
+    set("store", `${store.kind}${store.available ? "" : " (unavailable)"}` +
+      (store.last_revision !== undefined && store.last_revision !== null ? ` rev ${store.last_revision}` : ""));
+    document.getElementById("busiest").innerHTML = busiestTable(busiest);
+  };
+  await tick();
+  refresh = setInterval(() => tick().catch(showError), 2000);
+}
+
+function set(id, value) {
+  const element = document.getElementById(id);
+  if (element) element.textContent = value;
+}
+
+function busiestTable(stats) {
+  if (!stats.apps.length) return `<p class="muted">No app answered a request in the last ${stats.window_s / 60} minutes.</p>`;
+  const rows = stats.apps.map((a) => `<tr><td><a href="#/app/${encodeURIComponent(a.app)}">${escape(a.app)}</a></td>
+    <td>${a.rps_10s.toFixed(1)}</td><td>${a.rps_1m.toFixed(1)}</td>
+    <td>${(a.error_ratio_1m * 100).toFixed(1)}%</td><td>${(a.client_error_ratio_1m * 100).toFixed(1)}%</td>
+    <td>${sparkline(a.requests)}</td></tr>`).join("");
+  return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>last 15 min</th></tr>${rows}</table>
+    <p class="muted">History: ${stats.tracked_apps} apps with traffic kept (at most ${stats.max_apps}), ${(stats.memory_bytes / 1024).toFixed(0)} KiB.</p>`;
+}
+
+// Apps: a query is an app name (prefix, through the store's ordered listing) or a domain
+// (through the router's own host matching, wildcards included).
+async function apps(params) {
+  const q = (params.get("q") || "").trim().toLowerCase();
+  const sort = params.get("sort") || "name";
+  view.innerHTML = `<h1>Apps</h1><form id="search"><input name="q" size="40" placeholder="app name or domain" value="${escape(q)}">
+    <button>Search</button> <span class="muted">or the busiest: <a href="#/apps?sort=traffic">by traffic</a> · <a href="#/apps?sort=errors">by 5xx</a></span></form><div id="results"></div>`;
+  document.getElementById("search").onsubmit = (e) => {
+    e.preventDefault();
+    location.hash = "#/apps?q=" + encodeURIComponent(new FormData(e.target).get("q"));
+  };
+  const results = document.getElementById("results");
+  if (sort !== "name") {
+    results.innerHTML = busiestTable(await api(`/v1/stats/apps?sort=${sort === "errors" ? "errors" : "traffic"}&limit=50`));
+    return;
+  }
+  const found = new Map();
+  if (q) {
+    const host = await api("/v1/explain?host=" + encodeURIComponent(q));
+    if (host.app) found.set(host.app, `serves ${escape(q)} (${host.rule} ${escape(host.domain)})`);
+  }
+  const page = await api("/v1/apps?limit=50" + (q ? "&after=" + encodeURIComponent(beforePrefix(q)) : ""));
+  for (const app of page.apps) {
+    if (q && !app.name.startsWith(q)) break;
+    if (!found.has(app.name)) found.set(app.name, (app.domains || []).map(escape).join(", "));
+  }
+  if (!found.size) { results.innerHTML = `<p class="muted">No app is named ${escape(q)}… or serves it.</p>`; return; }
+  results.innerHTML = `<table><tr><th>app</th><th>domains / match</th></tr>${[...found].map(([name, why]) =>
+    `<tr><td><a href="#/app/${encodeURIComponent(name)}">${escape(name)}</a></td><td>${why}</td></tr>`).join("")}</table>`;
+}
+
+// The greatest name before every name starting with `prefix`: listing after it starts there.
+function beforePrefix(prefix) {
+  const last = prefix.charCodeAt(prefix.length - 1);
+  return prefix.slice(0, -1) + String.fromCharCode(last - 1) + "\u{ffff}";
+}
+
+async function appPage(name) {
+  const tick = async () => {
+    const [app, stats] = await Promise.all([
+      api("/v1/apps/" + encodeURIComponent(name)),
+      api("/v1/stats/apps?app=" + encodeURIComponent(name)),
+    ]);
+    const domain = (app.domains || [])[0];
+    const explained = domain ? await api("/v1/explain?host=" + encodeURIComponent(domain.replace("*.", "any."))) : null;
+    const backends = explained && explained.backend ? explained.backend.backends : [];
+    const traffic = stats.apps[0];
+    const certs = await Promise.all((app.domains || []).map((d) =>
+      api("/v1/certs/" + encodeURIComponent(d)).catch(() => null)));
+    view.innerHTML = `<h1>${escape(name)}</h1>
+      <div class="cards">${card("req/s (1 min)", traffic ? traffic.rps_1m.toFixed(1) : "0", "app-rps")}
+      ${card("5xx (1 min)", traffic ? (traffic.error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-errors")}
+      ${card("4xx (1 min)", traffic ? (traffic.client_error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-4xx")}</div>
+      <p>${traffic ? sparkline(traffic.requests, 600, 60) : '<span class="muted">No traffic in the last 15 minutes.</span>'}</p>
+      <h2>Domains</h2><p>${(app.domains || []).map((d) => `<code>${escape(d)}</code>`).join(" ") || "none"}</p>
+      <h2>Backends (${escape(app.balancer)})</h2>
+      <table id="backends"><tr><th>address</th><th>weight</th><th>in flight</th><th>health</th></tr>${backends.map((b) =>
+        `<tr><td>${escape(b.address)}</td><td>${b.weight}</td><td>${b.in_flight}</td><td class="${b.healthy ? "ok" : "bad"}">${backendState(b)}</td></tr>`).join("")}</table>
+      <h2>Features</h2><table>${["waf", "cache", "mirror", "images", "limits", "health_check", "static_root", "hsts"].map((k) =>
+        `<tr><td>${k}</td><td>${app[k] ? "<code>" + escape(JSON.stringify(app[k])) + "</code>" : '<span class="muted">off</span>'}</td></tr>`).join("")}
+        <tr><td>https_redirect</td><td>${app.https_redirect ? "on" : '<span class="muted">off</span>'}</td></tr></table>
+      <h2>Certificates</h2><table><tr><th>domain</th><th>expires</th><th>issuer</th><th>ACME</th></tr>${(app.domains || []).map((d, i) => {
+        const c = certs[i];
+        return `<tr><td>${escape(d)}</td><td>${c && c.not_after ? escape(date(c.not_after)) : '<span class="muted">none stored</span>'}</td>
+          <td>${escape(c && c.issuer)}</td><td>${escape(c && c.acme ? c.acme.state || JSON.stringify(c.acme) : "")}</td></tr>`;
+      }).join("")}</table>`;
+  };
+  await tick();
+  refresh = setInterval(() => tick().catch(showError), 2000);
+}
+
+function backendState(b) {
+  if (b.retired) return "retired (draining)";
+  if (b.failing_checks) return "down (failing health checks)";
+  if (b.passively_down) return "down (refused a connection)";
+  return "healthy";
+}
+
+async function explain(params) {
+  const host = params.get("host") || "";
+  const path = params.get("path") || "/";
+  view.innerHTML = `<h1>Explain a host</h1><form id="explain"><input name="host" size="36" placeholder="host" value="${escape(host)}">
+    <input name="path" size="30" value="${escape(path)}"> <button>Explain</button></form><div id="answer"></div>`;
+  document.getElementById("explain").onsubmit = (e) => {
+    e.preventDefault();
+    const form = new FormData(e.target);
+    location.hash = `#/explain?host=${encodeURIComponent(form.get("host"))}&path=${encodeURIComponent(form.get("path"))}`;
+  };
+  if (!host) return;
+  const a = await api(`/v1/explain?host=${encodeURIComponent(host)}&path=${encodeURIComponent(path)}`);
+  const answer = document.getElementById("answer");
+  if (!a.app) { answer.innerHTML = `<p><strong>${escape(a.host)}</strong>: no app. ${escape(a.why)}</p>`; return; }
+  answer.innerHTML = `<p id="verdict"><strong>${escape(a.host)}${escape(a.path)}</strong> → app
+    <a href="#/app/${encodeURIComponent(a.app)}">${escape(a.app)}</a> by the <strong>${escape(a.rule)}</strong> rule
+    <code>${escape(a.domain)}</code> <span class="muted">(looked up: ${a.tried.map(escape).join(", ")})</span></p>
+    <h2>Stages</h2><table>${a.stages.map((s) => `<tr><td>${escape(s.stage)}</td><td class="${s.applies ? "ok" : "muted"}">${s.applies ? "applies" : "skipped"}</td><td>${escape(s.why)}</td></tr>`).join("")}</table>
+    <h2>Next backend</h2><p><code>${escape(a.backend.next || "none")}</code> — ${escape(a.backend.why)}</p>`;
+}
+
+async function certs() {
+  view.innerHTML = `<h1>Certificates</h1><div id="certs">Loading…</div>`;
+  const all = [];
+  let after = null;
+  // At most 10,000 certificates are read (pages of 1,000), then sorted by expiry here.
+  for (let page = 0; page < 10; page++) {
+    const answer = await api("/v1/certs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
+    all.push(...answer.certs);
+    after = answer.next_after;
+    if (!after) break;
+  }
+  all.sort((a, b) => a.not_after - b.not_after);
+  const now = Date.now();
+  document.getElementById("certs").innerHTML = all.length ? `<table><tr><th>domain</th><th>expires</th><th>days left</th><th>issuer</th></tr>${all.map((c) => {
+    const days = Math.floor((c.not_after * 1000 - now) / 86400000);
+    return `<tr><td>${escape(c.domain)}</td><td>${escape(date(c.not_after))}</td><td class="${days < 14 ? "bad" : "ok"}">${Number.isFinite(days) ? days : "?"}</td><td>${escape(c.issuer)}</td></tr>`;
+  }).join("")}</table>${after ? '<p class="muted">Only the first 10,000 certificates are shown.</p>' : ""}` : '<p class="muted">No certificate is stored.</p>';
+}
+
+function date(unixSeconds) {
+  return new Date(unixSeconds * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC";
+}
+
+function showError(error) {
+  statusLine.textContent = "error: " + error.message;
+}
+
+async function route() {
+  clearInterval(refresh);
+  previous = null;
+  statusLine.textContent = "";
+  const [path, query] = location.hash.replace(/^#/, "").split("?");
+  const params = new URLSearchParams(query || "");
+  try {
+    if (path.startsWith("/app/")) await appPage(decodeURIComponent(path.slice(5)));
+    else if (path === "/apps") await apps(params);
+    else if (path === "/explain") await explain(params);
+    else if (path === "/certs") await certs();
+    else await overview();
+    statusLine.textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,227 @@
+//! The dashboard in a real browser: Debian's headless Chromium loads `/ui/` from the real
+//! router (1,000 apps imported, real backends), runs its JavaScript against the admin API
+//! and hands back the rendered DOM. With SWITCHYARD_SCREENSHOTS=DIR it also saves the
+//! screenshots the README shows (docs/).
+
+use switchyard_test_support as support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::{Backend, RouterProcess};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Chromium with the flags a closed, root-run test machine needs.
+fn chromium(profile: &Path, extra: &[String], url: &str) -> String {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: scripts/test installs Debian's chromium"
+    );
+    let output = Command::new(CHROMIUM)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,900",
+            // Virtual time runs the page's timers (two refreshes) without real waiting.
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("start chromium");
+    assert!(
+        output.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+struct Browser {
+    profile: tempfile::TempDir,
+    base: String,
+    screenshots: Option<PathBuf>,
+}
+
+impl Browser {
+    fn new(router: &RouterProcess) -> Self {
+        Self {
+            profile: tempfile::tempdir().expect("profile dir"),
+            base: format!("http://{}/ui/", router.admin),
+            screenshots: std::env::var_os("SWITCHYARD_SCREENSHOTS").map(PathBuf::from),
+        }
+    }
+
+    /// The DOM of `/ui/#{hash}` once its script has run.
+    fn dom(&self, hash: &str) -> String {
+        chromium(
+            self.profile.path(),
+            &["--dump-dom".into()],
+            &format!("{}#{hash}", self.base),
+        )
+    }
+
+    fn screenshot(&self, hash: &str, name: &str) {
+        let Some(dir) = &self.screenshots else {
+            return;
+        };
+        std::fs::create_dir_all(dir).expect("screenshot dir");
+        let path = dir.join(name);
+        chromium(
+            self.profile.path(),
+            &[format!("--screenshot={}", path.display())],
+            &format!("{}#{hash}", self.base),
+        );
+        assert!(path.exists(), "no screenshot at {}", path.display());
+    }
+}
+
+/// The text of the element with `id` in `dom` (no markup inside it).
+fn text_of<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let open = start + dom[start..].find('>')? + 1;
+    let close = open + dom[open..].find('<')?;
+    Some(dom[open..close].trim())
+}
+
+#[test]
+fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts() {
+    let router = RouterProcess::start();
+    let steady = Backend::start("steady");
+    let doomed = Backend::start("doomed");
+    // 1,000 apps through the bulk import, then the ones the views are checked on.
+    let lines: Vec<String> = (0..1000)
+        .map(|i| {
+            json!({"name": format!("tenant-{i:04}"), "domains": [format!("tenant-{i:04}.ui.test")],
+                   "backends": [steady.addr.to_string()]})
+            .to_string()
+        })
+        .collect();
+    let (status, answer) = router.admin_call("POST", "/v1/import/apps", Some(&lines.join("\n")));
+    assert_eq!(
+        (status, answer["applied"].clone()),
+        (200, json!(1000)),
+        "{answer}"
+    );
+    router.put_app(
+        "shop",
+        json!({
+            "domains": ["shop.ui.test", "www.shop.ui.test"],
+            "backends": [steady.addr.to_string(), doomed.addr.to_string()],
+            "health_check": {"path": "/health", "interval_ms": 200, "timeout_ms": 150, "unhealthy_threshold": 1},
+            "cache": {"paths": ["/assets/*"]},
+        }),
+    );
+    router.put_app(
+        "wild",
+        json!({"domains": ["*.wild.ui.test"], "backends": [steady.addr.to_string()]}),
+    );
+    for _ in 0..40 {
+        assert_eq!(router.get("shop.ui.test", "/").status, 200);
+    }
+    assert_eq!(router.get("tenant-0007.ui.test", "/").status, 200);
+    // The busiest-apps table needs the history's next sample (every 10 s).
+    support::eventually(
+        Duration::from_secs(25),
+        "shop in the traffic history",
+        || {
+            router.admin_call("GET", "/v1/stats/apps?app=shop", None).1["apps"]
+                .as_array()
+                .is_some_and(|apps| !apps.is_empty())
+        },
+    );
+
+    let browser = Browser::new(&router);
+    // Traffic while the overview renders, so its figures move between two refreshes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (stop, port) = (stop.clone(), router.http);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = support::get(port, "shop.ui.test", "/");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let overview = browser.dom("/");
+    browser.screenshot("/", "dashboard-overview.png");
+    stop.store(true, Ordering::Relaxed);
+    let _ = traffic.join();
+    let requests_per_s = text_of(&overview, "rps").expect("a requests/s card");
+    assert!(
+        requests_per_s.parse::<f64>().is_ok_and(|rate| rate > 0.0),
+        "requests/s is a live number after two refreshes: {requests_per_s:?}"
+    );
+    assert_eq!(
+        text_of(&overview, "store"),
+        Some("embedded"),
+        "the store card"
+    );
+    assert!(
+        overview.contains("href=\"#/app/shop\""),
+        "the busiest apps list shop"
+    );
+
+    // Search: by a domain, by a name prefix.
+    let by_domain = browser.dom("/apps?q=www.shop.ui.test");
+    assert!(
+        by_domain.contains("href=\"#/app/shop\"") && by_domain.contains("exact"),
+        "{by_domain}"
+    );
+    let by_prefix = browser.dom("/apps?q=tenant-099");
+    assert!(by_prefix.contains("tenant-0990") && by_prefix.contains("tenant-0999"));
+    assert!(
+        !by_prefix.contains("tenant-0989"),
+        "only names with the prefix"
+    );
+
+    // The app page: both backends healthy, then one killed and shown down.
+    let healthy = browser.dom("/app/shop");
+    assert_eq!(healthy.matches(">healthy<").count(), 2, "{healthy}");
+    doomed.stop();
+    support::eventually(
+        Duration::from_secs(10),
+        "the health check marks it down",
+        || {
+            router
+                .admin_call("GET", "/v1/explain?host=shop.ui.test", None)
+                .1["backend"]["backends"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|b| b["failing_checks"] == true))
+        },
+    );
+    let degraded = browser.dom("/app/shop");
+    assert!(
+        degraded.contains("down (failing health checks)"),
+        "{degraded}"
+    );
+    assert!(degraded.contains(&doomed.addr.to_string()));
+    browser.screenshot("/app/shop", "dashboard-app.png");
+
+    // Explain a host: the wildcard rule that routes it.
+    let explained = browser.dom("/explain?host=eu.api.wild.ui.test&path=/x");
+    let verdict = text_of(&explained, "verdict")
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(
+        explained.contains("<strong>wildcard</strong>") && explained.contains("*.wild.ui.test"),
+        "{verdict} / {explained}"
+    );
+    browser.screenshot(
+        "/explain?host=eu.api.wild.ui.test&path=/x",
+        "dashboard-explain.png",
+    );
+}
