@@ -541,7 +541,7 @@ def operator_report(o, date):
               ]
     c = o.get("cost")
     if c:
-        lines += ["", f"CPU per proxied request at {c['rate']} req/s over {c['apps']} apps, {c['seconds']} s "
+        lines += [f"CPU per proxied request at {c['rate']} req/s over {c['apps']} apps, {c['seconds']} s "
                   f"runs alternated: this build {c['this_us']} µs, {c['baseline']} (no history) "
                   f"{c['baseline_us']} µs (medians of 3; rounds: "
                   + ", ".join(f"{r['build']} {r['cpu_us_per_request']}" for r in c["rounds"]) + ")."]
