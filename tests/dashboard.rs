@@ -191,6 +191,21 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     // The app page: both backends healthy, then one killed and shown down.
     let healthy = browser.dom("/app/shop");
     assert_eq!(healthy.matches(">healthy<").count(), 2, "{healthy}");
+    let classes = text_of(&healthy, "app-classes").unwrap_or_default();
+    let answered = router.metric("switchyard_requests_total{app=\"shop\",class=\"2xx\"}");
+    assert!(
+        answered >= 40.0 && classes.contains(&format!("2xx {answered} ")),
+        "the app's own counters: {classes} (the router counts {answered})"
+    );
+    assert!(
+        !healthy.contains("tenant-0007"),
+        "only the app's series are read"
+    );
+    let p99 = text_of(&healthy, "app-p99").unwrap_or_default();
+    assert!(
+        p99.starts_with("≤ ") && p99.ends_with(" ms"),
+        "a p99 bound: {p99:?}"
+    );
     doomed.stop();
     support::eventually(
         Duration::from_secs(10),

@@ -342,6 +342,8 @@ fn top_shows_the_busiest_apps_from_the_traffic_history() {
         Some(30)
     );
     assert_eq!(stats["resolution_s"], 10);
+    let p99 = stats["apps"][0]["p99_ms_1m"].as_u64().expect("a p99 bound");
+    assert!((1..=10_000).contains(&p99), "{stats}");
     assert!(router.metric("switchyard_history_apps") >= 2.0);
     let (status, refused) = router.admin_call("GET", "/v1/stats/apps?sort=slowest", None);
     assert_eq!((status, refused["field"].clone()), (400, json!("sort")));

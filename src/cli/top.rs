@@ -50,7 +50,7 @@ pub(crate) fn run(args: TopArgs) -> ExitCode {
 /// One frame: a header, then an app a line with its rates and a sparkline of 15 minutes.
 fn render(stats: &Value) -> String {
     let mut text = format!(
-        "{} apps with traffic in the last {} min (kept: {} of at most {}, {} KB)\n\n{:<32} {:>9} {:>9} {:>7} {:>7}  last 15 min\n",
+        "{} apps with traffic in the last {} min (kept: {} of at most {}, {} KB)\n\n{:<32} {:>9} {:>9} {:>7} {:>7} {:>9}  last 15 min\n",
         stats["tracked_apps"],
         stats["window_s"].as_u64().unwrap_or(900) / 60,
         stats["tracked_apps"],
@@ -60,20 +60,31 @@ fn render(stats: &Value) -> String {
         "REQ/S 10s",
         "REQ/S 1m",
         "5xx 1m",
-        "4xx 1m"
+        "4xx 1m",
+        "p99 1m"
     );
     for app in stats["apps"].as_array().into_iter().flatten() {
         text.push_str(&format!(
-            "{:<32} {:>9.1} {:>9.1} {:>6.1}% {:>6.1}%  {}\n",
+            "{:<32} {:>9.1} {:>9.1} {:>6.1}% {:>6.1}% {:>9}  {}\n",
             app["app"].as_str().unwrap_or("?"),
             app["rps_10s"].as_f64().unwrap_or(0.0),
             app["rps_1m"].as_f64().unwrap_or(0.0),
             app["error_ratio_1m"].as_f64().unwrap_or(0.0) * 100.0,
             app["client_error_ratio_1m"].as_f64().unwrap_or(0.0) * 100.0,
+            p99(&app["p99_ms_1m"]),
             sparkline(&app["requests"])
         ));
     }
     text.trim_end().to_string()
+}
+
+/// A p99 from the history's duration buckets: an upper bound.
+fn p99(ms: &Value) -> String {
+    match ms.as_u64() {
+        None => "-".into(),
+        Some(ms) if ms >= 10_000 => ">=10 s".into(),
+        Some(ms) => format!("<={ms} ms"),
+    }
 }
 
 /// The series as block characters scaled to its own maximum.

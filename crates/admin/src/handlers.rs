@@ -353,9 +353,50 @@ pub(crate) async fn list_certs(
     ))
 }
 
-pub(crate) async fn metrics() -> Response {
+/// `GET /metrics`, or with `?app=NAME` only the series labelled with that app (the
+/// dashboard's app page reads its cache, WAF, mirror and status figures this way without
+/// fetching every app's series).
+pub(crate) async fn metrics(
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let mut families = prometheus::gather();
+    if let Some(app) = query.get("app") {
+        let app = valid_name(app)?;
+        families = only_app(families, app.as_str());
+    }
+    Ok(encode_metrics(&families))
+}
+
+/// The families' series whose `app` label is `app`; families left empty are dropped.
+fn only_app(
+    families: Vec<prometheus::proto::MetricFamily>,
+    app: &str,
+) -> Vec<prometheus::proto::MetricFamily> {
+    families
+        .into_iter()
+        .filter_map(|mut family| {
+            let kept: Vec<prometheus::proto::Metric> = family
+                .take_metric()
+                .into_iter()
+                .filter(|metric| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .any(|pair| pair.get_name() == "app" && pair.get_value() == app)
+                })
+                .collect();
+            if kept.is_empty() {
+                return None;
+            }
+            family.set_metric(kept.into());
+            Some(family)
+        })
+        .collect()
+}
+
+fn encode_metrics(families: &[prometheus::proto::MetricFamily]) -> Response {
     let mut text = Vec::new();
-    if let Err(e) = TextEncoder::new().encode(&prometheus::gather(), &mut text) {
+    if let Err(e) = TextEncoder::new().encode(families, &mut text) {
         log::error!("cannot encode metrics: {e}");
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }

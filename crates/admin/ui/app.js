@@ -133,13 +133,19 @@ function set(id, value) {
   if (element) element.textContent = value;
 }
 
+// The history keeps durations in buckets: a p99 reads "≤ bound".
+function p99(ms) {
+  if (ms === null || ms === undefined) return "–";
+  return ms >= 10000 ? "≥ 10 s" : `≤ ${ms} ms`;
+}
+
 function busiestTable(stats) {
   if (!stats.apps.length) return `<p class="muted">No app answered a request in the last ${stats.window_s / 60} minutes.</p>`;
   const rows = stats.apps.map((a) => `<tr><td><a href="#/app/${encodeURIComponent(a.app)}">${escape(a.app)}</a></td>
     <td>${a.rps_10s.toFixed(1)}</td><td>${a.rps_1m.toFixed(1)}</td>
     <td>${(a.error_ratio_1m * 100).toFixed(1)}%</td><td>${(a.client_error_ratio_1m * 100).toFixed(1)}%</td>
-    <td>${sparkline(a.requests)}</td></tr>`).join("");
-  return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>last 15 min</th></tr>${rows}</table>
+    <td>${p99(a.p99_ms_1m)}</td><td>${sparkline(a.requests)}</td></tr>`).join("");
+  return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>p99 (1 min)</th><th>last 15 min</th></tr>${rows}</table>
     <p class="muted">History: ${stats.tracked_apps} apps with traffic kept (at most ${stats.max_apps}), ${(stats.memory_bytes / 1024).toFixed(0)} KiB.</p>`;
 }
 
@@ -182,10 +188,15 @@ function beforePrefix(prefix) {
 
 async function appPage(name) {
   const tick = async () => {
-    const [app, stats] = await Promise.all([
+    const [app, stats, counters] = await Promise.all([
       api("/v1/apps/" + encodeURIComponent(name)),
       api("/v1/stats/apps?app=" + encodeURIComponent(name)),
+      api("/metrics?app=" + encodeURIComponent(name), true).then(parseMetrics),
     ]);
+    const count = (metric, label) => sum(counters, metric, (k) => !label || k.includes(label));
+    const lookups = count("switchyard_cache_requests_total");
+    const classes = ["2xx", "3xx", "4xx", "5xx"].map((c) =>
+      `${c} ${count("switchyard_requests_total", `class="${c}"`)}`).join(" · ");
     const domain = (app.domains || [])[0];
     const explained = domain ? await api("/v1/explain?host=" + encodeURIComponent(domain.replace("*.", "any."))) : null;
     const backends = explained && explained.backend ? explained.backend.backends : [];
@@ -195,7 +206,12 @@ async function appPage(name) {
     view.innerHTML = `<h1>${escape(name)}</h1>
       <div class="cards">${card("req/s (1 min)", traffic ? traffic.rps_1m.toFixed(1) : "0", "app-rps")}
       ${card("5xx (1 min)", traffic ? (traffic.error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-errors")}
-      ${card("4xx (1 min)", traffic ? (traffic.client_error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-4xx")}</div>
+      ${card("4xx (1 min)", traffic ? (traffic.client_error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-4xx")}
+      ${card("p99 (1 min)", traffic ? p99(traffic.p99_ms_1m) : "–", "app-p99")}
+      ${card("cache hits", lookups ? ((100 * count("switchyard_cache_requests_total", 'result="HIT"')) / lookups).toFixed(1) + "%" : "–", "app-cache")}
+      ${card("WAF blocks", app.waf ? count("switchyard_waf_requests_total", 'result="blocked"') : "–", "app-waf")}
+      ${card("mirror copies", app.mirror ? count("switchyard_mirror_sent_total") : "–", "app-mirror")}</div>
+      <p class="muted" id="app-classes">answers since start: ${escape(classes)}</p>
       <p>${traffic ? sparkline(traffic.requests, 600, 60) : '<span class="muted">No traffic in the last 15 minutes.</span>'}</p>
       <h2>Domains</h2><p>${(app.domains || []).map((d) => `<code>${escape(d)}</code>`).join(" ") || "none"}</p>
       <h2>Backends (${escape(app.balancer)})</h2>
@@ -204,6 +220,8 @@ async function appPage(name) {
       <h2>Features</h2><table>${["waf", "cache", "mirror", "images", "limits", "health_check", "static_root", "hsts"].map((k) =>
         `<tr><td>${k}</td><td>${app[k] ? "<code>" + escape(JSON.stringify(app[k])) + "</code>" : '<span class="muted">off</span>'}</td></tr>`).join("")}
         <tr><td>https_redirect</td><td>${app.https_redirect ? "on" : '<span class="muted">off</span>'}</td></tr></table>
+      <h2>Counters</h2><table>${Object.entries(counters).map(([series, value]) =>
+        `<tr><td><code>${escape(series.replace(`app="${name}",`, "").replace(`,app="${name}"`, "").replace(`app="${name}"`, ""))}</code></td><td>${value}</td></tr>`).join("")}</table>
       <h2>Certificates</h2><table><tr><th>domain</th><th>expires</th><th>issuer</th><th>ACME</th></tr>${(app.domains || []).map((d, i) => {
         const c = certs[i];
         return `<tr><td>${escape(d)}</td><td>${c && c.not_after ? escape(date(c.not_after)) : '<span class="muted">none stored</span>'}</td>

@@ -84,12 +84,13 @@ impl RequestCtx {
     /// Counts the request, answered with `status` (0 when nothing was sent), in its app's
     /// requests and in the duration histogram.
     pub(crate) fn count_answer(&self, status: u16) {
+        let elapsed = self.started.elapsed();
         match &self.route {
-            Some(route) => route.requests.record(status),
-            None => REQUEST_COUNTS.unrouted().record(status),
+            Some(route) => route.requests.record(status, elapsed),
+            None => REQUEST_COUNTS.unrouted().record(status, elapsed),
         }
         metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Ends the current attempt's bookkeeping (in-flight count, connection registration).

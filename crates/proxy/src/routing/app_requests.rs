@@ -9,8 +9,9 @@
 //! stored apps, as the labels were.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
@@ -20,16 +21,28 @@ use crate::metrics::{status_class_index, STATUS_CLASSES};
 
 const NAME: &str = "switchyard_requests_total";
 const HELP: &str = "Requests answered, by app and status class (1xx..5xx).";
-/// One app's answered requests, a counter per status class in [`STATUS_CLASSES`]' order.
+/// Upper bounds (ms) of the per-app duration buckets; a last bucket holds the slower.
+pub(crate) const DURATION_BOUNDS_MS: [u64; 12] =
+    [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000];
+
+/// One app's answered requests, a counter per status class in [`STATUS_CLASSES`]' order,
+/// and how long they took in coarse buckets (for the traffic history's p99 per app). The
+/// buckets are `u32` and wrap: only differences between two samples are read, and a
+/// bucket takes more than 4 billion answers between two samples only in theory. 52 bytes
+/// beside the counters, for every app with a route.
 #[derive(Debug, Default)]
 pub(crate) struct AppRequests {
     by_class: [AtomicU64; STATUS_CLASSES.len()],
+    by_duration: [AtomicU32; DURATION_BOUNDS_MS.len() + 1],
 }
 
 impl AppRequests {
-    /// Counts one answer with `status` (0 when nothing was sent).
-    pub(crate) fn record(&self, status: u16) {
+    /// Counts one answer with `status` (0 when nothing was sent) that took `elapsed`.
+    pub(crate) fn record(&self, status: u16, elapsed: Duration) {
         self.by_class[status_class_index(status)].fetch_add(1, Ordering::Relaxed);
+        let ms = elapsed.as_millis() as u64;
+        let bucket = DURATION_BOUNDS_MS.partition_point(|&bound| bound < ms.max(1));
+        self.by_duration[bucket].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -37,6 +50,11 @@ impl AppRequests {
     /// The counters, one per status class in [`STATUS_CLASSES`]' order.
     pub(crate) fn by_class(&self) -> &[AtomicU64; STATUS_CLASSES.len()] {
         &self.by_class
+    }
+
+    /// The duration buckets, bounded by [`DURATION_BOUNDS_MS`].
+    pub(crate) fn by_duration(&self) -> &[AtomicU32; DURATION_BOUNDS_MS.len() + 1] {
+        &self.by_duration
     }
 }
 
@@ -162,11 +180,12 @@ mod tests {
     #[test]
     fn the_exposition_lists_each_app_and_class_that_counted() {
         let counts = Arc::new(RequestCounts::new());
-        counts.for_app("web").record(200);
-        counts.for_app("web").record(204);
-        counts.for_app("web").record(503);
+        let took = Duration::from_millis(3);
+        counts.for_app("web").record(200, took);
+        counts.for_app("web").record(204, took);
+        counts.for_app("web").record(503, took);
         counts.for_app("idle");
-        counts.unrouted().record(404);
+        counts.unrouted().record(404, took);
         let registry = Registry::new();
         assert!(registry
             .register(Box::new(RequestCountsCollector(counts.clone())))
@@ -201,9 +220,15 @@ mod tests {
         let counts = RequestCounts::new();
         let first = counts.for_app("web");
         let second = counts.for_app("web");
-        first.record(200);
-        second.record(200);
+        first.record(200, Duration::ZERO);
+        second.record(200, Duration::from_secs(20));
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(first.by_class[1].load(Ordering::Relaxed), 2);
+        // Under a millisecond in the first bucket, past the last bound in the extra one.
+        assert_eq!(first.by_duration[0].load(Ordering::Relaxed), 1);
+        assert_eq!(
+            first.by_duration[DURATION_BOUNDS_MS.len()].load(Ordering::Relaxed),
+            1
+        );
     }
 }

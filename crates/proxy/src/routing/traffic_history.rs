@@ -1,11 +1,13 @@
-//! The last 15 minutes of each busy app's traffic at 10 s resolution: what `switchyard top`
-//! and `GET /v1/stats/apps` show, from the per-app counters the request path already keeps
-//! (`app_requests.rs`). A task samples them every 10 s; the request path does no more work.
+//! The last 15 minutes of each busy app's traffic at 10 s resolution: what `switchyard top`,
+//! the dashboard and `GET /v1/stats/apps` show, from the per-app counters the request path
+//! already keeps (`app_requests.rs`). A task samples them every 10 s; the request path does
+//! no more work.
 //!
 //! Bounded: only apps that answered a request in the window are kept (an app idle for the
 //! whole window is dropped), at most `max_apps` of them (more are counted as refused, not
-//! tracked), each a ring of 90 samples of three `u32` (answers, 4xx, 5xx) — about 1.2 KB an
-//! app with its name and map entry, 12 MB for 10,000 busy apps. Its size is a metric.
+//! tracked), each a ring of 90 samples (answers, 4xx, 5xx, the p99's duration bucket: 16
+//! bytes) — about 1.6 KB an app with its name and map entries, 16 MB for 10,000 busy apps.
+//! Its size is a metric.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -15,7 +17,9 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::metrics;
-use crate::routing::app_requests::{AppRequests, RequestCounts, REQUEST_COUNTS};
+use crate::routing::app_requests::{
+    AppRequests, RequestCounts, DURATION_BOUNDS_MS, REQUEST_COUNTS,
+};
 use crate::shutdown::ShutdownWatch;
 
 /// Time between samples.
@@ -24,11 +28,47 @@ pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 const SAMPLES: usize = 90;
 /// Samples in a minute, the span apps are ranked by.
 const MINUTE: usize = 6;
-/// Approximate bytes one tracked app costs beyond its samples (name, map entries).
-const APP_OVERHEAD_BYTES: usize = 160;
+/// Approximate bytes one tracked app costs beyond its samples (name, map entries, the
+/// counters read at the last sample).
+const APP_OVERHEAD_BYTES: usize = 220;
+const DURATION_BUCKETS: usize = DURATION_BOUNDS_MS.len() + 1;
+/// A sample's p99 bucket when the app answered nothing in it.
+const NO_ANSWERS: u8 = u8::MAX;
 
-/// One 10 s interval of one app: answers, then those with 4xx and 5xx.
-type Sample = [u32; 3];
+/// One 10 s interval of one app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sample {
+    answers: u32,
+    client_errors: u32,
+    server_errors: u32,
+    /// The duration bucket holding the 99th percentile.
+    p99_bucket: u8,
+}
+
+impl Sample {
+    const QUIET: Self = Self {
+        answers: 0,
+        client_errors: 0,
+        server_errors: 0,
+        p99_bucket: NO_ANSWERS,
+    };
+}
+
+/// What an app's counters read at a sample.
+#[derive(Clone, Copy)]
+struct Reading {
+    /// Answers, 4xx, 5xx, cumulative since the process started.
+    totals: [u64; 3],
+    /// Cumulative and wrapping.
+    durations: [u32; DURATION_BUCKETS],
+}
+
+impl Reading {
+    const ZERO: Self = Self {
+        totals: [0; 3],
+        durations: [0; DURATION_BUCKETS],
+    };
+}
 
 struct AppTraffic {
     /// Oldest first; the last is the latest interval.
@@ -39,20 +79,28 @@ struct AppTraffic {
 
 impl AppTraffic {
     fn idle(&self) -> bool {
-        self.samples.iter().all(|s| s[0] == 0)
+        self.samples.iter().all(|s| s.answers == 0)
     }
 
+    /// Answers, 4xx and 5xx over the `last` samples, and the slowest p99 bucket among them.
     fn sum(&self, last: usize) -> Sample {
-        self.samples.iter().rev().take(last).fold([0; 3], |acc, s| {
-            [acc[0] + s[0], acc[1] + s[1], acc[2] + s[2]]
-        })
+        self.samples
+            .iter()
+            .rev()
+            .take(last)
+            .fold(Sample::QUIET, |acc, s| Sample {
+                answers: acc.answers + s.answers,
+                client_errors: acc.client_errors + s.client_errors,
+                server_errors: acc.server_errors + s.server_errors,
+                p99_bucket: slower(acc.p99_bucket, s.p99_bucket),
+            })
     }
 }
 
 #[derive(Default)]
 struct HistoryState {
-    /// Cumulative counts seen at the last sample, per app that ever answered.
-    seen: HashMap<Box<str>, [u64; 3]>,
+    /// Counters read at the last sample, per app that ever answered.
+    seen: HashMap<Box<str>, Reading>,
     apps: HashMap<Box<str>, AppTraffic>,
     samples_taken: u64,
 }
@@ -100,11 +148,11 @@ impl TrafficHistory {
     }
 
     fn sample_from(&self, requests_by_app: &RequestCounts) {
-        let mut counts: Vec<(Box<str>, [u64; 3])> = Vec::new();
+        let mut readings: Vec<(Box<str>, Reading)> = Vec::new();
         requests_by_app.each_app(|app, requests| {
-            let totals = totals(requests);
-            if totals[0] > 0 {
-                counts.push((app.into(), totals));
+            let reading = read(requests);
+            if reading.totals[0] > 0 {
+                readings.push((app.into(), reading));
             }
         });
         let mut state = self.state.lock();
@@ -112,19 +160,18 @@ impl TrafficHistory {
         state.samples_taken += 1;
         let tick = state.samples_taken;
         let mut refused = 0u64;
-        for (app, totals) in counts {
+        for (app, reading) in readings {
             // Counters start at zero with the process, and an app's first answer makes it
             // appear here: an app not seen before answered all of its count since.
-            let previous = state.seen.insert(app.clone(), totals).unwrap_or([0; 3]);
-            let delta = [0, 1, 2].map(|i| {
-                totals[i]
-                    .saturating_sub(previous[i])
-                    .min(u64::from(u32::MAX)) as u32
-            });
+            let previous = state
+                .seen
+                .insert(app.clone(), reading)
+                .unwrap_or(Reading::ZERO);
+            let interval = difference(&previous, &reading);
             if let Some(traffic) = state.apps.get_mut(&app) {
-                push(traffic, delta);
+                push(traffic, interval);
                 traffic.sampled_at = tick;
-            } else if delta[0] == 0 {
+            } else if interval.answers == 0 {
                 // Not in the history and still quiet: nothing to keep.
             } else if state.apps.len() >= self.max_apps {
                 refused += 1;
@@ -133,15 +180,15 @@ impl TrafficHistory {
                     samples: VecDeque::with_capacity(SAMPLES),
                     sampled_at: tick,
                 };
-                push(&mut traffic, delta);
+                push(&mut traffic, interval);
                 state.apps.insert(app, traffic);
             }
         }
-        // An app whose counters were not seen (deleted) gets a zero interval; an app whose
-        // whole window is zero goes.
+        // An app whose counters were not seen (deleted) gets a quiet interval; an app whose
+        // whole window is quiet goes.
         for traffic in state.apps.values_mut() {
             if traffic.sampled_at != tick {
-                push(traffic, [0; 3]);
+                push(traffic, Sample::QUIET);
                 traffic.sampled_at = tick;
             }
         }
@@ -169,25 +216,29 @@ impl TrafficHistory {
             .filter(|(app, _)| wanted(app))
             .map(|(app, traffic)| (app, traffic, traffic.sum(MINUTE)))
             .collect();
-        match order {
-            TrafficOrder::Traffic => rows.sort_by(|a, b| b.2[0].cmp(&a.2[0]).then(a.0.cmp(b.0))),
-            TrafficOrder::Errors => rows.sort_by(|a, b| b.2[2].cmp(&a.2[2]).then(a.0.cmp(b.0))),
-        }
+        let key = |sample: &Sample| match order {
+            TrafficOrder::Traffic => sample.answers,
+            TrafficOrder::Errors => sample.server_errors,
+        };
+        rows.sort_by(|a, b| key(&b.2).cmp(&key(&a.2)).then(a.0.cmp(b.0)));
         let interval = SAMPLE_EVERY.as_secs_f64();
         let apps: Vec<Value> = rows
             .into_iter()
             .take(limit)
             .map(|(app, traffic, minute)| {
-                let latest = traffic.samples.back().copied().unwrap_or_default();
+                let latest = traffic.samples.back().copied().unwrap_or(Sample::QUIET);
                 let window = traffic.samples.len().clamp(1, MINUTE) as f64 * interval;
                 json!({
                     "app": app.as_ref(),
-                    "rps_10s": f64::from(latest[0]) / interval,
-                    "rps_1m": f64::from(minute[0]) / window,
-                    "error_ratio_1m": ratio(minute[2], minute[0]),
-                    "client_error_ratio_1m": ratio(minute[1], minute[0]),
-                    "requests": traffic.samples.iter().map(|s| s[0]).collect::<Vec<_>>(),
-                    "errors": traffic.samples.iter().map(|s| s[2]).collect::<Vec<_>>(),
+                    "rps_10s": f64::from(latest.answers) / interval,
+                    "rps_1m": f64::from(minute.answers) / window,
+                    "error_ratio_1m": ratio(minute.server_errors, minute.answers),
+                    "client_error_ratio_1m": ratio(minute.client_errors, minute.answers),
+                    "p99_ms_10s": p99_ms(latest.p99_bucket),
+                    "p99_ms_1m": p99_ms(minute.p99_bucket),
+                    "requests": traffic.samples.iter().map(|s| s.answers).collect::<Vec<_>>(),
+                    "errors": traffic.samples.iter().map(|s| s.server_errors).collect::<Vec<_>>(),
+                    "p99_ms": traffic.samples.iter().map(|s| p99_ms(s.p99_bucket)).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -209,14 +260,67 @@ fn push(traffic: &mut AppTraffic, sample: Sample) {
     traffic.samples.push_back(sample);
 }
 
-fn totals(requests: &AppRequests) -> [u64; 3] {
+fn read(requests: &AppRequests) -> Reading {
     let by_class = requests.by_class();
-    let all = by_class.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-    [
-        all,
-        by_class[3].load(Ordering::Relaxed),
-        by_class[4].load(Ordering::Relaxed),
-    ]
+    let by_duration = requests.by_duration();
+    Reading {
+        totals: [
+            by_class.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            by_class[3].load(Ordering::Relaxed),
+            by_class[4].load(Ordering::Relaxed),
+        ],
+        durations: std::array::from_fn(|i| by_duration[i].load(Ordering::Relaxed)),
+    }
+}
+
+/// The interval between two readings of one app.
+fn difference(before: &Reading, after: &Reading) -> Sample {
+    let count = |i: usize| {
+        after.totals[i]
+            .saturating_sub(before.totals[i])
+            .min(u64::from(u32::MAX)) as u32
+    };
+    let durations: [u32; DURATION_BUCKETS] =
+        std::array::from_fn(|i| after.durations[i].wrapping_sub(before.durations[i]));
+    Sample {
+        answers: count(0),
+        client_errors: count(1),
+        server_errors: count(2),
+        p99_bucket: p99_bucket(&durations),
+    }
+}
+
+/// The smallest duration bucket with at least 99% of the answers at or below it.
+fn p99_bucket(durations: &[u32; DURATION_BUCKETS]) -> u8 {
+    let total: u64 = durations.iter().map(|&d| u64::from(d)).sum();
+    if total == 0 {
+        return NO_ANSWERS;
+    }
+    let wanted = (total * 99).div_ceil(100);
+    let mut below = 0u64;
+    for (bucket, &count) in durations.iter().enumerate() {
+        below += u64::from(count);
+        if below >= wanted {
+            return bucket as u8;
+        }
+    }
+    (DURATION_BUCKETS - 1) as u8
+}
+
+fn slower(a: u8, b: u8) -> u8 {
+    match (a, b) {
+        (NO_ANSWERS, other) | (other, NO_ANSWERS) => other,
+        (a, b) => a.max(b),
+    }
+}
+
+/// A bucket's upper bound in ms; the open last bucket reads as its lower bound, 10,000
+/// ("10 s or more"); `None` without answers.
+fn p99_ms(bucket: u8) -> Option<u64> {
+    match bucket {
+        NO_ANSWERS => None,
+        bucket => Some(DURATION_BOUNDS_MS[usize::from(bucket).min(DURATION_BOUNDS_MS.len() - 1)]),
+    }
 }
 
 fn ratio(part: u32, whole: u32) -> f64 {
@@ -240,6 +344,7 @@ fn bytes(apps: &HashMap<Box<str>, AppTraffic>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn busy_apps_are_kept_in_order_idle_ones_dropped_and_the_bound_holds() {
@@ -248,16 +353,18 @@ mod tests {
         let busy = counts.for_app("busy");
         let failing = counts.for_app("failing");
         let late = counts.for_app("late");
-        busy.record(200);
-        failing.record(503);
+        let fast = Duration::from_micros(300);
+        let slow = Duration::from_millis(40);
+        busy.record(200, fast);
+        failing.record(503, slow);
         history.sample_from(&counts);
         for _ in 0..50 {
-            busy.record(200);
+            busy.record(200, fast);
         }
         for _ in 0..10 {
-            failing.record(503);
+            failing.record(503, slow);
         }
-        late.record(404);
+        late.record(404, fast);
         history.sample_from(&counts);
         let by_traffic = history.busiest(TrafficOrder::Traffic, 10);
         let apps: Vec<&str> = by_traffic["apps"]
@@ -277,6 +384,11 @@ mod tests {
         assert_eq!(by_errors["apps"][0]["app"], "failing", "{by_errors}");
         assert_eq!(by_errors["apps"][0]["error_ratio_1m"], 1.0);
         assert_eq!(by_errors["apps"][0]["rps_10s"], 1.0);
+        assert_eq!(
+            by_errors["apps"][0]["p99_ms_10s"], 50,
+            "40 ms is in the ≤ 50 ms bucket"
+        );
+        assert_eq!(by_traffic["apps"][0]["p99_ms"], json!([1, 1]));
         assert!(by_errors["memory_bytes"].as_u64() > Some(0));
         // Fifteen minutes of nothing: every app leaves the history.
         for _ in 0..SAMPLES {
@@ -286,5 +398,20 @@ mod tests {
             history.busiest(TrafficOrder::Traffic, 10)["tracked_apps"],
             0
         );
+    }
+
+    #[test]
+    fn the_p99_bucket_is_the_one_holding_the_99th_percentile() {
+        let mut durations = [0u32; DURATION_BUCKETS];
+        assert_eq!(p99_bucket(&durations), NO_ANSWERS);
+        durations[0] = 99;
+        durations[5] = 1;
+        assert_eq!(p99_bucket(&durations), 0, "99 of 100 at most 1 ms");
+        durations[5] = 2;
+        assert_eq!(p99_bucket(&durations), 5);
+        durations[DURATION_BUCKETS - 1] = 1000;
+        assert_eq!(p99_ms(p99_bucket(&durations)), Some(10_000), "10 s or more");
+        assert_eq!(slower(NO_ANSWERS, 3), 3);
+        assert_eq!(slower(4, 3), 4);
     }
 }
