@@ -170,7 +170,14 @@ def cost(work, procs, backend_port, seconds):
             "ratio": round(median("this") / median(label), 3)}
 
 
+def summary(section):
+    return {"import_s": {r["store"]: r["seconds"] for r in section["import"]},
+            "history_mb": round(section["history"]["history_bytes"] / 1e6, 1),
+            "cost_ratio": (section.get("cost") or {}).get("ratio")}
+
+
 def measure(work, seconds, procs):
+    earlier = common.earlier_summary("operator", summary)
     backend_port = common.free_port()
     origin = common.start_nginx_origin(work, "origin", f"""
     server {{ listen 127.0.0.1:{backend_port}; location / {{ return 200 "ok\\n"; }} }}""", [backend_port])
@@ -183,7 +190,7 @@ def measure(work, seconds, procs):
     rows = [import_run(work, procs, "embedded", backend_port, []),
             import_run(work, procs, "redis", backend_port, ["--store", f"redis://127.0.0.1:{redis_port}/0"])]
     return {"import": rows, "history": history_run(work, procs, backend_port),
-            "cost": cost(work, procs, backend_port, max(seconds, 20))}
+            "cost": cost(work, procs, backend_port, max(seconds, 20)), "earlier_runs": earlier}
 
 
 def main():

@@ -554,6 +554,8 @@ def operator_report(o, date):
     if c:
         lines.append(f"- CPU per proxied request with the history ≤ 1.03× without: measured {c['ratio']}× "
                      f"→ **{'met' if c['ratio'] <= 1.03 else 'NOT met'}**")
+    lines += earlier_lines(o, lambda r: f"import s {r.get('import_s')}, history {r.get('history_mb')} MB, "
+                           f"CPU ratio {r.get('cost_ratio')}")
     return lines
 
 
