@@ -85,9 +85,10 @@ impl RequestCtx {
     /// requests and in the duration histogram.
     pub(crate) fn count_answer(&self, status: u16) {
         let elapsed = self.started.elapsed();
+        let answer_time = (!self.upgraded).then_some(elapsed);
         match &self.route {
-            Some(route) => route.requests.record(status, elapsed),
-            None => REQUEST_COUNTS.unrouted().record(status, elapsed),
+            Some(route) => route.requests.record(status, answer_time),
+            None => REQUEST_COUNTS.unrouted().record(status, answer_time),
         }
         metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
             .observe(elapsed.as_secs_f64());

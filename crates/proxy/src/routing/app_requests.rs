@@ -37,12 +37,16 @@ pub(crate) struct AppRequests {
 }
 
 impl AppRequests {
-    /// Counts one answer with `status` (0 when nothing was sent) that took `elapsed`.
-    pub(crate) fn record(&self, status: u16, elapsed: Duration) {
+    /// Counts one answer with `status` (0 when nothing was sent) that took `elapsed`;
+    /// `None` for an upgraded connection (a WebSocket), whose lifetime says nothing of
+    /// how fast the app answers.
+    pub(crate) fn record(&self, status: u16, elapsed: Option<Duration>) {
         self.by_class[status_class_index(status)].fetch_add(1, Ordering::Relaxed);
-        let ms = elapsed.as_millis() as u64;
-        let bucket = DURATION_BOUNDS_MS.partition_point(|&bound| bound < ms.max(1));
-        self.by_duration[bucket].fetch_add(1, Ordering::Relaxed);
+        if let Some(elapsed) = elapsed {
+            let ms = elapsed.as_millis() as u64;
+            let bucket = DURATION_BOUNDS_MS.partition_point(|&bound| bound < ms.max(1));
+            self.by_duration[bucket].fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -180,7 +184,7 @@ mod tests {
     #[test]
     fn the_exposition_lists_each_app_and_class_that_counted() {
         let counts = Arc::new(RequestCounts::new());
-        let took = Duration::from_millis(3);
+        let took = Some(Duration::from_millis(3));
         counts.for_app("web").record(200, took);
         counts.for_app("web").record(204, took);
         counts.for_app("web").record(503, took);
@@ -220,15 +224,23 @@ mod tests {
         let counts = RequestCounts::new();
         let first = counts.for_app("web");
         let second = counts.for_app("web");
-        first.record(200, Duration::ZERO);
-        second.record(200, Duration::from_secs(20));
+        first.record(200, Some(Duration::ZERO));
+        second.record(200, Some(Duration::from_secs(20)));
+        second.record(101, None);
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(first.by_class[1].load(Ordering::Relaxed), 2);
+        assert_eq!(first.by_class[0].load(Ordering::Relaxed), 1);
         // Under a millisecond in the first bucket, past the last bound in the extra one.
         assert_eq!(first.by_duration[0].load(Ordering::Relaxed), 1);
         assert_eq!(
             first.by_duration[DURATION_BOUNDS_MS.len()].load(Ordering::Relaxed),
             1
         );
+        let timed: u32 = first
+            .by_duration
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(timed, 2, "the WebSocket is counted, not timed");
     }
 }

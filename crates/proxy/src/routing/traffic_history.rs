@@ -353,8 +353,8 @@ mod tests {
         let busy = counts.for_app("busy");
         let failing = counts.for_app("failing");
         let late = counts.for_app("late");
-        let fast = Duration::from_micros(300);
-        let slow = Duration::from_millis(40);
+        let fast = Some(Duration::from_micros(300));
+        let slow = Some(Duration::from_millis(40));
         busy.record(200, fast);
         failing.record(503, slow);
         history.sample_from(&counts);
