@@ -258,11 +258,7 @@ impl Upstream {
     pub(crate) fn peek(&self) -> Option<(&Arc<BackendState>, bool)> {
         let first_usable = |eligible: &dyn Fn(&BackendState) -> bool| match self.policy {
             Balancer::RoundRobin => {
-                let len = self.schedule.len();
-                let start = self.cursor.load(Ordering::Relaxed);
-                (0..len)
-                    .map(|step| &self.backends[usize::from(self.schedule[(start + step) % len])])
-                    .find(|b| eligible(b))
+                self.first_in_cycle_from(self.cursor.load(Ordering::Relaxed), eligible)
             }
             Balancer::LeastLoaded => self
                 .backends
@@ -292,8 +288,16 @@ impl Upstream {
         &self,
         eligible: impl Fn(&BackendState) -> bool,
     ) -> Option<&Arc<BackendState>> {
+        self.first_in_cycle_from(self.cursor.fetch_add(1, Ordering::Relaxed), eligible)
+    }
+
+    /// The first eligible backend of the weighted cycle from position `start` on.
+    fn first_in_cycle_from(
+        &self,
+        start: usize,
+        eligible: impl Fn(&BackendState) -> bool,
+    ) -> Option<&Arc<BackendState>> {
         let len = self.schedule.len();
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         (0..len)
             .map(|step| &self.backends[usize::from(self.schedule[(start + step) % len])])
             .find(|b| eligible(b))

@@ -163,10 +163,13 @@ impl TrafficHistory {
         for (app, reading) in readings {
             // Counters start at zero with the process, and an app's first answer makes it
             // appear here: an app not seen before answered all of its count since.
-            let previous = state
-                .seen
-                .insert(app.clone(), reading)
-                .unwrap_or(Reading::ZERO);
+            let previous = match state.seen.get_mut(&app) {
+                Some(seen) => std::mem::replace(seen, reading),
+                None => {
+                    state.seen.insert(app.clone(), reading);
+                    Reading::ZERO
+                }
+            };
             let interval = difference(&previous, &reading);
             if let Some(traffic) = state.apps.get_mut(&app) {
                 push(traffic, interval);

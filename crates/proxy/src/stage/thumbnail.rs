@@ -319,15 +319,24 @@ mod tests {
     use super::*;
     use image::DynamicImage;
 
-    fn png(width: u32, height: u32) -> Vec<u8> {
+    /// A `width`×`height` RGB image with gradients and texture, encoded as `format`.
+    fn encoded(width: u32, height: u32, format: ImageFormat) -> Vec<u8> {
         let image = image::RgbImage::from_fn(width, height, |x, y| {
-            image::Rgb([(x % 256) as u8, (y % 256) as u8, 128])
+            image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x * y) % 256) as u8])
         });
         let mut out = Cursor::new(Vec::new());
         DynamicImage::ImageRgb8(image)
-            .write_to(&mut out, ImageFormat::Png)
+            .write_to(&mut out, format)
             .expect("encode");
         out.into_inner()
+    }
+
+    fn png(width: u32, height: u32) -> Vec<u8> {
+        encoded(width, height, ImageFormat::Png)
+    }
+
+    fn jpeg(width: u32, height: u32) -> Vec<u8> {
+        encoded(width, height, ImageFormat::Jpeg)
     }
 
     impl Resize {
@@ -404,17 +413,6 @@ mod tests {
             resize(&bomb, wanted(10, 10, Fit::Contain, None)),
             Err(Unprocessable::TooManyPixels(_))
         ));
-    }
-
-    fn jpeg(width: u32, height: u32) -> Vec<u8> {
-        let image = image::RgbImage::from_fn(width, height, |x, y| {
-            image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x * y) % 256) as u8])
-        });
-        let mut out = Cursor::new(Vec::new());
-        DynamicImage::ImageRgb8(image)
-            .write_to(&mut out, ImageFormat::Jpeg)
-            .expect("encode");
-        out.into_inner()
     }
 
     #[test]
