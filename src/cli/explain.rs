@@ -25,14 +25,13 @@ pub(crate) struct ExplainArgs {
 
 pub(crate) fn run(args: ExplainArgs) -> ExitCode {
     let client = AdminClient::new(&args.admin);
-    let query = format!(
-        "/v1/explain?host={}&path={}&method={}",
-        encode(&args.host),
-        encode(&args.path),
-        encode(&args.method)
-    );
+    let query = [
+        ("host", args.host.as_str()),
+        ("path", args.path.as_str()),
+        ("method", args.method.as_str()),
+    ];
     let result = client
-        .call("GET", &query, None)
+        .get_with_query("/v1/explain", &query)
         .map(|answer| (render(&answer), answer));
     args.admin.report(result)
 }
@@ -103,17 +102,4 @@ fn tried(answer: &Value) -> String {
     } else {
         String::new()
     }
-}
-
-/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` stay).
-fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/:".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }

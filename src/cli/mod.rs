@@ -125,13 +125,7 @@ impl AdminClient {
         content_type: &str,
         body: String,
     ) -> Result<(u16, Value), String> {
-        let mut request = self
-            .agent
-            .request(method, &format!("{}{path}", self.base))
-            .set("Content-Type", content_type);
-        if let Some(token) = &self.token {
-            request = request.set("Authorization", &format!("Bearer {token}"));
-        }
+        let request = self.request(method, path).set("Content-Type", content_type);
         let response = match request.send_string(&body) {
             Ok(response) => response,
             Err(ureq::Error::Status(_, response)) => response,
@@ -144,11 +138,32 @@ impl AdminClient {
         Ok((status, answer))
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
-        let mut request = self.agent.request(method, &format!("{}{path}", self.base));
-        if let Some(token) = &self.token {
-            request = request.set("Authorization", &format!("Bearer {token}"));
+    /// A request to the API's `path`, carrying the token when there is one.
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        let request = self.agent.request(method, &format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.set("Authorization", &format!("Bearer {token}")),
+            None => request,
         }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        self.answer(self.request(method, path), body)
+    }
+
+    /// `GET path` with `query`'s pairs, percent-encoded by ureq.
+    fn get_with_query(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, String> {
+        let request = query
+            .iter()
+            .fold(self.request("GET", path), |request, (name, value)| {
+                request.query(name, value)
+            });
+        self.answer(request, None)
+    }
+
+    /// Sends `request` (with a JSON `body`) and reads its JSON answer; a refusal becomes
+    /// the API's message and the field it names.
+    fn answer(&self, request: ureq::Request, body: Option<Value>) -> Result<Value, String> {
         let response = match body {
             Some(body) => request.send_json(body),
             None => request.call(),
