@@ -149,18 +149,13 @@ def one_seeded_start(work, data, size, acme, tag, bench_https):
                     raise RuntimeError(f"the issuer's first round did not count {size} issued domains")
                 time.sleep(0.02)
             sample["first_round_done_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            sample["cpu_ms_until_round_done"] = round(cpu_seconds(proc.pid) * 1000, 1)
+            sample["cpu_ms_until_round_done"] = round(common.cpu_seconds(proc.pid) * 1000, 1)
             sample["rss_after_round_kib"] = common.rss_kib(proc.pid)
             sample["orders"] = sum(common.metric(admin_port, f'switchyard_acme_orders_total{{result="{r}"}}') or 0
                                    for r in ("issued", "failed", "deferred"))
         else:
-            sample["cpu_ms_at_first_answer"] = round(cpu_seconds(proc.pid) * 1000, 1)
+            sample["cpu_ms_at_first_answer"] = round(common.cpu_seconds(proc.pid) * 1000, 1)
     return sample
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def sni_flood_us(work, acme, handshakes, rounds=3):
@@ -189,13 +184,13 @@ def sni_flood_us(work, acme, handshakes, rounds=3):
                 pass  # no certificate for the name: the alert is the answer
     samples = []
     for _ in range(rounds):
-        before = cpu_seconds(proc.pid)
+        before = common.cpu_seconds(proc.pid)
         threads = [threading.Thread(target=shake, args=(handshakes // 4,)) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        samples.append((cpu_seconds(proc.pid) - before) * 1e6 / handshakes)
+        samples.append((common.cpu_seconds(proc.pid) - before) * 1e6 / handshakes)
     proc.stop()
     return sorted(samples)[len(samples) // 2]
 

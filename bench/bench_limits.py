@@ -24,7 +24,6 @@ Results go to bench/results/latest.json under "limits" and to bench/RESULTS.md.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,11 +40,6 @@ EVERY_LIMIT = {
 }
 
 
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def attack(port, host, rate, seconds, path="/"):
     """vegeta at `rate` for `seconds`: its JSON report."""
     target = f"GET http://127.0.0.1:{port}{path}\nHost: {host}\n"
@@ -58,10 +52,10 @@ def attack(port, host, rate, seconds, path="/"):
 
 
 def cpu_per_request(proc, port, host, rate, seconds):
-    before = cpu_seconds(proc.pid)
+    before = common.cpu_seconds(proc.pid)
     result = attack(port, host, rate, seconds)
     answered = max(result["status_codes"].get("200", 0), 1)
-    return (cpu_seconds(proc.pid) - before) * 1e6 / answered
+    return (common.cpu_seconds(proc.pid) - before) * 1e6 / answered
 
 
 def cost(proc, port, rounds, seconds):

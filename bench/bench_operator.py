@@ -51,13 +51,6 @@ def cli_import(admin_port, path):
     return time.monotonic() - started, out
 
 
-def rss_kib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def stats(admin_port):
     with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/v1/stats/apps?limit=1", timeout=10) as r:
         return json.loads(r.read())
@@ -97,7 +90,7 @@ def history_run(work, procs, backend_port):
     seconds, out = cli_import(admin_port, path)
     if out.returncode != 0:
         raise SystemExit(f"import of {HISTORY_APPS} apps failed: {out.stderr}")
-    before = rss_kib(sy.pid)
+    before = common.rss_kib(sy.pid)
     for i in range(ACTIVE_APPS):
         status, _ = common.get(http_port, f"h-{i}.bench", "/")
         if status != 200:
@@ -108,7 +101,7 @@ def history_run(work, procs, backend_port):
     while shown["tracked_apps"] < ACTIVE_APPS and time.monotonic() < deadline:
         time.sleep(1)
         shown = stats(admin_port)
-    after = rss_kib(sy.pid)
+    after = common.rss_kib(sy.pid)
     sy.stop()
     row = {"apps": HISTORY_APPS, "active": ACTIVE_APPS, "import_s": round(seconds, 2),
            "tracked_apps": shown["tracked_apps"], "history_bytes": shown["memory_bytes"],
@@ -117,11 +110,6 @@ def history_run(work, procs, backend_port):
           f"{shown['tracked_apps']} tracked, {shown['memory_bytes'] / 1e6:.1f} MB; RSS just after the import "
           f"{before / 1024:.0f} MiB, at the end {after / 1024:.0f} MiB", flush=True)
     return row
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def cost_run(work, procs, backend_port, binary, tag, seconds):
@@ -140,9 +128,9 @@ def cost_run(work, procs, backend_port, binary, tag, seconds):
                               capture_output=True).stdout
 
     attack(500, 2)  # routes built, connections pooled
-    before = cpu_seconds(sy.pid)
+    before = common.cpu_seconds(sy.pid)
     summary = common.vegeta_summary(attack(COST_RATE, seconds))
-    used = cpu_seconds(sy.pid) - before
+    used = common.cpu_seconds(sy.pid) - before
     sy.stop()
     return {"tag": tag, "requests": summary["requests"], "success": summary["success"],
             "cpu_us_per_request": round(used / summary["requests"] * 1e6, 2), "p99_ms": round(summary["p99_ms"], 3)}
