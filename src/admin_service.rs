@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_admin::{
-    AdminState, BackendNamesView, HostExplainer, LocalCaches, SharedCache, TrafficView, WafControl,
+    AdminState, BackendNamesView, ChangeLog, HostExplainer, LocalCaches, SharedCache, TrafficView,
+    WafControl,
 };
 use switchyard_proxy::{
-    BackendNames, CacheRedis, Inspector, RouteCache, ShutdownWatch, TrafficHistory, TrafficOrder,
+    BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch, TrafficHistory,
+    TrafficOrder,
 };
 use switchyard_store::StoreError;
 use tokio::sync::watch;
@@ -86,6 +88,14 @@ impl HostExplainer for RouteExplainer {
 }
 
 /// `GET /v1/stats/apps` from the router's traffic history.
+pub(crate) struct Changes(pub(crate) Arc<RecentChanges>);
+
+impl ChangeLog for Changes {
+    fn recent(&self, limit: usize) -> serde_json::Value {
+        self.0.to_json(limit)
+    }
+}
+
 pub(crate) struct Traffic(pub(crate) Arc<TrafficHistory>);
 
 impl TrafficView for Traffic {

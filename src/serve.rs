@@ -27,7 +27,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::admin_service::{
-    serve_admin, CacheRedisPurge, FollowerProgress, NamesView, RouteExplainer, Traffic, WafReload,
+    serve_admin, CacheRedisPurge, Changes, FollowerProgress, NamesView, RouteExplainer, Traffic,
+    WafReload,
 };
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
@@ -275,6 +276,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
         .with_backend_names(backend_names.clone());
     let follower_progress = FollowerProgress(follower.applied());
+    let recent_changes = follower.recent_changes();
     let watch = shutdown.clone();
     tasks.push(background.spawn(async move { follower.run(watch).await }));
     {
@@ -321,7 +323,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .with_local_caches(Arc::new(follower_progress))
         .with_backend_names(Arc::new(NamesView(backend_names)))
         .with_explainer(Arc::new(explainer))
-        .with_traffic(Arc::new(Traffic(history)));
+        .with_traffic(Arc::new(Traffic(history)))
+        .with_change_log(Arc::new(Changes(recent_changes)))
+        .with_ui_writes(config.admin_ui_writes);
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

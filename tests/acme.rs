@@ -121,6 +121,24 @@ fn an_opted_in_app_gets_certificates_served_on_the_next_handshake_and_kept_over_
     assert_eq!(status, 200, "{acme}");
     assert!(acme["lease"]["holder"].is_string(), "{acme}");
     assert_eq!(acme["domains"].as_array().map(Vec::len), Some(3), "{acme}");
+    // What needs a look: only the wildcard, which HTTP-01 cannot order.
+    let (_, attention) =
+        router.admin_call("GET", "/v1/acme?status=failed,pending,unsupported", None);
+    let listed: Vec<&str> = attention["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .filter_map(|d| d["domain"].as_str())
+        .collect();
+    assert_eq!(listed, ["*.cdn.shop.test"], "{attention}");
+    // By expiry, each issued certificate carries its ACME state.
+    let (_, by_expiry) = router.admin_call("GET", "/v1/certs?order=expiry", None);
+    let certs = by_expiry["certs"].as_array().expect("certs");
+    assert_eq!(certs.len(), 2, "{by_expiry}");
+    assert!(
+        certs.iter().all(|c| c["acme"]["status"] == "issued"),
+        "{by_expiry}"
+    );
     assert_eq!(
         router.metric("switchyard_acme_orders_total{result=\"issued\"}"),
         2.0

@@ -5,8 +5,181 @@ use switchyard_test_support as support;
 
 use std::process::Command;
 
-use serde_json::json;
-use support::{Backend, RouterProcess};
+use serde_json::{json, Value};
+use support::pki::Ca;
+use support::{Backend, RedisServer, RouterProcess};
+
+/// `PUT /v1/apps/{name}` as a browser sends it (with `Origin`), or as a tool does (without).
+fn put_app_from(
+    router: &RouterProcess,
+    name: &str,
+    body: &Value,
+    origin: Option<&str>,
+) -> (u16, Value) {
+    let body = body.to_string();
+    let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+    let response = support::request(
+        router.admin,
+        &format!(
+            "PUT /v1/apps/{name} HTTP/1.1\r\nHost: admin\r\n{origin}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .expect("admin answers");
+    (response.status, response.json())
+}
+
+#[test]
+fn the_dashboard_writes_only_when_allowed_and_applied_changes_are_listed() {
+    let backend = Backend::start("shop");
+    let spec =
+        json!({"domains": ["shop.test", "www.shop.test"], "backends": [backend.addr.to_string()]});
+    let read_only = RouterProcess::start();
+    assert_eq!(
+        read_only.admin_call("GET", "/v1/ui/settings", None),
+        (200, json!({"writes": false}))
+    );
+    let (status, refused) = put_app_from(&read_only, "shop", &spec, Some("http://admin.example"));
+    assert_eq!(
+        (status, refused["field"].clone()),
+        (403, json!("origin")),
+        "{refused}"
+    );
+    assert_eq!(
+        read_only.admin_call("GET", "/v1/apps/shop", None).0,
+        404,
+        "nothing stored"
+    );
+    let (status, stored) = put_app_from(&read_only, "shop", &spec, None);
+    assert_eq!(status, 200, "a tool without Origin writes: {stored}");
+    assert_eq!(read_only.get("www.shop.test", "/").status, 200);
+
+    // The change the follower applied, newest first, with its domains and timing.
+    read_only.admin_call("DELETE", "/v1/apps/shop", None);
+    let (status, log) = read_only.admin_call("GET", "/v1/changes?limit=2", None);
+    assert_eq!(status, 200, "{log}");
+    let changes = log["changes"].as_array().expect("changes");
+    assert_eq!(changes.len(), 2, "{log}");
+    assert_eq!(
+        (changes[0]["kind"].clone(), changes[0]["subject"].clone()),
+        (json!("app"), json!("shop"))
+    );
+    let mut domains: Vec<&str> = changes[1]["domains"]
+        .as_array()
+        .expect("the put's domains")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    domains.sort();
+    assert_eq!(domains, ["shop.test", "www.shop.test"], "{log}");
+    assert!(changes[0]["at_unix_ms"].as_u64() >= changes[1]["at_unix_ms"].as_u64());
+    assert!(changes[0]["apply_us"].is_u64());
+    assert_eq!(log["kept_at_most"], 500);
+    for (path, field) in [
+        ("/v1/changes?limit=0", "limit"),
+        ("/v1/changes?limit=5000", "limit"),
+        ("/v1/certs?order=size", "order"),
+        ("/v1/certs?order=expiry&limit=5000", "limit"),
+        ("/v1/acme?status=failed,lost", "status"),
+    ] {
+        let (status, answer) = read_only.admin_call("GET", path, None);
+        assert_eq!(
+            (status, answer["field"].clone()),
+            (400, json!(field)),
+            "{path}: {answer}"
+        );
+    }
+
+    let writable = RouterProcess::start_with(&["--admin-ui-writes", "on"]);
+    assert_eq!(
+        writable.admin_call("GET", "/v1/ui/settings", None).1,
+        json!({"writes": true})
+    );
+    let (status, stored) = put_app_from(&writable, "shop", &spec, Some("http://admin.example"));
+    assert_eq!(status, 200, "{stored}");
+    let (_, refusal) = RouterProcess::refused_start(["--admin-ui-writes", "sometimes"]);
+    assert!(
+        refusal.contains("'sometimes' is not one of `off`, `on`"),
+        "{refusal}"
+    );
+}
+
+/// The domains of every certificate, a page of `page` at a time, in expiry order.
+fn listed_by_expiry(router: &RouterProcess, page: usize) -> Vec<String> {
+    let mut domains = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(after) => format!("/v1/certs?order=expiry&limit={page}&after={after}"),
+            None => format!("/v1/certs?order=expiry&limit={page}"),
+        };
+        let (status, answer) = router.admin_call("GET", &path.replace('|', "%7C"), None);
+        assert_eq!(status, 200, "{answer}");
+        for cert in answer["certs"].as_array().expect("certs") {
+            assert!(
+                cert.get("acme").is_some_and(Value::is_null),
+                "uploaded, no ACME: {cert}"
+            );
+            domains.push(cert["domain"].as_str().expect("domain").to_string());
+        }
+        match answer["next_after"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => return domains,
+        }
+    }
+}
+
+#[test]
+fn certificates_list_by_expiry_on_both_stores_and_after_an_upgrade() {
+    let ca = Ca::root("Expiry Root");
+    let redis = RedisServer::start();
+    let embedded = RouterProcess::start();
+    let fleet = RouterProcess::start_with(&["--store", &redis.url()]);
+    for router in [&embedded, &fleet] {
+        for (domain, days) in [
+            ("d50.test", 50),
+            ("d5.test", 5),
+            ("d30.test", 30),
+            ("d90.test", 90),
+            ("d10.test", 10),
+        ] {
+            router.store_cert(domain, &ca.issue(&[domain], -1, days));
+        }
+        assert_eq!(
+            listed_by_expiry(router, 2),
+            ["d5.test", "d10.test", "d30.test", "d50.test", "d90.test"]
+        );
+        // Renewed: it moves to its new place, its old one is gone; deleted: it is gone.
+        router.store_cert("d5.test", &ca.issue(&["d5.test"], -1, 120));
+        assert_eq!(
+            router.admin_call("DELETE", "/v1/certs/d30.test", None).0,
+            204
+        );
+        assert_eq!(
+            listed_by_expiry(router, 3),
+            ["d10.test", "d50.test", "d90.test", "d5.test"]
+        );
+    }
+
+    // Certificates stored by a router older than the index: the next router indexes them.
+    let mut connection = redis.connection().expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("switchyard:certexpiry:*")
+        .query(&mut connection)
+        .expect("keys");
+    assert_eq!(keys.len(), 4);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .arg("switchyard:certs:expiry")
+        .query(&mut connection)
+        .expect("drop the index");
+    let upgraded = RouterProcess::start_with(&["--store", &redis.url()]);
+    assert_eq!(
+        listed_by_expiry(&upgraded, 10),
+        ["d10.test", "d50.test", "d90.test", "d5.test"]
+    );
+}
 
 #[test]
 fn every_validation_error_names_the_field_and_stores_nothing() {
@@ -140,7 +313,7 @@ fn the_openapi_document_describes_every_route_that_answers() {
         }
     }
     // Every method of every route in crates/admin's router.
-    assert_eq!(operations, 19, "operations documented");
+    assert_eq!(operations, 21, "operations documented");
 }
 
 #[test]

@@ -6,12 +6,13 @@
 use switchyard_test_support as support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
+use support::pki::Ca;
 use support::{Backend, RouterProcess};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -174,6 +175,15 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
         overview.contains("href=\"#/app/shop\""),
         "the busiest apps list shop"
     );
+    // The last app written (wild) heads the recent changes, with its domain.
+    let changes = &overview[overview.find("id=\"changes\"").expect("recent changes")..];
+    let newest = changes
+        .find("href=\"#/app/wild\"")
+        .expect("wild's change listed");
+    assert!(
+        changes[newest..].find("*.wild.ui.test").is_some(),
+        "{changes}"
+    );
 
     // Search: by a domain, by a name prefix.
     let by_domain = browser.dom("/apps?q=www.shop.ui.test");
@@ -239,4 +249,257 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
         "/explain?host=eu.api.wild.ui.test&path=/x",
         "dashboard-explain.png",
     );
+
+    // Certificates: the store's expiry index, soonest first.
+    let ca = Ca::root("Dashboard Root");
+    for (domain, days) in [
+        ("later.ui.test", 80),
+        ("soonest.ui.test", 6),
+        ("middle.ui.test", 40),
+    ] {
+        router.store_cert(domain, &ca.issue(&[domain], -1, days));
+    }
+    let listed = browser.dom("/certs");
+    let at = |domain: &str| {
+        listed
+            .find(domain)
+            .unwrap_or_else(|| panic!("{domain} listed: {listed}"))
+    };
+    assert!(
+        at("soonest.ui.test") < at("middle.ui.test") && at("middle.ui.test") < at("later.ui.test"),
+        "expiring soonest first"
+    );
+    assert!(listed.contains("no later ones"), "one page holds them all");
+    browser.screenshot("/certs", "dashboard-certs.png");
+}
+
+/// One headless Chromium page driven over the DevTools protocol: the views that write need
+/// clicks and typing, which a `--dump-dom` run cannot do.
+struct DevToolsPage {
+    chromium: Child,
+    socket: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl DevToolsPage {
+    fn open() -> Self {
+        let profile = tempfile::tempdir().expect("profile dir");
+        let port = support::free_port();
+        let chromium = Command::new(CHROMIUM)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1280,900",
+            ])
+            .arg(format!("--remote-debugging-port={port}"))
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        let list = format!("http://127.0.0.1:{port}/json/list");
+        let mut page_url = None;
+        support::eventually(
+            Duration::from_secs(20),
+            "Chromium's DevTools endpoint",
+            || {
+                // Chromium keeps this connection open after its answer: ureq reads by length.
+                let Ok(targets) = ureq::get(&list).timeout(Duration::from_secs(2)).call() else {
+                    return false;
+                };
+                let Ok(targets) = targets.into_json::<Value>() else {
+                    return false;
+                };
+                page_url = targets.as_array().and_then(|targets| {
+                    targets
+                        .iter()
+                        .find(|t| t["type"] == "page")
+                        .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_string))
+                });
+                page_url.is_some()
+            },
+        );
+        let (socket, _) =
+            tungstenite::connect(page_url.expect("a page target")).expect("DevTools WebSocket");
+        Self {
+            chromium,
+            socket,
+            next_id: 0,
+            _profile: profile,
+        }
+    }
+
+    /// Sends one command and returns its result, skipping the events in between.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let command = json!({"id": id, "method": method, "params": params}).to_string();
+        self.socket
+            .send(tungstenite::Message::text(command))
+            .expect("send to DevTools");
+        loop {
+            let message = self.socket.read().expect("DevTools answers");
+            let Ok(text) = message.to_text() else {
+                continue;
+            };
+            let answer: Value = serde_json::from_str(text).expect("DevTools sends JSON");
+            if answer["id"] == id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    fn navigate(&mut self, url: &str) {
+        self.call("Page.navigate", json!({"url": url}));
+    }
+
+    /// The value of `expression` (awaited if it is a promise); fails on a thrown error.
+    fn eval(&mut self, expression: &str) -> Value {
+        let result = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "awaitPromise": true, "returnByValue": true}),
+        );
+        assert!(
+            result.get("exceptionDetails").is_none(),
+            "{expression}: {result}"
+        );
+        result["result"]["value"].clone()
+    }
+
+    /// Waits (10 s at most, in the page) until `condition` is truthy; returns its value.
+    fn wait_for(&mut self, condition: &str, what: &str) -> Value {
+        self.eval(&format!(
+            "new Promise((done, fail) => {{ const started = Date.now(); const check = () => {{ \
+               let value = null; try {{ value = ({condition}); }} catch (e) {{}} \
+               if (value) done(value); \
+               else if (Date.now() - started > 10000) fail(new Error({what:?} + ': not within 10 s')); \
+               else setTimeout(check, 50); }}; check(); }})"
+        ))
+    }
+}
+
+impl Drop for DevToolsPage {
+    fn drop(&mut self) {
+        let _ = self.chromium.kill();
+        let _ = self.chromium.wait();
+    }
+}
+
+#[test]
+fn the_dashboard_edits_apps_and_purges_caches_only_when_the_router_allows_it() {
+    let backend = Backend::start("shop");
+    let router = RouterProcess::start_with(&["--admin-ui-writes", "on"]);
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.ui.test"], "backends": [backend.addr.to_string()],
+               "cache": {"paths": ["/assets/*"]}}),
+    );
+    let mut page = DevToolsPage::open();
+    page.navigate(&format!("http://{}/ui/#/app/shop", router.admin));
+    let port = router.admin.port();
+    page.wait_for(
+        &format!("location.port === '{port}' && document.getElementById('edit-app')"),
+        "the edit button",
+    );
+    page.eval("document.getElementById('edit-app').click()");
+    page.wait_for(
+        "document.getElementById('app-json').value.includes('shop.ui.test')",
+        "the app's JSON in the editor",
+    );
+
+    // An operator adds a domain in the editor and saves.
+    page.eval(
+        "(() => { const editor = document.getElementById('app-json'); \
+           const app = JSON.parse(editor.value); app.domains.push('new.shop.ui.test'); \
+           editor.value = JSON.stringify(app, null, 2); \
+           document.getElementById('save-app').click(); })()",
+    );
+    let result = page.wait_for(
+        "document.getElementById('write-result').textContent",
+        "the save's answer",
+    );
+    assert_eq!(result, "saved: routing follows now");
+    assert_eq!(router.get("new.shop.ui.test", "/").status, 200);
+
+    // A refused edit shows the API's reason with the field, and changes nothing.
+    page.eval(
+        "(() => { document.getElementById('write-result').textContent = ''; \
+           document.getElementById('edit-app').click(); })()",
+    );
+    page.wait_for(
+        "document.getElementById('app-json').value.includes('new.shop.ui.test')",
+        "the saved app in the editor",
+    );
+    page.eval(
+        "(() => { const editor = document.getElementById('app-json'); \
+           const app = JSON.parse(editor.value); app.domains = ['not a domain']; \
+           editor.value = JSON.stringify(app); document.getElementById('save-app').click(); })()",
+    );
+    let refused = page.wait_for(
+        "document.getElementById('write-result').textContent",
+        "the refusal",
+    );
+    assert!(
+        refused
+            .as_str()
+            .is_some_and(|r| r.starts_with("refused: domains")),
+        "{refused}"
+    );
+    assert_eq!(router.get("new.shop.ui.test", "/").status, 200, "unchanged");
+
+    page.eval(
+        "(() => { document.getElementById('write-result').textContent = ''; \
+           document.getElementById('purge-cache').click(); })()",
+    );
+    let purged = page.wait_for(
+        "document.getElementById('write-result').textContent",
+        "the purge's answer",
+    );
+    assert_eq!(purged, "purged");
+    let (_, log) = router.admin_call("GET", "/v1/changes?limit=1", None);
+    assert_eq!(log["changes"][0]["kind"], "cache_purge", "{log}");
+
+    // The overview lists both changes.
+    page.navigate(&format!("http://{}/ui/#/", router.admin));
+    let changes = page.wait_for(
+        "(text => text.includes('cache purge') ? text : null)\
+         ((document.getElementById('changes') || {}).textContent || '')",
+        "the recent changes",
+    );
+    assert!(
+        changes
+            .as_str()
+            .is_some_and(|t| t.contains("new.shop.ui.test")),
+        "{changes}"
+    );
+
+    // A router left read-only: no write controls, and the page's own writes are refused.
+    let read_only = RouterProcess::start();
+    read_only.put_app(
+        "shop",
+        json!({"domains": ["shop.ui.test"], "backends": [backend.addr.to_string()]}),
+    );
+    page.navigate(&format!("http://{}/ui/#/app/shop", read_only.admin));
+    let port = read_only.admin.port();
+    page.wait_for(
+        &format!("location.port === '{port}' && document.getElementById('backends')"),
+        "the read-only app page",
+    );
+    assert_eq!(
+        page.eval("document.getElementById('edit-app') === null"),
+        json!(true)
+    );
+    assert_eq!(
+        page.eval("fetch('/v1/apps/shop', {method: 'DELETE'}).then(r => r.status)"),
+        json!(403)
+    );
+    assert_eq!(read_only.admin_call("GET", "/v1/apps/shop", None).0, 200);
 }

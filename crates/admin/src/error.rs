@@ -29,6 +29,13 @@ pub enum ApiError {
     },
     /// Missing or wrong bearer token: 401.
     Unauthorized,
+    /// Allowed to this caller only by a setting that is off: 403.
+    Forbidden {
+        /// Why, naming the setting.
+        message: String,
+        /// The field (or header) at fault.
+        field: &'static str,
+    },
     /// The path exists but not with this method: 405.
     MethodNotAllowed,
     /// The body is larger than the API accepts: 413.
@@ -85,6 +92,9 @@ impl IntoResponse for ApiError {
                 "missing or invalid bearer token".to_string(),
                 "authorization".to_string(),
             ),
+            Self::Forbidden { message, field } => {
+                (StatusCode::FORBIDDEN, message, field.to_string())
+            }
             Self::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed on this path".to_string(),

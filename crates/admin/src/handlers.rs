@@ -8,14 +8,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use prometheus::{Encoder, TextEncoder};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use switchyard_model::{
-    parse_app_spec, parse_backends_spec, parse_certificate_spec, AppName, CacheStore, Domain,
-    ValidationError,
+    parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, AppName, CacheStore,
+    Domain, ValidationError,
 };
 
 use crate::{AdminState, ApiError};
@@ -307,14 +308,84 @@ pub(crate) async fn busiest_apps(
     Ok(Json(traffic.busiest(by_errors, limit)))
 }
 
-/// `GET /v1/acme`: who issues, and every domain's ACME state, a page at a time.
+#[derive(Deserialize)]
+pub(crate) struct AcmeQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    status: Option<String>,
+}
+
+/// Most ACME records one filtered `GET /v1/acme` reads before answering with what it found
+/// and where to go on: a bound on one call's work whatever the number of domains.
+const MAX_ACME_SCAN: usize = 10_000;
+
+/// `GET /v1/acme[?status=failed,pending…]`: who issues, and the domains' ACME states, a
+/// page at a time; with `status`, only domains in those states (an operator's "what is
+/// failing"), reading at most [`MAX_ACME_SCAN`] records per call.
 pub(crate) async fn acme_status(
     State(state): State<AdminState>,
-    Query(query): Query<ListQuery>,
+    Query(query): Query<AcmeQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = page_limit(&query)?;
+    let paging = ListQuery {
+        after: query.after,
+        limit: query.limit,
+    };
+    let limit = page_limit(&paging)?;
+    let wanted = match query.status.as_deref() {
+        None => None,
+        Some(list) => Some(
+            list.split(',')
+                .map(|name| {
+                    AcmeStatus::ALL
+                        .into_iter()
+                        .find(|status| status.label() == name)
+                        .ok_or_else(|| {
+                            ValidationError::new(
+                                "status",
+                                format!(
+                                    "'{name}' is not one of pending, validating, issued, \
+                                     failed, unsupported"
+                                ),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
     let store = state.store.as_ref();
-    let (domains, next_after) = acme::domains(store, query.after.as_deref(), limit).await?;
+    let (domains, next_after, scanned) = match wanted {
+        None => {
+            let (domains, next) = acme::domains(store, paging.after.as_deref(), limit).await?;
+            let scanned = domains.len();
+            (domains, next, scanned)
+        }
+        Some(wanted) => {
+            let mut found = Vec::new();
+            // The last record looked at: the next call goes on after it.
+            let mut cursor = paging.after;
+            let mut scanned = 0;
+            let mut read_all = false;
+            'scan: while scanned < MAX_ACME_SCAN {
+                let read = (MAX_ACME_SCAN - scanned).min(DEFAULT_PAGE);
+                let (page, next) = acme::domains(store, cursor.as_deref(), read).await?;
+                for domain in page {
+                    scanned += 1;
+                    cursor = Some(domain.domain.clone());
+                    if wanted.contains(&domain.status) {
+                        found.push(domain);
+                        if found.len() == limit {
+                            break 'scan;
+                        }
+                    }
+                }
+                if next.is_none() {
+                    read_all = true;
+                    break;
+                }
+            }
+            (found, cursor.filter(|_| !read_all), scanned)
+        }
+    };
     let lease = store
         .acme_lease_holder()
         .await?
@@ -323,6 +394,7 @@ pub(crate) async fn acme_status(
         "lease": lease,
         "domains": domains,
         "next_after": next_after,
+        "scanned": scanned,
     })))
 }
 
@@ -339,19 +411,98 @@ pub(crate) async fn delete_cert(
     }
 }
 
+#[derive(Deserialize)]
+pub(crate) struct CertListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+}
+
+/// Most certificates one page by expiry lists: each carries its ACME state, one store read.
+const MAX_EXPIRY_PAGE: usize = 1000;
+/// ACME states read at once for a page by expiry.
+const ACME_READS_IN_FLIGHT: usize = 32;
+
+/// `GET /v1/certs[?order=domain|expiry][&after][&limit]`: by domain (the default), or by
+/// expiry, soonest first, each with its ACME state (null for an uploaded certificate).
 pub(crate) async fn list_certs(
     State(state): State<AdminState>,
-    Query(query): Query<ListQuery>,
+    Query(query): Query<CertListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = page_limit(&query)?;
-    let page = state
-        .store
-        .list_certs(query.after.as_deref(), limit)
-        .await?;
-    Ok(Json(
-        json!({"certs": page.certs, "next_after": page.next_after}),
-    ))
+    let paging = ListQuery {
+        after: query.after,
+        limit: query.limit,
+    };
+    match query.order.as_deref() {
+        None | Some("domain") => {
+            let limit = page_limit(&paging)?;
+            let page = state
+                .store
+                .list_certs(paging.after.as_deref(), limit)
+                .await?;
+            Ok(Json(
+                json!({"certs": page.certs, "next_after": page.next_after}),
+            ))
+        }
+        Some("expiry") => {
+            let limit = paging.limit.unwrap_or(100);
+            if limit == 0 || limit > MAX_EXPIRY_PAGE {
+                return Err(ValidationError::new(
+                    "limit",
+                    format!("must be from 1 to {MAX_EXPIRY_PAGE} with order=expiry"),
+                )
+                .into());
+            }
+            let page = state
+                .store
+                .list_certs_by_expiry(paging.after.as_deref(), limit)
+                .await?;
+            let domains: Vec<String> = page.certs.iter().map(|c| c.domain.clone()).collect();
+            let states: Vec<_> = futures_util::stream::iter(domains)
+                .map(|domain| {
+                    let store = state.store.clone();
+                    async move { acme::domain(store.as_ref(), &domain).await }
+                })
+                .buffered(ACME_READS_IN_FLIGHT)
+                .collect()
+                .await;
+            let mut certs = Vec::with_capacity(page.certs.len());
+            for (cert, acme) in page.certs.iter().zip(states) {
+                let mut shown = json!(cert);
+                shown["acme"] = json!(acme?);
+                certs.push(shown);
+            }
+            Ok(Json(json!({"certs": certs, "next_after": page.next_after})))
+        }
+        Some(_) => Err(ValidationError::new("order", "must be domain or expiry").into()),
+    }
 }
+
+/// `GET /v1/changes[?limit=N]`: the store changes this router applied lately, newest first.
+pub(crate) async fn recent_changes(
+    State(state): State<AdminState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match query.get("limit") {
+        None => 50,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_CHANGES_SHOWN).contains(n))
+            .ok_or_else(|| {
+                ValidationError::new("limit", format!("must be from 1 to {MAX_CHANGES_SHOWN}"))
+            })?,
+    };
+    let Some(changes) = &state.changes else {
+        return Err(ApiError::Unavailable(
+            "this admin API is not attached to a router".into(),
+        ));
+    };
+    Ok(Json(changes.recent(limit)))
+}
+
+/// Most changes one `GET /v1/changes` lists (the log keeps fewer).
+const MAX_CHANGES_SHOWN: usize = 1000;
 
 /// `GET /metrics`, or with `?app=NAME` only the series labelled with that app (the
 /// dashboard's app page reads its cache, WAF, mirror and status figures this way without

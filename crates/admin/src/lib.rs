@@ -76,6 +76,12 @@ pub trait TrafficView: Send + Sync {
     fn of_app(&self, app: &str) -> serde_json::Value;
 }
 
+/// The change events this router applied lately.
+pub trait ChangeLog: Send + Sync {
+    /// The latest `limit` changes, newest first, and how many the log keeps.
+    fn recent(&self, limit: usize) -> serde_json::Value;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
@@ -87,6 +93,9 @@ pub struct AdminState {
     backend_names: Option<Arc<dyn BackendNamesView>>,
     explainer: Option<Arc<dyn HostExplainer>>,
     traffic: Option<Arc<dyn TrafficView>>,
+    changes: Option<Arc<dyn ChangeLog>>,
+    /// Whether writes from a browser (the dashboard) are accepted.
+    ui_writes: bool,
 }
 
 impl AdminState {
@@ -101,7 +110,23 @@ impl AdminState {
             backend_names: None,
             explainer: None,
             traffic: None,
+            changes: None,
+            ui_writes: false,
         }
+    }
+
+    /// `GET /v1/changes` answers from `changes`.
+    pub fn with_change_log(mut self, changes: Arc<dyn ChangeLog>) -> Self {
+        self.changes = Some(changes);
+        self
+    }
+
+    /// Accepts writes from the dashboard (calls made by a browser, which names its page's
+    /// `Origin`); off, the dashboard is read-only and such writes get 403. Tools that send
+    /// no `Origin` (the CLI, curl, automation) are not concerned.
+    pub fn with_ui_writes(mut self, allowed: bool) -> Self {
+        self.ui_writes = allowed;
+        self
     }
 
     /// `GET /v1/apps/{name}` shows what `names` resolved the app's backend names to.
@@ -170,6 +195,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/store", get(handlers::store_status))
         .route("/v1/explain", get(handlers::explain))
         .route("/v1/stats/apps", get(handlers::busiest_apps))
+        .route("/v1/changes", get(handlers::recent_changes))
+        .route("/v1/ui/settings", get(ui::settings))
         .route(
             "/v1/certs/{domain}",
             put(handlers::put_cert)
@@ -177,6 +204,10 @@ pub fn router(state: AdminState) -> Router {
                 .delete(handlers::delete_cert),
         )
         .route("/metrics", get(handlers::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_browser_writes,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(handlers::healthz))
@@ -219,6 +250,27 @@ async fn require_token(
         if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
             return Err(ApiError::Unauthorized);
         }
+    }
+    Ok(next.run(request).await)
+}
+
+/// A browser names the page a call comes from in `Origin` on every write (fetch sends it for
+/// any method but GET and HEAD); a write that carries one comes from the dashboard, or from
+/// another page holding the token, and is refused unless the dashboard may write.
+async fn refuse_browser_writes(
+    State(state): State<AdminState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let method = request.method();
+    let reads = method == axum::http::Method::GET || method == axum::http::Method::HEAD;
+    if !reads && !state.ui_writes && request.headers().contains_key(axum::http::header::ORIGIN) {
+        return Err(ApiError::Forbidden {
+            message: "the dashboard is read-only: writes from a browser need the router's \
+                      admin_ui_writes setting on (--admin-ui-writes on)"
+                .into(),
+            field: "origin",
+        });
     }
     Ok(next.run(request).await)
 }

@@ -1,9 +1,15 @@
 //! The dashboard at `/ui/`: three static files compiled into the binary (no build step, no
 //! files to deploy), served without the token because they hold no data; every figure they
-//! show comes from the API, with the token. Read-only: it writes nothing.
+//! show comes from the API, with the token. Read-only unless the router's `admin_ui_writes`
+//! setting allows writes (the API refuses a browser's writes otherwise).
 
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::AdminState;
 
 const INDEX: &str = include_str!("../ui/index.html");
 const SCRIPT: &str = include_str!("../ui/app.js");
@@ -19,6 +25,12 @@ pub(crate) async fn script() -> Response {
 
 pub(crate) async fn style() -> Response {
     file("text/css; charset=utf-8", STYLE)
+}
+
+/// `GET /v1/ui/settings`: what the dashboard may do, so it shows write controls only when
+/// the API would accept them.
+pub(crate) async fn settings(State(state): State<AdminState>) -> Json<Value> {
+    Json(json!({"writes": state.ui_writes}))
 }
 
 pub(crate) async fn to_index() -> Redirect {

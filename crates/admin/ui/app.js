@@ -7,18 +7,24 @@ const view = document.getElementById("view");
 const statusLine = document.getElementById("status");
 let token = sessionStorage.getItem("switchyard-token") || "";
 let refresh = null;
+// What the router lets the dashboard do (GET /v1/ui/settings): write controls are shown
+// only when the API would accept them.
+let settings = null;
 
-async function api(path, text) {
+// `init` carries a write's method and body; the browser adds `Origin` to it, by which the
+// API tells the dashboard's writes from the CLI's.
+async function api(path, text, init = {}) {
   const headers = token ? { Authorization: "Bearer " + token } : {};
-  const response = await fetch(path, { headers });
+  if (init.body) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, { ...init, headers });
   if (response.status === 401) {
     token = prompt("Admin token") || "";
     sessionStorage.setItem("switchyard-token", token);
-    return api(path, text);
+    return api(path, text, init);
   }
   if (text) return response.text();
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.status);
+  const body = response.status === 204 ? {} : await response.json();
+  if (!response.ok) throw new Error((body.field ? body.field + ": " : "") + (body.error || response.status));
   return body;
 }
 
@@ -89,11 +95,13 @@ async function overview() {
     ${card("p50 ms", "…", "p50")}${card("p99 ms", "…", "p99")}
     ${card("requests in flight", "…", "active")}${card("open WebSockets", "…", "websockets")}
     ${card("route cache hits", "…", "routehits")}${card("certificate cache hits", "…", "certhits")}
-    ${card("route changes", "…", "changes")}${card("store", "…", "store")}
-  </div><h2>Busiest apps (last minute)</h2><div id="busiest"></div>`;
+    ${card("route changes", "…", "route-changes")}${card("store", "…", "store")}
+    ${card("store sync", "…", "store-sync")}${card("ACME failing", "…", "acme-failing")}
+  </div><h2>Busiest apps (last minute)</h2><div id="busiest"></div>
+  <h2>Recent changes</h2><div id="changes"></div>`;
   const tick = async () => {
-    const [text, store, busiest] = await Promise.all([
-      api("/metrics", true), api("/v1/store"), api("/v1/stats/apps?limit=10"),
+    const [text, store, busiest, changes] = await Promise.all([
+      api("/metrics", true), api("/v1/store"), api("/v1/stats/apps?limit=10"), api("/v1/changes?limit=15"),
     ]);
     const now = { at: Date.now(), metrics: parseMetrics(text) };
     const m = now.metrics;
@@ -119,10 +127,18 @@ async function overview() {
     };
     set("routehits", ratio("switchyard_route_cache_hits_total", "switchyard_route_cache_misses_total"));
     set("certhits", ratio("switchyard_cert_cache_hits_total", "switchyard_cert_cache_misses_total"));
-    set("changes", sum(m, "switchyard_route_changes_total"));
+    set("route-changes", sum(m, "switchyard_route_changes_total"));
+    // A shared store (Redis) tells whether its change subscription is up and since when
+    // this router knows itself in step; the embedded file has nothing to follow.
+    set("store-sync", store.subscribed === undefined ? "local file"
+      : `${store.subscribed ? "subscribed" : "NOT subscribed"}` +
+        (store.seconds_since_last_sync !== undefined ? ` · ${store.seconds_since_last_sync} s ago` : ""));
+    // Only the router holding the ACME lease counts domains by state.
+    set("acme-failing", "switchyard_acme_domains{state=\"failed\"}" in m ? m["switchyard_acme_domains{state=\"failed\"}"] : "–");
     set("store", `${store.kind}${store.available ? "" : " (unavailable)"}` +
       (store.last_revision !== undefined && store.last_revision !== null ? ` rev ${store.last_revision}` : ""));
     document.getElementById("busiest").innerHTML = busiestTable(busiest);
+    document.getElementById("changes").innerHTML = changesTable(changes);
   };
   await tick();
   refresh = setInterval(() => tick().catch(showError), 2000);
@@ -147,6 +163,18 @@ function busiestTable(stats) {
     <td>${p99(a.p99_ms_1m)}</td><td>${sparkline(a.requests)}</td></tr>`).join("");
   return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>p99 (1 min)</th><th>last 15 min</th></tr>${rows}</table>
     <p class="muted">History: ${stats.tracked_apps} apps with traffic kept (at most ${stats.max_apps}), ${(stats.memory_bytes / 1024).toFixed(0)} KiB.</p>`;
+}
+
+function changesTable(log) {
+  if (!log.changes.length) return `<p class="muted">No change applied since this router started.</p>`;
+  const subject = (c) => c.kind === "app" || c.kind === "cache_purge" || c.kind === "backend_addresses"
+    ? `<a href="#/app/${encodeURIComponent(c.subject)}">${escape(c.subject)}</a>` : escape(c.subject);
+  const rows = log.changes.map((c) => `<tr><td>${escape(new Date(c.at_unix_ms).toLocaleTimeString())}</td>
+    <td>${escape(c.kind.replace("_", " "))}</td><td>${subject(c)}</td>
+    <td>${(c.domains || []).map(escape).join(", ")}${c.domains_total > (c.domains || []).length ? ` and ${c.domains_total - c.domains.length} more` : ""}</td>
+    <td>${escape(c.detail || "")}</td><td>${c.apply_us < 1000 ? c.apply_us + " µs" : (c.apply_us / 1000).toFixed(1) + " ms"}</td></tr>`).join("");
+  return `<table><tr><th>applied</th><th>what</th><th>app / domain</th><th>domains</th><th></th><th>took</th></tr>${rows}</table>
+    <p class="muted">The last ${log.changes.length} of at most ${log.kept_at_most} kept by this router.</p>`;
 }
 
 // Apps: a query is an app name (prefix, through the store's ordered listing) or a domain
@@ -187,6 +215,9 @@ function beforePrefix(prefix) {
 }
 
 async function appPage(name) {
+  view.innerHTML = `<div id="live"></div><div id="edit"></div>`;
+  const live = document.getElementById("live");
+  if (settings.writes) editPanel(name);
   const tick = async () => {
     const [app, stats, counters] = await Promise.all([
       api("/v1/apps/" + encodeURIComponent(name)),
@@ -203,7 +234,7 @@ async function appPage(name) {
     const traffic = stats.apps[0];
     const certs = await Promise.all((app.domains || []).map((d) =>
       api("/v1/certs/" + encodeURIComponent(d)).catch(() => null)));
-    view.innerHTML = `<h1>${escape(name)}</h1>
+    live.innerHTML = `<h1>${escape(name)}</h1>
       <div class="cards">${card("req/s (1 min)", traffic ? traffic.rps_1m.toFixed(1) : "0", "app-rps")}
       ${card("5xx (1 min)", traffic ? (traffic.error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-errors")}
       ${card("4xx (1 min)", traffic ? (traffic.client_error_ratio_1m * 100).toFixed(1) + "%" : "–", "app-4xx")}
@@ -225,11 +256,56 @@ async function appPage(name) {
       <h2>Certificates</h2><table><tr><th>domain</th><th>expires</th><th>issuer</th><th>ACME</th></tr>${(app.domains || []).map((d, i) => {
         const c = certs[i];
         return `<tr><td>${escape(d)}</td><td>${c && c.not_after ? escape(date(c.not_after)) : '<span class="muted">none stored</span>'}</td>
-          <td>${escape(c && c.issuer)}</td><td>${escape(c && c.acme ? c.acme.state || JSON.stringify(c.acme) : "")}</td></tr>`;
+          <td>${escape(c && c.issuer)}</td><td>${acmeState(c && c.acme)}</td></tr>`;
       }).join("")}</table>`;
   };
   await tick();
   refresh = setInterval(() => tick().catch(showError), 2000);
+}
+
+// Writes, shown only when the router allows the dashboard to write: the app as JSON to edit
+// and save (the same document `switchyard apps get --output json` prints and `apps put -f`
+// reads), and a purge of its cached responses. Kept outside the refreshing part of the
+// page, so a refresh never wipes an edit under way.
+async function editPanel(name) {
+  const panel = document.getElementById("edit");
+  panel.innerHTML = `<h2>Change</h2><p><button id="edit-app">Edit as JSON</button>
+    <button id="purge-cache">Purge cached responses</button> <span id="write-result"></span></p>
+    <div id="editor" hidden><textarea id="app-json" rows="18" cols="100" spellcheck="false"></textarea>
+    <p><button id="save-app">Save</button></p></div>`;
+  const result = document.getElementById("write-result");
+  const report = (ok, text) => { result.className = ok ? "ok" : "bad"; result.textContent = text; };
+  document.getElementById("edit-app").onclick = async () => {
+    const app = await api("/v1/apps/" + encodeURIComponent(name));
+    delete app.resolved_backends;
+    document.getElementById("app-json").value = JSON.stringify(app, null, 2);
+    document.getElementById("editor").hidden = false;
+  };
+  document.getElementById("save-app").onclick = async () => {
+    let body;
+    try { body = JSON.stringify(JSON.parse(document.getElementById("app-json").value)); }
+    catch (error) { report(false, "not JSON: " + error.message); return; }
+    try {
+      await api("/v1/apps/" + encodeURIComponent(name), false, { method: "PUT", body });
+      report(true, "saved: routing follows now");
+      document.getElementById("editor").hidden = true;
+    } catch (error) { report(false, "refused: " + error.message); }
+  };
+  document.getElementById("purge-cache").onclick = async () => {
+    try {
+      const answer = await api(`/v1/apps/${encodeURIComponent(name)}/cache?path=/&prefix=true`, false, { method: "DELETE" });
+      report(true, `purged${answer.deleted !== undefined ? ": " + answer.deleted + " responses" : ""}`);
+    } catch (error) { report(false, "refused: " + error.message); }
+  };
+}
+
+function acmeState(acme) {
+  if (!acme) return "";
+  const parts = [acme.status];
+  if (acme.reason) parts.push(acme.reason);
+  if (acme.next_try_unix) parts.push("next try " + date(acme.next_try_unix));
+  if (acme.renew_at_unix && acme.status === "issued") parts.push("renews " + date(acme.renew_at_unix));
+  return `<span class="${acme.status === "failed" ? "bad" : acme.status === "issued" ? "ok" : ""}">${escape(parts.join(" · "))}</span>`;
 }
 
 function backendState(b) {
@@ -260,23 +336,29 @@ async function explain(params) {
     <h2>Next backend</h2><p><code>${escape(a.backend.next || "none")}</code> — ${escape(a.backend.why)}</p>`;
 }
 
-async function certs() {
-  view.innerHTML = `<h1>Certificates</h1><div id="certs">Loading…</div>`;
-  const all = [];
-  let after = null;
-  // At most 10,000 certificates are read (pages of 1,000), then sorted by expiry here.
-  for (let page = 0; page < 10; page++) {
-    const answer = await api("/v1/certs?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
-    all.push(...answer.certs);
-    after = answer.next_after;
-    if (!after) break;
-  }
-  all.sort((a, b) => a.not_after - b.not_after);
+// Certificates by expiry, soonest first, a page at a time from the store's expiry index;
+// then the ACME orders that need a look (failing, waiting, or impossible).
+async function certs(params) {
+  const after = params.get("after");
+  view.innerHTML = `<h1>Certificates</h1><div id="certs">Loading…</div><h2>ACME orders not issued</h2><div id="acme">Loading…</div>`;
+  const [page, acme] = await Promise.all([
+    api("/v1/certs?order=expiry&limit=100" + (after ? "&after=" + encodeURIComponent(after) : "")),
+    api("/v1/acme?status=failed,pending,validating,unsupported&limit=100"),
+  ]);
   const now = Date.now();
-  document.getElementById("certs").innerHTML = all.length ? `<table><tr><th>domain</th><th>expires</th><th>days left</th><th>issuer</th></tr>${all.map((c) => {
+  const rows = page.certs.map((c) => {
     const days = Math.floor((c.not_after * 1000 - now) / 86400000);
-    return `<tr><td>${escape(c.domain)}</td><td>${escape(date(c.not_after))}</td><td class="${days < 14 ? "bad" : "ok"}">${Number.isFinite(days) ? days : "?"}</td><td>${escape(c.issuer)}</td></tr>`;
-  }).join("")}</table>${after ? '<p class="muted">Only the first 10,000 certificates are shown.</p>' : ""}` : '<p class="muted">No certificate is stored.</p>';
+    return `<tr><td>${escape(c.domain)}</td><td>${escape(date(c.not_after))}</td><td class="${days < 14 ? "bad" : "ok"}">${Number.isFinite(days) ? days : "?"}</td><td>${escape(c.issuer)}</td><td>${c.acme ? acmeState(c.acme) : '<span class="muted">uploaded</span>'}</td></tr>`;
+  }).join("");
+  document.getElementById("certs").innerHTML = page.certs.length
+    ? `<table id="cert-list"><tr><th>domain</th><th>expires</th><th>days left</th><th>issuer</th><th>ACME</th></tr>${rows}</table>
+      <p>${after ? '<a href="#/certs">soonest first</a> · ' : ""}${page.next_after ? `<a href="#/certs?after=${encodeURIComponent(page.next_after)}">later ones</a>` : '<span class="muted">no later ones</span>'}</p>`
+    : `<p class="muted">${after ? "No later certificate." : "No certificate is stored."}</p>`;
+  document.getElementById("acme").innerHTML = acme.domains.length
+    ? `<table><tr><th>domain</th><th>state</th><th>failed orders in a row</th></tr>${acme.domains.map((d) =>
+      `<tr><td>${escape(d.domain)}</td><td>${acmeState(d)}</td><td>${d.attempts}</td></tr>`).join("")}</table>
+      ${acme.next_after ? `<p class="muted">More after ${escape(acme.next_after)} (${acme.scanned} read).</p>` : ""}`
+    : `<p class="muted">No ACME order is failing or waiting. ${acme.lease ? "Issuing: " + escape(acme.lease.holder) + "." : "No router holds the issuing lease (ACME off, or nothing ordered yet)."}</p>`;
 }
 
 function date(unixSeconds) {
@@ -294,10 +376,11 @@ async function route() {
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const params = new URLSearchParams(query || "");
   try {
+    if (!settings) settings = await api("/v1/ui/settings");
     if (path.startsWith("/app/")) await appPage(decodeURIComponent(path.slice(5)));
     else if (path === "/apps") await apps(params);
     else if (path === "/explain") await explain(params);
-    else if (path === "/certs") await certs();
+    else if (path === "/certs") await certs(params);
     else await overview();
     statusLine.textContent = "updated " + new Date().toLocaleTimeString();
   } catch (error) {

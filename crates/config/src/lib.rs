@@ -105,6 +105,10 @@ settings! {
     /// Bearer token required by every admin call but /healthz.
     #[arg(hide_env_values = true)]
     admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
+    /// `off` (default): the dashboard at /ui/ is read-only, and the admin API refuses writes
+    /// made by a browser (calls carrying `Origin`); `on`: the dashboard may edit apps and
+    /// purge caches with the token.
+    admin_ui_writes: String = "SWITCHYARD_ADMIN_UI_WRITES";
     /// Access log: `stdout`, `off`, or a file path.
     access_log: String = "SWITCHYARD_ACCESS_LOG";
     /// Worker threads for the proxy (default: number of cores).
@@ -392,6 +396,8 @@ pub struct Config {
     pub store: StoreChoice,
     /// Bearer token of the admin API (never empty).
     pub admin_token: Option<String>,
+    /// Whether the dashboard may write (the API accepts writes from a browser).
+    pub admin_ui_writes: bool,
     /// Where access-log records go.
     pub access_log: AccessLogChoice,
     /// Event-loop threads of the proxy.
@@ -655,6 +661,9 @@ impl Config {
             admin,
             store,
             admin_token,
+            admin_ui_writes: settings
+                .admin_ui_writes
+                .choice(source, &[("off", false), ("on", true)])?,
             access_log,
             threads: settings.threads.at_least_one(source, cores)?,
             drain_grace: settings.drain_grace_s.seconds(source, 30)?,

@@ -38,6 +38,7 @@ pub use routing::explain::explain as explain_host;
 pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
 pub use routing::names::{BackendNames, NameSettings};
+pub use routing::recent_changes::{AppliedChange, RecentChanges};
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
 pub use routing::traffic_history::{TrafficHistory, TrafficOrder};
 pub use shutdown::ShutdownWatch;

@@ -102,6 +102,16 @@ switchyard_metrics::declare_metrics! {
         "Change events applied to the route cache."
     ));
 
+    pub(crate) static RECENT_CHANGES: IntGauge = registered(register_int_gauge!(
+        "switchyard_recent_changes",
+        "Applied changes kept for GET /v1/changes (the oldest dropped past the capacity)."
+    ));
+
+    pub(crate) static RECENT_CHANGES_CAPACITY: IntGauge = registered(register_int_gauge!(
+        "switchyard_recent_changes_capacity",
+        "Most applied changes kept for GET /v1/changes."
+    ));
+
     pub(crate) static ROUTE_RESYNCS: IntCounter = registered(register_int_counter!(
         "switchyard_route_resyncs_total",
         "Full revalidations of the route cache after missed change events."

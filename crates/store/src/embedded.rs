@@ -12,7 +12,7 @@ use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransac
 use switchyard_model::{AcmeDomain, App, Backend, CertificateInfo, Change, StoredCertificate};
 
 use crate::json::encode;
-use crate::unix_now;
+use crate::{expiry_key, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
@@ -27,6 +27,9 @@ const CERTS: TableDefinition<&str, &[u8]> = TableDefinition::new("certs");
 /// Domain → certificate description, as JSON: listings and expiry scans read these small
 /// records without touching keys.
 const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info");
+/// [`expiry_key`] → domain: certificates ordered by expiry, for listings that start with
+/// those expiring soonest.
+const CERT_EXPIRY: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_expiry");
 
 /// The ACME issuer's records, keyed `account:{directory}`, `domain:{domain}` and
 /// `challenge:{token}`; each value is its expiry (seconds since the epoch, big-endian, 0 for
@@ -110,6 +113,7 @@ impl EmbeddedStore {
         txn.open_table(DOMAINS).map_err(unavailable)?;
         txn.open_table(CERTS).map_err(unavailable)?;
         txn.open_table(CERT_INFO).map_err(unavailable)?;
+        index_expiries(&txn)?;
         txn.open_table(ACME).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
@@ -196,7 +200,13 @@ impl EmbeddedStore {
         let existed = {
             let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
             let mut info = txn.open_table(CERT_INFO).map_err(unavailable)?;
-            info.remove(domain).map_err(unavailable)?;
+            let mut expiries = txn.open_table(CERT_EXPIRY).map_err(unavailable)?;
+            if let Some(old) = info.remove(domain).map_err(unavailable)? {
+                let old: CertificateInfo = decode(domain, old.value())?;
+                expiries
+                    .remove(expiry_key(old.not_after, domain).as_str())
+                    .map_err(unavailable)?;
+            }
             let existed = certs.remove(domain).map_err(unavailable)?.is_some();
             existed
         };
@@ -359,6 +369,32 @@ impl Store for EmbeddedStore {
         let info = txn.open_table(CERT_INFO).map_err(unavailable)?;
         let (certs, next_after) = read_page(&info, after, limit, |key, value| {
             decode::<CertificateInfo>(key, value)
+        })?;
+        Ok(CertPage { certs, next_after })
+    }
+
+    async fn list_certs_by_expiry(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<CertPage, StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let info = txn.open_table(CERT_INFO).map_err(unavailable)?;
+        let expiries = txn.open_table(CERT_EXPIRY).map_err(unavailable)?;
+        let (certs, next_after) = read_page(&expiries, after, limit, |key, domain| {
+            let domain = std::str::from_utf8(domain).map_err(|e| StoreError::Corrupt {
+                key: key.to_string(),
+                reason: e.to_string(),
+            })?;
+            // Written in the same transaction as the index: a missing record is a damaged file.
+            let value =
+                info.get(domain)
+                    .map_err(unavailable)?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        key: key.to_string(),
+                        reason: format!("indexed, but no certificate is stored for {domain}"),
+                    })?;
+            decode::<CertificateInfo>(domain, value.value())
         })?;
         Ok(CertPage { certs, next_after })
     }
@@ -594,8 +630,43 @@ fn write_cert_in(txn: &WriteTransaction, cert: &StoredCertificate) -> Result<(),
     let info = serde_json::to_vec(&cert.info).map_err(corrupt)?;
     let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
     let mut infos = txn.open_table(CERT_INFO).map_err(unavailable)?;
+    let mut expiries = txn.open_table(CERT_EXPIRY).map_err(unavailable)?;
     certs.insert(domain, full.as_slice()).map_err(unavailable)?;
-    infos.insert(domain, info.as_slice()).map_err(unavailable)?;
+    if let Some(old) = infos.insert(domain, info.as_slice()).map_err(unavailable)? {
+        let old: CertificateInfo = decode(domain, old.value())?;
+        expiries
+            .remove(expiry_key(old.not_after, domain).as_str())
+            .map_err(unavailable)?;
+    }
+    expiries
+        .insert(
+            expiry_key(cert.info.not_after, domain).as_str(),
+            domain.as_bytes(),
+        )
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// Builds the expiry index again when it does not match the certificates (a file written
+/// before the index existed): read at every start, rebuilt only then.
+fn index_expiries(txn: &WriteTransaction) -> Result<(), StoreError> {
+    use redb::ReadableTableMetadata;
+    let infos = txn.open_table(CERT_INFO).map_err(unavailable)?;
+    let mut expiries = txn.open_table(CERT_EXPIRY).map_err(unavailable)?;
+    if infos.len().map_err(unavailable)? == expiries.len().map_err(unavailable)? {
+        return Ok(());
+    }
+    expiries.retain(|_, _| false).map_err(unavailable)?;
+    for entry in infos.iter().map_err(unavailable)? {
+        let (domain, value) = entry.map_err(unavailable)?;
+        let info: CertificateInfo = decode(domain.value(), value.value())?;
+        expiries
+            .insert(
+                expiry_key(info.not_after, domain.value()).as_str(),
+                domain.value().as_bytes(),
+            )
+            .map_err(unavailable)?;
+    }
     Ok(())
 }
 
@@ -804,6 +875,72 @@ mod tests {
         assert_eq!(
             store.list_certs(None, 10).await.expect("list").certs.len(),
             2
+        );
+    }
+
+    fn cert_expiring(domain: &str, not_after: i64) -> StoredCertificate {
+        let mut cert = cert(domain);
+        cert.info.not_after = not_after;
+        cert
+    }
+
+    async fn expiry_order(store: &EmbeddedStore, page: usize) -> Vec<String> {
+        let mut domains = Vec::new();
+        let mut after = None;
+        loop {
+            let got = store
+                .list_certs_by_expiry(after.as_deref(), page)
+                .await
+                .expect("list by expiry");
+            domains.extend(got.certs.into_iter().map(|c| c.domain));
+            match got.next_after {
+                Some(next) => after = Some(next),
+                None => return domains,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn certificates_list_by_expiry_through_replacements_deletions_and_old_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        for (domain, not_after) in [("late.test", 300), ("soon.test", 100), ("tie-b.test", 200)] {
+            store
+                .put_cert(cert_expiring(domain, not_after))
+                .await
+                .expect("put");
+        }
+        store
+            .put_cert(cert_expiring("tie-a.test", 200))
+            .await
+            .expect("put");
+        assert_eq!(
+            expiry_order(&store, 1).await,
+            ["soon.test", "tie-a.test", "tie-b.test", "late.test"]
+        );
+        // Renewed: it moves to the end, and its old place is gone.
+        store
+            .put_cert(cert_expiring("soon.test", 400))
+            .await
+            .expect("renew");
+        store.delete_cert("tie-b.test").await.expect("delete");
+        assert_eq!(
+            expiry_order(&store, 2).await,
+            ["tie-a.test", "late.test", "soon.test"]
+        );
+
+        // A file whose index is missing (written before it existed) gets it on opening.
+        store.release();
+        {
+            let db = Database::create(dir.path().join(FILE_NAME)).expect("reopen");
+            let txn = db.begin_write().expect("txn");
+            txn.delete_table(CERT_EXPIRY).expect("drop the index");
+            txn.commit().expect("commit");
+        }
+        let reopened = EmbeddedStore::open(dir.path()).expect("open again");
+        assert_eq!(
+            expiry_order(&reopened, 10).await,
+            ["tie-a.test", "late.test", "soon.test"]
         );
     }
 

@@ -36,13 +36,21 @@ pub struct AppPage {
     pub next_after: Option<String>,
 }
 
-/// A page of certificate descriptions (never keys), ordered by domain.
+/// A page of certificate descriptions (never keys), ordered by domain or by expiry.
 #[derive(Debug, Clone)]
 pub struct CertPage {
     /// Certificates in this page.
     pub certs: Vec<CertificateInfo>,
     /// Pass as `after` to get the next page; `None` on the last page.
     pub next_after: Option<String>,
+}
+
+/// The key of a certificate in the expiry index, the same in every store: its end of
+/// validity in 12 digits (seconds since the epoch, clamped to what 12 digits hold), so keys
+/// sort by expiry, then its domain, so two certificates never share a key. Pages by expiry
+/// continue after such a key.
+pub(crate) fn expiry_key(not_after: i64, domain: &str) -> String {
+    format!("{:012}|{domain}", not_after.clamp(0, 999_999_999_999))
 }
 
 /// Where the store stands, as `GET /v1/store` shows it.
@@ -149,6 +157,15 @@ pub trait Store: Send + Sync {
 
     /// Descriptions of stored certificates ordered by domain, after `after`, at most `limit`.
     async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError>;
+
+    /// Descriptions of stored certificates ordered by expiry, soonest first, after the
+    /// cursor `after` (a page's `next_after`), at most `limit`: the dashboard's "expiring
+    /// soon" list reads one page, whatever the number of certificates.
+    async fn list_certs_by_expiry(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<CertPage, StoreError>;
 
     /// Creates or replaces the certificate for its domain.
     async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError>;

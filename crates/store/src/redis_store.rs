@@ -21,7 +21,7 @@ use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate}
 use crate::json::{decode, encode};
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
-use crate::unix_now;
+use crate::{expiry_key, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
@@ -36,6 +36,8 @@ const PUBSUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const PUBSUB_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Optimistic retries of a read-modify-write (scale) racing other writers.
 const CAS_ATTEMPTS: usize = 8;
+/// Certificates read per call while adding those stored before the expiry index to it.
+const EXPIRY_INDEX_PAGE: usize = 500;
 
 // The scripts encode their events as tables for cjson, the fields of `ChangeEvent` (which
 // decodes them, and encodes the events published from Rust): never by concatenating text.
@@ -99,23 +101,48 @@ redis.call('PUBLISH', p .. 'changes', event)
 return event
 "#;
 
-/// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON.
+/// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON,
+/// its key in the expiry index (`certs:expiry`, whose members sort by expiry; the member of
+/// each domain is kept under `certexpiry:` so a replacement or a deletion can remove it).
 /// Returns 1 when something was written or removed.
 const WRITE_CERT: &str = r#"
 local p = '{KEY_PREFIX}'
-local domain, full, info = ARGV[1], ARGV[2], ARGV[3]
+local domain, full, info, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local old_expiry = redis.call('GET', p .. 'certexpiry:' .. domain)
 if full == '' then
   if redis.call('DEL', p .. 'cert:' .. domain) == 0 then return 0 end
-  redis.call('DEL', p .. 'certinfo:' .. domain)
+  redis.call('DEL', p .. 'certinfo:' .. domain, p .. 'certexpiry:' .. domain)
   redis.call('ZREM', p .. 'certs', domain)
 else
   redis.call('SET', p .. 'cert:' .. domain, full)
   redis.call('SET', p .. 'certinfo:' .. domain, info)
   redis.call('ZADD', p .. 'certs', 0, domain)
+  redis.call('SET', p .. 'certexpiry:' .. domain, expiry)
+  redis.call('ZADD', p .. 'certs:expiry', 0, expiry)
+end
+if old_expiry and old_expiry ~= expiry then
+  redis.call('ZREM', p .. 'certs:expiry', old_expiry)
 end
 local rev = redis.call('INCR', p .. 'revision')
 redis.call('PUBLISH', p .. 'changes', cjson.encode({kind = 'cert', domain = domain, rev = rev}))
 return 1
+"#;
+
+/// Adds certificates stored before the expiry index existed to it. ARGV: pairs of domain
+/// and expiry key. A domain indexed meanwhile (by a write) or deleted is left alone.
+const INDEX_CERT_EXPIRY: &str = r#"
+local p = '{KEY_PREFIX}'
+local added = 0
+for i = 1, #ARGV, 2 do
+  local domain, expiry = ARGV[i], ARGV[i + 1]
+  if redis.call('EXISTS', p .. 'certinfo:' .. domain) == 1
+      and redis.call('EXISTS', p .. 'certexpiry:' .. domain) == 0 then
+    redis.call('SET', p .. 'certexpiry:' .. domain, expiry)
+    redis.call('ZADD', p .. 'certs:expiry', 0, expiry)
+    added = added + 1
+  end
+end
+return added
 "#;
 
 /// Takes or extends the ACME issuing lease. ARGV: holder, TTL in ms. The value is
@@ -155,6 +182,9 @@ pub struct RedisStore {
     put_app: Arc<Script>,
     delete_app: Arc<Script>,
     write_cert: Arc<Script>,
+    index_cert_expiry: Arc<Script>,
+    /// Whether this process checked that every certificate is in the expiry index.
+    expiry_index_checked: Arc<AtomicBool>,
     acme_lease: Arc<Script>,
     acme_release: Arc<Script>,
     /// Where the change subscription stands, for the status.
@@ -184,6 +214,8 @@ impl RedisStore {
             put_app: Arc::new(script(PUT_APP)),
             delete_app: Arc::new(script(DELETE_APP)),
             write_cert: Arc::new(script(WRITE_CERT)),
+            index_cert_expiry: Arc::new(script(INDEX_CERT_EXPIRY)),
+            expiry_index_checked: Arc::new(AtomicBool::new(false)),
             acme_lease: Arc::new(script(ACME_LEASE)),
             acme_release: Arc::new(script(ACME_RELEASE)),
             following: Arc::default(),
@@ -257,6 +289,66 @@ impl RedisStore {
         let more = names.len() > limit;
         names.truncate(limit);
         Ok((names, more))
+    }
+
+    /// Puts certificates stored by a router older than the expiry index into it, once per
+    /// process: when the index holds fewer members than the certificates, every certificate
+    /// is read in pages and the missing ones added.
+    async fn ensure_expiry_index(&self) -> Result<(), StoreError> {
+        if self.expiry_index_checked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let (certs, indexed) = (
+            format!("{KEY_PREFIX}certs"),
+            format!("{KEY_PREFIX}certs:expiry"),
+        );
+        let (stored, in_index): (u64, u64) = self
+            .call(|mut c| async move {
+                redis::pipe()
+                    .zcard(certs)
+                    .zcard(indexed)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        if stored != in_index {
+            self.index_missing_expiries().await?;
+        }
+        self.expiry_index_checked.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads every certificate, a page at a time, and adds to the expiry index those it lacks.
+    async fn index_missing_expiries(&self) -> Result<(), StoreError> {
+        let mut after: Option<String> = None;
+        loop {
+            let (domains, more) = self
+                .page_of("certs", after.as_deref(), EXPIRY_INDEX_PAGE)
+                .await?;
+            let keys = domains
+                .iter()
+                .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
+                .collect();
+            let mut invocation = self.index_cert_expiry.prepare_invoke();
+            for (domain, json) in domains.iter().zip(self.get_many(keys).await?) {
+                if let Some(json) = json {
+                    let info = decode::<CertificateInfo>(domain, &json)?;
+                    invocation
+                        .arg(domain)
+                        .arg(expiry_key(info.not_after, domain));
+                }
+            }
+            let added: i64 = self
+                .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+                .await?;
+            if added > 0 {
+                log::info!("indexed {added} certificates stored before the expiry index");
+            }
+            if !more {
+                return Ok(());
+            }
+            after = domains.last().cloned();
+        }
     }
 
     async fn get_many(&self, keys: Vec<String>) -> Result<Vec<Option<String>>, StoreError> {
@@ -711,12 +803,47 @@ impl Store for RedisStore {
         })
     }
 
+    async fn list_certs_by_expiry(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<CertPage, StoreError> {
+        self.ensure_expiry_index().await?;
+        let (keys, more) = self.page_of("certs:expiry", after, limit).await?;
+        let domains: Vec<&str> = keys
+            .iter()
+            .map(|key| {
+                key.split_once('|')
+                    .map_or(key.as_str(), |(_, domain)| domain)
+            })
+            .collect();
+        let info_keys = domains
+            .iter()
+            .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
+            .collect();
+        let mut certs = Vec::with_capacity(domains.len());
+        for (domain, json) in domains.iter().zip(self.get_many(info_keys).await?) {
+            // Deleted between the two reads: left out of this page.
+            if let Some(json) = json {
+                certs.push(decode::<CertificateInfo>(domain, &json)?);
+            }
+        }
+        Ok(CertPage {
+            certs,
+            next_after: if more { keys.last().cloned() } else { None },
+        })
+    }
+
     async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
         let domain = cert.domain.to_string();
         let full = encode(&domain, &cert)?;
         let info = encode(&domain, &cert.info)?;
         let mut invocation = self.write_cert.prepare_invoke();
-        invocation.arg(&domain).arg(full).arg(info);
+        invocation
+            .arg(&domain)
+            .arg(full)
+            .arg(info)
+            .arg(expiry_key(cert.info.not_after, &domain));
         let _: i64 = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
@@ -745,7 +872,7 @@ impl Store for RedisStore {
 
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
         let mut invocation = self.write_cert.prepare_invoke();
-        invocation.arg(domain).arg("").arg("");
+        invocation.arg(domain).arg("").arg("").arg("");
         let removed: i64 = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;

@@ -13,6 +13,7 @@ use tokio::sync::{watch, Mutex};
 use crate::metrics;
 use crate::routing::drain::ConnectionDrain;
 use crate::routing::names::BackendNames;
+use crate::routing::recent_changes::RecentChanges;
 use crate::routing::route_cache::RouteCache;
 use crate::tls::cert_cache::CertCache;
 
@@ -29,6 +30,7 @@ pub struct ChangeFollower {
     // Backend names whose addresses change: their apps' routes are rebuilt here, in turn
     // with the store's changes, so a rebuild never overwrites a newer version of an app.
     names: Option<Arc<BackendNames>>,
+    recent: Arc<RecentChanges>,
 }
 
 impl ChangeFollower {
@@ -47,7 +49,13 @@ impl ChangeFollower {
             changes: Mutex::new(changes.changes),
             applied: watch::Sender::new(changes.position),
             names: None,
+            recent: Arc::default(),
         }
+    }
+
+    /// The changes this follower applied lately.
+    pub fn recent_changes(&self) -> Arc<RecentChanges> {
+        self.recent.clone()
     }
 
     /// Also rebuilds the routes whose backend names resolve to new addresses.
@@ -60,7 +68,9 @@ impl ChangeFollower {
     /// after a scale: addresses that left are drained like removed backends.
     fn apply_new_addresses(&self, names: &BackendNames) {
         for app in names.take_changed_apps() {
+            let started = Instant::now();
             self.routes.rebuild_with_new_addresses(&app);
+            self.recent.record_new_addresses(&app, started.elapsed());
             self.drain.on_change(&Change::App {
                 name: app,
                 domains: Vec::new(),
@@ -112,12 +122,17 @@ impl ChangeFollower {
                     self.apply(&change).await;
                     self.applied.send_modify(|applied| *applied += 1);
                     metrics::ROUTE_CHANGES.inc();
-                    log::debug!("applied {change:?} in {:?}", started.elapsed());
+                    let took = started.elapsed();
+                    self.recent.record(&change, took, 0);
+                    log::debug!("applied {change:?} in {took:?}");
                 }
                 Err(RecvError::Lagged(missed)) => {
                     log::warn!("missed {missed} change events; revalidating the caches");
                     metrics::ROUTE_RESYNCS.inc();
+                    let started = Instant::now();
                     self.apply(&Change::Resync).await;
+                    self.recent
+                        .record(&Change::Resync, started.elapsed(), missed);
                     // The resync read the store after every missed event was announced.
                     self.applied.send_modify(|applied| *applied += missed);
                 }

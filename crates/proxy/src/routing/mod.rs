@@ -1,8 +1,8 @@
 //! What routing knows and keeps current: the route cache (host → app, built once per
 //! change), each app's backends with their balancing and health, the table of connections
 //! to backends (so a deletion or a domain transfer can drain them), the follower that
-//! applies the store's change events, the per-app request counts, and the explanation of
-//! where a host goes.
+//! applies the store's change events (and remembers the latest), the per-app request counts,
+//! and the explanation of where a host goes.
 
 pub(crate) mod app_requests;
 pub(crate) mod attempt;
@@ -14,5 +14,6 @@ pub(crate) mod follower;
 pub(crate) mod health;
 pub(crate) mod mirror_state;
 pub(crate) mod names;
+pub(crate) mod recent_changes;
 pub(crate) mod route_cache;
 pub(crate) mod traffic_history;
