@@ -276,7 +276,7 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
 /// One headless Chromium page driven over the DevTools protocol: the views that write need
 /// clicks and typing, which a `--dump-dom` run cannot do.
 struct DevToolsPage {
-    chromium: Child,
+    _chromium: KilledOnDrop,
     socket: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
     next_id: u64,
     _profile: tempfile::TempDir,
@@ -304,6 +304,8 @@ impl DevToolsPage {
             .stderr(Stdio::null())
             .spawn()
             .expect("start chromium");
+        // Owned from here: a failure below still stops this browser.
+        let chromium = KilledOnDrop(chromium);
         let list = format!("http://127.0.0.1:{port}/json/list");
         let mut page_url = None;
         support::eventually(
@@ -329,7 +331,7 @@ impl DevToolsPage {
         let (socket, _) =
             tungstenite::connect(page_url.expect("a page target")).expect("DevTools WebSocket");
         Self {
-            chromium,
+            _chromium: chromium,
             socket,
             next_id: 0,
             _profile: profile,
@@ -386,10 +388,14 @@ impl DevToolsPage {
     }
 }
 
-impl Drop for DevToolsPage {
+/// A browser process stopped when its owner goes, panicking tests included (Debian's
+/// launcher execs Chromium, so this is the browser's own PID).
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
     fn drop(&mut self) {
-        let _ = self.chromium.kill();
-        let _ = self.chromium.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

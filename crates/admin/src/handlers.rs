@@ -287,16 +287,7 @@ pub(crate) async fn busiest_apps(
         Some("errors") => true,
         Some(_) => return Err(ValidationError::new("sort", "traffic or errors").into()),
     };
-    let limit = match query.get("limit") {
-        None => 20,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_STATS_APPS).contains(n))
-            .ok_or_else(|| {
-                ValidationError::new("limit", format!("an integer from 1 to {MAX_STATS_APPS}"))
-            })?,
-    };
+    let limit = limit_in(&query, 20, MAX_STATS_APPS)?;
     let Some(traffic) = &state.traffic else {
         return Err(ApiError::Unavailable(
             "this admin API is not attached to a router".into(),
@@ -483,16 +474,7 @@ pub(crate) async fn recent_changes(
     State(state): State<AdminState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = match query.get("limit") {
-        None => 50,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_CHANGES_SHOWN).contains(n))
-            .ok_or_else(|| {
-                ValidationError::new("limit", format!("must be from 1 to {MAX_CHANGES_SHOWN}"))
-            })?,
-    };
+    let limit = limit_in(&query, 50, MAX_CHANGES_SHOWN)?;
     let Some(changes) = &state.changes else {
         return Err(ApiError::Unavailable(
             "this admin API is not attached to a router".into(),
@@ -552,6 +534,22 @@ fn encode_metrics(families: &[prometheus::proto::MetricFamily]) -> Response {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The query's `limit`: `default` when absent, refused unless an integer from 1 to `max`.
+fn limit_in(
+    query: &HashMap<String, String>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ValidationError> {
+    match query.get("limit") {
+        None => Ok(default),
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ValidationError::new("limit", format!("an integer from 1 to {max}"))),
+    }
 }
 
 fn page_limit(query: &ListQuery) -> Result<usize, ValidationError> {

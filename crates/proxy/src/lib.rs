@@ -26,6 +26,7 @@ mod routing;
 mod shutdown;
 mod stage;
 mod tls;
+mod wall_clock;
 mod worker_pool;
 
 pub use access_log::{AccessLog, AccessLogTarget};

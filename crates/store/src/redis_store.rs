@@ -325,18 +325,11 @@ impl RedisStore {
             let (domains, more) = self
                 .page_of("certs", after.as_deref(), EXPIRY_INDEX_PAGE)
                 .await?;
-            let keys = domains
-                .iter()
-                .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
-                .collect();
             let mut invocation = self.index_cert_expiry.prepare_invoke();
-            for (domain, json) in domains.iter().zip(self.get_many(keys).await?) {
-                if let Some(json) = json {
-                    let info = decode::<CertificateInfo>(domain, &json)?;
-                    invocation
-                        .arg(domain)
-                        .arg(expiry_key(info.not_after, domain));
-                }
+            for info in self.cert_infos(&domains).await? {
+                invocation
+                    .arg(&info.domain)
+                    .arg(expiry_key(info.not_after, &info.domain));
             }
             let added: i64 = self
                 .call(|mut c| async move { invocation.invoke_async(&mut c).await })
@@ -349,6 +342,25 @@ impl RedisStore {
             }
             after = domains.last().cloned();
         }
+    }
+
+    /// The stored descriptions of `domains`, in their order; a domain deleted since it was
+    /// listed is left out.
+    async fn cert_infos(
+        &self,
+        domains: &[impl AsRef<str>],
+    ) -> Result<Vec<CertificateInfo>, StoreError> {
+        let keys = domains
+            .iter()
+            .map(|d| format!("{KEY_PREFIX}certinfo:{}", d.as_ref()))
+            .collect();
+        let mut certs = Vec::with_capacity(domains.len());
+        for (domain, json) in domains.iter().zip(self.get_many(keys).await?) {
+            if let Some(json) = json {
+                certs.push(decode::<CertificateInfo>(domain.as_ref(), &json)?);
+            }
+        }
+        Ok(certs)
     }
 
     async fn get_many(&self, keys: Vec<String>) -> Result<Vec<Option<String>>, StoreError> {
@@ -787,16 +799,7 @@ impl Store for RedisStore {
 
     async fn list_certs(&self, after: Option<&str>, limit: usize) -> Result<CertPage, StoreError> {
         let (domains, more) = self.page_of("certs", after, limit).await?;
-        let keys = domains
-            .iter()
-            .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
-            .collect();
-        let mut certs = Vec::with_capacity(domains.len());
-        for (domain, json) in domains.iter().zip(self.get_many(keys).await?) {
-            if let Some(json) = json {
-                certs.push(decode::<CertificateInfo>(domain, &json)?);
-            }
-        }
+        let certs = self.cert_infos(&domains).await?;
         Ok(CertPage {
             certs,
             next_after: if more { domains.last().cloned() } else { None },
@@ -817,17 +820,7 @@ impl Store for RedisStore {
                     .map_or(key.as_str(), |(_, domain)| domain)
             })
             .collect();
-        let info_keys = domains
-            .iter()
-            .map(|d| format!("{KEY_PREFIX}certinfo:{d}"))
-            .collect();
-        let mut certs = Vec::with_capacity(domains.len());
-        for (domain, json) in domains.iter().zip(self.get_many(info_keys).await?) {
-            // Deleted between the two reads: left out of this page.
-            if let Some(json) = json {
-                certs.push(decode::<CertificateInfo>(domain, &json)?);
-            }
-        }
+        let certs = self.cert_infos(&domains).await?;
         Ok(CertPage {
             certs,
             next_after: if more { keys.last().cloned() } else { None },

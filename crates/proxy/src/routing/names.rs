@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 use crate::metrics;
 use crate::routing::route_cache::RouteCache;
 use crate::shutdown::ShutdownWatch;
+use crate::wall_clock::unix_s;
 
 /// Names resolved at the same time, at most.
 const CONCURRENT_RESOLUTIONS: usize = 32;
@@ -359,7 +360,7 @@ impl BackendNames {
                 let ttl = ttl.clamp(self.settings.min_ttl, self.settings.max_ttl);
                 entry.next_at = now + ttl;
                 entry.failures = 0;
-                entry.last_success_unix = Some(unix_now());
+                entry.last_success_unix = Some(unix_s());
                 if entry.error.take().is_some() {
                     log::info!("{name} resolves again: {addresses:?}");
                 }
@@ -601,10 +602,4 @@ fn describe(error: ResolveError) -> String {
     } else {
         error.to_string()
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

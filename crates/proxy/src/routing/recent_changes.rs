@@ -3,7 +3,7 @@
 //! filled by the change follower as it applies each event.
 
 use std::collections::VecDeque;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -11,6 +11,7 @@ use serde_json::json;
 use switchyard_model::Change;
 
 use crate::metrics;
+use crate::wall_clock::unix_ms;
 
 /// Changes kept: a deploy storm of a few hundred apps stays visible whole.
 pub(crate) const RECENT_CHANGES_KEPT: usize = 500;
@@ -89,7 +90,7 @@ impl RecentChanges {
             ),
         };
         self.push(AppliedChange {
-            at_unix_ms: now_ms(),
+            at_unix_ms: unix_ms(),
             kind,
             subject,
             domains: domains.iter().take(DOMAINS_SHOWN).cloned().collect(),
@@ -102,7 +103,7 @@ impl RecentChanges {
     /// Notes that `app`'s backend names resolved to new addresses and its routes were rebuilt.
     pub fn record_new_addresses(&self, app: &str, took: Duration) {
         self.push(AppliedChange {
-            at_unix_ms: now_ms(),
+            at_unix_ms: unix_ms(),
             kind: "backend_addresses",
             subject: app.to_string(),
             domains: Vec::new(),
@@ -133,12 +134,6 @@ impl RecentChanges {
             "kept_at_most": RECENT_CHANGES_KEPT,
         })
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

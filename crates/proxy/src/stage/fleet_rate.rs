@@ -16,12 +16,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use switchyard_store::{RedisLink, RedisTimeouts};
 
 use crate::metrics;
+use crate::wall_clock::unix_ms;
 
 /// Prefix of the fleet's window counters in the store's Redis.
 const KEY_PREFIX: &str = "switchyard:limit:";
@@ -100,7 +101,7 @@ impl FleetRates {
     /// Admits one request of `app` within `per_s` across the fleet, or says how long until
     /// the window that may admit it.
     pub(crate) fn take(&self, app: &str, per_s: u32) -> Result<(), Duration> {
-        let now = now_ms();
+        let now = unix_ms();
         let (window, into) = (now / 1000, now % 1000);
         let Some(windows) = self.windows(app, now / 1000) else {
             return Ok(());
@@ -150,7 +151,7 @@ impl FleetRates {
     /// Sends what each app admitted here since the last sync and reads the fleet's counts
     /// back, all apps in one pipeline.
     async fn sync(&self) {
-        let window = now_ms() / 1000;
+        let window = unix_ms() / 1000;
         let mut batch = Vec::new();
         {
             let mut apps = self.apps.lock();
@@ -234,12 +235,6 @@ fn triples(flat: &[redis::Value]) -> Vec<(u64, i64, Option<u64>)> {
             _ => None,
         })
         .collect()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
