@@ -158,6 +158,17 @@ async fn a_websocket_survives_100_route_changes_and_10_scale_operations() {
     // Past the drain grace period: nothing was removed that this socket uses.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(exchange(&mut socket, "still here").await, "home:still here");
+
+    // Its end is counted as an answer, but its lifetime is no answer time: the duration
+    // histogram (the dashboard's p99) leaves it out.
+    socket.close(None).await.expect("close");
+    eventually(Duration::from_secs(5), "the WebSocket counted", || {
+        router.metric("switchyard_requests_total{app=\"chat\",class=\"1xx\"}") == 1.0
+    });
+    assert_eq!(
+        router.metric("switchyard_request_duration_seconds_count{class=\"1xx\"}"),
+        0.0
+    );
 }
 
 /// The failure this router exists to end: a WebSocket held open while its app's backends are replaced ten

@@ -82,16 +82,18 @@ impl RequestCtx {
     }
 
     /// Counts the request, answered with `status` (0 when nothing was sent), in its app's
-    /// requests and in the duration histogram.
+    /// requests and, unless it was upgraded (a WebSocket, whose lifetime is no answer
+    /// time: hours of it would be every p99), in the duration histograms.
     pub(crate) fn count_answer(&self, status: u16) {
-        let elapsed = self.started.elapsed();
-        let answer_time = (!self.upgraded).then_some(elapsed);
+        let answer_time = (!self.upgraded).then(|| self.started.elapsed());
         match &self.route {
             Some(route) => route.requests.record(status, answer_time),
             None => REQUEST_COUNTS.unrouted().record(status, answer_time),
         }
-        metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
-            .observe(elapsed.as_secs_f64());
+        if let Some(took) = answer_time {
+            metrics::REQUEST_DURATION_BY_CLASS[metrics::status_class_index(status)]
+                .observe(took.as_secs_f64());
+        }
     }
 
     /// Ends the current attempt's bookkeeping (in-flight count, connection registration).

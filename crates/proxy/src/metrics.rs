@@ -59,7 +59,8 @@ switchyard_metrics::declare_metrics! {
 
     pub(crate) static REQUEST_DURATION: HistogramVec = registered(register_histogram_vec!(
         "switchyard_request_duration_seconds",
-        "Time from request start to the last byte sent, by status class.",
+        "Time from request start to the last byte sent, by status class; upgraded \
+         connections (WebSockets) are counted in switchyard_requests_total, not timed here.",
         &["class"],
         vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
     ));
