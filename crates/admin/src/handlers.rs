@@ -192,7 +192,7 @@ pub(crate) async fn list_apps(
     State(state): State<AdminState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = page_limit(&query)?;
+    let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let page = state.store.list_apps(query.after.as_deref(), limit).await?;
     Ok(Json(
         json!({"apps": page.apps, "next_after": page.next_after}),
@@ -317,11 +317,7 @@ pub(crate) async fn acme_status(
     State(state): State<AdminState>,
     Query(query): Query<AcmeQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let paging = ListQuery {
-        after: query.after,
-        limit: query.limit,
-    };
-    let limit = page_limit(&paging)?;
+    let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let wanted = match query.status.as_deref() {
         None => None,
         Some(list) => Some(
@@ -346,14 +342,14 @@ pub(crate) async fn acme_status(
     let store = state.store.as_ref();
     let (domains, next_after, scanned) = match wanted {
         None => {
-            let (domains, next) = acme::domains(store, paging.after.as_deref(), limit).await?;
+            let (domains, next) = acme::domains(store, query.after.as_deref(), limit).await?;
             let scanned = domains.len();
             (domains, next, scanned)
         }
         Some(wanted) => {
             let mut found = Vec::new();
             // The last record looked at: the next call goes on after it.
-            let mut cursor = paging.after;
+            let mut cursor = query.after;
             let mut scanned = 0;
             let mut read_all = false;
             'scan: while scanned < MAX_ACME_SCAN {
@@ -409,6 +405,8 @@ pub(crate) struct CertListQuery {
     order: Option<String>,
 }
 
+/// Certificates one page by expiry lists unless asked otherwise: the dashboard's page.
+const DEFAULT_EXPIRY_PAGE: usize = 100;
 /// Most certificates one page by expiry lists: each carries its ACME state, one store read.
 const MAX_EXPIRY_PAGE: usize = 1000;
 /// ACME states read at once for a page by expiry.
@@ -420,33 +418,22 @@ pub(crate) async fn list_certs(
     State(state): State<AdminState>,
     Query(query): Query<CertListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let paging = ListQuery {
-        after: query.after,
-        limit: query.limit,
-    };
     match query.order.as_deref() {
         None | Some("domain") => {
-            let limit = page_limit(&paging)?;
+            let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
             let page = state
                 .store
-                .list_certs(paging.after.as_deref(), limit)
+                .list_certs(query.after.as_deref(), limit)
                 .await?;
             Ok(Json(
                 json!({"certs": page.certs, "next_after": page.next_after}),
             ))
         }
         Some("expiry") => {
-            let limit = paging.limit.unwrap_or(100);
-            if limit == 0 || limit > MAX_EXPIRY_PAGE {
-                return Err(ValidationError::new(
-                    "limit",
-                    format!("must be from 1 to {MAX_EXPIRY_PAGE} with order=expiry"),
-                )
-                .into());
-            }
+            let limit = page_limit(query.limit, DEFAULT_EXPIRY_PAGE, MAX_EXPIRY_PAGE)?;
             let page = state
                 .store
-                .list_certs_by_expiry(paging.after.as_deref(), limit)
+                .list_certs_by_expiry(query.after.as_deref(), limit)
                 .await?;
             let domains: Vec<String> = page.certs.iter().map(|c| c.domain.clone()).collect();
             let states: Vec<_> = futures_util::stream::iter(domains)
@@ -552,12 +539,13 @@ fn limit_in(
     }
 }
 
-fn page_limit(query: &ListQuery) -> Result<usize, ValidationError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
+/// A page's size: `default` when not given, refused unless from 1 to `max`.
+fn page_limit(given: Option<usize>, default: usize, max: usize) -> Result<usize, ValidationError> {
+    let limit = given.unwrap_or(default);
+    if limit == 0 || limit > max {
         return Err(ValidationError::new(
             "limit",
-            format!("must be from 1 to {MAX_PAGE}"),
+            format!("must be from 1 to {max}"),
         ));
     }
     Ok(limit)

@@ -64,56 +64,54 @@ impl RecentChanges {
     pub fn record(&self, change: &Change, took: Duration, missed: u64) {
         let (kind, subject, domains, detail) = match change {
             Change::App { name, domains } => {
-                ("app", name.clone(), domains.as_slice(), String::new())
+                ("app", name.as_str(), domains.as_slice(), String::new())
             }
-            Change::Cert { domain } => ("cert", domain.clone(), &[][..], String::new()),
+            Change::Cert { domain } => ("cert", domain.as_str(), &[][..], String::new()),
             Change::CachePurge { app, path, prefix } => {
                 let what = if *prefix { "every path under" } else { "path" };
                 (
                     "cache_purge",
-                    app.clone(),
+                    app.as_str(),
                     &[][..],
                     format!("{what} {path}"),
                 )
             }
-            Change::Resync if missed > 0 => (
-                "resync",
-                String::new(),
-                &[][..],
-                format!("{missed} events missed: every cached route revalidated"),
-            ),
-            Change::Resync => (
-                "resync",
-                String::new(),
-                &[][..],
-                "every cached route revalidated".to_string(),
-            ),
+            Change::Resync => {
+                let missed = if missed > 0 {
+                    format!("{missed} events missed: ")
+                } else {
+                    String::new()
+                };
+                let detail = format!("{missed}every cached route revalidated");
+                ("resync", "", &[][..], detail)
+            }
         };
-        self.push(AppliedChange {
-            at_unix_ms: unix_ms(),
-            kind,
-            subject,
-            domains: domains.iter().take(DOMAINS_SHOWN).cloned().collect(),
-            domains_total: domains.len(),
-            detail,
-            apply_us: took.as_micros().min(u64::MAX as u128) as u64,
-        });
+        self.push(kind, subject, domains, detail, took);
     }
 
     /// Notes that `app`'s backend names resolved to new addresses and its routes were rebuilt.
     pub fn record_new_addresses(&self, app: &str, took: Duration) {
-        self.push(AppliedChange {
-            at_unix_ms: unix_ms(),
-            kind: "backend_addresses",
-            subject: app.to_string(),
-            domains: Vec::new(),
-            domains_total: 0,
-            detail: "backend names resolved to new addresses".to_string(),
-            apply_us: took.as_micros().min(u64::MAX as u128) as u64,
-        });
+        let detail = "backend names resolved to new addresses".to_string();
+        self.push("backend_addresses", app, &[], detail, took);
     }
 
-    fn push(&self, change: AppliedChange) {
+    fn push(
+        &self,
+        kind: &'static str,
+        subject: &str,
+        domains: &[String],
+        detail: String,
+        took: Duration,
+    ) {
+        let change = AppliedChange {
+            at_unix_ms: unix_ms(),
+            kind,
+            subject: subject.to_string(),
+            domains: domains.iter().take(DOMAINS_SHOWN).cloned().collect(),
+            domains_total: domains.len(),
+            detail,
+            apply_us: took.as_micros().min(u64::MAX as u128) as u64,
+        };
         let mut kept = self.kept.lock();
         if kept.len() == RECENT_CHANGES_KEPT {
             kept.pop_front();
