@@ -8,15 +8,20 @@ libjpeg-turbo's cjpeg from generated pixels with gradients and texture).
 The light route runs at a constant 500 req/s (vegeta, 1 s timeout), alone and while wrk
 keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a fetch, a
 decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
-time are answered 503 with Retry-After (wrk counts them as non-2xx). Three times: on the
-worker pool as configured by default (SCHED_IDLE workers), on a pool of nice-10 workers
-(`--pool-sched nice`, the earlier setting), and forced inline on the event loops
+time are answered 503 with Retry-After (wrk counts them as non-2xx). Four times: on the
+worker pool as configured by default (SCHED_IDLE workers that give way to threads waiting for
+a CPU), on SCHED_IDLE workers alone (`--pool-sched idle-kernel`, the default before), on a pool
+of nice-10 workers (`--pool-sched nice`), and forced inline on the event loops
 (`--pool-mode inline`, what a router without a pool does).
 
 Thumbnails per second alone (64 connections) are measured for this build and, with
 `SWITCHYARD_BASELINE_BIN=path/to/switchyard` (an earlier commit's release build, named by
 `SWITCHYARD_BASELINE_COMMIT`), for that one in the same run. While 400 connections saturate the pool, a probe sends 200 thumbnail
 requests one by one and times the 503 answers (target: refused in under 5 ms).
+
+The decode floor: libjpeg-turbo's own tjbench decodes the same original at the scale the
+router decodes it (3/8: 450×300, the smallest at least 320×240) on one core, in the same run;
+the CPUs times that rate bounds any thumbnailer that decodes the original each time.
 
 Results go to bench/results/latest.json under "images" and to bench/RESULTS.md.
 """
@@ -77,6 +82,17 @@ def jpeg_original(work):
     if not out.startswith(b"\xff\xd8"):
         raise SystemExit("cjpeg (libjpeg-turbo-progs) made no JPEG")
     return out
+
+
+def decode_floor(site, seconds):
+    """Frames per second tjbench decodes the original at 3/8 scale on one core, and the
+    thumbnails per second the machine's CPUs could make if decoding were all they did."""
+    out = subprocess.run(["tjbench", str(site / "photo.jpg"), "-scale", "3/8", "-benchtime", str(max(2, seconds // 3)),
+                          "-warmup", "1"], check=True, capture_output=True, text=True).stdout
+    fps = next(float(l.split()[-2]) for l in out.splitlines() if "Frame rate" in l)
+    cpus = os.cpu_count() or 1
+    print(f"decode floor: tjbench {fps:.0f} decodes/s per core, {cpus} CPUs", flush=True)
+    return {"tjbench_fps_per_core": fps, "cpus": cpus, "ceiling_per_s": fps * cpus}
 
 
 def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None, binary=None, tag=""):
@@ -173,6 +189,7 @@ def measure(work, seconds, procs):
                "thumbnail": THUMBNAIL, "original_bytes": original_bytes, "alone_rps": rps, "alone_errors": errors,
                "earlier_runs": earlier}
     print(f"thumbnails alone: {rps:.0f}/s {errors}", flush=True)
+    results["decode_floor"] = decode_floor(site, seconds)
     baseline = os.environ.get("SWITCHYARD_BASELINE_BIN")
     if baseline:
         commit = os.environ.get("SWITCHYARD_BASELINE_COMMIT", "?")
@@ -188,6 +205,13 @@ def measure(work, seconds, procs):
     results["isolation_retry_after"] = isolation(port, honouring_retry_after(script), THUMBNAIL, seconds,
                                                  "pool, clients honour Retry-After", thumbnails_per_s)
     sy.stop()
+    kernel, kernel_port = start_switchyard(work, origin_port, pool_sched="idle-kernel", tag="-idle-kernel")
+    procs.append(kernel)
+    results["alone_rps_idle_kernel"], _ = thumbnails_alone(kernel_port, script, seconds)
+    print(f"SCHED_IDLE alone: {results['alone_rps_idle_kernel']:.0f} thumbnails/s", flush=True)
+    results["isolation_idle_kernel"] = isolation(kernel_port, script, THUMBNAIL, seconds, "pool, SCHED_IDLE alone",
+                                                 thumbnails_per_s)
+    kernel.stop()
     nice, nice_port = start_switchyard(work, origin_port, pool_sched="nice", tag="-nice")
     procs.append(nice)
     results["isolation_nice"] = isolation(nice_port, script, THUMBNAIL, seconds, "pool, nice 10",

@@ -241,7 +241,8 @@ def measure(work, seconds, procs):
                                                  seconds, "pool, clients honour Retry-After")
     sy.stop()
     # The same pool with the workers scheduled the other ways, to choose by measurement.
-    for sched, key in (("nice", "isolation_nice"), ("pinned", "isolation_pinned")):
+    for sched, key in (("idle-kernel", "isolation_idle_kernel"), ("nice", "isolation_nice"),
+                       ("pinned", "isolation_pinned")):
         other, other_port = start_switchyard(work, origin_port, pool_sched=sched)
         procs.append(other)
         check_blocks(other_port)

@@ -312,8 +312,11 @@ def isolation_table(section, heavy, rate_label, rate):
     lines = [f"| mode | {heavy} connections | light p50 ms | light p99 ms | light timeouts/errors | "
              f"{rate_label} | heavy p50 ms | heavy p99 ms | heavy errors |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for mode, key in (("pool (SCHED_IDLE workers)" if section.get("isolation_nice") else "pool", "isolation"),
+    default = ("pool (SCHED_IDLE workers that give way)" if section.get("isolation_idle_kernel")
+               else "pool (SCHED_IDLE workers)" if section.get("isolation_nice") else "pool")
+    for mode, key in ((default, "isolation"),
                       ("pool, heavy clients honour Retry-After", "isolation_retry_after"),
+                      ("pool, SCHED_IDLE alone", "isolation_idle_kernel"),
                       ("pool, nice 10", "isolation_nice"), ("pool, nice 10, pinned", "isolation_pinned"),
                       ("inline", "isolation_inline")):
         for r in section.get(key, []):
@@ -407,6 +410,16 @@ def images_report(m, date):
         lines.append(f"- thumbnails/s ≥ 5× {base['commit']}'s (same run; {base['commit']} resizes with the image crate): "
                      f"{m['alone_rps']:.0f} vs {base['alone_rps']:.0f} = {ratio:.1f}× → "
                      f"**{'met' if ratio >= 5 else 'NOT met'}**")
+        floor = m.get("decode_floor")
+        if floor:
+            lines.append(f"  - the decode floor: tjbench decodes this original at 3/8 scale {floor['tjbench_fps_per_core']:.0f} "
+                         f"times a second on one core, so {floor['cpus']} CPUs doing nothing but decode make at most "
+                         f"{floor['ceiling_per_s']:.0f}/s, while 5× is {5 * base['alone_rps']:.0f}/s: out of reach "
+                         f"for any thumbnailer that decodes the original each time (libvips decodes with the same "
+                         f"libjpeg-turbo); this run reached {m['alone_rps'] / floor['ceiling_per_s'] * 100:.0f}% of the floor")
+    if m.get("alone_rps_idle_kernel"):
+        lines.append(f"  - alone, SCHED_IDLE workers that do not give way made {m['alone_rps_idle_kernel']:.0f}/s "
+                     f"(giving way costs heavy work the CPU that wrk, nginx and the loops wanted)")
     refusals = m.get("refusals")
     if refusals and refusals.get("refused"):
         # Runs before the probe told them apart counted every 503 as refused early.

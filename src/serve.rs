@@ -191,6 +191,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     } else {
         let scheduling = match config.pool_sched {
             PoolSched::Idle => PoolScheduling::Idle,
+            PoolSched::IdleKernel => PoolScheduling::IdleKernel,
             PoolSched::Nice => PoolScheduling::Nice,
             PoolSched::Pinned => PoolScheduling::Pinned,
         };

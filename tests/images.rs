@@ -301,3 +301,87 @@ fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
         "plain requests still served"
     );
 }
+
+/// Reads one response from a keep-alive connection (a body with Content-Length): its status.
+fn read_one(reader: &mut BufReader<std::net::TcpStream>) -> u16 {
+    let mut status = 0;
+    let mut length = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("a response head");
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if status == 0 {
+            status = trimmed
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+        } else if let Some((name, value)) = trimmed.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().expect("a length");
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(reader, &mut body).expect("the body");
+    status
+}
+
+#[test]
+fn a_connection_that_asks_again_after_a_busy_refusal_waits_out_its_retry_after() {
+    let router = RouterProcess::start_with(&["--pool-threads", "1", "--pool-queue", "1"]);
+    let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
+    gallery(
+        &router,
+        &originals,
+        json!({"timeout_ms": 20_000, "max_source_bytes": 67_108_864}),
+        json!({}),
+    );
+    let http = router.http;
+    // Others keep the one worker and its queue busy until the test is done.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..6)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    support::get(http, "gallery.test", "/_img/1000x1000/huge.png?fit=cover")
+                        .expect("answered");
+                }
+            })
+        })
+        .collect();
+    let stream = std::net::TcpStream::connect(http).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    let resize = "GET /_img/1000x1000/huge.png?fit=cover HTTP/1.1\r\nHost: gallery.test\r\n\r\n";
+    let refused_at = (0..50)
+        .find_map(|_| {
+            writer.write_all(resize.as_bytes()).expect("send");
+            (read_one(&mut reader) == 503).then(std::time::Instant::now)
+        })
+        .expect("a busy pool refused this connection once");
+    // At once on the same connection, even for a plain file: held until its Retry-After
+    // (1 s), where a careless client would otherwise keep the event loops answering.
+    writer
+        .write_all(b"GET /huge.png HTTP/1.1\r\nHost: gallery.test\r\n\r\n")
+        .expect("send");
+    assert_eq!(read_one(&mut reader), 200);
+    let held = refused_at.elapsed();
+    assert!(
+        held >= std::time::Duration::from_millis(900),
+        "answered {held:?} after the refusal"
+    );
+    assert!(router.metric("switchyard_paced_requests_total") >= 1.0);
+    done.store(true, Ordering::Relaxed);
+    for client in busy {
+        client.join().expect("client");
+    }
+}

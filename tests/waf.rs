@@ -333,7 +333,8 @@ fn detect_mode_logs_matches_and_lets_them_through() {
 
 /// Many concurrent inspections of large bodies on one worker with a queue of one and a short
 /// deadline: most cannot be inspected in time.
-fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<u16> {
+/// Each answer's status and `Retry-After`.
+fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<(u16, Option<String>)> {
     let body = format!("comment={}", "lorem ipsum dolor sit amet ".repeat(2_000));
     let request = format!(
         "POST /comments HTTP/1.1\r\nHost: {host}\r\nContent-Type: {FORM}\r\n\
@@ -345,7 +346,7 @@ fn overload(router: &Arc<RouterProcess>, host: &str) -> Vec<u16> {
             let (router, request) = (router.clone(), request.clone());
             std::thread::spawn(move || {
                 support::request(router.http, &request)
-                    .map(|r| r.status)
+                    .map(|r| (r.status, r.header("retry-after").map(str::to_string)))
                     .unwrap_or_else(|e| panic!("{e}\n{}", router.logs()))
             })
         })
@@ -371,7 +372,14 @@ fn an_overloaded_pool_fails_open_or_closed_as_configured() {
         );
     }
 
-    let statuses = overload(&router, "strict.test");
+    let answers = overload(&router, "strict.test");
+    assert!(
+        answers
+            .iter()
+            .all(|(status, retry_after)| *status != 503 || retry_after.as_deref() == Some("1")),
+        "a busy pool's 503 asks the client to come back: {answers:?}"
+    );
+    let statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
     let refused = statuses.iter().filter(|&&s| s == 503).count();
     assert!(refused > 0, "{statuses:?}");
     assert!(
@@ -384,7 +392,10 @@ fn an_overloaded_pool_fails_open_or_closed_as_configured() {
         "refused ones never reached it"
     );
 
-    let statuses = overload(&router, "lenient.test");
+    let statuses: Vec<u16> = overload(&router, "lenient.test")
+        .into_iter()
+        .map(|(status, _)| status)
+        .collect();
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     assert_eq!(lenient.requests(), statuses.len());
     let passed =

@@ -190,8 +190,9 @@ settings! {
     /// bench/bench_images.py); never for serving.
     pool_mode: String = "SWITCHYARD_POOL_MODE";
     /// How pool threads share the CPU with the event loops: `idle` (default: SCHED_IDLE,
-    /// only CPU the loops leave), `nice` (nice 10) or `pinned` (nice 10 on the last core);
-    /// the last two for comparison (bench/bench_waf.py).
+    /// and a worker pauses while other threads wait for a CPU), `idle-kernel` (SCHED_IDLE
+    /// alone), `nice` (nice 10) or `pinned` (nice 10 on the last core); the last three for
+    /// comparison (bench/bench_waf.py, bench/bench_images.py).
     pool_sched: String = "SWITCHYARD_POOL_SCHED";
     /// Largest access-log batch in KiB (at most 64).
     log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB";
@@ -341,8 +342,10 @@ pub struct DnsConfig {
 /// How worker-pool threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolSched {
-    /// SCHED_IDLE.
+    /// SCHED_IDLE, and workers give way to threads waiting for a CPU.
     Idle,
+    /// SCHED_IDLE alone.
+    IdleKernel,
     /// nice 10.
     Nice,
     /// nice 10 on the last core.
@@ -705,6 +708,7 @@ impl Config {
                 source,
                 &[
                     ("idle", PoolSched::Idle),
+                    ("idle-kernel", PoolSched::IdleKernel),
                     ("nice", PoolSched::Nice),
                     ("pinned", PoolSched::Pinned),
                 ],

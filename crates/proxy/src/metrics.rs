@@ -7,9 +7,9 @@
 #![allow(missing_docs)]
 
 use prometheus::{
-    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
-    register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec,
+    register_counter, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    register_int_gauge, register_int_gauge_vec, Counter, Histogram, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec,
 };
 use switchyard_metrics::registered;
 
@@ -347,6 +347,23 @@ switchyard_metrics::declare_metrics! {
         "Tasks refused before being queued, by stage and reason: queue_full, or \
          would_miss_deadline (the work queued ahead would make it end past its deadline).",
         &["stage", "reason"]
+    ));
+
+    pub(crate) static PACED_REQUESTS: IntCounter = registered(register_int_counter!(
+        "switchyard_paced_requests_total",
+        "HTTP/1 requests held until the Retry-After their connection was given when the \
+         worker pool refused its previous request (clients that ask again at once)."
+    ));
+
+    pub(crate) static POOL_GAVE_WAY: IntCounter = registered(register_int_counter!(
+        "switchyard_pool_gave_way_total",
+        "Times a worker running a task paused because other threads were waiting for a CPU \
+         (checked every 250 µs; SCHED_IDLE alone lets a worker run on to the next tick)."
+    ));
+
+    pub(crate) static POOL_GAVE_WAY_SECONDS: Counter = registered(register_counter!(
+        "switchyard_pool_gave_way_seconds_total",
+        "Time workers spent paused for other threads waiting for a CPU."
     ));
 
     pub(crate) static POOL_TIMEOUTS: IntCounterVec = registered(register_int_counter_vec!(

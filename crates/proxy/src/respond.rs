@@ -37,6 +37,12 @@ impl LocalAnswer {
         }
     }
 
+    /// Seconds the client is asked to wait (`Retry-After`): for the worker pool's
+    /// refusals, as the images stage asks.
+    pub(crate) fn retry_after_s(self) -> Option<u32> {
+        (self == Self::WafOverloaded).then_some(POOL_BUSY_RETRY_AFTER_S)
+    }
+
     pub(crate) fn text(self) -> &'static str {
         match self {
             Self::UnknownHost => "no app is configured for this host",
@@ -51,6 +57,10 @@ impl LocalAnswer {
         }
     }
 }
+
+/// Seconds a client is asked to wait after the worker pool refused its request (busy, or
+/// its deadline would pass): the WAF's and the images stage's `Retry-After`.
+pub(crate) const POOL_BUSY_RETRY_AFTER_S: u32 = 1;
 
 /// Largest piece of a response body written at once: the client send timeout is a deadline
 /// for each piece, so a large cached answer is not held to the deadline of a small one.

@@ -10,10 +10,12 @@
 //! the waiting request stops waiting at the deadline whatever the task is doing. What a
 //! refusal or a missed deadline means is the calling stage's decision.
 //!
-//! Workers are scheduled `SCHED_IDLE` by default: they run only on CPU no event loop wants,
-//! so a saturated pool cannot delay a light request (seed 001). nice 10 (the earlier
-//! setting) still gives the workers a share and lets a waking worker preempt a loop;
-//! `--pool-sched nice|pinned` keep it and pinning for comparison (bench/bench_waf.py).
+//! Workers are scheduled `SCHED_IDLE` by default and give way (give_way.rs): they run only on
+//! CPU no other thread wants, so a saturated pool cannot delay a light request (seed 001).
+//! `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
+//! while a preempted loop waits; nice 10 (the setting before it) still gives the workers a
+//! share and lets a waking worker preempt a loop; `--pool-sched idle-kernel|nice|pinned`
+//! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use switchyard_give_way::GiveWay;
 use thread_priority::{
     set_current_thread_priority, set_thread_priority_and_policy, thread_native_id,
     NormalThreadSchedulePolicy, ThreadPriority, ThreadPriorityValue, ThreadSchedulePolicy,
@@ -38,8 +41,11 @@ const RUN_TIME_SMOOTHING: f64 = 0.2;
 /// How worker threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolScheduling {
-    /// `SCHED_IDLE`: only CPU the event loops leave (no privilege needed).
+    /// `SCHED_IDLE`, and a worker running a task pauses while other threads wait for a CPU
+    /// (no privilege needed).
     Idle,
+    /// `SCHED_IDLE` alone.
+    IdleKernel,
     /// nice 10.
     Nice,
     /// nice 10, all workers on the last core.
@@ -137,7 +143,19 @@ impl WorkerPool {
                 .name(format!("switchyard-worker-{n}"))
                 .spawn(move || {
                     schedule_this_worker(scheduling);
-                    work(&queue)
+                    let give_way = (scheduling == PoolScheduling::Idle)
+                        .then(|| {
+                            GiveWay::for_this_thread()
+                                .inspect_err(|e| {
+                                    log::warn!(
+                                        "pool worker cannot give way to threads waiting for \
+                                         a CPU ({e}): SCHED_IDLE alone"
+                                    )
+                                })
+                                .ok()
+                        })
+                        .flatten();
+                    work(&queue, give_way.as_ref())
                 })?;
         }
         metrics::POOL_THREADS.set(threads as i64);
@@ -264,7 +282,7 @@ fn schedule_this_worker(scheduling: PoolScheduling) {
             })
     };
     let outcome = match scheduling {
-        PoolScheduling::Idle => set_thread_priority_and_policy(
+        PoolScheduling::Idle | PoolScheduling::IdleKernel => set_thread_priority_and_policy(
             thread_native_id(),
             // SCHED_IDLE has one priority, 0: the crate's `Min` for it.
             ThreadPriority::Min,
@@ -293,7 +311,7 @@ fn thread_cpu_time() -> Duration {
         .map_or(Duration::ZERO, Duration::from)
 }
 
-fn work(queue: &Queue) {
+fn work(queue: &Queue, give_way: Option<&GiveWay>) {
     loop {
         let task = {
             let mut tasks = queue.tasks.lock();
@@ -317,7 +335,16 @@ fn work(queue: &Queue) {
             continue;
         }
         let cpu_before = thread_cpu_time();
-        (task.run)();
+        match give_way {
+            Some(give_way) => {
+                let paused = give_way.run(task.run);
+                if paused.times > 0 {
+                    metrics::POOL_GAVE_WAY.inc_by(paused.times);
+                    metrics::POOL_GAVE_WAY_SECONDS.inc_by(paused.slept.as_secs_f64());
+                }
+            }
+            None => (task.run)(),
+        }
         let took = started.elapsed();
         // The estimate is CPU time, not wall time: a worker that waits for CPU (SCHED_IDLE
         // under a busy event loop) must not make its stage look slower, or refusals would

@@ -4,6 +4,7 @@
 //! passes. The backend then gets the held
 //! bytes, and after them the rest of the body (past `max_body_bytes`) as it comes.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::pin::Pin;
 use std::time::Duration;
@@ -125,6 +126,7 @@ fn local(status: u16) -> Refused {
     Refused {
         status,
         text: respond::text_for(status),
+        retry_after: None,
     }
 }
 
@@ -132,6 +134,15 @@ fn local(status: u16) -> Refused {
 pub(super) struct Refused {
     status: u16,
     text: &'static str,
+    /// Set when the worker pool was too busy to inspect in time.
+    retry_after: Option<u32>,
+}
+
+impl Refused {
+    /// `Retry-After` seconds when the pool was too busy (the client should come back).
+    pub(super) fn retry_after(&self) -> Option<u32> {
+        self.retry_after
+    }
 }
 
 impl From<LocalAnswer> for Refused {
@@ -139,13 +150,18 @@ impl From<LocalAnswer> for Refused {
         Self {
             status: answer.status(),
             text: answer.text(),
+            retry_after: answer.retry_after_s(),
         }
     }
 }
 
 impl From<Refused> for Answer {
     fn from(refused: Refused) -> Self {
-        Self::own(refused.status, refused.text)
+        Self::Refused {
+            status: refused.status,
+            text: Cow::Borrowed(refused.text),
+            retry_after: refused.retry_after,
+        }
     }
 }
 

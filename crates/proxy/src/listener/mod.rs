@@ -202,6 +202,10 @@ impl Listener {
             let handle = std::thread::Builder::new()
                 .name(format!("hyper-listener-{thread}"))
                 .spawn(move || {
+                    // Pool workers give way to this loop when it waits on their CPU.
+                    if let Err(e) = switchyard_give_way::watch_this_thread() {
+                        log::warn!("listener thread {thread} not watched by the workers: {e}");
+                    }
                     if let Err(e) = run_thread(sockets, shared, stopped) {
                         log::error!("listener thread {thread} stopped: {e}");
                     }

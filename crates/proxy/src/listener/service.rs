@@ -103,7 +103,11 @@ impl Answer {
 
 impl From<LocalAnswer> for Answer {
     fn from(answer: LocalAnswer) -> Self {
-        Self::own(answer.status(), answer.text())
+        Self::Refused {
+            status: answer.status(),
+            text: Cow::Borrowed(answer.text()),
+            retry_after: answer.retry_after_s(),
+        }
     }
 }
 
@@ -123,6 +127,9 @@ pub(super) struct Client {
     last_answer_end: Cell<Option<tokio::time::Instant>>,
     /// The router is stopping: answers close the connection after them.
     closing: Cell<bool>,
+    /// Until when the connection's next request waits: the worker pool refused one of its
+    /// requests and asked the client to come back after `Retry-After`.
+    paced_until: Cell<Option<tokio::time::Instant>>,
 }
 
 impl Client {
@@ -136,7 +143,36 @@ impl Client {
             in_flight: Cell::new(0),
             last_answer_end: Cell::new(None),
             closing: Cell::new(false),
+            paced_until: Cell::new(None),
         })
+    }
+
+    /// The worker pool refused a request of this connection, asking the client to come back
+    /// in `retry_after_s`: a next request on it before then waits until then.
+    ///
+    /// A client that asks again at once on the same connection (wrk does; so does a naive
+    /// retry loop) would otherwise keep the event loops answering refusals, tens of
+    /// thousands a second, and the light requests sharing the loops wait behind them
+    /// (bench/bench_images.py: light p99 11–18 ms beside 400 such connections). Held, each
+    /// such connection costs one refusal per `Retry-After` and a timer. A fresh connection
+    /// is never held: a careful client is refused in microseconds. HTTP/2 streams are not
+    /// held, since one connection carries the light requests of the same page.
+    fn pace_after_refusal(&self, retry_after_s: u32) {
+        self.paced_until.set(Some(
+            tokio::time::Instant::now() + Duration::from_secs(u64::from(retry_after_s)),
+        ));
+    }
+
+    /// Waits out the pool's `Retry-After` if this connection was refused and this request
+    /// came too soon (HTTP/1 only).
+    async fn wait_out_refusal(&self, version: Version) {
+        let Some(until) = self.paced_until.take() else {
+            return;
+        };
+        if version < Version::HTTP_2 && until > tokio::time::Instant::now() {
+            metrics::PACED_REQUESTS.inc();
+            tokio::time::sleep_until(until).await;
+        }
     }
 
     /// From now on, each answer closes the connection after it.
@@ -288,6 +324,7 @@ async fn proxy(
     let Some(incoming) = unread.as_mut() else {
         return failed(false);
     };
+    client.wait_out_refusal(head.version).await;
     match framing::check_request(&mut head.headers) {
         Ok(length) => ctx.declared_length = length,
         Err(answer) => return answer.into(),
@@ -355,7 +392,12 @@ async fn proxy(
     .await
     {
         Ok(held) => held,
-        Err(refused) => return refused.into(),
+        Err(refused) => {
+            if let Some(seconds) = refused.retry_after() {
+                client.pace_after_refusal(seconds);
+            }
+            return refused.into();
+        }
     };
     if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
         return Answer::File(file);
@@ -366,7 +408,15 @@ async fn proxy(
     // After the cache: a resized image the app lets be cached is made once.
     let stage = shared.images.as_ref();
     if let Some(image) = images::resize_for(stage, ctx, &head, Some(client.ip)).await {
-        return image_answer(image, &head.headers, ctx);
+        let answer = image_answer(image, &head.headers, ctx);
+        if let Answer::Refused {
+            retry_after: Some(seconds),
+            ..
+        } = answer
+        {
+            client.pace_after_refusal(seconds);
+        }
+        return answer;
     }
     let upgrade = head.headers.contains_key(UPGRADE);
     let body_ended = incoming.is_end_stream();
@@ -675,7 +725,7 @@ fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut Reque
             return Answer::Refused {
                 status,
                 text: Cow::Owned(text),
-                retry_after: retry_after.then_some(images::RETRY_AFTER_S),
+                retry_after: retry_after.then_some(respond::POOL_BUSY_RETRY_AFTER_S),
             }
         }
         ImageAnswer::Resized {

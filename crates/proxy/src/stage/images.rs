@@ -38,8 +38,6 @@ const FETCH_POOL_SIZE: usize = 256;
 const IN_FLIGHT_PER_WORKER: usize = 8;
 /// Requests waiting for a place, per place; past that they are refused at once with 503.
 const WAITING_PER_PLACE: usize = 64;
-/// Seconds a client is asked to wait after the pool refused a resize.
-pub(crate) const RETRY_AFTER_S: u32 = 1;
 
 /// What the images stage needs from the router: the admission shared by all threads and
 /// this thread's own connections.
