@@ -205,7 +205,7 @@ def measure(work, seconds, procs):
     results["isolation_retry_after"] = isolation(port, honouring_retry_after(script), THUMBNAIL, seconds,
                                                  "pool, clients honour Retry-After", thumbnails_per_s)
     sy.stop()
-    kernel, kernel_port = start_switchyard(work, origin_port, pool_sched="idle-kernel", tag="-idle-kernel")
+    kernel, kernel_port = start_switchyard(work, origin_port, pool_sched="idle-kernel", tag="-ik")
     procs.append(kernel)
     results["alone_rps_idle_kernel"], _ = thumbnails_alone(kernel_port, script, seconds)
     print(f"SCHED_IDLE alone: {results['alone_rps_idle_kernel']:.0f} thumbnails/s", flush=True)

@@ -102,7 +102,8 @@ http {{
 def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None):
     sched = ["--pool-sched", pool_sched] if pool_sched else []
     proc, http_port, admin_port = common.serve_switchyard(
-        work, f"switchyard-waf-{pool_mode}{pool_sched or ''}", "--threads", str(common.THREADS),
+        # Short names: the data directory holds the handover socket, whose path is bounded.
+        work, f"switchyard-waf-{pool_mode}{(pool_sched or '').replace('idle-kernel', 'ik')}", "--threads", str(common.THREADS),
         "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, *sched, log_level="error")
     # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}

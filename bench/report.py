@@ -432,6 +432,11 @@ def images_report(m, date):
                      f"{refusals['probes']} probes beside 400 connections refused early, p50 {refusals['p50_ms']} ms, "
                      f"p99 {refusals['p99_ms']} ms, max {refusals['max_ms']} ms{late}; "
                      f"{refusals['served']} served → **{'met' if met else 'NOT met'}**")
+    elif refusals and refusals.get("timed_out"):
+        lines.append(f"- heavy requests refused early in under 5 ms, never a timeout: no probe of "
+                     f"{refusals['probes']} beside 400 connections was refused early, {refusals['served']} served, "
+                     f"{refusals['timed_out']} answered 503 only at its deadline (p50 {refusals['timed_out_p50_ms']} ms) "
+                     "→ **NOT met**")
     elif refusals:
         lines.append(f"- heavy requests refused early: no probe was refused ({refusals})")
     lines += earlier_lines(m, lambda r: f"{r.get('alone_rps')} thumbnails/s, light p99 ratios "
