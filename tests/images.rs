@@ -259,8 +259,9 @@ fn originals_over_the_size_limit_are_refused() {
     );
 }
 
-#[test]
-fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
+/// A router with one worker and a queue of one, and a gallery whose original (2500×2500)
+/// keeps the worker busy for a while at each resize.
+fn one_worker_gallery() -> (RouterProcess, Originals) {
     let router = RouterProcess::start_with(&["--pool-threads", "1", "--pool-queue", "1"]);
     let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
     gallery(
@@ -269,6 +270,12 @@ fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
         json!({"timeout_ms": 20_000, "max_source_bytes": 67_108_864}),
         json!({}),
     );
+    (router, originals)
+}
+
+#[test]
+fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
+    let (router, _originals) = one_worker_gallery();
     let http = router.http;
     let clients: Vec<_> = (0..6)
         .map(|_| {
@@ -333,14 +340,7 @@ fn read_one(reader: &mut BufReader<std::net::TcpStream>) -> u16 {
 
 #[test]
 fn a_connection_that_asks_again_after_a_busy_refusal_waits_out_its_retry_after() {
-    let router = RouterProcess::start_with(&["--pool-threads", "1", "--pool-queue", "1"]);
-    let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
-    gallery(
-        &router,
-        &originals,
-        json!({"timeout_ms": 20_000, "max_source_bytes": 67_108_864}),
-        json!({}),
-    );
+    let (router, _originals) = one_worker_gallery();
     let http = router.http;
     // Others keep the one worker and its queue busy until the test is done.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
