@@ -90,23 +90,21 @@ fn runnable_on(stat: &[u8]) -> Option<usize> {
     if fields.next()? != b"R" {
         return None;
     }
-    let processor = fields.nth(35)?;
-    processor.iter().try_fold(0usize, |n, &digit| {
-        digit.is_ascii_digit().then(|| {
-            n.saturating_mul(10)
-                .saturating_add(usize::from(digit - b'0'))
-        })
-    })
+    decimal(fields.nth(35)?)
 }
 
 /// The count of runnable threads in `/proc/loadavg`'s text: its 4th field, "R/T".
 fn runnable_threads(loadavg: &[u8]) -> Option<usize> {
     let field = loadavg.split(|&b| b == b' ').nth(3)?;
-    let runnable = field.split(|&b| b == b'/').next()?;
-    if runnable.is_empty() {
+    decimal(field.split(|&b| b == b'/').next()?)
+}
+
+/// A non-empty run of ASCII digits as a number (what /proc prints), saturating.
+fn decimal(digits: &[u8]) -> Option<usize> {
+    if digits.is_empty() {
         return None;
     }
-    runnable.iter().try_fold(0usize, |n, &digit| {
+    digits.iter().try_fold(0usize, |n, &digit| {
         digit.is_ascii_digit().then(|| {
             n.saturating_mul(10)
                 .saturating_add(usize::from(digit - b'0'))

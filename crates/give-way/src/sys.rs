@@ -181,11 +181,12 @@ extern "C" fn on_check(_signal: libc::c_int) {
             break;
         };
         let workers = RUNNING_WORKERS.load(Ordering::Relaxed);
-        // SAFETY: no preconditions.
-        let cpu = unsafe { libc::sched_getcpu() };
-        if !crate::others_wait(runnable, workers, CPUS.load(Ordering::Relaxed))
-            && !watched_waits_on(cpu)
-        {
+        // The machine-wide count first: the loops' stats are read only when it finds no
+        // one waiting.
+        let others_wait = crate::others_wait(runnable, workers, CPUS.load(Ordering::Relaxed))
+            // SAFETY: sched_getcpu has no preconditions.
+            || watched_waits_on(unsafe { libc::sched_getcpu() });
+        if !others_wait {
             break;
         }
         RUNNING_WORKERS.fetch_sub(1, Ordering::Relaxed);

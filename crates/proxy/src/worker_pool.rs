@@ -10,9 +10,9 @@
 //! the waiting request stops waiting at the deadline whatever the task is doing. What a
 //! refusal or a missed deadline means is the calling stage's decision.
 //!
-//! Workers are scheduled `SCHED_IDLE` by default and give way (give_way.rs): they run only on
-//! CPU no other thread wants, so a saturated pool cannot delay a light request (seed 001).
-//! `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
+//! Workers are scheduled `SCHED_IDLE` by default and give way (crates/give-way): they run
+//! only on CPU no other thread wants, so a saturated pool cannot delay a light request
+//! (seed 001). `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
 //! while a preempted loop waits; nice 10 (the setting before it) still gives the workers a
 //! share and lets a waking worker preempt a loop; `--pool-sched idle-kernel|nice|pinned`
 //! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
