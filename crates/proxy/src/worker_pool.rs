@@ -3,9 +3,15 @@
 //! other request on that loop wait.
 //!
 //! The queue is bounded: a task that finds it full is refused at once. So is a task that
-//! would miss its deadline: the pool keeps each stage's recent run time and the work queued
+//! would miss its deadline: the pool keeps each stage's recent run times and the work queued
 //! ahead, and a task whose expected end is past its deadline is refused before it is queued
 //! (the caller answers 503 with Retry-After in microseconds, rather than after the deadline).
+//! The work ahead is counted in wall time, pauses included: a worker that gives way to
+//! other threads takes longer than its CPU time, and a queue estimated in CPU time admitted
+//! tasks that then ran out of time (bench_images' refusal probe beside 400 connections).
+//! Wall time grows when the loops are busy, and refusals keep loops busy; that loop is
+//! broken elsewhere — a refused HTTP/1 connection waits out its Retry-After before its next
+//! request is read (listener/service.rs) — and a free worker is judged by CPU time alone.
 //! Every task carries a deadline: a task still queued at its deadline is dropped unrun, and
 //! the waiting request stops waiting at the deadline whatever the task is doing. What a
 //! refusal or a missed deadline means is the calling stage's decision.
@@ -18,7 +24,7 @@
 //! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,8 +41,13 @@ use crate::metrics;
 /// Niceness of `nice` and `pinned` workers (on the `thread-priority` crate's 0–99 scale, 22
 /// is nice 10).
 const WORKER_PRIORITY: u8 = 22;
-/// Weight of the newest run in a stage's running average of CPU times.
-const RUN_TIME_SMOOTHING: f64 = 0.2;
+/// Weight of the newest run in a stage's running averages of run times: about the last 20
+/// runs count, so one task that paused long does not swing the admission of the next ones.
+const RUN_TIME_SMOOTHING: f64 = 0.05;
+/// Share of the time left before its deadline that a task's expected end may use. The
+/// estimate is an average: a task expected to end right at its deadline misses it about
+/// half of the time, and a miss costs the client the whole deadline.
+const DEADLINE_HEADROOM: f64 = 0.85;
 
 /// How worker threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +78,7 @@ struct Task {
     stage: &'static str,
     queued_at: Instant,
     deadline: Instant,
-    /// Its expected run time, counted in [`Queue::backlog_ns`] until it ends.
+    /// Its expected wall time, counted in [`Queue::backlog_ns`] until it ends.
     estimate_ns: u64,
     run: Box<dyn FnOnce() + Send>,
 }
@@ -77,29 +88,70 @@ struct Queue {
     ready: Condvar,
     capacity: usize,
     threads: usize,
-    /// Expected run time of every task queued or running.
+    /// Tasks queued or running.
+    in_pool: AtomicUsize,
+    /// Expected wall time of every task queued or running.
     backlog_ns: AtomicU64,
-    /// Each stage's running average run time.
-    run_times: Mutex<HashMap<&'static str, f64>>,
+    /// Each stage's running averages of run time.
+    run_times: Mutex<HashMap<&'static str, RunTimes>>,
+}
+
+/// A stage's recent runs: what a task costs (CPU time) and how long it holds a worker
+/// (wall time, which adds the pauses for other threads).
+#[derive(Debug, Clone, Copy, Default)]
+struct RunTimes {
+    cpu_ns: f64,
+    wall_ns: f64,
 }
 
 impl Queue {
-    fn estimate_ns(&self, stage: &'static str) -> u64 {
-        self.run_times.lock().get(stage).copied().unwrap_or(0.0) as u64
+    fn run_times(&self, stage: &'static str) -> RunTimes {
+        self.run_times
+            .lock()
+            .get(stage)
+            .copied()
+            .unwrap_or_default()
     }
 
-    fn record_run(&self, stage: &'static str, took: Duration) {
-        let took = took.as_nanos() as f64;
+    fn record_run(&self, stage: &'static str, cpu: Duration, wall: Duration) {
+        let (cpu, wall) = (cpu.as_nanos() as f64, wall.as_nanos() as f64);
         let mut run_times = self.run_times.lock();
-        let average = run_times.entry(stage).or_insert(took);
-        *average += RUN_TIME_SMOOTHING * (took - *average);
+        let average = run_times.entry(stage).or_insert(RunTimes {
+            cpu_ns: cpu,
+            wall_ns: wall,
+        });
+        average.cpu_ns += RUN_TIME_SMOOTHING * (cpu - average.cpu_ns);
+        average.wall_ns += RUN_TIME_SMOOTHING * (wall - average.wall_ns);
     }
 
-    /// When a task of `estimate_ns` queued now is expected to end: the backlog spread over
-    /// the threads, then its own run.
-    fn expected_end(&self, estimate_ns: u64) -> Instant {
-        let backlog = self.backlog_ns.load(Ordering::Relaxed) / self.threads.max(1) as u64;
-        Instant::now() + Duration::from_nanos(backlog.saturating_add(estimate_ns))
+    /// Whether a task of `stage`, after `ahead` more of its kind that wait outside the pool,
+    /// is expected to end too late for `deadline`. While a worker is free the task is judged
+    /// by its CPU time alone: after a spell of slow runs (a host busy with other work) the
+    /// pool must still admit a task now and then to learn that it is fast again, or the
+    /// inflated wall-time average would refuse everything for good.
+    fn would_miss(&self, stage: &'static str, ahead: usize, deadline: Instant) -> bool {
+        let times = self.run_times(stage);
+        if times.cpu_ns <= 0.0 {
+            // Never timed: nothing to judge by, and its first runs teach the pool.
+            return false;
+        }
+        let threads = self.threads.max(1);
+        let in_pool = self.in_pool.load(Ordering::Relaxed);
+        let expected_ns = if in_pool.saturating_add(ahead) < threads {
+            times.cpu_ns
+        } else {
+            let queued =
+                self.backlog_ns.load(Ordering::Relaxed) as f64 + times.wall_ns * ahead as f64;
+            queued / threads as f64 + times.wall_ns
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        expected_ns > left.as_nanos() as f64 * DEADLINE_HEADROOM
+    }
+
+    /// A task ran or was dropped: it no longer holds a place or counts in the backlog.
+    fn leave(&self, estimate_ns: u64) {
+        self.backlog_ns.fetch_sub(estimate_ns, Ordering::Relaxed);
+        self.in_pool.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -134,6 +186,7 @@ impl WorkerPool {
             ready: Condvar::new(),
             capacity: capacity.max(1),
             threads,
+            in_pool: AtomicUsize::new(0),
             backlog_ns: AtomicU64::new(0),
             run_times: Mutex::new(HashMap::new()),
         });
@@ -189,12 +242,9 @@ impl WorkerPool {
     /// Whether `ahead` more tasks of `stage` before this one (waiting outside the pool, as
     /// the images stage's requests wait for a place) would make it end past `deadline`.
     pub(crate) fn would_miss(&self, stage: &'static str, ahead: usize, deadline: Instant) -> bool {
-        let Some(queue) = self.queue.as_ref() else {
-            return false;
-        };
-        let estimate = queue.estimate_ns(stage);
-        let waiting = estimate.saturating_mul(ahead as u64) / queue.threads.max(1) as u64;
-        estimate > 0 && queue.expected_end(estimate.saturating_add(waiting)) > deadline
+        self.queue
+            .as_ref()
+            .is_some_and(|queue| queue.would_miss(stage, ahead, deadline))
     }
 
     /// Runs `job` on a worker and waits (without blocking the event loop) for its result,
@@ -208,8 +258,7 @@ impl WorkerPool {
         let Some(queue) = self.queue.as_ref() else {
             return run_inline(stage, deadline, job);
         };
-        let estimate_ns = queue.estimate_ns(stage);
-        if estimate_ns > 0 && queue.expected_end(estimate_ns) > deadline {
+        if queue.would_miss(stage, 0, deadline) {
             metrics::POOL_REJECTED
                 .with_label_values(&[stage, "would_miss_deadline"])
                 .inc();
@@ -220,7 +269,7 @@ impl WorkerPool {
             stage,
             queued_at: Instant::now(),
             deadline,
-            estimate_ns,
+            estimate_ns: queue.run_times(stage).wall_ns as u64,
             run: Box::new(move || {
                 let _ = done.send(job());
             }),
@@ -234,8 +283,11 @@ impl WorkerPool {
                     .inc();
                 return Err(PoolRefusal::Full);
             }
+            queue.in_pool.fetch_add(1, Ordering::Relaxed);
+            queue
+                .backlog_ns
+                .fetch_add(task.estimate_ns, Ordering::Relaxed);
             tasks.push_back(task);
-            queue.backlog_ns.fetch_add(estimate_ns, Ordering::Relaxed);
             metrics::POOL_QUEUE_DEPTH.set(tasks.len() as i64);
         }
         queue.ready.notify_one();
@@ -329,9 +381,7 @@ fn work(queue: &Queue, give_way: Option<&GiveWay>) {
             .observe(started.duration_since(task.queued_at).as_secs_f64());
         if started >= task.deadline {
             // Nobody waits for it any more: dropping it tells the caller.
-            queue
-                .backlog_ns
-                .fetch_sub(task.estimate_ns, Ordering::Relaxed);
+            queue.leave(task.estimate_ns);
             continue;
         }
         let cpu_before = thread_cpu_time();
@@ -346,14 +396,12 @@ fn work(queue: &Queue, give_way: Option<&GiveWay>) {
             None => (task.run)(),
         }
         let took = started.elapsed();
-        // The estimate is CPU time, not wall time: a worker that waits for CPU (SCHED_IDLE
-        // under a busy event loop) must not make its stage look slower, or refusals would
-        // feed on themselves — refused clients asking again keep the loops busy, which
-        // starves the workers, which raises the estimate.
-        queue.record_run(task.stage, thread_cpu_time().saturating_sub(cpu_before));
-        queue
-            .backlog_ns
-            .fetch_sub(task.estimate_ns, Ordering::Relaxed);
+        queue.record_run(
+            task.stage,
+            thread_cpu_time().saturating_sub(cpu_before),
+            took,
+        );
+        queue.leave(task.estimate_ns);
         metrics::POOL_RUN
             .with_label_values(&[task.stage])
             .observe(took.as_secs_f64());
@@ -484,11 +532,58 @@ mod tests {
             for task in queued {
                 assert_eq!(task.await.expect("joined"), Ok(()));
             }
+            // The worker counts a task out just after handing over its result.
+            tokio::time::sleep(Duration::from_millis(5)).await;
             // The backlog drained, the same deadline is met again.
             let met = pool
                 .run("slow", Instant::now() + Duration::from_millis(100), slow)
                 .await;
             assert_eq!(met, Ok(()));
+        });
+    }
+
+    #[test]
+    fn the_wait_ahead_counts_the_time_tasks_hold_a_worker_not_only_their_cpu_time() {
+        let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Nice).expect("pool"));
+        runtime().block_on(async {
+            let soon = || Instant::now() + Duration::from_secs(5);
+            // Holds the worker 40 ms on almost no CPU, as a task paused for the event
+            // loops does.
+            let paused = || std::thread::sleep(Duration::from_millis(40));
+            for _ in 0..3 {
+                assert_eq!(pool.run("paused", soon(), paused).await, Ok(()));
+            }
+            let queued: Vec<_> = (0..5)
+                .map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move { pool.run("paused", soon(), paused).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            // About 200 ms of wall time ahead: refused at once, though its CPU time is
+            // microseconds.
+            let asked = Instant::now();
+            let refused = pool
+                .run(
+                    "paused",
+                    Instant::now() + Duration::from_millis(100),
+                    paused,
+                )
+                .await;
+            assert_eq!(refused, Err(PoolRefusal::WouldMissDeadline));
+            assert!(asked.elapsed() < Duration::from_millis(5));
+            for task in queued {
+                assert_eq!(task.await.expect("joined"), Ok(()));
+            }
+            // The worker counts a task out just after handing over its result.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            // A free worker takes a task whose CPU time fits, even if the stage's recent
+            // runs held workers longer than its deadline allows: that is how the pool
+            // learns that runs are fast again.
+            let fast_again = pool
+                .run("paused", Instant::now() + Duration::from_millis(30), || ())
+                .await;
+            assert_eq!(fast_again, Ok(()));
         });
     }
 

@@ -83,28 +83,35 @@ impl ImageStage {
         self.originals.sweep();
     }
 
-    /// A place among the requests under way, waiting for one until `deadline`; `None` when
-    /// too many already wait or the deadline passes.
-    async fn admit(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+    /// A place among the requests under way, waiting for one until `deadline`; refused at
+    /// once when too many already wait or the wait would pass the deadline, and timed out
+    /// when it passes all the same.
+    async fn admit(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, PoolRefusal> {
         let admission = &self.admission;
         if let Ok(place) = admission.places.clone().try_acquire_owned() {
-            return Some(place);
+            return Ok(place);
         }
         // Counted while waiting, also if the request is dropped mid-wait.
         let waiting = Waiting::enter(&admission.waiting);
         // Refused now rather than at the deadline: too many wait, or the resizes they
         // and the pool's queue stand for would end past it.
-        if waiting.ahead >= admission.max_waiting
-            || admission
-                .pool
-                .would_miss("images", waiting.ahead + 1, deadline)
-        {
-            return None;
+        if waiting.ahead >= admission.max_waiting {
+            return Err(PoolRefusal::Full);
         }
-        tokio::time::timeout_at(deadline.into(), admission.places.clone().acquire_owned())
+        if admission
+            .pool
+            .would_miss("images", waiting.ahead + 1, deadline)
+        {
+            return Err(PoolRefusal::WouldMissDeadline);
+        }
+        match tokio::time::timeout_at(deadline.into(), admission.places.clone().acquire_owned())
             .await
-            .ok()
-            .and_then(Result::ok)
+        {
+            Ok(Ok(place)) => Ok(place),
+            // The semaphore is never closed; a closed one could not admit anyone either.
+            Ok(Err(_)) => Err(PoolRefusal::Full),
+            Err(_) => Err(PoolRefusal::TimedOut),
+        }
     }
 }
 
@@ -193,8 +200,9 @@ pub(crate) async fn resize_for(
         return Some(refused(503, "image resizing is not available".into()));
     };
     let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
-    let Some(_place) = stage.admit(deadline).await else {
-        return Some(refuse_for_now(app, PoolRefusal::Full));
+    let _place = match stage.admit(deadline).await {
+        Ok(place) => place,
+        Err(refusal) => return Some(refuse_for_now(app, refusal)),
     };
     let original = match fetch_original(stage, client_ip, ctx, images, &asked.original_path).await {
         Ok(original) => original,
