@@ -11,7 +11,7 @@
 //! So while a worker runs a task, a timer interrupts it every [`CHECK_EVERY`]. The signal
 //! handler reads how many threads of the machine are runnable (`/proc/loadavg`, the
 //! kernel's instantaneous count) and the state of the threads the router asked to watch,
-//! its event loops ([`watch_this_thread`]). While the runnable threads exceed what the CPUs
+//! its event loops, while they have work ([`watch_this_thread`], [`Watched`]). While the runnable threads exceed what the CPUs
 //! can run beside the workers running tasks, or a watched loop is runnable on the worker's
 //! own CPU (the machine-wide count misses a loop queued behind a worker while the other CPU
 //! idles: the balancer moves it at a tick), the worker sleeps 100 µs at a time, for at most
@@ -74,11 +74,35 @@ impl GiveWay {
     }
 }
 
-/// Has the calling thread watched by every worker's checks: while it is runnable on the CPU
-/// of a worker running a task, that worker gives way. For event loops; an error when its
-/// stat cannot be opened or too many threads are watched already.
-pub fn watch_this_thread() -> Result<(), String> {
-    sys::watch_this_thread()
+/// Has the calling thread watched by every worker's checks: while it has work and is
+/// runnable on the CPU of a worker running a task, that worker gives way. For event loops,
+/// which say when they park and wake ([`Watched`]); an error when its stat cannot be opened
+/// or too many threads are watched already.
+pub fn watch_this_thread() -> Result<Watched, String> {
+    sys::watch_this_thread().map(|place| Watched { place })
+}
+
+/// A watched thread's word to the workers. Reading a thread's stat costs about 4 µs of
+/// kernel time and touches its task's memory from another CPU; the checks read only the
+/// stats of threads that have work (an event loop between its wake-up and its next park),
+/// the only ones that can wait for a CPU. A parked loop that wakes on a worker's CPU
+/// preempts the worker at once (`SCHED_IDLE`), and is working by the time it could be
+/// preempted in turn.
+#[derive(Debug, Clone, Copy)]
+pub struct Watched {
+    place: usize,
+}
+
+impl Watched {
+    /// The thread woke with work: the checks watch its state.
+    pub fn working(self) {
+        sys::set_working(self.place, true);
+    }
+
+    /// The thread is about to park (wait for events): nothing to watch until it wakes.
+    pub fn parked(self) {
+        sys::set_working(self.place, false);
+    }
 }
 
 /// The CPU a thread is runnable on, from its `/proc/…/stat` text: `None` unless its state
@@ -216,6 +240,45 @@ mod tests {
             "ran {used:?} of {took:?} beside {cpus} busy threads ({paused:?})"
         );
         assert!(paused.slept >= took / 2, "{paused:?} of {took:?}");
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin_to(cpu: usize) {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).expect("cpu in set");
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pinned");
+    }
+
+    #[test]
+    fn a_watched_thread_is_looked_at_only_while_it_works() {
+        let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        pin_to(0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (told, watched) = std::sync::mpsc::channel();
+        let spinner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to(0);
+                told.send(watch_this_thread().expect("watched"))
+                    .expect("told");
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let watched = watched.recv().expect("watched");
+        // Working and spinning on this thread's CPU: runnable there, running or waiting.
+        assert!(sys::watched_waits_on_cpu(0));
+        assert!(!sys::watched_waits_on_cpu(1), "not on another CPU");
+        watched.parked();
+        assert!(!sys::watched_waits_on_cpu(0), "a parked thread is not read");
+        watched.working();
+        assert!(sys::watched_waits_on_cpu(0));
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().expect("spinner");
+        // Ended: its stat reads nothing, and the place is never mistaken for a waiting loop.
+        assert!(!sys::watched_waits_on_cpu(0));
+        watched.parked();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 #![allow(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ static RUNNING_WORKERS: AtomicUsize = AtomicUsize::new(0);
 const MOST_WATCHED: usize = 64;
 /// `/proc/thread-self/stat` of each watched thread, -1 for an empty place.
 static WATCHED: [AtomicI32; MOST_WATCHED] = [const { AtomicI32::new(-1) }; MOST_WATCHED];
+/// Whether each watched thread has work (between its wake-up and its next park): only then
+/// can it wait for a CPU, so only then is its stat read.
+static WORKING: [AtomicBool; MOST_WATCHED] = [const { AtomicBool::new(false) }; MOST_WATCHED];
 /// The signal the timers send, once the handler is installed.
 static SIGNAL: OnceLock<Result<libc::c_int, String>> = OnceLock::new();
 
@@ -35,6 +38,11 @@ thread_local! {
     static RESUMED_UNTIL_NS: Cell<u64> = const { Cell::new(0) };
     static PAUSES: Cell<u64> = const { Cell::new(0) };
     static SLEPT_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+#[cfg(test)]
+pub(crate) fn watched_waits_on_cpu(cpu: usize) -> bool {
+    libc::c_int::try_from(cpu).is_ok_and(watched_waits_on)
 }
 
 #[cfg(test)]
@@ -110,9 +118,9 @@ fn install() -> Result<libc::c_int, String> {
 }
 
 /// Keeps the calling thread's `/proc/thread-self/stat` open, so a worker can see it waiting
-/// on its own CPU. A thread ends with its process here (event loops), so the descriptor is
-/// never closed.
-pub(crate) fn watch_this_thread() -> Result<(), String> {
+/// on its own CPU; its place, working from now on. A thread ends with its process here
+/// (event loops), so the descriptor is never closed.
+pub(crate) fn watch_this_thread() -> Result<usize, String> {
     // SAFETY: a NUL-terminated path.
     let fd = unsafe {
         libc::open(
@@ -126,17 +134,25 @@ pub(crate) fn watch_this_thread() -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
-    for place in &WATCHED {
+    for (index, place) in WATCHED.iter().enumerate() {
         if place
             .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            return Ok(());
+            WORKING[index].store(true, Ordering::Relaxed);
+            return Ok(index);
         }
     }
     // SAFETY: ours, not shared.
     unsafe { libc::close(fd) };
     Err(format!("more than {MOST_WATCHED} threads watched"))
+}
+
+/// Notes whether the watched thread in `place` has work.
+pub(crate) fn set_working(place: usize, working: bool) {
+    if let Some(flag) = WORKING.get(place) {
+        flag.store(working, Ordering::Relaxed);
+    }
 }
 
 /// Whether a watched thread is runnable on `cpu` (which the calling worker holds, so it
@@ -145,9 +161,9 @@ fn watched_waits_on(cpu: libc::c_int) -> bool {
     let Ok(cpu) = usize::try_from(cpu) else {
         return false;
     };
-    WATCHED.iter().any(|place| {
+    WATCHED.iter().zip(&WORKING).any(|(place, working)| {
         let fd = place.load(Ordering::Relaxed);
-        if fd < 0 {
+        if fd < 0 || !working.load(Ordering::Relaxed) {
             return false;
         }
         let mut text = [0u8; 512];

@@ -203,10 +203,12 @@ impl Listener {
                 .name(format!("hyper-listener-{thread}"))
                 .spawn(move || {
                     // Pool workers give way to this loop when it waits on their CPU.
-                    if let Err(e) = switchyard_give_way::watch_this_thread() {
-                        log::warn!("listener thread {thread} not watched by the workers: {e}");
-                    }
-                    if let Err(e) = run_thread(sockets, shared, stopped) {
+                    let watched = switchyard_give_way::watch_this_thread()
+                        .inspect_err(|e| {
+                            log::warn!("listener thread {thread} not watched by the workers: {e}")
+                        })
+                        .ok();
+                    if let Err(e) = run_thread(sockets, shared, stopped, watched) {
                         log::error!("listener thread {thread} stopped: {e}");
                     }
                 })?;
@@ -251,10 +253,17 @@ fn run_thread(
     sockets: ThreadSockets,
     shared: Shared,
     stopped: watch::Receiver<bool>,
+    watched: Option<switchyard_give_way::Watched>,
 ) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let mut runtime = tokio::runtime::Builder::new_current_thread();
+    runtime.enable_all();
+    if let Some(watched) = watched {
+        // The workers look at this loop only while it has work.
+        runtime
+            .on_thread_park(move || watched.parked())
+            .on_thread_unpark(move || watched.working());
+    }
+    let runtime = runtime.build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
         let worker = Rc::new(Worker {
