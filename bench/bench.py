@@ -296,6 +296,40 @@ def parse_wrk(out):
     return rps, errors
 
 
+def cpu_busy_ticks():
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat's first line."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_for_quiet(most_s=20, busy_below=0.15):
+    """Waits until the machine's CPUs are mostly idle over half a second (at most `most_s`):
+    a proxy measured after another still works off the backlog its clients left (nginx +
+    ModSecurity inspects bodies it already read after wrk hangs up), and a pool that yields
+    the CPU would be measured against that tail."""
+    deadline = time.monotonic() + most_s
+    before = cpu_busy_ticks()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        after = cpu_busy_ticks()
+        busy, total = after[0] - before[0], after[1] - before[1]
+        if total and busy / total < busy_below:
+            return
+        before = after
+
+
+def answered_2xx_per_s(out):
+    """2xx answers per second in a wrk run (its Requests/sec counts every answer, refusals
+    such as a busy pool's 503 included)."""
+    # "  1234 requests in 12.01s, 5.6MB read"
+    total, took = next((int(l.split()[0]), float(l.split()[3].rstrip("s,")))
+                       for l in out.splitlines() if " requests in " in l)
+    _, errors = parse_wrk(out)
+    non_2xx = sum(int(e.split(":")[1]) for e in errors if e.startswith("Non-2xx"))
+    return (total - non_2xx) / took
+
+
 def wrk_latency_ms(out):
     """p50 and p99 (ms) of the distribution `wrk --latency` prints: time to the whole answer,
     which for the small answers measured here is time to first byte plus one read."""

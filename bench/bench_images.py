@@ -28,12 +28,10 @@ Results go to bench/results/latest.json under "images" and to bench/RESULTS.md.
 
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 
 import bench as common
 import report
@@ -115,15 +113,7 @@ def thumbnail_script(work):
 
 def thumbnails_per_s(row, out):
     """Thumbnails actually made per second in a wrk run: answers less 503 refusals."""
-    # "  1234 requests in 12.01s, 5.6MB read"
-    total, took = next((int(l.split()[0]), float(l.split()[3].rstrip("s,")))
-                       for l in out.splitlines() if " requests in " in l)
-    return {"thumbnails_per_s": (total - refused(row["heavy_errors"])) / took}
-
-
-def refused(errors):
-    """wrk's count of non-2xx answers (here: 503 from a busy pool)."""
-    return sum(int(e.split(":")[1]) for e in errors if e.startswith("Non-2xx"))
+    return {"thumbnails_per_s": common.answered_2xx_per_s(out)}
 
 
 def thumbnails_alone(port, script, seconds):
