@@ -247,6 +247,29 @@ impl WorkerPool {
             .is_some_and(|queue| queue.would_miss(stage, ahead, deadline))
     }
 
+    /// Whether a task of `stage` asked now would be refused (queue full, or expected to end
+    /// past `deadline`), counted as refused; for a stage that has work to do before its task
+    /// (the images stage fetches the original), so that an overloaded pool does not have the
+    /// event loops fetch originals only to refuse them.
+    pub(crate) fn refuses_now(
+        &self,
+        stage: &'static str,
+        deadline: Instant,
+    ) -> Option<PoolRefusal> {
+        let queue = self.queue.as_ref()?;
+        let (refusal, reason) = if queue.tasks.lock().len() >= queue.capacity {
+            (PoolRefusal::Full, "queue_full")
+        } else if queue.would_miss(stage, 0, deadline) {
+            (PoolRefusal::WouldMissDeadline, "would_miss_deadline")
+        } else {
+            return None;
+        };
+        metrics::POOL_REJECTED
+            .with_label_values(&[stage, reason])
+            .inc();
+        Some(refusal)
+    }
+
     /// Runs `job` on a worker and waits (without blocking the event loop) for its result,
     /// until `deadline` at the latest.
     pub(crate) async fn run<T: Send + 'static>(

@@ -83,10 +83,20 @@ impl ImageStage {
         self.originals.sweep();
     }
 
-    /// A place among the requests under way, waiting for one until `deadline`; refused at
-    /// once when too many already wait or the wait would pass the deadline, and timed out
-    /// when it passes all the same.
+    /// A place among the requests under way, if the pool would take its task now.
     async fn admit(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, PoolRefusal> {
+        let place = self.wait_for_place(deadline).await?;
+        // Refused before its original is fetched: beside an overloaded pool the event loops
+        // would otherwise spend their time fetching originals only to have them refused.
+        match self.admission.pool.refuses_now("images", deadline) {
+            Some(refusal) => Err(refusal),
+            None => Ok(place),
+        }
+    }
+
+    /// A place, waiting for one until `deadline`; refused at once when too many already wait
+    /// or the wait would pass the deadline, and timed out when it passes all the same.
+    async fn wait_for_place(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, PoolRefusal> {
         let admission = &self.admission;
         if let Ok(place) = admission.places.clone().try_acquire_owned() {
             return Ok(place);
