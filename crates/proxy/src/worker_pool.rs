@@ -524,39 +524,57 @@ mod tests {
         after_name.split_whitespace().nth(38)?.parse().ok()
     }
 
+    type Queued = Vec<tokio::task::JoinHandle<Result<(), PoolRefusal>>>;
+
+    /// Teaches a one-thread pool how long `job` holds its worker (three runs), queues five
+    /// more (about five runs of work ahead), and checks that a sixth allowed about two and
+    /// a half runs is refused before it is queued, in far less than its deadline.
+    async fn five_queued_refuse_a_sixth_at_once(
+        pool: &Arc<WorkerPool>,
+        stage: &'static str,
+        job: fn(),
+    ) -> Queued {
+        let soon = || Instant::now() + Duration::from_secs(5);
+        for _ in 0..3 {
+            assert_eq!(pool.run(stage, soon(), job).await, Ok(()));
+        }
+        let queued = (0..5)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { pool.run(stage, soon(), job).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let asked = Instant::now();
+        let refused = pool
+            .run(stage, Instant::now() + Duration::from_millis(100), job)
+            .await;
+        assert_eq!(refused, Err(PoolRefusal::WouldMissDeadline));
+        assert!(asked.elapsed() < Duration::from_millis(5));
+        queued
+    }
+
+    /// Waits for every queued task to be served, and for the pool to count them out (a
+    /// worker does that just after handing over the result).
+    async fn all_served(queued: Queued) {
+        for task in queued {
+            assert_eq!(task.await.expect("joined"), Ok(()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
     #[test]
     fn idle_workers_are_sched_idle_and_work_that_would_miss_its_deadline_is_refused_at_once() {
         let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Idle).expect("pool"));
         runtime().block_on(async {
             let soon = || Instant::now() + Duration::from_secs(5);
             assert_eq!(pool.run("test", soon(), own_policy).await, Ok(Some(5)));
-            // Teach the pool that a task of this stage takes 40 ms.
+            // A task of this stage takes 40 ms of CPU.
             let slow = || busy(40);
-            for _ in 0..3 {
-                assert_eq!(pool.run("slow", soon(), slow).await, Ok(()));
-            }
-            // Five queued ahead: about 200 ms of work. A task allowed 100 ms is refused
-            // before it is queued, in far less than its deadline.
-            let queued: Vec<_> = (0..5)
-                .map(|_| {
-                    let pool = pool.clone();
-                    tokio::spawn(async move { pool.run("slow", soon(), slow).await })
-                })
-                .collect();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            let asked = Instant::now();
-            let refused = pool
-                .run("slow", Instant::now() + Duration::from_millis(100), slow)
-                .await;
-            assert_eq!(refused, Err(PoolRefusal::WouldMissDeadline));
-            assert!(asked.elapsed() < Duration::from_millis(5));
+            let queued = five_queued_refuse_a_sixth_at_once(&pool, "slow", slow).await;
             assert!(pool.would_miss("slow", 1, Instant::now() + Duration::from_millis(100)));
             assert!(!pool.would_miss("slow", 1, Instant::now() + Duration::from_secs(5)));
-            for task in queued {
-                assert_eq!(task.await.expect("joined"), Ok(()));
-            }
-            // The worker counts a task out just after handing over its result.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            all_served(queued).await;
             // The backlog drained, the same deadline is met again.
             let met = pool
                 .run("slow", Instant::now() + Duration::from_millis(100), slow)
@@ -569,37 +587,12 @@ mod tests {
     fn the_wait_ahead_counts_the_time_tasks_hold_a_worker_not_only_their_cpu_time() {
         let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Nice).expect("pool"));
         runtime().block_on(async {
-            let soon = || Instant::now() + Duration::from_secs(5);
             // Holds the worker 40 ms on almost no CPU, as a task paused for the event
-            // loops does.
+            // loops does: about 200 ms of wall time ahead, refused at once though its CPU
+            // time is microseconds.
             let paused = || std::thread::sleep(Duration::from_millis(40));
-            for _ in 0..3 {
-                assert_eq!(pool.run("paused", soon(), paused).await, Ok(()));
-            }
-            let queued: Vec<_> = (0..5)
-                .map(|_| {
-                    let pool = pool.clone();
-                    tokio::spawn(async move { pool.run("paused", soon(), paused).await })
-                })
-                .collect();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            // About 200 ms of wall time ahead: refused at once, though its CPU time is
-            // microseconds.
-            let asked = Instant::now();
-            let refused = pool
-                .run(
-                    "paused",
-                    Instant::now() + Duration::from_millis(100),
-                    paused,
-                )
-                .await;
-            assert_eq!(refused, Err(PoolRefusal::WouldMissDeadline));
-            assert!(asked.elapsed() < Duration::from_millis(5));
-            for task in queued {
-                assert_eq!(task.await.expect("joined"), Ok(()));
-            }
-            // The worker counts a task out just after handing over its result.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            let queued = five_queued_refuse_a_sixth_at_once(&pool, "paused", paused).await;
+            all_served(queued).await;
             // A free worker takes a task whose CPU time fits, even if the stage's recent
             // runs held workers longer than its deadline allows: that is how the pool
             // learns that runs are fast again.
