@@ -129,8 +129,7 @@ impl Queue {
     /// by its CPU time alone: after a spell of slow runs (a host busy with other work) the
     /// pool must still admit a task now and then to learn that it is fast again, or the
     /// inflated wall-time average would refuse everything for good.
-    fn would_miss(&self, stage: &'static str, ahead: usize, deadline: Instant) -> bool {
-        let times = self.run_times(stage);
+    fn would_miss(&self, times: RunTimes, ahead: usize, deadline: Instant) -> bool {
         if times.cpu_ns <= 0.0 {
             // Never timed: nothing to judge by, and its first runs teach the pool.
             return false;
@@ -244,7 +243,7 @@ impl WorkerPool {
     pub(crate) fn would_miss(&self, stage: &'static str, ahead: usize, deadline: Instant) -> bool {
         self.queue
             .as_ref()
-            .is_some_and(|queue| queue.would_miss(stage, ahead, deadline))
+            .is_some_and(|queue| queue.would_miss(queue.run_times(stage), ahead, deadline))
     }
 
     /// Whether a task of `stage` asked now would be refused (queue full, or expected to end
@@ -257,17 +256,14 @@ impl WorkerPool {
         deadline: Instant,
     ) -> Option<PoolRefusal> {
         let queue = self.queue.as_ref()?;
-        let (refusal, reason) = if queue.tasks.lock().len() >= queue.capacity {
-            (PoolRefusal::Full, "queue_full")
-        } else if queue.would_miss(stage, 0, deadline) {
-            (PoolRefusal::WouldMissDeadline, "would_miss_deadline")
+        let refusal = if queue.tasks.lock().len() >= queue.capacity {
+            PoolRefusal::Full
+        } else if queue.would_miss(queue.run_times(stage), 0, deadline) {
+            PoolRefusal::WouldMissDeadline
         } else {
             return None;
         };
-        metrics::POOL_REJECTED
-            .with_label_values(&[stage, reason])
-            .inc();
-        Some(refusal)
+        Some(counted(stage, refusal))
     }
 
     /// Runs `job` on a worker and waits (without blocking the event loop) for its result,
@@ -281,18 +277,16 @@ impl WorkerPool {
         let Some(queue) = self.queue.as_ref() else {
             return run_inline(stage, deadline, job);
         };
-        if queue.would_miss(stage, 0, deadline) {
-            metrics::POOL_REJECTED
-                .with_label_values(&[stage, "would_miss_deadline"])
-                .inc();
-            return Err(PoolRefusal::WouldMissDeadline);
+        let times = queue.run_times(stage);
+        if queue.would_miss(times, 0, deadline) {
+            return Err(counted(stage, PoolRefusal::WouldMissDeadline));
         }
         let (done, result) = oneshot::channel();
         let task = Task {
             stage,
             queued_at: Instant::now(),
             deadline,
-            estimate_ns: queue.run_times(stage).wall_ns as u64,
+            estimate_ns: times.wall_ns as u64,
             run: Box::new(move || {
                 let _ = done.send(job());
             }),
@@ -301,10 +295,7 @@ impl WorkerPool {
             let mut tasks = queue.tasks.lock();
             if tasks.len() >= queue.capacity {
                 drop(tasks);
-                metrics::POOL_REJECTED
-                    .with_label_values(&[stage, "queue_full"])
-                    .inc();
-                return Err(PoolRefusal::Full);
+                return Err(counted(stage, PoolRefusal::Full));
             }
             queue.in_pool.fetch_add(1, Ordering::Relaxed);
             queue
@@ -323,6 +314,20 @@ impl WorkerPool {
             }
         }
     }
+}
+
+/// `refusal`, counted in `switchyard_pool_rejected_total` under its reason.
+fn counted(stage: &'static str, refusal: PoolRefusal) -> PoolRefusal {
+    let reason = match refusal {
+        PoolRefusal::Full => "queue_full",
+        PoolRefusal::WouldMissDeadline => "would_miss_deadline",
+        // Not a refusal before queueing: counted in switchyard_pool_timeouts_total.
+        PoolRefusal::TimedOut => return refusal,
+    };
+    metrics::POOL_REJECTED
+        .with_label_values(&[stage, reason])
+        .inc();
+    refusal
 }
 
 /// What a router without a pool does: the job runs here, on the event loop, and a result
