@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use switchyard_give_way::LightRequest;
+
 use crate::metrics;
 use crate::routing::app_requests::REQUEST_COUNTS;
 use crate::routing::balancer::InFlight;
@@ -49,6 +51,9 @@ pub(crate) struct RequestCtx {
     /// Its places among the app's and its client's requests in flight, held until the
     /// answer ends (a WebSocket's until it closes).
     pub(crate) limit_places: Places,
+    /// Counted among the light requests the worker pool gives way for, from routing (when
+    /// it will not wait for a worker: no inspection, no resize) until its answer is ready.
+    pub(crate) light: Option<LightRequest>,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -72,6 +77,7 @@ impl RequestCtx {
             local_status: None,
             cache: None,
             limit_places: Places::default(),
+            light: None,
             _active: ActiveRequest::start(),
         }
     }

@@ -23,6 +23,7 @@ use http::{
 use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
+use switchyard_give_way::LightRequest;
 
 use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
@@ -44,7 +45,7 @@ use crate::stage::mirror;
 use crate::stage::request_id::request_id;
 use crate::stage::route;
 use crate::stage::static_files::{self, StaticFile};
-use crate::stage::waf::Endpoints;
+use crate::stage::waf::{self, Endpoints};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
 /// `Upgrade` and `Connection` are put back where one is relayed.
@@ -231,6 +232,10 @@ pub(super) async fn handle(
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
     let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    // Its answer is ready: the workers go on giving way a moment (crates/give-way) while
+    // the loop sends it and the client reads it. A WebSocket or a long download stops
+    // counting here, or the workers would give way for as long as one stays open.
+    end.ctx.light = None;
     if let Answer::Refused {
         status: 500..,
         retry_after: None,
@@ -347,6 +352,12 @@ async fn proxy(
     let Some(route) = ctx.route.clone() else {
         return LocalAnswer::UnknownHost.into();
     };
+    // A request that will wait for no worker is what the workers give way for; one that
+    // will (an inspection, a resize) is the heavy work itself.
+    let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
+    if !inspected && !images::wants_resize(ctx, &head) {
+        ctx.light = Some(LightRequest::start());
+    }
     if let Some(limits) = route.app.limits.as_deref() {
         let request = limits::Request {
             app: route.app.name.as_str(),

@@ -179,19 +179,28 @@ pub(crate) enum ImageAnswer {
 
 /// The answer to `request` when it asks for a resized image of an app with the `images`
 /// option; `None` for every other request.
+/// Whether the request asks its app's images option for a resized image.
+pub(crate) fn wants_resize(ctx: &RequestCtx, request: &http::request::Parts) -> bool {
+    ctx.route
+        .as_ref()
+        .and_then(|route| route.app.images.as_ref())
+        .is_some_and(|images| {
+            (request.method == Method::GET || request.method == Method::HEAD)
+                && request.uri.path().starts_with(&images.prefix)
+        })
+}
+
 pub(crate) async fn resize_for(
     stage: Option<&ImageStage>,
     ctx: &mut RequestCtx,
     request: &http::request::Parts,
     client_ip: Option<IpAddr>,
 ) -> Option<ImageAnswer> {
-    let route = ctx.route.clone()?;
-    let images = route.app.images.as_ref()?;
-    if (request.method != Method::GET && request.method != Method::HEAD)
-        || !request.uri.path().starts_with(&images.prefix)
-    {
+    if !wants_resize(ctx, request) {
         return None;
     }
+    let route = ctx.route.clone()?;
+    let images = route.app.images.as_ref()?;
     let app = route.app.name.as_str();
     let refused = |status: u16, text: String| ImageAnswer::Refused {
         status,
