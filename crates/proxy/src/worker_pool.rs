@@ -10,8 +10,9 @@
 //! other threads takes longer than its CPU time, and a queue estimated in CPU time admitted
 //! tasks that then ran out of time (bench_images' refusal probe beside 400 connections).
 //! Wall time grows when the loops are busy, and refusals keep loops busy; that loop is
-//! broken elsewhere — a refused HTTP/1 connection waits out its Retry-After before its next
-//! request is read (listener/service.rs) — and a free worker is judged by CPU time alone.
+//! broken elsewhere — a refused HTTP/1 connection waits out (a random half to all of) its
+//! Retry-After before its next request is read (listener/service.rs) — and a free worker is
+//! judged by CPU time alone.
 //! Every task carries a deadline: a task still queued at its deadline is dropped unrun, and
 //! the waiting request stops waiting at the deadline whatever the task is doing. What a
 //! refusal or a missed deadline means is the calling stage's decision.
