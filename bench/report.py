@@ -367,6 +367,12 @@ def ok_rps(measured):
     return measured.get("ok_rps", measured["rps"])
 
 
+def runs_of(measured):
+    """' (a, b, c)': every run behind a median, when there were several."""
+    runs = measured.get("ok_rps_runs", [])
+    return f" ({', '.join(f'{r:.0f}' for r in runs)})" if len(runs) > 1 else ""
+
+
 def waf_report(w, date):
     """The WAF section, from bench/bench_waf.py's measurements."""
     lines = ["", "# WAF and worker pool (bench/bench_waf.py)", "",
@@ -374,7 +380,8 @@ def waf_report(w, date):
              "Debian's OWASP CRS 3.3.4 (paranoia 1, request bodies inspected, block mode) in front of "
              "the same origin (an nginx answering 200 at once). Switchyard runs inspections on its "
              "worker pool (2 threads); nginx 1.22 uses libnginx-mod-http-modsecurity (2 workers). "
-             f"Benign form POSTs, `wrk -t2 -c64` for {w['seconds']} s.", "",
+             f"Benign form POSTs, `wrk -t2 -c64` for {w['seconds']} s; with several alternated runs "
+             "of each proxy, the median and (in brackets) every run.", "",
              "| body | Switchyard 2xx req/s | nginx + ModSecurity 2xx req/s | ratio | errors (Switchyard; nginx) |",
              "|---|---|---|---|---|"]
     ratios = []
@@ -382,7 +389,8 @@ def waf_report(w, date):
         sy, ng = ok_rps(r["switchyard"]), ok_rps(r["nginx"])
         ratio = sy / ng
         ratios.append((r["body_bytes"], ratio))
-        lines.append(f"| {r['body_bytes'] // 1000} KB | {sy:.0f} | {ng:.0f} | "
+        lines.append(f"| {r['body_bytes'] // 1000} KB | {sy:.0f}{runs_of(r['switchyard'])} | "
+                     f"{ng:.0f}{runs_of(r['nginx'])} | "
                      f"{ratio:.2f}× | {'; '.join(r['switchyard']['errors']) or 'none'}; "
                      f"{'; '.join(r['nginx']['errors']) or 'none'} |")
     lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
