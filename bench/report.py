@@ -453,8 +453,8 @@ def images_report(m, date):
                          f"for any thumbnailer that decodes the original each time (libvips decodes with the same "
                          f"libjpeg-turbo); this run reached {m['alone_rps'] / floor['ceiling_per_s'] * 100:.0f}% of the floor")
     if m.get("alone_rps_idle_kernel"):
-        lines.append(f"  - alone, SCHED_IDLE workers that do not give way made {m['alone_rps_idle_kernel']:.0f}/s "
-                     f"(giving way costs heavy work the CPU that wrk, nginx and the loops wanted)")
+        lines.append(f"  - alone, SCHED_IDLE workers that never give way made {m['alone_rps_idle_kernel']:.0f}/s "
+                     f"(the default gives way only beside light traffic, which this run has none of)")
     refusals = m.get("refusals")
     if refusals and refusals.get("refused"):
         # Runs before the probe told them apart counted every 503 as refused early.

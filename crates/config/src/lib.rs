@@ -342,7 +342,8 @@ pub struct DnsConfig {
 /// How worker-pool threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolSched {
-    /// SCHED_IDLE, and workers give way to threads waiting for a CPU.
+    /// SCHED_IDLE, and while light requests are under way workers give way to threads
+    /// waiting for a CPU.
     Idle,
     /// SCHED_IDLE alone.
     IdleKernel,

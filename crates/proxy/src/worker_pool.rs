@@ -17,9 +17,10 @@
 //! the waiting request stops waiting at the deadline whatever the task is doing. What a
 //! refusal or a missed deadline means is the calling stage's decision.
 //!
-//! Workers are scheduled `SCHED_IDLE` by default and give way (crates/give-way): they run
-//! only on CPU no other thread wants, so a saturated pool cannot delay a light request
-//! (seed 001). `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
+//! Workers are scheduled `SCHED_IDLE` by default and give way (crates/give-way): while light
+//! requests are under way they run only on CPU no other thread wants, so a saturated pool
+//! cannot delay a light request (seed 001); with none, nothing waits but heavy work, and
+//! they run as `SCHED_IDLE` lets them. `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
 //! while a preempted loop waits; nice 10 (the setting before it) still gives the workers a
 //! share and lets a waking worker preempt a loop; `--pool-sched idle-kernel|nice|pinned`
 //! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
@@ -53,8 +54,8 @@ const DEADLINE_HEADROOM: f64 = 0.85;
 /// How worker threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolScheduling {
-    /// `SCHED_IDLE`, and a worker running a task pauses while other threads wait for a CPU
-    /// (no privilege needed).
+    /// `SCHED_IDLE`, and while light requests are under way a worker running a task pauses
+    /// while other threads wait for a CPU (no privilege needed).
     Idle,
     /// `SCHED_IDLE` alone.
     IdleKernel,
