@@ -11,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -39,7 +39,8 @@ pub(crate) const LIGHT_TRAFFIC_LINGERS: Duration = Duration::from_millis(10);
 const MOST_WORKERS: usize = 256;
 /// Each worker's thread id, 0 for an empty place.
 static WORKERS: [AtomicI32; MOST_WORKERS] = [const { AtomicI32::new(0) }; MOST_WORKERS];
-/// Whether each worker runs a task (the only time a kick concerns it).
+/// Whether each worker runs a task: a kick concerns only such a worker, and a check signal
+/// sent just before its timer stopped may arrive after the task, and must then do nothing.
 static WORKER_IN_TASK: [AtomicBool; MOST_WORKERS] =
     [const { AtomicBool::new(false) }; MOST_WORKERS];
 /// Whether each worker's timer is firing.
@@ -57,9 +58,6 @@ static WORKING: [AtomicBool; MOST_WATCHED] = [const { AtomicBool::new(false) }; 
 static SIGNAL: OnceLock<Result<libc::c_int, String>> = OnceLock::new();
 
 thread_local! {
-    /// Whether this thread is running a task: a check signal sent just before the timer
-    /// stopped may arrive after the task, and must then do nothing.
-    static IN_TASK: Cell<bool> = const { Cell::new(false) };
     /// Monotonic nanoseconds before which a check does nothing: after a pause the task runs
     /// one period, even if the timer's signal came again during the pause and waits.
     static RESUMED_UNTIL_NS: Cell<u64> = const { Cell::new(0) };
@@ -94,8 +92,6 @@ pub(crate) struct RunningWorker;
 impl RunningWorker {
     pub(crate) fn enter() -> Self {
         RUNNING_WORKERS.fetch_add(1, Ordering::Relaxed);
-        IN_TASK.with(|c| c.set(true));
-        compiler_fence(Ordering::SeqCst);
         if let Some((_, place)) = OWN_TIMER.with(Cell::get) {
             // In task before looking at the count, and the first light request counts
             // before looking at who is in a task (SeqCst both): either this worker sees
@@ -111,12 +107,10 @@ impl RunningWorker {
 
 impl Drop for RunningWorker {
     fn drop(&mut self) {
-        // Out of the task first: a kick arriving now must not arm the timer again.
-        IN_TASK.with(|c| c.set(false));
-        compiler_fence(Ordering::SeqCst);
         if let Some((_, place)) = OWN_TIMER.with(Cell::get) {
-            arm(Duration::ZERO);
+            // Out of the task first: a kick arriving now must not arm the timer again.
             WORKER_IN_TASK[place].store(false, Ordering::SeqCst);
+            arm(Duration::ZERO);
         }
         RUNNING_WORKERS.fetch_sub(1, Ordering::Relaxed);
     }
@@ -293,7 +287,7 @@ extern "C" fn on_check(_signal: libc::c_int) {
         return;
     };
     KICKED[place].store(false, Ordering::Release);
-    if !IN_TASK.with(Cell::get) {
+    if !WORKER_IN_TASK[place].load(Ordering::SeqCst) {
         return;
     }
     // SAFETY: errno is this thread's; the interrupted code may be about to read it.

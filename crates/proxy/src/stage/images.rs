@@ -177,8 +177,6 @@ pub(crate) enum ImageAnswer {
     },
 }
 
-/// The answer to `request` when it asks for a resized image of an app with the `images`
-/// option; `None` for every other request.
 /// Whether the request asks its app's images option for a resized image.
 pub(crate) fn wants_resize(ctx: &RequestCtx, request: &http::request::Parts) -> bool {
     ctx.route
@@ -190,6 +188,8 @@ pub(crate) fn wants_resize(ctx: &RequestCtx, request: &http::request::Parts) -> 
         })
 }
 
+/// The answer to `request` when it asks for a resized image of an app with the `images`
+/// option; `None` for every other request.
 pub(crate) async fn resize_for(
     stage: Option<&ImageStage>,
     ctx: &mut RequestCtx,
