@@ -114,6 +114,7 @@ def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None):
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
     for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:
         common.put_app(admin_port, name, {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **extra})
+    proc.admin_port = admin_port
     return proc, http_port
 
 
@@ -215,6 +216,32 @@ def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
     return rows
 
 
+FIRST_BURST_CONNECTIONS = 400
+
+
+def first_burst(work, origin_port, seconds, procs):
+    """A router started a moment ago, whose pool has timed no inspection yet, met at once by
+    400 wrk connections of 50 KB inspected POSTs: how its answers split between inspected,
+    refused early (503 + Retry-After before queueing) and refused at the deadline (queued,
+    then timed out: what the issue's "never a timeout" rules out)."""
+    common.wait_for_quiet()
+    sy, port = start_switchyard(work, origin_port)
+    procs.append(sy)
+    script = post_script(work, 50_000)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{FIRST_BURST_CONNECTIONS}", f"-d{seconds}s", "-s", str(script), "--timeout", "6s",
+         f"http://127.0.0.1:{port}/comments"], check=True, capture_output=True, text=True).stdout
+    counted = {name: common.metric(sy.admin_port, series) or 0 for name, series in (
+        ("inspected", 'switchyard_waf_requests_total{app="shop",result="pass"}'),
+        ("refused_early", 'switchyard_pool_rejected_total{reason="would_miss_deadline",stage="waf"}'),
+        ("refused_full", 'switchyard_pool_rejected_total{reason="queue_full",stage="waf"}'),
+        ("timed_out", 'switchyard_pool_timeouts_total{stage="waf"}'))}
+    sy.stop()
+    row = {"connections": FIRST_BURST_CONNECTIONS, **counted, "wrk_errors": common.parse_wrk(out)[1]}
+    print(f"first burst: {row}", flush=True)
+    return row
+
+
 def measure(work, seconds, procs):
     if not Path(MODSEC_MODULE).exists():
         raise SystemExit("nginx's ModSecurity module is missing: apt install libnginx-mod-http-modsecurity")
@@ -225,6 +252,7 @@ def measure(work, seconds, procs):
                "earlier_runs": earlier}
     origin, origin_port = start_origin(work)
     procs.append(origin)
+    results["first_burst"] = first_burst(work, origin_port, seconds, procs)
     sy, sy_port = start_switchyard(work, origin_port)
     procs.append(sy)
     ng, ng_port = start_nginx_modsecurity(work, origin_port)

@@ -404,6 +404,15 @@ def waf_report(w, date):
     if w.get("isolation_retry_after"):
         lines += ["", "With heavy clients that honour Retry-After:", ""]
         lines += light_route_targets(w, "isolation_retry_after", "heavy")
+    burst = w.get("first_burst")
+    if burst:
+        refused = burst["refused_early"] + burst["refused_full"]
+        lines.append(f"- heavy requests never wait out their deadline, also on a router started a moment "
+                     f"ago (its pool has timed nothing) met by {burst['connections']} connections at once "
+                     f"for {w['seconds']} s: {burst['inspected']:.0f} inspected, {refused:.0f} refused "
+                     f"early, {burst['timed_out']:.0f} refused at the deadline (wrk: "
+                     f"{'; '.join(burst['wrk_errors']) or 'no errors'}) → "
+                     f"**{'met' if burst['timed_out'] == 0 else 'NOT met'}**")
     for size, ratio in ratios:
         lines.append(f"- WAF-inspected req/s ≥ 1.0× nginx + ModSecurity ({size // 1000} KB bodies): measured "
                      f"{ratio:.2f}× → **{'met' if ratio >= 1.0 else 'NOT met'}**")

@@ -173,15 +173,18 @@ impl Client {
     }
 
     /// Waits out the pool's `Retry-After` if this connection was refused and this request
-    /// came too soon (HTTP/1 only).
-    async fn wait_out_refusal(&self, version: Version) {
+    /// came too soon (HTTP/1 only); how long it waited.
+    async fn wait_out_refusal(&self, version: Version) -> Duration {
         let Some(until) = self.paced_until.take() else {
-            return;
+            return Duration::ZERO;
         };
-        if version < Version::HTTP_2 && until > tokio::time::Instant::now() {
-            metrics::PACED_REQUESTS.inc();
-            tokio::time::sleep_until(until).await;
+        let now = tokio::time::Instant::now();
+        if version >= Version::HTTP_2 || until <= now {
+            return Duration::ZERO;
         }
+        metrics::PACED_REQUESTS.inc();
+        tokio::time::sleep_until(until).await;
+        until.saturating_duration_since(now)
     }
 
     /// From now on, each answer closes the connection after it.
@@ -337,7 +340,7 @@ async fn proxy(
     let Some(incoming) = unread.as_mut() else {
         return failed(false);
     };
-    client.wait_out_refusal(head.version).await;
+    ctx.held = client.wait_out_refusal(head.version).await;
     match framing::check_request(&mut head.headers) {
         Ok(length) => ctx.declared_length = length,
         Err(answer) => return answer.into(),

@@ -218,7 +218,7 @@ pub(crate) async fn resize_for(
         count(app, "overloaded");
         return Some(refused(503, "image resizing is not available".into()));
     };
-    let deadline = Instant::now() + Duration::from_millis(images.timeout_ms);
+    let deadline = Instant::now() + ctx.heavy_allowance(Duration::from_millis(images.timeout_ms));
     let _place = match stage.admit(deadline).await {
         Ok(place) => place,
         Err(refusal) => return Some(refuse_for_now(app, refusal)),

@@ -184,7 +184,7 @@ pub(crate) async fn inspect_now(
         report_no_waf(app);
         return overloaded(app, policy.on_overload);
     };
-    let allowed = Duration::from_millis(policy.timeout_ms);
+    let allowed = ctx.heavy_allowance(Duration::from_millis(policy.timeout_ms));
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
@@ -202,7 +202,7 @@ pub(crate) async fn refuse_on_head(
     if policy.mode != WafMode::Block {
         return None;
     }
-    let allowed = Duration::from_millis(policy.timeout_ms);
+    let allowed = ctx.heavy_allowance(Duration::from_millis(policy.timeout_ms));
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
@@ -385,7 +385,9 @@ impl BodySpool {
                 .inc();
         }
         let pieces = self.written.div_ceil(IN_MEMORY_BODY).max(1);
-        let allowed = Duration::from_millis(self.policy.timeout_ms.saturating_mul(pieces));
+        let allowed = ctx.heavy_allowance(Duration::from_millis(
+            self.policy.timeout_ms.saturating_mul(pieces),
+        ));
         let Self {
             mut request,
             policy,
