@@ -47,9 +47,12 @@ const WORKER_PRIORITY: u8 = 22;
 /// runs count, so one task that paused long does not swing the admission of the next ones.
 const RUN_TIME_SMOOTHING: f64 = 0.05;
 /// Share of the time left before its deadline that a task's expected end may use. The
-/// estimate is an average: a task expected to end right at its deadline misses it about
-/// half of the time, and a miss costs the client the whole deadline.
-const DEADLINE_HEADROOM: f64 = 0.85;
+/// estimate is an average, and beside light traffic a run's wall time swings with the CPU the
+/// loops leave the workers (crates/give-way): with 85%, 400 connections of 50 KB inspected
+/// POSTs beside 500 light req/s had 177–217 admitted tasks miss their 5 s deadline in 12 s;
+/// with half, 35–77, and no fewer inspected (26–29 a second against 19–25: the queue stays
+/// full, only shorter).
+const DEADLINE_HEADROOM: f64 = 0.5;
 
 /// How worker threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
