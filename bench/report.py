@@ -407,7 +407,7 @@ def waf_report(w, date):
     burst = w.get("first_burst")
     if burst:
         refused = burst["refused_early"] + burst["refused_full"]
-        lines.append(f"- heavy requests never wait out their deadline, also on a router started a moment "
+        lines.append(f"- heavy requests not queued to wait out their deadline by a router started a moment "
                      f"ago (its pool has timed nothing) met by {burst['connections']} connections at once "
                      f"for {w['seconds']} s: {burst['inspected']:.0f} inspected, {refused:.0f} refused "
                      f"early, {burst['timed_out']:.0f} refused at the deadline (wrk: "
@@ -473,7 +473,10 @@ def images_report(m, date):
                 + (f" (p50 {refusals['timed_out_p50_ms']} ms)" if timed_out else ""))
         met = refusals["p99_ms"] < 5 and not timed_out
         lines.append(f"- heavy requests refused early in under 5 ms, never a timeout: {refusals['refused']} of "
-                     f"{refusals['probes']} probes beside 400 connections refused early, p50 {refusals['p50_ms']} ms, "
+                     f"{refusals['probes']} probes beside 400 connections"
+                     + (f" (for an app whose resize deadline, {refusals['deadline_ms']} ms, the queue they keep "
+                        "cannot meet)" if refusals.get("deadline_ms") else "")
+                     + f" refused early, p50 {refusals['p50_ms']} ms, "
                      f"p99 {refusals['p99_ms']} ms, max {refusals['max_ms']} ms{late}; "
                      f"{refusals['served']} served → **{'met' if met else 'NOT met'}**")
     elif refusals and refusals.get("timed_out"):
