@@ -486,6 +486,28 @@ mod tests {
             .expect("runtime")
     }
 
+    /// A task of `stage` busy for `ms`, once a worker has started it.
+    async fn running_on_a_worker(
+        pool: &Arc<WorkerPool>,
+        stage: &'static str,
+        ms: u64,
+    ) -> tokio::task::JoinHandle<Result<(), PoolRefusal>> {
+        let (started, running) = std::sync::mpsc::channel();
+        let pool = pool.clone();
+        let task = tokio::spawn(async move {
+            let job = move || {
+                let _ = started.send(());
+                busy(ms)
+            };
+            pool.run(stage, Instant::now() + Duration::from_secs(5), job)
+                .await
+        });
+        while running.try_recv().is_err() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        task
+    }
+
     #[test]
     fn results_come_back_and_overflow_and_deadlines_are_refusals() {
         let pool = Arc::new(WorkerPool::new(1, 2, PoolScheduling::Nice).expect("pool"));
@@ -497,20 +519,7 @@ mod tests {
 
             // One worker busy, two queued: the fourth is refused at once.
             let block = || busy(300);
-            let (started, running) = std::sync::mpsc::channel();
-            let first = {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let job = move || {
-                        let _ = started.send(());
-                        block()
-                    };
-                    pool.run("test", soon(), job).await
-                })
-            };
-            while running.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let first = running_on_a_worker(&pool, "test", 300).await;
             let mut busy: Vec<_> = (0..2)
                 .map(|_| {
                     let pool = pool.clone();
@@ -550,20 +559,7 @@ mod tests {
         let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Nice).expect("pool"));
         runtime().block_on(async {
             let soon = || Instant::now() + Duration::from_secs(5);
-            let (started, running) = std::sync::mpsc::channel();
-            let holding = {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let job = move || {
-                        let _ = started.send(());
-                        busy(200)
-                    };
-                    pool.run("held", soon(), job).await
-                })
-            };
-            while running.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let holding = running_on_a_worker(&pool, "held", 200).await;
             // Its wait cannot be judged, and a burst of them would all be let in.
             let asked = Instant::now();
             let refused = pool.run("cold", soon(), || ()).await;
