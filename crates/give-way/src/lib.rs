@@ -77,12 +77,12 @@ impl GiveWay {
         })
     }
 
-    /// Runs `task` with the checks on; how it paused for others.
-    pub fn run(&self, task: impl FnOnce()) -> Paused {
+    /// Runs `task` with the checks on: what it returned, and how it paused for others.
+    pub fn run<T>(&self, task: impl FnOnce() -> T) -> (T, Paused) {
         let running = sys::RunningWorker::enter();
-        task();
+        let value = task();
         drop(running);
-        sys::take_paused()
+        (value, sys::take_paused())
     }
 }
 
@@ -254,7 +254,7 @@ mod tests {
             .collect();
         let wall = Instant::now();
         let cpu_before = own_cpu_time();
-        let paused = give_way.run(|| {
+        let ((), paused) = give_way.run(|| {
             while wall.elapsed() < Duration::from_millis(200) {
                 std::hint::spin_loop();
             }
@@ -361,7 +361,7 @@ mod tests {
         // The checks run: a light request is under way.
         let _light = LightRequest::start();
         let (mut reader, mut writer) = std::io::pipe().expect("pipe");
-        let paused = give_way.run(|| {
+        let ((), paused) = give_way.run(|| {
             let writing = std::thread::spawn(move || {
                 std::thread::sleep(CHECK_EVERY * 8);
                 std::io::Write::write_all(&mut writer, b"x").expect("write");

@@ -430,18 +430,16 @@ fn work(queue: &Queue, give_way: Option<&GiveWay>) {
             continue;
         }
         let cpu_before = thread_cpu_time();
-        let delivery = match give_way {
+        let deliver = match give_way {
             Some(give_way) => {
-                let mut delivery = None;
-                let run = task.run;
-                let paused = give_way.run(|| delivery = Some(run()));
+                let (deliver, paused) = give_way.run(task.run);
                 if paused.times > 0 {
                     metrics::POOL_GAVE_WAY.inc_by(paused.times);
                     metrics::POOL_GAVE_WAY_SECONDS.inc_by(paused.slept.as_secs_f64());
                 }
-                delivery
+                deliver
             }
-            None => Some((task.run)()),
+            None => (task.run)(),
         };
         let took = started.elapsed();
         queue.record_run(
@@ -453,9 +451,7 @@ fn work(queue: &Queue, give_way: Option<&GiveWay>) {
         metrics::POOL_RUN
             .with_label_values(&[task.stage])
             .observe(took.as_secs_f64());
-        if let Some(deliver) = delivery {
-            deliver();
-        }
+        deliver();
     }
 }
 
