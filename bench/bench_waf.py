@@ -195,9 +195,24 @@ end
     return polite
 
 
-def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
+def pool_outcomes(admin_port):
+    """What the router's pool did with WAF inspections so far: inspected (passed), refused
+    before queueing, shed from the queue before the deadline, timed out at the deadline."""
+    text = common.get(admin_port, "admin", "/metrics")[1].decode()
+
+    def total(prefix, *having):
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(prefix) and all(h in line for h in having))
+    return {"inspected": total("switchyard_waf_requests_total{", 'result="pass"'),
+            "refused": total("switchyard_pool_rejected_total{", 'stage="waf"'),
+            "shed": total("switchyard_pool_shed_total{", 'stage="waf"'),
+            "timed_out": total("switchyard_pool_timeouts_total{", 'stage="waf"')}
+
+
+def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}, admin_port=None):
     """Seed 001's rows for one router: the light route alone, then beside each count of
-    heavy connections; `more(row, wrk output)` adds figures of the caller's own to a row.
+    heavy connections; `more(row, wrk output)` adds figures of the caller's own to a row, and
+    with `admin_port` each row counts what the pool did with the heavy requests.
     Each row starts on a quiet machine, not beside the last row's backlog."""
     common.wait_for_quiet()
     alone = light_latency(port, seconds)
@@ -207,12 +222,16 @@ def isolation(port, script, url_path, seconds, label, more=lambda row, out: {}):
           f"success {alone['success']:.4f}", flush=True)
     for connections in HEAVY_CONNECTIONS:
         common.wait_for_quiet()
+        before = admin_port and pool_outcomes(admin_port)
         row, out = light_beside_heavy(port, script, url_path, seconds, connections)
         row.update(more(row, out))
+        if admin_port:
+            after = pool_outcomes(admin_port)
+            row["pool"] = {name: after[name] - before[name] for name in after}
         rows.append(row)
         print(f"{label}: heavy x{connections}: light p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
               f"success {row['success']:.4f}; heavy {row['heavy_rps']:.0f} req/s p99 "
-              f"{row['heavy_p99_ms']} ms {row['heavy_errors']}", flush=True)
+              f"{row['heavy_p99_ms']} ms {row['heavy_errors']} {row.get('pool', '')}", flush=True)
     return rows
 
 
@@ -286,11 +305,13 @@ def measure(work, seconds, procs):
     script = post_script(work, 50_000)
     # The light route through Switchyard: alone, then beside heavy inspected POSTs; on the
     # pool, then with the same router forced to inspect inline.
-    results["isolation"] = isolation(sy_port, script, "/comments", seconds, "pool")
+    results["isolation"] = isolation(sy_port, script, "/comments", seconds, "pool",
+                                     admin_port=sy.admin_port)
     # wrk asks again the moment it is refused, so beside 200 and 400 connections the router
     # mostly answers refusals; clients that honour Retry-After show the heavy work alone.
     results["isolation_retry_after"] = isolation(sy_port, honouring_retry_after(script), "/comments",
-                                                 seconds, "pool, clients honour Retry-After")
+                                                 seconds, "pool, clients honour Retry-After",
+                                                 admin_port=sy.admin_port)
     sy.stop()
     # The same pool with the workers scheduled the other ways, to choose by measurement.
     for sched, key in (("idle-kernel", "isolation_idle_kernel"), ("nice", "isolation_nice"),

@@ -327,6 +327,27 @@ def isolation_table(section, heavy, rate_label, rate):
     return lines
 
 
+def pool_outcomes_table(section):
+    """What the pool did with each row's heavy requests, where the run counted it (the
+    router's metrics before and after the row)."""
+    rows = [(mode, r) for mode, key in (("pool", "isolation"),
+                                        ("pool, heavy clients honour Retry-After", "isolation_retry_after"))
+            for r in section.get(key, []) if r.get("pool")]
+    if not rows:
+        return []
+    lines = ["", "The pool's counts of those heavy requests, per row: inspected; refused before "
+             "queueing (503 + Retry-After at once); shed from the queue when the work ahead of them "
+             "came to pass their deadline (503 + Retry-After before it); timed out (503 at the "
+             "5 s deadline, which wrk counts as a timeout).", "",
+             "| mode | heavy connections | inspected | refused early | shed | timed out |",
+             "|---|---|---|---|---|---|"]
+    for mode, r in rows:
+        p = r["pool"]
+        lines.append(f"| {mode} | {r['connections']} | {p['inspected']:.0f} | {p['refused']:.0f} | "
+                     f"{p['shed']:.0f} | {p['timed_out']:.0f} |")
+    return lines
+
+
 ISOLATION_KEYS = ("isolation", "isolation_retry_after", "isolation_idle_kernel", "isolation_nice",
                   "isolation_pinned", "isolation_inline")
 
@@ -400,6 +421,7 @@ def waf_report(w, date):
               "what a router without a pool does). Heavy latency is wrk's time to the whole (small) "
               "answer.", ""]
     lines += isolation_table(w, "heavy", "heavy req/s", lambda r: f"{r['heavy_rps']:.0f}")
+    lines += pool_outcomes_table(w)
     lines += ["", "## Targets (issue 22)", ""] + light_route_targets(w, "isolation", "heavy")
     if w.get("isolation_retry_after"):
         lines += ["", "With heavy clients that honour Retry-After:", ""]

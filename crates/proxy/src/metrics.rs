@@ -366,6 +366,14 @@ switchyard_metrics::declare_metrics! {
         "Time workers spent paused for other threads waiting for a CPU."
     ));
 
+    pub(crate) static POOL_SHED: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_pool_shed_total",
+        "Tasks queued, then dropped unrun before their deadline because the work that came \
+         to be ahead of them would have ended past it, by stage; their requests are refused \
+         at once.",
+        &["stage"]
+    ));
+
     pub(crate) static POOL_TIMEOUTS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_pool_timeouts_total",
         "Tasks whose deadline passed before they finished, by stage.",

@@ -14,8 +14,12 @@
 //! Retry-After before its next request is read (listener/service.rs), a wait taken off that
 //! request's deadline — and a free worker is judged by CPU time alone.
 //! Every task carries a deadline: a task still queued at its deadline is dropped unrun, and
-//! the waiting request stops waiting at the deadline whatever the task is doing. What a
-//! refusal or a missed deadline means is the calling stage's decision.
+//! the waiting request stops waiting at the deadline whatever the task is doing. The queue
+//! is judged again each time a worker takes a task: runs that gave way take longer than the
+//! estimate that admitted what waits behind them, and a queued task whose deadline the work
+//! now ahead of it would pass is shed, unrun, and its request refused at once — a 503 with
+//! `Retry-After` seconds before the deadline, and a worker's time spent on a task that can
+//! still make it. What a refusal or a missed deadline means is the calling stage's decision.
 //!
 //! Workers are scheduled `SCHED_IDLE` by default and give way (crates/give-way): while light
 //! requests are under way they run only on CPU no other thread wants, so a saturated pool
@@ -75,6 +79,9 @@ pub(crate) enum PoolRefusal {
     Full,
     /// The work queued ahead would make it miss its deadline: never queued.
     WouldMissDeadline,
+    /// Queued, then dropped unrun before its deadline: the work that came to be ahead of it
+    /// would have ended past it.
+    Shed,
     /// The deadline passed, queued or running.
     TimedOut,
 }
@@ -85,9 +92,16 @@ struct Task {
     deadline: Instant,
     /// Its expected wall time, counted in [`Queue::backlog_ns`] until it ends.
     estimate_ns: u64,
-    /// Does the work; what it returns hands the result to the waiting request, called once
-    /// the pool has counted the task out, so that the caller's next task finds it so.
-    run: Box<dyn FnOnce() -> Delivery + Send>,
+    /// Does the work, or sheds it; what it returns hands the result (or the refusal) to the
+    /// waiting request, called once the pool has counted the task out, so that the caller's
+    /// next task finds it so.
+    run: Box<dyn FnOnce(Order) -> Delivery + Send>,
+}
+
+/// What a worker does with a task it took from the queue.
+enum Order {
+    Run,
+    Shed,
 }
 
 /// Hands a task's result over.
@@ -159,6 +173,59 @@ impl Queue {
         };
         let left = deadline.saturating_duration_since(Instant::now());
         expected_ns > left.as_nanos() as f64 * DEADLINE_HEADROOM
+    }
+
+    /// Takes the queued tasks whose deadline can no longer be met out of `tasks`, in order,
+    /// as a worker becomes free at `now`: the first would start at once and is judged by its
+    /// CPU time (as a free worker judges a new task, so that a spell of slow runs cannot shed
+    /// everything and leave the pool nothing to learn from), each later one after the
+    /// expected wall time of the tasks kept ahead of it, shared among the workers. The work
+    /// already running is left out, so the judgement leans towards keeping a task. Tasks
+    /// whose deadline has passed are dropped without a word: their requests stopped waiting.
+    fn shed_unreachable(&self, tasks: &mut VecDeque<Task>, now: Instant) -> Vec<Task> {
+        let mut shed = Vec::new();
+        if tasks.is_empty() {
+            return shed;
+        }
+        // Lock order: `tasks`, then `run_times`; `run_times` is never held while `tasks`
+        // is taken.
+        let run_times = self.run_times.lock();
+        let threads = self.threads.max(1) as f64;
+        let mut ahead_ns = 0.0;
+        let mut next = 0;
+        // Queued tasks are mostly of one stage: one look-up per run of them, as the lock
+        // is held while the queue (up to its capacity) is walked.
+        let mut last_stage: Option<(&'static str, RunTimes)> = None;
+        while let Some(task) = tasks.get(next) {
+            let times = match last_stage {
+                Some((stage, times)) if stage == task.stage => times,
+                _ => {
+                    let times = run_times.get(task.stage).copied().unwrap_or_default();
+                    last_stage = Some((task.stage, times));
+                    times
+                }
+            };
+            let run_ns = if next == 0 {
+                times.cpu_ns
+            } else {
+                times.wall_ns
+            };
+            let left_ns = task.deadline.saturating_duration_since(now).as_nanos() as f64;
+            if task.deadline > now && ahead_ns / threads + run_ns <= left_ns {
+                ahead_ns += times.wall_ns;
+                next += 1;
+                continue;
+            }
+            let Some(task) = tasks.remove(next) else {
+                break;
+            };
+            if task.deadline > now {
+                shed.push(task);
+            } else {
+                self.leave(task.estimate_ns);
+            }
+        }
+        shed
     }
 
     /// A task ran or was dropped: it no longer holds a place or counts in the backlog.
@@ -301,11 +368,16 @@ impl WorkerPool {
             queued_at: Instant::now(),
             deadline,
             estimate_ns: times.wall_ns as u64,
-            run: Box::new(move || {
-                let value = job();
-                Box::new(move || {
-                    let _ = done.send(value);
-                })
+            run: Box::new(move |order| match order {
+                Order::Run => {
+                    let value = job();
+                    Box::new(move || {
+                        let _ = done.send(Ok(value));
+                    })
+                }
+                Order::Shed => Box::new(move || {
+                    let _ = done.send(Err(PoolRefusal::Shed));
+                }),
             }),
         };
         {
@@ -323,7 +395,11 @@ impl WorkerPool {
         }
         queue.ready.notify_one();
         match tokio::time::timeout_at(deadline.into(), result).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(refusal))) => {
+                metrics::POOL_SHED.with_label_values(&[stage]).inc();
+                Err(refusal)
+            }
             // Dropped unrun by a worker because its deadline had passed, or cut short here.
             Ok(Err(_)) | Err(_) => {
                 metrics::POOL_TIMEOUTS.with_label_values(&[stage]).inc();
@@ -338,8 +414,9 @@ fn counted(stage: &'static str, refusal: PoolRefusal) -> PoolRefusal {
     let reason = match refusal {
         PoolRefusal::Full => "queue_full",
         PoolRefusal::WouldMissDeadline => "would_miss_deadline",
-        // Not a refusal before queueing: counted in switchyard_pool_timeouts_total.
-        PoolRefusal::TimedOut => return refusal,
+        // Not refusals before queueing: counted in switchyard_pool_shed_total and
+        // switchyard_pool_timeouts_total.
+        PoolRefusal::Shed | PoolRefusal::TimedOut => return refusal,
     };
     metrics::POOL_REJECTED
         .with_label_values(&[stage, reason])
@@ -410,36 +487,41 @@ fn thread_cpu_time() -> Duration {
 
 fn work(queue: &Queue, give_way: Option<&GiveWay>) {
     loop {
-        let task = {
+        let (task, shed) = {
             let mut tasks = queue.tasks.lock();
             loop {
-                if let Some(task) = tasks.pop_front() {
+                let shed = queue.shed_unreachable(&mut tasks, Instant::now());
+                let task = tasks.pop_front();
+                if task.is_some() || !shed.is_empty() {
                     metrics::POOL_QUEUE_DEPTH.set(tasks.len() as i64);
-                    break task;
+                    break (task, shed);
                 }
                 queue.ready.wait(&mut tasks);
             }
+        };
+        for task in shed {
+            queue.leave(task.estimate_ns);
+            (task.run)(Order::Shed)();
+        }
+        let Some(task) = task else {
+            continue;
         };
         let started = Instant::now();
         metrics::POOL_WAIT
             .with_label_values(&[task.stage])
             .observe(started.duration_since(task.queued_at).as_secs_f64());
-        if started >= task.deadline {
-            // Nobody waits for it any more: dropping it tells the caller.
-            queue.leave(task.estimate_ns);
-            continue;
-        }
         let cpu_before = thread_cpu_time();
+        let run = || (task.run)(Order::Run);
         let deliver = match give_way {
             Some(give_way) => {
-                let (deliver, paused) = give_way.run(task.run);
+                let (deliver, paused) = give_way.run(run);
                 if paused.times > 0 {
                     metrics::POOL_GAVE_WAY.inc_by(paused.times);
                     metrics::POOL_GAVE_WAY_SECONDS.inc_by(paused.slept.as_secs_f64());
                 }
                 deliver
             }
-            None => (task.run)(),
+            None => run(),
         };
         let took = started.elapsed();
         queue.record_run(
@@ -648,6 +730,58 @@ mod tests {
                 .run("paused", Instant::now() + Duration::from_millis(30), || ())
                 .await;
             assert_eq!(fast_again, Ok(()));
+        });
+    }
+
+    #[test]
+    fn a_queued_task_whose_deadline_the_work_ahead_came_to_pass_is_shed_before_it() {
+        let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Nice).expect("pool"));
+        runtime().block_on(async {
+            let soon = || Instant::now() + Duration::from_secs(5);
+            let short = || busy(20);
+            for _ in 0..3 {
+                assert_eq!(pool.run("test", soon(), short).await, Ok(()));
+            }
+            // One run holds the worker 400 ms where 20 were expected (a worker that gave
+            // way for long), with four runs queued behind it.
+            let holding = running_on_a_worker(&pool, "test", 400).await;
+            let ahead: Queued = (0..4)
+                .map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move { pool.run("test", soon(), short).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            // Admitted: about 120 ms expected ahead of 450. When the long run ends, the
+            // four ahead leave it some 60 ms for 100 ms of work: shed, not run late.
+            let deadline = Instant::now() + Duration::from_millis(450);
+            let shed = pool.run("test", deadline, short).await;
+            assert_eq!(shed, Err(PoolRefusal::Shed));
+            assert!(Instant::now() < deadline, "refused before its deadline");
+            assert_eq!(holding.await.expect("joined"), Ok(()));
+            all_served(ahead).await;
+        });
+    }
+
+    #[test]
+    fn the_task_a_free_worker_takes_next_is_judged_by_its_cpu_time_not_shed() {
+        let pool = Arc::new(WorkerPool::new(1, 64, PoolScheduling::Nice).expect("pool"));
+        runtime().block_on(async {
+            let soon = || Instant::now() + Duration::from_secs(5);
+            // Runs of this stage held the worker 50 ms on almost no CPU.
+            let paused = || std::thread::sleep(Duration::from_millis(50));
+            for _ in 0..3 {
+                assert_eq!(pool.run("paused", soon(), paused).await, Ok(()));
+            }
+            let holding = running_on_a_worker(&pool, "other", 370).await;
+            // Queued with 400 ms to go; taken with about 30 left, less than the stage's
+            // recent runs held a worker but far more than its CPU time: it runs, and that
+            // is how the pool learns that runs are fast again.
+            let taken_late = pool
+                .run("paused", Instant::now() + Duration::from_millis(400), || ())
+                .await;
+            assert_eq!(taken_late, Ok(()));
+            assert_eq!(holding.await.expect("joined"), Ok(()));
         });
     }
 

@@ -271,7 +271,7 @@ pub(crate) async fn resize_for(
 fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
     count(app, "overloaded");
     let why = match refusal {
-        PoolRefusal::Full | PoolRefusal::WouldMissDeadline => {
+        PoolRefusal::Full | PoolRefusal::WouldMissDeadline | PoolRefusal::Shed => {
             "the image workers are busy, try again shortly"
         }
         PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",

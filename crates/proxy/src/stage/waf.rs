@@ -242,6 +242,10 @@ fn judge(
                     PoolRefusal::WouldMissDeadline => {
                         "refused, the work queued ahead would make it miss its deadline"
                     }
+                    PoolRefusal::Shed => {
+                        "shed from the queue, the work that came to be ahead of it would \
+                         have made it miss its deadline"
+                    }
                     PoolRefusal::TimedOut => "missed its deadline",
                 },
                 allowed.as_millis(),
