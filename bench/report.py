@@ -435,6 +435,15 @@ def waf_report(w, date):
                      f"early, {burst['timed_out']:.0f} refused at the deadline (wrk: "
                      f"{'; '.join(burst['wrk_errors']) or 'no errors'}) → "
                      f"**{'met' if burst['timed_out'] == 0 else 'NOT met'}**")
+    counted = [r["pool"] for key in ("isolation", "isolation_retry_after") for r in w.get(key, [])
+               if r.get("pool")]
+    if counted:
+        late = sum(p["timed_out"] for p in counted)
+        lines.append(f"- heavy requests never answered only at their deadline beside the light route "
+                     f"(the rows above, on the pool): {late:.0f} timed out, "
+                     f"{sum(p['shed'] for p in counted):.0f} shed before it, "
+                     f"{sum(p['refused'] for p in counted):.0f} refused before queueing → "
+                     f"**{'met' if late == 0 else 'NOT met'}**")
     for size, ratio in ratios:
         lines.append(f"- WAF-inspected req/s ≥ 1.0× nginx + ModSecurity ({size // 1000} KB bodies): measured "
                      f"{ratio:.2f}× → **{'met' if ratio >= 1.0 else 'NOT met'}**")
