@@ -396,3 +396,70 @@ fn a_connection_that_asks_again_after_a_busy_refusal_waits_out_its_retry_after()
         client.join().expect("client");
     }
 }
+
+/// Side of a PNG original whose resize to half takes a worker tens of milliseconds of CPU.
+const MEDIUM: u32 = 800;
+
+#[test]
+fn a_client_that_asks_again_at_once_is_served_when_the_pool_frees_though_its_timeout_is_shorter_than_the_hold(
+) {
+    // The app gives a resize half a second: less than the half to whole second a connection
+    // that asks again at once after a busy refusal is held. Resizes of MEDIUM take tens of
+    // milliseconds of CPU, so a free worker fits one in what is left after a hold.
+    let router = RouterProcess::start_with(&[
+        "--pool-threads",
+        "1",
+        "--pool-queue",
+        "1",
+        "--pool-sched",
+        "nice",
+    ]);
+    let originals = Originals::start(vec![("/medium.png", png(MEDIUM, MEDIUM))]);
+    gallery(&router, &originals, json!({"timeout_ms": 500}), json!({}));
+    let http = router.http;
+    let resize_path = format!("/_img/{0}x{0}/medium.png?fit=cover", MEDIUM / 2);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..6)
+        .map(|_| {
+            let (done, path) = (done.clone(), resize_path.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    support::get(http, "gallery.test", &path).expect("answered");
+                }
+            })
+        })
+        .collect();
+    let stream = std::net::TcpStream::connect(http).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    let resize = format!("GET {resize_path} HTTP/1.1\r\nHost: gallery.test\r\n\r\n");
+    let mut ask = || {
+        writer.write_all(resize.as_bytes()).expect("send");
+        read_one(&mut reader)
+    };
+    assert!(
+        (0..50).any(|_| ask() == 503),
+        "the busy pool refused this connection"
+    );
+    // From here each ask comes at once after the last answer, so after a refusal it is
+    // held; the others stop, and the pool frees within a resize or two. Had the hold been
+    // taken off the half second in full, nothing would be left for a resize: each ask
+    // would be refused and held again, for as long as the connection lasted.
+    done.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    while answers.last() != Some(&200) && answers.len() < 8 {
+        answers.push(ask());
+    }
+    assert_eq!(
+        answers.last(),
+        Some(&200),
+        "answers once the others stopped: {answers:?}"
+    );
+    assert!(router.metric("switchyard_paced_requests_total") >= 1.0);
+    for client in busy {
+        client.join().expect("client");
+    }
+}

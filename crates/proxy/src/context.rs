@@ -91,8 +91,13 @@ impl RequestCtx {
     /// second and then admitted for the whole timeout, 20 of 10 s of answers to 400 wrk
     /// connections of inspected POSTs (5 s timeouts, the app's too) came after wrk had
     /// given up; none since.
+    ///
+    /// Never less than half the timeout: a hold is half to all of a second, and an app
+    /// whose timeout is shorter would have every request of a client that asks again at
+    /// once refused after its hold, held again for that refusal, and so on for as long as
+    /// the connection lasts, the pool idle or not.
     pub(crate) fn heavy_allowance(&self, timeout: Duration) -> Duration {
-        timeout.saturating_sub(self.held)
+        timeout.saturating_sub(self.held).max(timeout / 2)
     }
 
     /// The app's name, or "" before routing / for unknown hosts.
