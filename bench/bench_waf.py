@@ -11,6 +11,9 @@ Part 1, WAF throughput: benign form POSTs with 10 KB and 50 KB bodies, closed lo
 (`wrk -t2 -c64`), counted in 2xx answers per second (a busy pool's 503 is not an inspected
 request); each run starts on a quiet machine, not beside the other proxy's backlog; three
 alternated runs of each proxy per size, the median reported with the runs beside it.
+CPU per inspected request at a constant rate (utime + stime of each proxy's processes ÷
+requests; vegeta at a rate well under either proxy's capacity, three alternated runs each):
+on two shared cores the steadier figure beside closed-loop throughput.
 Part 2, light beside heavy (seed 001): a light GET route (an app without the WAF) at a
 constant 500 req/s (vegeta, 1 s timeout), alone and while wrk keeps 100, 200 and 400
 connections of 50 KB inspected POSTs going; light p50/p99 and timeouts, heavy p50/p99 and
@@ -35,6 +38,10 @@ LIGHT_RATE = 500
 HEAVY_CONNECTIONS = [100, 200, 400]
 # Alternated throughput runs of each proxy per body size; the median is reported.
 THROUGHPUT_ROUNDS = 3
+# Constant rates for CPU per inspected request, by body size: about 40% of what either proxy
+# inspects per second on this machine (about 240 and 55).
+CPU_RATES = {10_000: 100, 50_000: 25}
+CPU_ROUNDS = 3
 MODSEC_MODULE = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so"
 
 # The directives Switchyard loads (crates/waf/src/lib.rs, rule_text) at paranoia 1.
@@ -118,10 +125,15 @@ def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None):
     return proc, http_port
 
 
-def post_script(work, size):
-    """A wrk script posting a benign form of `size` bytes (words, as a comment would be)."""
+def form_body(size):
+    """A benign form of `size` bytes (words, as a comment would be)."""
     words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
-    body = "name=Ada&comment=" + (words * (size // len(words) + 1)).replace(" ", "+")[:size - 17]
+    return "name=Ada&comment=" + (words * (size // len(words) + 1)).replace(" ", "+")[:size - 17]
+
+
+def post_script(work, size):
+    """A wrk script posting a benign form of `size` bytes."""
+    body = form_body(size)
     script = work / f"post-{size}.lua"
     script.write_text(
         'wrk.method = "POST"\n'
@@ -140,6 +152,39 @@ def wrk_post(port, script, seconds, connections):
         check=True, capture_output=True, text=True).stdout
     rps, errors = common.parse_wrk(out)
     return common.answered_2xx_per_s(out), rps, errors
+
+
+def cpu_per_inspection(work, proxies, seconds):
+    """For each body size, each proxy's CPU (utime + stime of its processes) per inspected
+    POST at the size's constant rate: `proxies` is [(name, http port, process)]. Alternated
+    runs, each on a quiet machine; the median and every run."""
+    rows = []
+    for size, rate in CPU_RATES.items():
+        body = work / f"form-{size}"
+        body.write_text(form_body(size))
+        runs = {name: [] for name, _, _ in proxies}
+        for round_ in range(CPU_ROUNDS):
+            for name, port, proc in proxies[::-1] if round_ % 2 else proxies:
+                common.wait_for_quiet()
+                target = (f"POST http://127.0.0.1:{port}/comments\nHost: {WAF_HOST}\n"
+                          f"Content-Type: application/x-www-form-urlencoded\n@{body}\n")
+                before = common.tree_cpu_seconds(proc.pid)
+                attack = subprocess.run([common.VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s",
+                                         "-timeout=5s"], input=target.encode(), check=True,
+                                        capture_output=True).stdout
+                used = common.tree_cpu_seconds(proc.pid) - before
+                summary = common.vegeta_summary(attack)
+                runs[name].append({"cpu_ms": used / summary["requests"] * 1e3, "success": summary["success"],
+                                   "p50_ms": summary["p50_ms"]})
+                print(f"{size:6} B {name:10} {runs[name][-1]['cpu_ms']:.2f} ms CPU per request at {rate} req/s "
+                      f"(success {summary['success']:.3f}, p50 {summary['p50_ms']:.1f} ms)", flush=True)
+        row = {"body_bytes": size, "rate": rate}
+        for name, measured in runs.items():
+            row[name] = {"cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
+                         "cpu_ms_runs": [round(r["cpu_ms"], 2) for r in measured],
+                         "success": min(r["success"] for r in measured)}
+        rows.append(row)
+    return rows
 
 
 def check_blocks(port):
@@ -299,6 +344,9 @@ def measure(work, seconds, procs):
                          "errors": [e for r in measured for e in r["errors"]],
                          "ok_rps_runs": [r["ok_rps"] for r in measured]}
         results["throughput"].append(row)
+
+    results["cpu_per_request"] = cpu_per_inspection(
+        work, [("switchyard", sy_port, sy), ("nginx", ng_port, ng)], seconds)
 
     # nginx has done its part: only one proxy under load from here on.
     ng.stop()

@@ -414,6 +414,19 @@ def waf_report(w, date):
                      f"{ng:.0f}{runs_of(r['nginx'])} | "
                      f"{ratio:.2f}× | {'; '.join(r['switchyard']['errors']) or 'none'}; "
                      f"{'; '.join(r['nginx']['errors']) or 'none'} |")
+    cpu_rows = w.get("cpu_per_request", [])
+    if cpu_rows:
+        lines += ["", "CPU per inspected request at a constant rate (utime + stime of each proxy's processes ÷ "
+                  "requests; vegeta, the median of alternated runs and every run): the steadier figure on two "
+                  "shared cores.", "",
+                  "| body | rate | Switchyard ms CPU/request | nginx + ModSecurity ms CPU/request | ratio | "
+                  "success (Switchyard; nginx) |", "|---|---|---|---|---|---|"]
+        for r in cpu_rows:
+            sy, ng = r["switchyard"], r["nginx"]
+            lines.append(f"| {r['body_bytes'] // 1000} KB | {r['rate']} req/s | {sy['cpu_ms']:.2f} "
+                         f"({', '.join(f'{c:.2f}' for c in sy['cpu_ms_runs'])}) | {ng['cpu_ms']:.2f} "
+                         f"({', '.join(f'{c:.2f}' for c in ng['cpu_ms_runs'])}) | "
+                         f"{sy['cpu_ms'] / ng['cpu_ms']:.2f}× | {sy['success']:.3f}; {ng['success']:.3f} |")
     lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
               f"{w['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N connections of "
               "50 KB inspected POSTs going through the same router; inspections on the worker pool, then "
@@ -447,6 +460,10 @@ def waf_report(w, date):
     for size, ratio in ratios:
         lines.append(f"- WAF-inspected req/s ≥ 1.0× nginx + ModSecurity ({size // 1000} KB bodies): measured "
                      f"{ratio:.2f}× → **{'met' if ratio >= 1.0 else 'NOT met'}**")
+    for r in w.get("cpu_per_request", []):
+        lines.append(f"- beside it, the steadier figure: CPU per inspected request ({r['body_bytes'] // 1000} KB "
+                     f"bodies at {r['rate']} req/s) {r['switchyard']['cpu_ms'] / r['nginx']['cpu_ms']:.2f}× "
+                     f"nginx + ModSecurity's")
     lines += earlier_lines(w, lambda r: f"req/s ratios {r.get('throughput_ratios')}, light p99 ratios "
                            f"{r.get('light_p99_ratios')}")
     return lines
