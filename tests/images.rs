@@ -259,20 +259,25 @@ fn originals_over_the_size_limit_are_refused() {
     );
 }
 
-/// A router with one worker and a queue of one, and a gallery whose original (2500×2500)
-/// keeps the worker busy for a while at each resize.
-fn one_worker_gallery() -> (RouterProcess, Originals) {
+/// A router with one worker and a queue of one.
+fn one_worker_router() -> RouterProcess {
     // nice rather than SCHED_IDLE: cargo runs two of these tests at once on a 2-CPU machine,
     // and a worker that gives way starves while the other router's loops keep both CPUs
     // busy (as it should; bench/ measures that). These tests are about refusals.
-    let router = RouterProcess::start_with(&[
+    RouterProcess::start_with(&[
         "--pool-threads",
         "1",
         "--pool-queue",
         "1",
         "--pool-sched",
         "nice",
-    ]);
+    ])
+}
+
+/// A router with one worker and a queue of one, and a gallery whose original (2500×2500)
+/// keeps the worker busy for a while at each resize.
+fn one_worker_gallery() -> (RouterProcess, Originals) {
+    let router = one_worker_router();
     let originals = Originals::start(vec![("/huge.png", png(2500, 2500))]);
     gallery(
         &router,
@@ -319,6 +324,51 @@ fn a_full_worker_pool_answers_503_with_retry_after_and_the_router_stays_up() {
     );
 }
 
+/// Six clients asking for `path` on fresh connections, one request after the other, until
+/// told to stop: they keep a one-worker pool and its queue busy.
+struct BusyClients {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyClients {
+    fn start(http: SocketAddr, path: &str) -> Self {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = (0..6)
+            .map(|_| {
+                let (done, path) = (done.clone(), path.to_string());
+                std::thread::spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        support::get(http, "gallery.test", &path).expect("answered");
+                    }
+                })
+            })
+            .collect();
+        Self { done, clients }
+    }
+
+    /// Each ends after the request it is making.
+    fn stop_asking(&self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+
+    fn join(self) {
+        self.stop_asking();
+        for client in self.clients {
+            client.join().expect("client");
+        }
+    }
+}
+
+/// A keep-alive connection to `http`: where to write requests, and its responses to read.
+fn keep_alive(http: SocketAddr) -> (std::net::TcpStream, BufReader<std::net::TcpStream>) {
+    let stream = std::net::TcpStream::connect(http).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    (stream.try_clone().expect("clone"), BufReader::new(stream))
+}
+
 /// Reads one response from a keep-alive connection (a body with Content-Length): its status.
 fn read_one(reader: &mut BufReader<std::net::TcpStream>) -> u16 {
     let mut status = 0;
@@ -353,24 +403,8 @@ fn a_connection_that_asks_again_after_a_busy_refusal_waits_out_its_retry_after()
     let (router, _originals) = one_worker_gallery();
     let http = router.http;
     // Others keep the one worker and its queue busy until the test is done.
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let busy: Vec<_> = (0..6)
-        .map(|_| {
-            let done = done.clone();
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    support::get(http, "gallery.test", "/_img/1000x1000/huge.png?fit=cover")
-                        .expect("answered");
-                }
-            })
-        })
-        .collect();
-    let stream = std::net::TcpStream::connect(http).expect("connect");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .expect("timeout");
-    let mut writer = stream.try_clone().expect("clone");
-    let mut reader = BufReader::new(stream);
+    let busy = BusyClients::start(http, "/_img/1000x1000/huge.png?fit=cover");
+    let (mut writer, mut reader) = keep_alive(http);
     let resize = "GET /_img/1000x1000/huge.png?fit=cover HTTP/1.1\r\nHost: gallery.test\r\n\r\n";
     let refused_at = (0..50)
         .find_map(|_| {
@@ -391,10 +425,7 @@ fn a_connection_that_asks_again_after_a_busy_refusal_waits_out_its_retry_after()
         "answered {held:?} after the refusal"
     );
     assert!(router.metric("switchyard_paced_requests_total") >= 1.0);
-    done.store(true, Ordering::Relaxed);
-    for client in busy {
-        client.join().expect("client");
-    }
+    busy.join();
 }
 
 /// Side of a PNG original whose resize to half takes a worker tens of milliseconds of CPU.
@@ -406,35 +437,13 @@ fn a_client_that_asks_again_at_once_is_served_when_the_pool_frees_though_its_tim
     // The app gives a resize half a second: less than the half to whole second a connection
     // that asks again at once after a busy refusal is held. Resizes of MEDIUM take tens of
     // milliseconds of CPU, so a free worker fits one in what is left after a hold.
-    let router = RouterProcess::start_with(&[
-        "--pool-threads",
-        "1",
-        "--pool-queue",
-        "1",
-        "--pool-sched",
-        "nice",
-    ]);
+    let router = one_worker_router();
     let originals = Originals::start(vec![("/medium.png", png(MEDIUM, MEDIUM))]);
     gallery(&router, &originals, json!({"timeout_ms": 500}), json!({}));
     let http = router.http;
     let resize_path = format!("/_img/{0}x{0}/medium.png?fit=cover", MEDIUM / 2);
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let busy: Vec<_> = (0..6)
-        .map(|_| {
-            let (done, path) = (done.clone(), resize_path.clone());
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    support::get(http, "gallery.test", &path).expect("answered");
-                }
-            })
-        })
-        .collect();
-    let stream = std::net::TcpStream::connect(http).expect("connect");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .expect("timeout");
-    let mut writer = stream.try_clone().expect("clone");
-    let mut reader = BufReader::new(stream);
+    let busy = BusyClients::start(http, &resize_path);
+    let (mut writer, mut reader) = keep_alive(http);
     let resize = format!("GET {resize_path} HTTP/1.1\r\nHost: gallery.test\r\n\r\n");
     let mut ask = || {
         writer.write_all(resize.as_bytes()).expect("send");
@@ -448,7 +457,7 @@ fn a_client_that_asks_again_at_once_is_served_when_the_pool_frees_though_its_tim
     // held; the others stop, and the pool frees within a resize or two. Had the hold been
     // taken off the half second in full, nothing would be left for a resize: each ask
     // would be refused and held again, for as long as the connection lasted.
-    done.store(true, Ordering::Relaxed);
+    busy.stop_asking();
     let mut answers = Vec::new();
     while answers.last() != Some(&200) && answers.len() < 8 {
         answers.push(ask());
@@ -459,7 +468,5 @@ fn a_client_that_asks_again_at_once_is_served_when_the_pool_frees_though_its_tim
         "answers once the others stopped: {answers:?}"
     );
     assert!(router.metric("switchyard_paced_requests_total") >= 1.0);
-    for client in busy {
-        client.join().expect("client");
-    }
+    busy.join();
 }
