@@ -374,6 +374,53 @@ fn metrics_count_requests_by_app_and_class_without_unknown_host_labels() {
 }
 
 #[test]
+fn a_deleted_apps_series_leave_the_metrics_within_a_batch_and_the_others_stay() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("tenant");
+    for name in ["leaving", "staying"] {
+        router.put_app(
+            name,
+            json!({
+                "domains": [format!("{name}.test")],
+                "backends": [backend.addr.to_string()],
+                "cache": {"paths": ["/*"]},
+            }),
+        );
+        router.get(&format!("{name}.test"), "/");
+    }
+    let exported = |app: &str| {
+        support::get(router.admin, "admin", "/metrics")
+            .expect("metrics")
+            .text()
+            .contains(&format!("app=\"{app}\""))
+    };
+    assert!(exported("leaving") && exported("staying"));
+    assert!(
+        router.metric("switchyard_cache_requests_total{app=\"leaving\",result=\"MISS\"}") >= 1.0
+    );
+    let (status, body) = router.admin_call("DELETE", "/v1/apps/leaving", None);
+    assert!(status < 300, "{status} {body}");
+    // Deletions are forgotten in batches, every 30 s; counted once their series are gone.
+    // Asked four times a second: a scrape every 5 ms for half a minute would load the
+    // machine the other tests share.
+    let deleted_at = Instant::now();
+    while router.metric("switchyard_deleted_apps_forgotten_total") < 1.0 {
+        assert!(
+            deleted_at.elapsed() < Duration::from_secs(45),
+            "the deleted app was not forgotten within 45 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        router.metric("switchyard_deleted_apps_forgotten_total"),
+        1.0
+    );
+    assert!(!exported("leaving"), "the deleted app's series left");
+    assert!(exported("staying"), "the other app's series stay");
+    assert_eq!(router.metric("switchyard_deleted_apps_noted"), 0.0);
+}
+
+#[test]
 fn http2_clients_are_routed_by_authority() {
     let router = RouterProcess::start();
     let backend = Backend::start("h2");

@@ -6,6 +6,9 @@
 
 #![allow(missing_docs)]
 
+use std::collections::{HashMap, HashSet};
+
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     register_counter, register_histogram_vec, register_int_counter, register_int_counter_vec,
     register_int_gauge, register_int_gauge_vec, Counter, Histogram, HistogramVec, IntCounter,
@@ -429,6 +432,54 @@ switchyard_metrics::declare_metrics! {
         "switchyard_backend_connections_opened_total",
         "Backend connections the listener opened."
     ));
+
+    pub(crate) static DELETED_APPS_NOTED: IntGauge = registered(register_int_gauge!(
+        "switchyard_deleted_apps_noted",
+        "Deleted apps whose metric series are to be forgotten in the next batch (at most \
+         65,536; the one that fills the set has the batch forgotten at once)."
+    ));
+
+    pub(crate) static DELETED_APPS_FORGOTTEN: IntCounter = registered(register_int_counter!(
+        "switchyard_deleted_apps_forgotten_total",
+        "Deleted apps whose metric series and request counts left the exposition."
+    ));
+}
+
+/// Removes every series of the per-app metrics labelled with one of `apps` (deleted).
+pub(crate) fn forget_apps(apps: &HashSet<String>) {
+    forget_series(&UPSTREAM_ERRORS, apps);
+    forget_series(&LIMIT_DECISIONS, apps);
+    forget_series(&APP_IN_FLIGHT, apps);
+    forget_series(&HEALTH_TRANSITIONS, apps);
+    forget_series(&MIRROR_SENT, apps);
+    forget_series(&MIRROR_DROPPED, apps);
+    forget_series(&MIRROR_IN_FLIGHT, apps);
+    forget_series(&MIRROR_DURATION, apps);
+    forget_series(&CACHE_REQUESTS, apps);
+    forget_series(&CACHE_BYTES, apps);
+    forget_series(&WAF_INSPECTIONS, apps);
+    forget_series(&WAF_BODY_UNINSPECTED, apps);
+    forget_series(&IMAGE_REQUESTS, apps);
+}
+
+/// Removes the series of `metric` whose `app` label is one of `apps`, whatever its other
+/// labels: they are read from the series themselves (one walk, as a scrape does), so a
+/// label value added later cannot be missed. A gauge's holder keeps updating its removed
+/// series, unseen.
+fn forget_series<T: MetricVecBuilder>(metric: &MetricVec<T>, apps: &HashSet<String>) {
+    for family in metric.collect() {
+        for series in family.get_metric() {
+            let labels: HashMap<&str, &str> = series
+                .get_label()
+                .iter()
+                .map(|pair| (pair.get_name(), pair.get_value()))
+                .collect();
+            if labels.get("app").is_some_and(|app| apps.contains(*app)) {
+                // Only fails for a series already gone.
+                let _ = metric.remove(&labels);
+            }
+        }
+    }
 }
 
 const POOL_BUCKETS: &[f64] = &[
@@ -453,4 +504,44 @@ pub(crate) fn status_class_index(status: u16) -> usize {
 /// `2xx`-style class of a status code; `none` when nothing was sent.
 pub(crate) fn status_class(status: u16) -> &'static str {
     STATUS_CLASSES[status_class_index(status)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{IntCounterVec, Opts};
+
+    fn apps_in(metric: &IntCounterVec) -> Vec<String> {
+        let mut apps: Vec<String> = metric
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric().iter())
+            .flat_map(|series| series.get_label().iter())
+            .filter(|pair| pair.get_name() == "app")
+            .map(|pair| pair.get_value().to_string())
+            .collect();
+        apps.sort();
+        apps
+    }
+
+    #[test]
+    fn forgetting_apps_removes_each_of_their_series_and_only_theirs() {
+        let metric = IntCounterVec::new(Opts::new("t_total", "t"), &["result", "app"])
+            .expect("a valid metric");
+        for (app, result) in [
+            ("gone", "pass"),
+            ("gone", "blocked"),
+            ("also-gone", "pass"),
+            ("kept", "pass"),
+            ("kept", "blocked"),
+        ] {
+            metric.with_label_values(&[result, app]).inc();
+        }
+        let deleted: HashSet<String> = ["gone", "also-gone", "never-seen"].map(String::from).into();
+        forget_series(&metric, &deleted);
+        assert_eq!(apps_in(&metric), ["kept", "kept"]);
+        // A series asked for again after the forgetting starts from zero.
+        metric.with_label_values(&["pass", "gone"]).inc();
+        assert_eq!(metric.with_label_values(&["pass", "gone"]).get(), 1);
+    }
 }

@@ -5,10 +5,10 @@
 //! every answer found its child by hashing the app's name under a lock. Here an app has one
 //! slot of six counters, created with its first route and kept by every later version of it,
 //! which the request path increments directly; the exposition walks the table at scrape
-//! time. The table holds one slot per app that had a route built, so it is bounded by the
-//! stored apps, as the labels were.
+//! time. The table holds one slot per app that had a route built and was not deleted since
+//! (routing/deleted_apps.rs), so it is bounded by the stored apps.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -110,6 +110,26 @@ impl RequestCounts {
         let slot = Arc::<AppRequests>::default();
         apps.insert(app.into(), slot.clone());
         slot
+    }
+
+    /// Whether `app` has a slot: a route of it was built here, so it may have series.
+    pub(crate) fn has(&self, app: &str) -> bool {
+        self.apps.lock().contains_key(app)
+    }
+
+    /// Drops the slots of those of `apps` (deleted) that no route holds, and names them: a
+    /// slot held by a route belongs to an app built again under that name (or to a request
+    /// still under way on the deleted one) and is kept.
+    pub(crate) fn forget_unheld(&self, apps: &HashSet<String>) -> HashSet<String> {
+        let mut forgotten = HashSet::new();
+        self.apps.lock().retain(|app, slot| {
+            let gone = apps.contains(app.as_ref()) && Arc::strong_count(slot) == 1;
+            if gone {
+                forgotten.insert(app.to_string());
+            }
+            !gone
+        });
+        forgotten
     }
 
     /// Calls `visit` with every app's slot (under the table's lock: keep it short).

@@ -11,6 +11,7 @@ use tokio::sync::broadcast::{error::RecvError, Receiver};
 use tokio::sync::{watch, Mutex};
 
 use crate::metrics;
+use crate::routing::deleted_apps::FORGET_EVERY;
 use crate::routing::drain::ConnectionDrain;
 use crate::routing::names::BackendNames;
 use crate::routing::recent_changes::RecentChanges;
@@ -96,6 +97,8 @@ impl ChangeFollower {
     /// Runs until `shutdown` changes.
     pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut changes = self.changes.lock().await;
+        let mut forget_deleted = tokio::time::interval(FORGET_EVERY);
+        forget_deleted.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let names_changed = async {
                 match &self.names {
@@ -109,6 +112,10 @@ impl ChangeFollower {
                     if let Some(names) = &self.names {
                         self.apply_new_addresses(names);
                     }
+                    continue;
+                }
+                _ = forget_deleted.tick() => {
+                    self.routes.forget_deleted_apps();
                     continue;
                 }
                 _ = shutdown.changed() => return,

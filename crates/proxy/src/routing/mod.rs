@@ -8,6 +8,7 @@ pub(crate) mod app_requests;
 pub(crate) mod attempt;
 pub(crate) mod balancer;
 pub(crate) mod connections;
+pub(crate) mod deleted_apps;
 pub(crate) mod drain;
 pub(crate) mod explain;
 pub(crate) mod follower;

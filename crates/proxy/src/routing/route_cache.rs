@@ -20,6 +20,7 @@ use crate::metrics;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::app_requests::{AppRequests, REQUEST_COUNTS};
 use crate::routing::balancer::Upstream;
+use crate::routing::deleted_apps::DeletedApps;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
 
@@ -88,6 +89,8 @@ pub struct RouteCache {
     response_budget: Arc<CacheBudget>,
     /// Addresses of backends given by name; without it, named backends get no address.
     names: Option<Arc<BackendNames>>,
+    /// Apps deleted since their metric series were last forgotten.
+    deleted: DeletedApps,
 }
 
 impl RouteCache {
@@ -108,6 +111,7 @@ impl RouteCache {
             health_checked: Mutex::new(HashSet::new()),
             response_budget: CacheBudget::new(limits.response_bytes),
             names: None,
+            deleted: DeletedApps::default(),
         }
     }
 
@@ -235,6 +239,7 @@ impl RouteCache {
                     });
                 }
                 self.refresh_app(name).await;
+                self.note_if_deleted(name).await;
             }
             Change::Resync => self.resync().await,
             Change::CachePurge { app, path, prefix } => {
@@ -278,6 +283,23 @@ impl RouteCache {
         }
     }
 
+    /// Notes `name` as deleted when a route of it was built here (so it may have metric
+    /// series) and the store no longer has it; a full batch is forgotten at once.
+    async fn note_if_deleted(&self, name: &str) {
+        if self.apps.get(name).is_some() || !REQUEST_COUNTS.has(name) {
+            return;
+        }
+        if let Ok(None) = self.store.get_app(name).await {
+            self.deleted.note(name);
+        }
+    }
+
+    /// Forgets the metric series of the apps deleted since the last call, on the blocking
+    /// pool, without waiting for it.
+    pub(crate) fn forget_deleted_apps(&self) {
+        self.deleted.forget_noted();
+    }
+
     /// Revalidates every cached entry after events may have been missed. Entries are checked
     /// one by one against the store rather than flushed, so traffic keeps hitting the cache.
     async fn resync(&self) {
@@ -301,6 +323,7 @@ impl RouteCache {
             };
             if !unchanged {
                 self.refresh_app(&name).await;
+                self.note_if_deleted(&name).await;
             }
         }
     }
@@ -431,6 +454,7 @@ fn build_route(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
     use switchyard_model::parse_app_spec;
 
     /// An app as a store returns it: read back from its JSON.
@@ -525,6 +549,68 @@ mod tests {
         let after = after.expect("routed once the event is applied");
         assert!(!Arc::ptr_eq(&first, &after), "the route was rebuilt");
         assert_eq!(after.app.domains.len(), 2);
+    }
+
+    /// Whether `/metrics` (the default registry) has a series labelled `app="{app}"`.
+    fn exported_for(app: &str) -> bool {
+        prometheus::gather()
+            .iter()
+            .flat_map(|family| family.get_metric().iter())
+            .flat_map(|series| series.get_label().iter())
+            .any(|pair| pair.get_name() == "app" && pair.get_value() == app)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deleted_apps_series_are_forgotten_in_the_next_batch_and_the_others_stay() {
+        // Names of their own: the registry is the process's, shared with other tests.
+        let names = [
+            "deleted-apps-leaving",
+            "deleted-apps-staying",
+            "deleted-apps-back",
+        ];
+        let host = |name: &str| format!("{name}.test");
+        let apps: Vec<App> = names.iter().map(|n| app(n, &[&host(n)])).collect();
+        let (cache, store, _dir) = cache_with(&apps).await;
+        let [leaving, staying, back] = names;
+        for name in names {
+            let route = cache.resolve(&host(name)).await.expect("answers");
+            route.expect("routed").requests.record(200, None);
+            metrics::CACHE_REQUESTS
+                .with_label_values(&[name, "MISS"])
+                .inc();
+            assert!(exported_for(name));
+        }
+        for name in [leaving, back] {
+            assert!(store.delete_app(name).await.expect("deleted"));
+            cache
+                .apply(&switchyard_model::Change::App {
+                    name: name.into(),
+                    domains: vec![host(name)],
+                })
+                .await;
+        }
+        // Created again before the batch, and asked for: its new route holds the slot.
+        store.put_app(apps[2].clone()).await.expect("stored again");
+        let change = switchyard_model::Change::App {
+            name: back.into(),
+            domains: vec![host(back)],
+        };
+        cache.apply(&change).await;
+        let again = cache.resolve(&host(back)).await.expect("answers");
+        assert!(again.is_some());
+        // Noted, not yet forgotten: that is done in batches, on the blocking pool.
+        assert!(exported_for(leaving));
+        cache.forget_deleted_apps();
+        let started = Instant::now();
+        while exported_for(leaving) {
+            assert!(started.elapsed() < Duration::from_secs(5), "still exported");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!REQUEST_COUNTS.has(leaving));
+        for kept in [staying, back] {
+            assert!(exported_for(kept), "{kept}'s series stay");
+            assert!(REQUEST_COUNTS.has(kept));
+        }
     }
 
     #[test]
