@@ -447,19 +447,24 @@ switchyard_metrics::declare_metrics! {
 
 /// Removes every series of the per-app metrics labelled with one of `apps` (deleted).
 pub(crate) fn forget_apps(apps: &HashSet<String>) {
-    forget_series(&UPSTREAM_ERRORS, apps);
-    forget_series(&LIMIT_DECISIONS, apps);
-    forget_series(&APP_IN_FLIGHT, apps);
-    forget_series(&HEALTH_TRANSITIONS, apps);
-    forget_series(&MIRROR_SENT, apps);
-    forget_series(&MIRROR_DROPPED, apps);
-    forget_series(&MIRROR_IN_FLIGHT, apps);
+    let counters = [
+        &UPSTREAM_ERRORS,
+        &LIMIT_DECISIONS,
+        &HEALTH_TRANSITIONS,
+        &MIRROR_SENT,
+        &MIRROR_DROPPED,
+        &CACHE_REQUESTS,
+        &WAF_INSPECTIONS,
+        &WAF_BODY_UNINSPECTED,
+        &IMAGE_REQUESTS,
+    ];
+    for metric in counters {
+        forget_series(metric, apps);
+    }
+    for metric in [&APP_IN_FLIGHT, &MIRROR_IN_FLIGHT, &CACHE_BYTES] {
+        forget_series(metric, apps);
+    }
     forget_series(&MIRROR_DURATION, apps);
-    forget_series(&CACHE_REQUESTS, apps);
-    forget_series(&CACHE_BYTES, apps);
-    forget_series(&WAF_INSPECTIONS, apps);
-    forget_series(&WAF_BODY_UNINSPECTED, apps);
-    forget_series(&IMAGE_REQUESTS, apps);
 }
 
 /// Removes the series of `metric` whose `app` label is one of `apps`, whatever its other
