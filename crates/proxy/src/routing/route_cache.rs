@@ -75,6 +75,14 @@ pub struct RouteCacheLimits {
     pub response_bytes: u64,
 }
 
+/// What the store said of an app when a change was applied.
+enum Stored {
+    Present,
+    Gone,
+    /// Not asked (the app was not cached) or not readable.
+    Unknown,
+}
+
 /// The in-process routing view over the store.
 pub struct RouteCache {
     store: Arc<dyn Store>,
@@ -238,8 +246,8 @@ impl RouteCache {
                         self.domains.remove(domain);
                     });
                 }
-                self.refresh_app(name).await;
-                self.note_if_deleted(name).await;
+                let stored = self.refresh_app(name).await;
+                self.note_if_deleted(name, stored).await;
             }
             Change::Resync => self.resync().await,
             Change::CachePurge { app, path, prefix } => {
@@ -252,11 +260,12 @@ impl RouteCache {
         self.publish_sizes();
     }
 
-    async fn refresh_app(&self, name: &str) {
+    /// Rebuilds a cached app from the store, or drops it; what the store said of it.
+    async fn refresh_app(&self, name: &str) -> Stored {
         let Some(previous) = self.apps.get(name) else {
             // Bump anyway: a fill for this app may be in flight with the old value.
             self.invalidate(name, || {});
-            return;
+            return Stored::Unknown;
         };
         match self.store.get_app(name).await {
             Ok(Some(app)) => {
@@ -265,12 +274,14 @@ impl RouteCache {
                 self.note_health_check(&route);
                 self.invalidate(name, || self.apps.insert(name.to_string(), route.clone()));
                 previous.upstream.retire_missing_from(&route.upstream);
+                Stored::Present
             }
             Ok(None) => {
                 self.invalidate(name, || {
                     self.apps.remove(name);
                 });
                 previous.upstream.retire_all();
+                Stored::Gone
             }
             Err(e) => {
                 // Dropping the entry makes the next request read the store again, which is
@@ -279,17 +290,25 @@ impl RouteCache {
                 self.invalidate(name, || {
                     self.apps.remove(name);
                 });
+                Stored::Unknown
             }
         }
     }
 
     /// Notes `name` as deleted when a route of it was built here (so it may have metric
-    /// series) and the store no longer has it; a full batch is forgotten at once.
-    async fn note_if_deleted(&self, name: &str) {
-        if self.apps.get(name).is_some() || !REQUEST_COUNTS.has(name) {
+    /// series) and the store no longer has it; a full batch is forgotten at once. The store
+    /// is asked only when the refresh did not ask it (the app was not cached) or could not
+    /// read it.
+    async fn note_if_deleted(&self, name: &str, stored: Stored) {
+        if !REQUEST_COUNTS.has(name) {
             return;
         }
-        if let Ok(None) = self.store.get_app(name).await {
+        let gone = match stored {
+            Stored::Gone => true,
+            Stored::Present => false,
+            Stored::Unknown => matches!(self.store.get_app(name).await, Ok(None)),
+        };
+        if gone {
             self.deleted.note(name);
         }
     }
@@ -322,8 +341,8 @@ impl RouteCache {
                 _ => false,
             };
             if !unchanged {
-                self.refresh_app(&name).await;
-                self.note_if_deleted(&name).await;
+                let stored = self.refresh_app(&name).await;
+                self.note_if_deleted(&name, stored).await;
             }
         }
     }
