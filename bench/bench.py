@@ -93,10 +93,15 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(pid):
-    """utime + stime of the process and its children (nginx's workers), in seconds."""
+def process_tree(pid):
+    """The process and its children (nginx's workers)."""
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return sum(cpu_seconds(p) for p in [pid, *map(int, children)])
+    return [pid, *map(int, children)]
+
+
+def tree_cpu_seconds(pid):
+    """utime + stime of the process and its children, in seconds."""
+    return sum(cpu_seconds(p) for p in process_tree(pid))
 
 
 def rss_kib(pid):

@@ -55,7 +55,6 @@ from bench import (ROOT, Process, free_port, nginx_app_conf, nginx_conf, put_app
 
 HOST = "app7.bench"
 TARGET = ROOT / "target" / "release"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS = ROOT / "bench" / "results" / "engines.json"
 REPORT = ROOT / "bench" / "ENGINE.md"
 MARK_START = "<!-- measured: written by bench/engines/run.py -->"
@@ -64,22 +63,8 @@ MARK_END = "<!-- end of measured -->"
 
 # ------------------------------------------------------------------ process accounting
 
-def tree(pid):
-    """The process and its children (nginx's workers)."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [pid, *map(int, children)]
-
-
-def cpu_seconds(pid):
-    total = 0
-    for p in tree(pid):
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / CLK_TCK
-
-
 def resident_kib(pid):
-    return sum(bench.rss_kib(p) for p in tree(pid))
+    return sum(bench.rss_kib(p) for p in bench.process_tree(pid))
 
 
 # ------------------------------------------------------------------ the proxies
@@ -222,7 +207,7 @@ PROXIES = {
 
 def constant_rate(proxy, port, status_port, rate, seconds, scheme="http", keepalive=True):
     target = f"GET {scheme}://127.0.0.1:{port}/\nHost: {HOST}\n"
-    accepts_before, cpu_before = origin_accepts(status_port), cpu_seconds(proxy.pid)
+    accepts_before, cpu_before = origin_accepts(status_port), bench.tree_cpu_seconds(proxy.pid)
     # At most 64 requests under way: past that, a late answer would make vegeta open yet
     # another connection (a handshake each over TLS) and tip the machine into a storm of
     # thousands of them; a proxy that falls behind shows it as a lower rate achieved.
@@ -234,7 +219,7 @@ def constant_rate(proxy, port, status_port, rate, seconds, scheme="http", keepal
          f"-keepalive={'true' if keepalive else 'false'}", "-connections=64", "-workers=64",
          "-max-workers=64", "-http2=false", "-insecure"],
         input=target.encode(), check=True, capture_output=True).stdout
-    cpu = cpu_seconds(proxy.pid) - cpu_before
+    cpu = bench.tree_cpu_seconds(proxy.pid) - cpu_before
     accepts = origin_accepts(status_port) - accepts_before
     summary = bench.vegeta_summary(attack)
     answered = max(int(summary["requests"] * summary["success"]), 1)
@@ -254,9 +239,9 @@ def closed_loop(port, seconds):
 
 
 def idle_cpu(proxy, seconds):
-    before = cpu_seconds(proxy.pid)
+    before = bench.tree_cpu_seconds(proxy.pid)
     time.sleep(seconds)
-    return {"seconds": seconds, "cpu_ms_per_s": (cpu_seconds(proxy.pid) - before) * 1000 / seconds}
+    return {"seconds": seconds, "cpu_ms_per_s": (bench.tree_cpu_seconds(proxy.pid) - before) * 1000 / seconds}
 
 
 def keepalive_memory(proxy, port, count):
