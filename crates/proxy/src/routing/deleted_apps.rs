@@ -7,9 +7,11 @@
 //! apps at once costs one walk, not a thousand.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 
 use crate::metrics;
 use crate::routing::app_requests::REQUEST_COUNTS;
@@ -23,12 +25,13 @@ const MOST_NOTED: usize = 65_536;
 /// Apps deleted since the last batch was forgotten.
 #[derive(Debug, Default)]
 pub(crate) struct DeletedApps {
-    noted: Mutex<HashSet<String>>,
+    /// Shared with the batch under way, which notes again the apps it had to keep.
+    noted: Arc<Mutex<HashSet<String>>>,
 }
 
 impl DeletedApps {
     /// Notes that `app` was deleted; when that fills the set, the batch is forgotten now.
-    pub(crate) fn note(&self, app: &str) {
+    pub(crate) fn note(&self, app: &str, routed: impl Fn(&str) -> bool) {
         let full = {
             let mut noted = self.noted.lock();
             noted.insert(app.to_string());
@@ -36,26 +39,48 @@ impl DeletedApps {
             noted.len() >= MOST_NOTED
         };
         if full {
-            self.forget_noted();
+            // Not waited for: the batch runs beside the change follower.
+            let _batch = self.forget_noted(routed);
         }
+    }
+
+    /// Whether `app` waits for the next batch.
+    #[cfg(test)]
+    pub(crate) fn is_noted(&self, app: &str) -> bool {
+        self.noted.lock().contains(app)
     }
 
     /// Forgets the series of every app noted so far, on the blocking pool, without waiting:
-    /// the change follower that calls it goes on applying changes meanwhile.
-    pub(crate) fn forget_noted(&self) {
-        let apps = std::mem::take(&mut *self.noted.lock());
+    /// the change follower that calls it goes on applying changes meanwhile. An app
+    /// `routed` says has a route again was created anew and its series are the new app's;
+    /// one whose slot requests under way still hold is noted again for the next batch, so
+    /// the series those requests add as they finish leave too.
+    pub(crate) fn forget_noted(&self, routed: impl Fn(&str) -> bool) -> Option<JoinHandle<()>> {
+        let mut apps = std::mem::take(&mut *self.noted.lock());
+        apps.retain(|app| !routed(app));
         metrics::DELETED_APPS_NOTED.set(0);
-        if !apps.is_empty() {
-            tokio::task::spawn_blocking(move || forget(&apps));
+        if apps.is_empty() {
+            return None;
         }
+        let noted = self.noted.clone();
+        Some(tokio::task::spawn_blocking(move || {
+            let held = forget(apps);
+            if !held.is_empty() {
+                let mut noted = noted.lock();
+                noted.extend(held);
+                metrics::DELETED_APPS_NOTED.set(noted.len() as i64);
+            }
+        }))
     }
 }
 
-/// Drops the request-count slots and every per-app series of those of `apps` that no route
-/// holds: an app created again under the same name since has a route holding its slot, and
-/// keeps its series. A request under way when its app was deleted may add a series back.
-pub(crate) fn forget(apps: &HashSet<String>) {
-    let gone = REQUEST_COUNTS.forget_unheld(apps);
+/// Drops the request-count slots and every per-app series of those of `apps` that nothing
+/// holds, and answers the others: their slots are held by requests under way (or by the
+/// route of an app created again under the name, not cached here).
+fn forget(mut apps: HashSet<String>) -> HashSet<String> {
+    let gone = REQUEST_COUNTS.forget_unheld(&apps);
     metrics::forget_apps(&gone);
     metrics::DELETED_APPS_FORGOTTEN.inc_by(gone.len() as u64);
+    apps.retain(|app| !gone.contains(app) && REQUEST_COUNTS.has(app));
+    apps
 }

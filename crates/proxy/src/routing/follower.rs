@@ -115,7 +115,8 @@ impl ChangeFollower {
                     continue;
                 }
                 _ = forget_deleted.tick() => {
-                    self.routes.forget_deleted_apps();
+                    // Not waited for: changes go on being applied meanwhile.
+                    let _batch = self.routes.forget_deleted_apps();
                     continue;
                 }
                 _ = shutdown.changed() => return,

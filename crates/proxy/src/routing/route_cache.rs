@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use quick_cache::sync::Cache;
 use switchyard_model::{App, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
+use tokio::task::JoinHandle;
 
 use crate::metrics;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
@@ -309,14 +310,14 @@ impl RouteCache {
             Stored::Unknown => matches!(self.store.get_app(name).await, Ok(None)),
         };
         if gone {
-            self.deleted.note(name);
+            self.deleted.note(name, |app| self.apps.contains_key(app));
         }
     }
 
     /// Forgets the metric series of the apps deleted since the last call, on the blocking
-    /// pool, without waiting for it.
-    pub(crate) fn forget_deleted_apps(&self) {
-        self.deleted.forget_noted();
+    /// pool; the batch, if there is one, for a caller that waits for it.
+    pub(crate) fn forget_deleted_apps(&self) -> Option<JoinHandle<()>> {
+        self.deleted.forget_noted(|app| self.apps.contains_key(app))
     }
 
     /// Revalidates every cached entry after events may have been missed. Entries are checked
@@ -473,7 +474,6 @@ fn build_route(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
     use switchyard_model::parse_app_spec;
 
     /// An app as a store returns it: read back from its JSON.
@@ -579,6 +579,11 @@ mod tests {
             .any(|pair| pair.get_name() == "app" && pair.get_value() == app)
     }
 
+    async fn forget_batch(cache: &RouteCache) {
+        let batch = cache.forget_deleted_apps().expect("a batch to forget");
+        batch.await.expect("the batch ran");
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_deleted_apps_series_are_forgotten_in_the_next_batch_and_the_others_stay() {
         // Names of their own: the registry is the process's, shared with other tests.
@@ -619,17 +624,49 @@ mod tests {
         assert!(again.is_some());
         // Noted, not yet forgotten: that is done in batches, on the blocking pool.
         assert!(exported_for(leaving));
-        cache.forget_deleted_apps();
-        let started = Instant::now();
-        while exported_for(leaving) {
-            assert!(started.elapsed() < Duration::from_secs(5), "still exported");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        forget_batch(&cache).await;
+        assert!(!exported_for(leaving));
         assert!(!REQUEST_COUNTS.has(leaving));
         for kept in [staying, back] {
             assert!(exported_for(kept), "{kept}'s series stay");
             assert!(REQUEST_COUNTS.has(kept));
         }
+        // The app created again is the new app's for good, not noted for the next batch.
+        assert!(!cache.deleted.is_noted(back));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_app_deleted_under_a_request_is_forgotten_in_the_batch_after_the_request_ends() {
+        let name = "deleted-apps-under-a-request";
+        let host = format!("{name}.test");
+        let (cache, store, _dir) = cache_with(&[app(name, &[&host])]).await;
+        let under_way = cache
+            .resolve(&host)
+            .await
+            .expect("answers")
+            .expect("routed");
+        assert!(store.delete_app(name).await.expect("deleted"));
+        cache
+            .apply(&switchyard_model::Change::App {
+                name: name.into(),
+                domains: vec![host.clone()],
+            })
+            .await;
+        // The request holds the slot through the first batch: kept, and noted again.
+        forget_batch(&cache).await;
+        assert!(cache.deleted.is_noted(name));
+        assert!(REQUEST_COUNTS.has(name));
+        // What it counts as it ends must leave with the next batch.
+        under_way.requests.record(200, None);
+        metrics::CACHE_REQUESTS
+            .with_label_values(&[name, "MISS"])
+            .inc();
+        drop(under_way);
+        assert!(exported_for(name));
+        forget_batch(&cache).await;
+        assert!(!exported_for(name));
+        assert!(!REQUEST_COUNTS.has(name));
+        assert!(!cache.deleted.is_noted(name));
     }
 
     #[test]
