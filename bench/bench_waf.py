@@ -286,8 +286,9 @@ FIRST_BURST_CONNECTIONS = 400
 def first_burst(work, origin_port, seconds, procs):
     """A router started a moment ago, whose pool has timed no inspection yet, met at once by
     400 wrk connections of 50 KB inspected POSTs: how its answers split between inspected,
-    refused early (503 + Retry-After before queueing) and refused at the deadline (queued,
-    then timed out: what the issue's "never a timeout" rules out)."""
+    refused early (503 + Retry-After before queueing), shed from the queue before the
+    deadline, and refused at the deadline (queued, then timed out: what the issue's "never a
+    timeout" rules out)."""
     common.wait_for_quiet()
     sy, port = start_switchyard(work, origin_port)
     procs.append(sy)
@@ -295,11 +296,7 @@ def first_burst(work, origin_port, seconds, procs):
     out = subprocess.run(
         ["wrk", "-t1", f"-c{FIRST_BURST_CONNECTIONS}", f"-d{seconds}s", "-s", str(script), "--timeout", "6s",
          f"http://127.0.0.1:{port}/comments"], check=True, capture_output=True, text=True).stdout
-    counted = {name: common.metric(sy.admin_port, series) or 0 for name, series in (
-        ("inspected", 'switchyard_waf_requests_total{app="shop",result="pass"}'),
-        ("refused_early", 'switchyard_pool_rejected_total{reason="would_miss_deadline",stage="waf"}'),
-        ("refused_full", 'switchyard_pool_rejected_total{reason="queue_full",stage="waf"}'),
-        ("timed_out", 'switchyard_pool_timeouts_total{stage="waf"}'))}
+    counted = pool_outcomes(sy.admin_port)
     sy.stop()
     row = {"connections": FIRST_BURST_CONNECTIONS, **counted, "wrk_errors": common.parse_wrk(out)[1]}
     print(f"first burst: {row}", flush=True)

@@ -441,11 +441,13 @@ def waf_report(w, date):
         lines += light_route_targets(w, "isolation_retry_after", "heavy")
     burst = w.get("first_burst")
     if burst:
-        refused = burst["refused_early"] + burst["refused_full"]
+        # Earlier runs recorded the refusals split by reason, and no shed count.
+        refused = burst.get("refused", burst.get("refused_early", 0) + burst.get("refused_full", 0))
+        shed = f"{burst['shed']:.0f} shed before the deadline, " if "shed" in burst else ""
         lines.append(f"- heavy requests not queued to wait out their deadline by a router started a moment "
                      f"ago (its pool has timed nothing) met by {burst['connections']} connections at once "
                      f"for {w['seconds']} s: {burst['inspected']:.0f} inspected, {refused:.0f} refused "
-                     f"early, {burst['timed_out']:.0f} refused at the deadline (wrk: "
+                     f"early, {shed}{burst['timed_out']:.0f} refused at the deadline (wrk: "
                      f"{'; '.join(burst['wrk_errors']) or 'no errors'}) → "
                      f"**{'met' if burst['timed_out'] == 0 else 'NOT met'}**")
     counted = [r["pool"] for key in ("isolation", "isolation_retry_after") for r in w.get(key, [])
