@@ -366,7 +366,8 @@ async fn proxy(
     // A request that will wait for no worker is what the workers give way for; one that
     // will (an inspection, a resize) is the heavy work itself.
     let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
-    if !inspected && !images::wants_resize(ctx, &head) {
+    let resized = shared.images.is_some() && images::wants_resize(ctx, &head);
+    if !inspected && !resized {
         ctx.light = Some(LightRequest::start());
     }
     if let Some(limits) = route.app.limits.as_deref() {
