@@ -17,7 +17,8 @@ of nice-10 workers (`--pool-sched nice`), and forced inline on the event loops
 Thumbnails per second alone (64 connections) are measured for this build and, with
 `SWITCHYARD_BASELINE_BIN=path/to/switchyard` (an earlier commit's release build, named by
 `SWITCHYARD_BASELINE_COMMIT`), for that one in the same run. While 400 connections saturate the pool, a probe sends 200 thumbnail
-requests one by one and times the 503 answers (target: refused in under 5 ms).
+requests one by one and times the 503 answers (target: refused in under 5 ms). The machine's
+floor: the light route beside two `SCHED_IDLE` processes burning CPU and no heavy request.
 
 The decode floor: libjpeg-turbo's own tjbench decodes the same original at the scale the
 router decodes it (3/8: 450×300, the smallest at least 320×240) on one core, in the same run;
@@ -35,7 +36,7 @@ import time
 
 import bench as common
 import report
-from bench_waf import LIGHT_HOST, LIGHT_RATE, honouring_retry_after, isolation
+from bench_waf import LIGHT_HOST, LIGHT_RATE, honouring_retry_after, idle_neighbour_floor, isolation
 
 GALLERY_HOST = "gallery.bench"
 # The same gallery with a resize deadline the queue that 400 connections keep cannot meet:
@@ -201,6 +202,7 @@ def measure(work, seconds, procs):
                                "alone_errors": base_errors}
         print(f"baseline {baseline}: {base_rps:.0f} thumbnails/s {base_errors}", flush=True)
     results["refusals"] = refusal_times(port, script, seconds)
+    results["idle_neighbour"] = idle_neighbour_floor(port, seconds)
     results["isolation"] = isolation(port, script, THUMBNAIL, seconds, "pool", thumbnails_per_s)
     results["isolation_retry_after"] = isolation(port, honouring_retry_after(script), THUMBNAIL, seconds,
                                                  "pool, clients honour Retry-After", thumbnails_per_s)

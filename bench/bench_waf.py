@@ -18,7 +18,8 @@ Part 2, light beside heavy (seed 001): a light GET route (an app without the WAF
 constant 500 req/s (vegeta, 1 s timeout), alone and while wrk keeps 100, 200 and 400
 connections of 50 KB inspected POSTs going; light p50/p99 and timeouts, heavy p50/p99 and
 errors. Twice: inspections on the worker pool, and forced inline on the event loops
-(`--pool-mode inline`, what a router without a pool does).
+(`--pool-mode inline`, what a router without a pool does). Beside them, the machine's floor:
+the light route beside two `SCHED_IDLE` processes burning CPU and no heavy request.
 Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
 """
 
@@ -202,6 +203,37 @@ def light_latency(port, seconds):
     return common.vegeta_summary(out)
 
 
+# A process that burns CPU at the lowest priority, as a worker pool's thread does.
+IDLE_SPINNER = ("import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+                "while True:\n    pass\n")
+FLOOR_ROUNDS = 3
+
+
+def idle_neighbour_floor(port, seconds):
+    """The machine's own floor under seed 001's ratio: the light route alone, then beside as
+    many `SCHED_IDLE` processes burning CPU as the pool has workers, and no heavy request at
+    all: what a lowest-priority neighbour costs the light route on this machine before the
+    router does any heavy work. Alternated FLOOR_ROUNDS times; the ratio of the medians."""
+    rounds = []
+    for _ in range(FLOOR_ROUNDS):
+        common.wait_for_quiet()
+        alone = light_latency(port, seconds)
+        spinners = [subprocess.Popen([sys.executable, "-c", IDLE_SPINNER]) for _ in range(common.THREADS)]
+        try:
+            beside = light_latency(port, seconds)
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+        rounds.append({"alone_p99_ms": alone["p99_ms"], "beside_p99_ms": beside["p99_ms"],
+                       "beside_success": beside["success"]})
+        print(f"idle neighbours: light p99 alone {alone['p99_ms']:.2f} ms, beside {common.THREADS} "
+              f"SCHED_IDLE spinners {beside['p99_ms']:.2f} ms", flush=True)
+    ratio = (statistics.median(r["beside_p99_ms"] for r in rounds)
+             / statistics.median(r["alone_p99_ms"] for r in rounds))
+    return {"spinners": common.THREADS, "rounds": rounds, "ratio": round(ratio, 2)}
+
+
 def light_beside_heavy(port, script, url_path, seconds, connections):
     """Light latency while `connections` wrk clients run `script` against `url_path`; the
     heavy requests' rate, errors and latency (p50/p99) and wrk's output."""
@@ -347,6 +379,7 @@ def measure(work, seconds, procs):
 
     # nginx has done its part: only one proxy under load from here on.
     ng.stop()
+    results["idle_neighbour"] = idle_neighbour_floor(sy_port, seconds)
     script = post_script(work, 50_000)
     # The light route through Switchyard: alone, then beside heavy inspected POSTs; on the
     # pool, then with the same router forced to inspect inline.

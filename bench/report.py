@@ -376,6 +376,15 @@ def light_route_targets(section, key, heavy):
                      f"{ratio:.2f}× ({r['p99_ms'] / isolation[0]['p99_ms']:.2f}× this set's alone row, "
                      f"{r['p99_ms'] / samples[0]:.2f}× the lowest sample) → "
                      f"**{'met' if ratio <= 1.5 else 'NOT met'}**")
+    floor = section.get("idle_neighbour")
+    if floor and key == "isolation":
+        rounds = floor["rounds"]
+        alone = ", ".join(f"{r['alone_p99_ms']:.2f}" for r in rounds)
+        beside = ", ".join(f"{r['beside_p99_ms']:.2f}" for r in rounds)
+        lines.append(f"- beside it, this machine's floor (no heavy request; {floor['spinners']} `SCHED_IDLE` "
+                     f"processes burning CPU, as a pool's workers would): light p99 {floor['ratio']:.2f}× "
+                     f"its alone value (medians of {len(rounds)} alternated rounds: alone {alone} ms, "
+                     f"beside {beside} ms)")
     last = isolation[-1]
     lines.append(f"- 0% light timeouts at {last['connections']} {heavy} connections: measured "
                  f"{(1 - last['success']) * 100:.2f}% → **{'met' if last['success'] >= 1 else 'NOT met'}**")
