@@ -79,7 +79,18 @@ impl GiveWay {
 
     /// Runs `task` with the checks on: what it returned, and how it paused for others.
     pub fn run<T>(&self, task: impl FnOnce() -> T) -> (T, Paused) {
-        let running = sys::RunningWorker::enter();
+        self.run_pausing_at_most(Duration::MAX, task)
+    }
+
+    /// Runs `task` with the checks on until it has paused for `budget` in all, then runs it
+    /// to its end without pausing (a task that must end by a deadline reserves the time it
+    /// needs to run): what it returned, and how it paused for others.
+    pub fn run_pausing_at_most<T>(
+        &self,
+        budget: Duration,
+        task: impl FnOnce() -> T,
+    ) -> (T, Paused) {
+        let running = sys::RunningWorker::enter(budget);
         let value = task();
         drop(running);
         (value, sys::take_paused())
@@ -238,11 +249,9 @@ mod tests {
     /// The two tests that run tasks: one at a time, or one's busy threads make the other pause.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    /// Runs a 200 ms spinning task on a thread that gives way while `cpus` other threads
-    /// spin: how it paused, the CPU time it used and the wall time it took.
-    fn spin_beside_busy_cpus(give_way: &GiveWay, cpus: usize) -> (Paused, Duration, Duration) {
-        let stop = Arc::new(AtomicBool::new(false));
-        let spinners: Vec<_> = (0..cpus)
+    /// `count` threads spinning until `stop`.
+    fn busy_threads(count: usize, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+        (0..count)
             .map(|_| {
                 let stop = stop.clone();
                 std::thread::spawn(move || {
@@ -251,7 +260,14 @@ mod tests {
                     }
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// Runs a 200 ms spinning task on a thread that gives way while `cpus` other threads
+    /// spin: how it paused, the CPU time it used and the wall time it took.
+    fn spin_beside_busy_cpus(give_way: &GiveWay, cpus: usize) -> (Paused, Duration, Duration) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners = busy_threads(cpus, &stop);
         let wall = Instant::now();
         let cpu_before = own_cpu_time();
         let ((), paused) = give_way.run(|| {
@@ -284,6 +300,31 @@ mod tests {
             "ran {used:?} of {took:?} beside {cpus} busy threads ({paused:?})"
         );
         assert!(paused.slept >= took / 2, "{paused:?} of {took:?}");
+    }
+
+    #[test]
+    fn a_task_stops_pausing_once_it_has_slept_its_budget() {
+        let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let give_way = GiveWay::for_this_thread().expect("timer");
+        let light = LightRequest::start();
+        let budget = Duration::from_millis(30);
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners = busy_threads(sys::cpus(), &stop);
+        let wall = Instant::now();
+        let ((), paused) = give_way.run_pausing_at_most(budget, || {
+            while wall.elapsed() < Duration::from_millis(200) {
+                std::hint::spin_loop();
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        for spinner in spinners {
+            spinner.join().expect("spinner");
+        }
+        drop(light);
+        // Others wanted every CPU throughout: it slept its budget, and no more than one nap
+        // past it.
+        assert!(paused.slept >= budget / 2, "{paused:?}");
+        assert!(paused.slept <= budget + sys::NAP, "{paused:?}");
     }
 
     #[test]

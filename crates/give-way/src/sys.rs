@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 /// One sleep while others wait.
-const NAP: Duration = Duration::from_micros(100);
+pub(crate) const NAP: Duration = Duration::from_micros(100);
 /// The longest a worker sleeps in one check before running one period regardless.
 const LONGEST_GIVE_WAY: Duration = Duration::from_millis(20);
 
@@ -63,6 +63,8 @@ thread_local! {
     static RESUMED_UNTIL_NS: Cell<u64> = const { Cell::new(0) };
     static PAUSES: Cell<u64> = const { Cell::new(0) };
     static SLEPT_NS: Cell<u64> = const { Cell::new(0) };
+    /// How long the task under way may sleep in all (`SLEPT_NS` counts what it has).
+    static PAUSE_BUDGET_NS: Cell<u64> = const { Cell::new(u64::MAX) };
     /// This worker's timer and place, once it has them.
     static OWN_TIMER: Cell<Option<(libc::timer_t, usize)>> = const { Cell::new(None) };
 }
@@ -90,7 +92,9 @@ pub(crate) fn take_paused() -> crate::Paused {
 pub(crate) struct RunningWorker;
 
 impl RunningWorker {
-    pub(crate) fn enter() -> Self {
+    pub(crate) fn enter(pause_budget: Duration) -> Self {
+        let budget_ns = u64::try_from(pause_budget.as_nanos()).unwrap_or(u64::MAX);
+        PAUSE_BUDGET_NS.with(|c| c.set(budget_ns));
         RUNNING_WORKERS.fetch_add(1, Ordering::Relaxed);
         if let Some((_, place)) = OWN_TIMER.with(Cell::get) {
             // In task before looking at the count, and the first light request counts
@@ -300,7 +304,11 @@ extern "C" fn on_check(_signal: libc::c_int) {
 /// The check of a worker running a task, in its signal handler.
 fn check(place: usize) {
     let armed = WORKER_ARMED[place].load(Ordering::SeqCst);
-    if !light_traffic() {
+    let budget_left_ns = PAUSE_BUDGET_NS
+        .with(Cell::get)
+        .saturating_sub(SLEPT_NS.with(Cell::get));
+    // A task that has slept all its budget runs on, its checks off, until it ends.
+    if !light_traffic() || budget_left_ns == 0 {
         if armed {
             arm(Duration::ZERO);
         }
@@ -316,7 +324,8 @@ fn check(place: usize) {
     let fd = LOADAVG.load(Ordering::Relaxed);
     let mut slept = Duration::ZERO;
     // Until the light traffic stops, too: what still waits then is heavy work.
-    while slept < LONGEST_GIVE_WAY && light_traffic() {
+    let longest = LONGEST_GIVE_WAY.min(Duration::from_nanos(budget_left_ns));
+    while slept < longest && light_traffic() {
         let Some(runnable) = runnable_threads(fd) else {
             break;
         };

@@ -24,7 +24,9 @@
 //! Workers are scheduled `SCHED_IDLE` by default and give way (crates/give-way): while light
 //! requests are under way they run only on CPU no other thread wants, so a saturated pool
 //! cannot delay a light request (seed 001); with none, nothing waits but heavy work, and
-//! they run as `SCHED_IDLE` lets them. `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
+//! they run as `SCHED_IDLE` lets them. A running task gives way only while its deadline
+//! leaves room: once twice its stage's CPU time is all that is left, it runs to its end.
+//! `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
 //! while a preempted loop waits; nice 10 (the setting before it) still gives the workers a
 //! share and lets a waking worker preempt a loop; `--pool-sched idle-kernel|nice|pinned`
 //! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
@@ -57,6 +59,13 @@ const RUN_TIME_SMOOTHING: f64 = 0.05;
 /// with half, 35–77, and no fewer inspected (26–29 a second against 19–25: the queue stays
 /// full, only shorter).
 const DEADLINE_HEADROOM: f64 = 0.5;
+
+/// CPU time a running task keeps in hand before its deadline, in multiples of its stage's
+/// average: its pauses for light traffic stop once only that much time is left, and it runs
+/// to its end. An admitted task that gave way past its deadline was answered 503 at the
+/// deadline after its work was done: the "never a timeout" of issue 22 broken by the pool's
+/// own courtesy (0–3 a row in bench_waf beside the light route).
+const CPU_KEPT_BEFORE_DEADLINE: f64 = 2.0;
 
 /// How worker threads share the CPU with the event loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -485,6 +494,15 @@ fn thread_cpu_time() -> Duration {
         .map_or(Duration::ZERO, Duration::from)
 }
 
+/// How long a task starting at `started` may pause for light traffic: the time left before
+/// its deadline, less [`CPU_KEPT_BEFORE_DEADLINE`] times what its stage's tasks cost.
+fn pause_budget(deadline: Instant, started: Instant, times: RunTimes) -> Duration {
+    let kept = Duration::from_nanos((times.cpu_ns * CPU_KEPT_BEFORE_DEADLINE) as u64);
+    deadline
+        .saturating_duration_since(started)
+        .saturating_sub(kept)
+}
+
 fn work(queue: &Queue, give_way: Option<&GiveWay>) {
     loop {
         let (task, shed) = {
@@ -514,7 +532,8 @@ fn work(queue: &Queue, give_way: Option<&GiveWay>) {
         let run = || (task.run)(Order::Run);
         let deliver = match give_way {
             Some(give_way) => {
-                let (deliver, paused) = give_way.run(run);
+                let budget = pause_budget(task.deadline, started, queue.run_times(task.stage));
+                let (deliver, paused) = give_way.run_pausing_at_most(budget, run);
                 if paused.times > 0 {
                     metrics::POOL_GAVE_WAY.inc_by(paused.times);
                     metrics::POOL_GAVE_WAY_SECONDS.inc_by(paused.slept.as_secs_f64());
@@ -783,6 +802,27 @@ mod tests {
             assert_eq!(taken_late, Ok(()));
             assert_eq!(holding.await.expect("joined"), Ok(()));
         });
+    }
+
+    #[test]
+    fn a_task_may_pause_until_only_twice_its_cpu_time_is_left() {
+        let started = Instant::now();
+        let times = RunTimes {
+            cpu_ns: 30e6,
+            wall_ns: 500e6,
+        };
+        let budget =
+            |left_ms| pause_budget(started + Duration::from_millis(left_ms), started, times);
+        assert_eq!(budget(100), Duration::from_millis(40));
+        assert_eq!(budget(60), Duration::ZERO);
+        assert_eq!(budget(10), Duration::ZERO);
+        // Never timed: nothing to keep in hand.
+        let untimed = pause_budget(
+            started + Duration::from_millis(100),
+            started,
+            RunTimes::default(),
+        );
+        assert_eq!(untimed, Duration::from_millis(100));
     }
 
     #[test]
