@@ -342,6 +342,8 @@ fn parse(images: &Images, path: &str, query: Option<&str>) -> Result<Asked, Stri
 struct Original {
     /// The original as it arrived: joined on the pool, not on an event loop, where copying
     /// half a megabyte per thumbnail was the loops' largest cost beside busy image clients.
+    /// The pieces keep hyper's read buffers alive: at most `max_source_bytes` of data plus
+    /// the unused end of the last buffer (hyper's client reads at most 408 KiB at a time).
     pieces: Vec<Bytes>,
     cache_control: Option<String>,
 }
