@@ -19,6 +19,8 @@ Thumbnails per second alone (64 connections) are measured for this build and, wi
 `SWITCHYARD_BASELINE_COMMIT`), for that one in the same run. While 400 connections saturate the pool, a probe sends 200 thumbnail
 requests one by one and times the 503 answers (target: refused in under 5 ms). The machine's
 floor: the light route beside two `SCHED_IDLE` processes burning CPU and no heavy request.
+CPU per thumbnail at a constant 50/s (vegeta; utime + stime of the router, and of its event
+loops, ÷ thumbnails; three alternated runs with the baseline's build when it is given).
 
 The decode floor: libjpeg-turbo's own tjbench decodes the same original at the scale the
 router decodes it (3/8: 450×300, the smallest at least 320×240) on one core, in the same run;
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import bench as common
 import report
@@ -135,6 +138,57 @@ def thumbnails_alone(port, script, seconds):
     return thumbnails_per_s({"heavy_errors": errors}, out)["thumbnails_per_s"], errors
 
 
+# Thumbnails a second for the CPU measurement: under what either build makes alone (106–123/s
+# for 0997a67's), so both make every one.
+CPU_RATE = 50
+CPU_ROUNDS = 3
+
+
+def event_loop_cpu_seconds(pid):
+    """utime + stime of a router's event-loop threads (named `hyper-listener…`), in seconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")].startswith("hyper-listener"):
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_thumbnail(routers, seconds):
+    """CPU per thumbnail at a constant CPU_RATE (vegeta), for each of `routers` (name, port,
+    process), alternated CPU_ROUNDS times, each run on a quiet machine: utime + stime of the
+    whole router and of its event loops ÷ thumbnails. On two shared cores the steadier figure
+    beside closed-loop thumbnails per second."""
+    runs = {name: [] for name, _, _ in routers}
+    for round_ in range(CPU_ROUNDS):
+        for name, port, proc in routers[::-1] if round_ % 2 else routers:
+            common.wait_for_quiet()
+            target = f"GET http://127.0.0.1:{port}{THUMBNAIL}\nHost: {GALLERY_HOST}\n"
+            process, loops = common.tree_cpu_seconds(proc.pid), event_loop_cpu_seconds(proc.pid)
+            attack = subprocess.run([common.VEGETA, "attack", f"-rate={CPU_RATE}", f"-duration={seconds}s",
+                                     "-timeout=5s"], input=target.encode(), check=True,
+                                    capture_output=True).stdout
+            process = common.tree_cpu_seconds(proc.pid) - process
+            loops = event_loop_cpu_seconds(proc.pid) - loops
+            summary = common.vegeta_summary(attack)
+            runs[name].append({"cpu_ms": process / summary["requests"] * 1e3,
+                               "loops_ms": loops / summary["requests"] * 1e3,
+                               "success": summary["success"], "p50_ms": summary["p50_ms"]})
+            print(f"{name}: {runs[name][-1]['cpu_ms']:.2f} ms CPU per thumbnail at {CPU_RATE}/s, event loops "
+                  f"{runs[name][-1]['loops_ms']:.2f} ms (success {summary['success']:.3f}, p50 "
+                  f"{summary['p50_ms']:.1f} ms)", flush=True)
+    return {"rate": CPU_RATE, "routers": {
+        name: {"cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
+               "loops_ms": statistics.median(r["loops_ms"] for r in measured),
+               "cpu_ms_runs": [round(r["cpu_ms"], 2) for r in measured],
+               "success": min(r["success"] for r in measured)}
+        for name, measured in runs.items()}}
+
+
 def refusal_times(port, script, seconds):
     """While wrk keeps 400 connections of thumbnails going, 200 requests one by one for the
     hurried gallery's thumbnail: how
@@ -197,10 +251,14 @@ def measure(work, seconds, procs):
         base, base_port = start_switchyard(work, origin_port, binary=baseline, tag="-baseline")
         procs.append(base)
         base_rps, base_errors = thumbnails_alone(base_port, script, seconds)
-        base.stop()
         results["baseline"] = {"commit": commit, "alone_rps": base_rps,
                                "alone_errors": base_errors}
         print(f"baseline {baseline}: {base_rps:.0f} thumbnails/s {base_errors}", flush=True)
+        results["cpu_per_thumbnail"] = cpu_per_thumbnail([("this build", port, sy), (commit, base_port, base)],
+                                                         seconds)
+        base.stop()
+    else:
+        results["cpu_per_thumbnail"] = cpu_per_thumbnail([("this build", port, sy)], seconds)
     results["refusals"] = refusal_times(port, script, seconds)
     results["idle_neighbour"] = idle_neighbour_floor(port, seconds)
     results["isolation"] = isolation(port, script, THUMBNAIL, seconds, "pool", thumbnails_per_s)

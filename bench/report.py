@@ -520,6 +520,17 @@ def images_report(m, date):
                          f"{floor['ceiling_per_s']:.0f}/s, while 5× is {5 * base['alone_rps']:.0f}/s: out of reach "
                          f"for any thumbnailer that decodes the original each time (libvips decodes with the same "
                          f"libjpeg-turbo); this run reached {m['alone_rps'] / floor['ceiling_per_s'] * 100:.0f}% of the floor")
+    cpu = m.get("cpu_per_thumbnail")
+    if cpu:
+        this = cpu["routers"]["this build"]
+        others = [(name, r) for name, r in cpu["routers"].items() if name != "this build"]
+        line = (f"  - beside it, the steadier figure: CPU per thumbnail at a constant {cpu['rate']}/s, "
+                f"{this['cpu_ms']:.1f} ms ({this['loops_ms']:.2f} ms of it on the event loops; runs "
+                f"{', '.join(f'{c:.1f}' for c in this['cpu_ms_runs'])})")
+        for name, r in others:
+            line += (f", {name} {r['cpu_ms']:.1f} ms (runs {', '.join(f'{c:.1f}' for c in r['cpu_ms_runs'])}): "
+                     f"{r['cpu_ms'] / this['cpu_ms']:.1f}× less CPU per thumbnail")
+        lines.append(line)
     if m.get("alone_rps_idle_kernel"):
         lines.append(f"  - alone, SCHED_IDLE workers that never give way made {m['alone_rps_idle_kernel']:.0f}/s "
                      f"(the default gives way only beside light traffic, which this run has none of)")
