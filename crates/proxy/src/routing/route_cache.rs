@@ -346,6 +346,21 @@ impl RouteCache {
                 self.note_if_deleted(&name, stored).await;
             }
         }
+        // An app with series here but no cached route (evicted, or not asked for since) was
+        // deleted unseen if the store no longer has it: without this, its series stayed.
+        let mut uncached = Vec::new();
+        REQUEST_COUNTS.each_app(|name, _| {
+            if !self.apps.contains_key(name) {
+                uncached.push(name.to_string());
+            }
+        });
+        for name in uncached {
+            match self.store.get_app(&name).await {
+                Ok(None) => self.deleted.note(&name, |app| self.apps.contains_key(app)),
+                Ok(Some(_)) => {}
+                Err(e) => return log_interrupted_resync(&e),
+            }
+        }
     }
 
     /// Cached routes of apps with active health checks. Names whose route left the cache
@@ -667,6 +682,28 @@ mod tests {
         assert!(!exported_for(name));
         assert!(!REQUEST_COUNTS.has(name));
         assert!(!cache.deleted.is_noted(name));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_app_deleted_unseen_and_not_cached_is_noted_at_the_resync() {
+        let names = ["deleted-apps-unseen", "deleted-apps-uncached-kept"];
+        let host = |name: &str| format!("{name}.test");
+        let apps: Vec<App> = names.iter().map(|n| app(n, &[&host(n)])).collect();
+        let (cache, store, _dir) = cache_with(&apps).await;
+        for name in names {
+            let route = cache.resolve(&host(name)).await.expect("answers");
+            route.expect("routed").requests.record(200, None);
+            // Evicted since: the resync's walk of cached routes does not see it.
+            cache.apps.remove(name);
+        }
+        let [unseen, kept] = names;
+        // Deleted while the change events were missed.
+        assert!(store.delete_app(unseen).await.expect("deleted"));
+        cache.apply(&Change::Resync).await;
+        // Noted for the next batch (forgetting is the tests above'; a batch here could
+        // forget the slots of other tests' apps, which this cache's store does not have).
+        assert!(cache.deleted.is_noted(unseen));
+        assert!(!cache.deleted.is_noted(kept), "still stored");
     }
 
     #[test]
