@@ -117,19 +117,27 @@ impl RequestCounts {
         self.apps.lock().contains_key(app)
     }
 
-    /// Drops the slots of those of `apps` (deleted) that no route holds, and names them: a
-    /// slot held by a route belongs to an app built again under that name (or to a request
-    /// still under way on the deleted one) and is kept.
-    pub(crate) fn forget_unheld(&self, apps: &HashSet<String>) -> HashSet<String> {
-        let mut forgotten = HashSet::new();
+    /// Drops the slots of those of `apps` (deleted) that no route holds: the names of those
+    /// dropped, and of those kept because a route holds them (an app built again under that
+    /// name, or a request still under way on the deleted one). Names without a slot are in
+    /// neither.
+    pub(crate) fn forget_unheld(
+        &self,
+        apps: &HashSet<String>,
+    ) -> (HashSet<String>, HashSet<String>) {
+        let (mut forgotten, mut held) = (HashSet::new(), HashSet::new());
         self.apps.lock().retain(|app, slot| {
-            let gone = apps.contains(app.as_ref()) && Arc::strong_count(slot) == 1;
-            if gone {
-                forgotten.insert(app.to_string());
+            if !apps.contains(app.as_ref()) {
+                return true;
             }
-            !gone
+            if Arc::strong_count(slot) > 1 {
+                held.insert(app.to_string());
+                return true;
+            }
+            forgotten.insert(app.to_string());
+            false
         });
-        forgotten
+        (forgotten, held)
     }
 
     /// Calls `visit` with every app's slot (under the table's lock: keep it short).

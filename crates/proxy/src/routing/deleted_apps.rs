@@ -30,18 +30,13 @@ pub(crate) struct DeletedApps {
 }
 
 impl DeletedApps {
-    /// Notes that `app` was deleted; when that fills the set, the batch is forgotten now.
-    pub(crate) fn note(&self, app: &str, routed: impl Fn(&str) -> bool) {
-        let full = {
-            let mut noted = self.noted.lock();
-            noted.insert(app.to_string());
-            metrics::DELETED_APPS_NOTED.set(noted.len() as i64);
-            noted.len() >= MOST_NOTED
-        };
-        if full {
-            // Not waited for: the batch runs beside the change follower.
-            let _batch = self.forget_noted(routed);
-        }
+    /// Notes that `app` was deleted; whether that filled the set (the batch is then to be
+    /// forgotten now).
+    pub(crate) fn note(&self, app: &str) -> bool {
+        let mut noted = self.noted.lock();
+        noted.insert(app.to_string());
+        metrics::DELETED_APPS_NOTED.set(noted.len() as i64);
+        noted.len() >= MOST_NOTED
     }
 
     /// Whether `app` waits for the next batch.
@@ -77,10 +72,9 @@ impl DeletedApps {
 /// Drops the request-count slots and every per-app series of those of `apps` that nothing
 /// holds, and answers the others: their slots are held by requests under way (or by the
 /// route of an app created again under the name, not cached here).
-fn forget(mut apps: HashSet<String>) -> HashSet<String> {
-    let gone = REQUEST_COUNTS.forget_unheld(&apps);
+fn forget(apps: HashSet<String>) -> HashSet<String> {
+    let (gone, held) = REQUEST_COUNTS.forget_unheld(&apps);
     metrics::forget_apps(&gone);
     metrics::DELETED_APPS_FORGOTTEN.inc_by(gone.len() as u64);
-    apps.retain(|app| !gone.contains(app) && REQUEST_COUNTS.has(app));
-    apps
+    held
 }

@@ -310,7 +310,15 @@ impl RouteCache {
             Stored::Unknown => matches!(self.store.get_app(name).await, Ok(None)),
         };
         if gone {
-            self.deleted.note(name, |app| self.apps.contains_key(app));
+            self.note_deleted(name);
+        }
+    }
+
+    /// Notes `name` as deleted; a full set has its batch forgotten at once.
+    fn note_deleted(&self, name: &str) {
+        if self.deleted.note(name) {
+            // Not waited for: the batch runs beside the change follower.
+            let _batch = self.forget_deleted_apps();
         }
     }
 
@@ -356,7 +364,7 @@ impl RouteCache {
         });
         for name in uncached {
             match self.store.get_app(&name).await {
-                Ok(None) => self.deleted.note(&name, |app| self.apps.contains_key(app)),
+                Ok(None) => self.note_deleted(&name),
                 Ok(Some(_)) => {}
                 Err(e) => return log_interrupted_resync(&e),
             }
