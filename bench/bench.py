@@ -87,10 +87,28 @@ def get(port, host, path="/"):
         conn.close()
 
 
+def stat_cpu_seconds(stat):
+    """utime + stime (fields 14 and 15) of a `/proc/…/stat` text, in seconds."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid):
     """utime + stime the process has used, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+
+
+def threads_cpu_seconds(pid, name_prefix):
+    """utime + stime of the process's threads whose name starts with `name_prefix`."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")].startswith(name_prefix):
+            total += stat_cpu_seconds(stat)
+    return total
 
 
 def process_tree(pid):
@@ -102,6 +120,32 @@ def process_tree(pid):
 def tree_cpu_seconds(pid):
     """utime + stime of the process and its children, in seconds."""
     return sum(cpu_seconds(p) for p in process_tree(pid))
+
+
+def cpu_per_request(proxies, target, rate, seconds, rounds, label, threads=None):
+    """CPU per request at a constant `rate` (vegeta) for each of `proxies` ([(name, port,
+    process)]); `target(port)` is vegeta's target text. Alternated `rounds` times, each run
+    on a quiet machine: utime + stime of the proxy's processes ÷ requests, in ms, and with
+    `threads` (a thread-name prefix) that of those threads too. On two shared cores the
+    steadier figure beside closed-loop throughput. {name: [run, …]}"""
+    runs = {name: [] for name, _, _ in proxies}
+    for round_ in range(rounds):
+        for name, port, proc in proxies[::-1] if round_ % 2 else proxies:
+            wait_for_quiet()
+            process = tree_cpu_seconds(proc.pid)
+            named = threads and threads_cpu_seconds(proc.pid, threads)
+            attack = subprocess.run([VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s", "-timeout=5s"],
+                                    input=target(port).encode(), check=True, capture_output=True).stdout
+            summary = vegeta_summary(attack)
+            run = {"cpu_ms": (tree_cpu_seconds(proc.pid) - process) / summary["requests"] * 1e3,
+                   "success": summary["success"], "p50_ms": summary["p50_ms"]}
+            if threads:
+                run["threads_ms"] = (threads_cpu_seconds(proc.pid, threads) - named) / summary["requests"] * 1e3
+            runs[name].append(run)
+            print(f"{label} {name}: {run['cpu_ms']:.2f} ms CPU per request at {rate}/s"
+                  + (f", {threads}* threads {run['threads_ms']:.2f} ms" if threads else "")
+                  + f" (success {summary['success']:.3f}, p50 {summary['p50_ms']:.1f} ms)", flush=True)
+    return runs
 
 
 def rss_kib(pid):

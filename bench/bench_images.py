@@ -35,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import bench as common
 import report
@@ -144,46 +143,16 @@ CPU_RATE = 50
 CPU_ROUNDS = 3
 
 
-def event_loop_cpu_seconds(pid):
-    """utime + stime of a router's event-loop threads (named `hyper-listener…`), in seconds."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1:stat.rindex(")")].startswith("hyper-listener"):
-            fields = stat.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_per_thumbnail(routers, seconds):
-    """CPU per thumbnail at a constant CPU_RATE (vegeta), for each of `routers` (name, port,
-    process), alternated CPU_ROUNDS times, each run on a quiet machine: utime + stime of the
-    whole router and of its event loops ÷ thumbnails. On two shared cores the steadier figure
-    beside closed-loop thumbnails per second."""
-    runs = {name: [] for name, _, _ in routers}
-    for round_ in range(CPU_ROUNDS):
-        for name, port, proc in routers[::-1] if round_ % 2 else routers:
-            common.wait_for_quiet()
-            target = f"GET http://127.0.0.1:{port}{THUMBNAIL}\nHost: {GALLERY_HOST}\n"
-            process, loops = common.tree_cpu_seconds(proc.pid), event_loop_cpu_seconds(proc.pid)
-            attack = subprocess.run([common.VEGETA, "attack", f"-rate={CPU_RATE}", f"-duration={seconds}s",
-                                     "-timeout=5s"], input=target.encode(), check=True,
-                                    capture_output=True).stdout
-            process = common.tree_cpu_seconds(proc.pid) - process
-            loops = event_loop_cpu_seconds(proc.pid) - loops
-            summary = common.vegeta_summary(attack)
-            runs[name].append({"cpu_ms": process / summary["requests"] * 1e3,
-                               "loops_ms": loops / summary["requests"] * 1e3,
-                               "success": summary["success"], "p50_ms": summary["p50_ms"]})
-            print(f"{name}: {runs[name][-1]['cpu_ms']:.2f} ms CPU per thumbnail at {CPU_RATE}/s, event loops "
-                  f"{runs[name][-1]['loops_ms']:.2f} ms (success {summary['success']:.3f}, p50 "
-                  f"{summary['p50_ms']:.1f} ms)", flush=True)
+    """CPU per thumbnail at a constant CPU_RATE for each of `routers` (name, port, process),
+    alternated CPU_ROUNDS times: the whole router and its event loops (threads named
+    `hyper-listener…`), ms per thumbnail; medians and every run."""
+    runs = common.cpu_per_request(
+        routers, lambda port: f"GET http://127.0.0.1:{port}{THUMBNAIL}\nHost: {GALLERY_HOST}\n",
+        CPU_RATE, seconds, CPU_ROUNDS, "thumbnails,", threads="hyper-listener")
     return {"rate": CPU_RATE, "routers": {
         name: {"cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
-               "loops_ms": statistics.median(r["loops_ms"] for r in measured),
+               "loops_ms": statistics.median(r["threads_ms"] for r in measured),
                "cpu_ms_runs": [round(r["cpu_ms"], 2) for r in measured],
                "success": min(r["success"] for r in measured)}
         for name, measured in runs.items()}}

@@ -163,22 +163,10 @@ def cpu_per_inspection(work, proxies, seconds):
     for size, rate in CPU_RATES.items():
         body = work / f"form-{size}"
         body.write_text(form_body(size))
-        runs = {name: [] for name, _, _ in proxies}
-        for round_ in range(CPU_ROUNDS):
-            for name, port, proc in proxies[::-1] if round_ % 2 else proxies:
-                common.wait_for_quiet()
-                target = (f"POST http://127.0.0.1:{port}/comments\nHost: {WAF_HOST}\n"
-                          f"Content-Type: application/x-www-form-urlencoded\n@{body}\n")
-                before = common.tree_cpu_seconds(proc.pid)
-                attack = subprocess.run([common.VEGETA, "attack", f"-rate={rate}", f"-duration={seconds}s",
-                                         "-timeout=5s"], input=target.encode(), check=True,
-                                        capture_output=True).stdout
-                used = common.tree_cpu_seconds(proc.pid) - before
-                summary = common.vegeta_summary(attack)
-                runs[name].append({"cpu_ms": used / summary["requests"] * 1e3, "success": summary["success"],
-                                   "p50_ms": summary["p50_ms"]})
-                print(f"{size:6} B {name:10} {runs[name][-1]['cpu_ms']:.2f} ms CPU per request at {rate} req/s "
-                      f"(success {summary['success']:.3f}, p50 {summary['p50_ms']:.1f} ms)", flush=True)
+        runs = common.cpu_per_request(
+            proxies, lambda port: (f"POST http://127.0.0.1:{port}/comments\nHost: {WAF_HOST}\n"
+                                   f"Content-Type: application/x-www-form-urlencoded\n@{body}\n"),
+            rate, seconds, CPU_ROUNDS, f"{size:6} B")
         row = {"body_bytes": size, "rate": rate}
         for name, measured in runs.items():
             row[name] = {"cpu_ms": statistics.median(r["cpu_ms"] for r in measured),
