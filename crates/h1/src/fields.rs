@@ -1,0 +1,246 @@
+//! The few header fields that decide how a message is framed and whether a connection
+//! persists, read strictly: where two readers could take one of them two ways, the message
+//! is refused rather than forwarded.
+
+use httparse::Header;
+
+/// What a message's `Connection` fields say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Connection {
+    /// `close`: the sender ends the connection after this message.
+    pub close: bool,
+    /// `keep-alive`: an HTTP/1.0 sender asks to keep the connection.
+    pub keep_alive: bool,
+    /// `upgrade`: the `Upgrade` field is meant for this hop.
+    pub upgrade: bool,
+    /// Other names: fields that are hop-by-hop for this message only.
+    pub names_fields: bool,
+}
+
+impl Connection {
+    pub(crate) fn read(headers: &[Header<'_>]) -> Self {
+        let mut connection = Connection::default();
+        for header in headers {
+            if !header.name.eq_ignore_ascii_case("connection") {
+                continue;
+            }
+            for token in tokens(header.value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    connection.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    connection.keep_alive = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    connection.upgrade = true;
+                } else {
+                    connection.names_fields = true;
+                }
+            }
+        }
+        connection
+    }
+
+    /// Whether a connection whose peer sent this in a message of HTTP/1.`minor_version`
+    /// stays open after the exchange (RFC 9112 §9.3).
+    pub fn persists(&self, minor_version: u8) -> bool {
+        !self.close && (minor_version >= 1 || self.keep_alive)
+    }
+}
+
+/// The comma-separated elements of a list field, trimmed, empty ones skipped.
+pub(crate) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(trim)
+        .filter(|token| !token.is_empty())
+}
+
+pub(crate) fn trim(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = bytes {
+        bytes = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = bytes {
+        bytes = rest;
+    }
+    bytes
+}
+
+/// Why a message's length cannot be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LengthError {
+    /// A Content-Length that is not 1*DIGIT within 64 bits, or two that differ.
+    BadContentLength,
+    /// Transfer codings not ending in exactly one `chunked`.
+    BadCodings,
+}
+
+/// The framing fields of a message, before the rules of requests and responses apply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Framing {
+    pub(crate) content_length: Option<u64>,
+    /// Some `Transfer-Encoding` was sent.
+    pub(crate) transfer_encoding: bool,
+    /// The codings end in one `chunked`, the only one.
+    pub(crate) chunked_last: bool,
+    /// Codings other than `chunked` and `identity` (to be kept, in order, for the next hop).
+    pub(crate) other_codings: bool,
+}
+
+/// Reads Content-Length and Transfer-Encoding. Equal Content-Length values, on several
+/// lines or in one list, are one length (RFC 9110 §8.6); anything else about it is an error
+/// for the caller to refuse.
+pub(crate) fn framing(headers: &[Header<'_>]) -> Result<Framing, LengthError> {
+    let mut framing = Framing::default();
+    let mut chunked_seen = 0;
+    let mut last_coding_chunked = false;
+    for header in headers {
+        let name = header.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for value in header.value.split(|&b| b == b',').map(trim) {
+                let length = parse_decimal(value).ok_or(LengthError::BadContentLength)?;
+                match framing.content_length {
+                    Some(seen) if seen != length => return Err(LengthError::BadContentLength),
+                    _ => framing.content_length = Some(length),
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            framing.transfer_encoding = true;
+            for coding in tokens(header.value) {
+                if coding.eq_ignore_ascii_case(b"chunked") {
+                    chunked_seen += 1;
+                    last_coding_chunked = true;
+                } else {
+                    last_coding_chunked = false;
+                    if !coding.eq_ignore_ascii_case(b"identity") {
+                        framing.other_codings = true;
+                    }
+                }
+            }
+        }
+    }
+    if framing.transfer_encoding {
+        framing.chunked_last = chunked_seen == 1 && last_coding_chunked;
+        if chunked_seen > 1 {
+            return Err(LengthError::BadCodings);
+        }
+    }
+    Ok(framing)
+}
+
+/// 1*DIGIT, at most 19 of them (no sign, no spaces, no hex): what every reader takes the
+/// same way.
+pub(crate) fn parse_decimal(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 {
+        return None;
+    }
+    value.iter().try_fold(0u64, |total, &b| {
+        b.is_ascii_digit().then(|| total * 10 + u64::from(b - b'0'))
+    })
+}
+
+/// Fields that belong to one hop and are never forwarded as received (RFC 9110 §7.6.1);
+/// the framing fields are in the list because they are written anew for the next hop.
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
+    // Sorted by how often they appear; each check is a length test first.
+    const HOP_BY_HOP: [&str; 9] = [
+        "connection",
+        "keep-alive",
+        "content-length",
+        "transfer-encoding",
+        "upgrade",
+        "te",
+        "trailer",
+        "proxy-connection",
+        "http2-settings",
+    ];
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| hop.len() == name.len() && hop.eq_ignore_ascii_case(name))
+}
+
+/// Whether `name` is one the message's `Connection` fields list (and so not forwarded).
+/// Framing fields stay whatever `Connection` says: dropping a Content-Length named there
+/// would leave the next hop reading the body as the next request.
+pub(crate) fn named_by_connection(headers: &[Header<'_>], name: &str) -> bool {
+    if name.eq_ignore_ascii_case("host") {
+        return false;
+    }
+    headers
+        .iter()
+        .filter(|header| header.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|header| tokens(header.value))
+        .any(|token| token.eq_ignore_ascii_case(name.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header<'a>(name: &'a str, value: &'a str) -> Header<'a> {
+        Header {
+            name,
+            value: value.as_bytes(),
+        }
+    }
+
+    #[test]
+    fn content_length_is_strict_decimal() {
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"18446744073709551"), Some(18446744073709551));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b"0x5",
+            b"5 5",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(parse_decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn equal_lengths_are_one_and_different_ones_an_error() {
+        let same = [
+            header("Content-Length", "5"),
+            header("content-length", "5, 5"),
+        ];
+        assert_eq!(framing(&same).map(|f| f.content_length), Ok(Some(5)));
+        let differ = [header("Content-Length", "5, 40")];
+        assert_eq!(framing(&differ), Err(LengthError::BadContentLength));
+    }
+
+    #[test]
+    fn codings_must_end_in_one_chunked() {
+        let ends = |value| framing(&[header("Transfer-Encoding", value)]).map(|f| f.chunked_last);
+        assert_eq!(ends("chunked"), Ok(true));
+        assert_eq!(ends("identity, CHUNKED"), Ok(true));
+        assert_eq!(ends("chunked, identity"), Ok(false));
+        assert_eq!(ends("xchunked"), Ok(false));
+        assert_eq!(ends("chunked, chunked"), Err(LengthError::BadCodings));
+        let split = [
+            header("Transfer-Encoding", "gzip"),
+            header("Transfer-Encoding", "chunked"),
+        ];
+        let read = framing(&split).expect("valid");
+        assert!(read.chunked_last && read.other_codings);
+    }
+
+    #[test]
+    fn connection_tokens_and_persistence() {
+        let read = Connection::read(&[header("Connection", "Keep-Alive, X-Secret")]);
+        assert!(read.keep_alive && read.names_fields && !read.close);
+        assert!(read.persists(0));
+        assert!(!Connection::default().persists(0));
+        assert!(Connection::default().persists(1));
+        assert!(!Connection::read(&[header("connection", "close")]).persists(1));
+    }
+
+    #[test]
+    fn framing_fields_survive_being_named_in_connection() {
+        let headers = [header("Connection", "Content-Length, X-Secret, Host")];
+        assert!(named_by_connection(&headers, "x-secret"));
+        assert!(named_by_connection(&headers, "Content-Length"));
+        // The writer leaves framing to its own rules; Host is never dropped.
+        assert!(!named_by_connection(&headers, "host"));
+    }
+}
