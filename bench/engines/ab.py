@@ -7,7 +7,7 @@ falls on all of them; the median of the rounds is reported.
     python3 bench/engines/ab.py nginx switchyard hyper-floor [--rounds 3] [--seconds 10]
         [--rate 2000] [--scheme http|https]
 
-Targets are run.py's (nginx, haproxy, switchyard, pingora-floor, hyper-floor); the floors
+Targets are run.py's (nginx, haproxy, switchyard, pingora-floor, hyper-floor, h1-floor); the floors
 need `cargo build --release` in bench/engines first. Everything listens on 127.0.0.1 and
 every process is stopped by its PID.
 """

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The cost of a request and of a connection, per proxy, in one run on one machine: nginx,
-HAProxy, Switchyard, and the two engine floors of bench/engines (a bare Pingora proxy with
-Switchyard's settings, and a shared-nothing hyper proxy laid out as nginx's workers).
+HAProxy, Switchyard, and the engine floors of bench/engines (a bare Pingora proxy with
+Switchyard's settings, a shared-nothing hyper proxy laid out as nginx's workers, and the
+same layout on Switchyard's own HTTP/1 codec, crates/h1).
 
 Every proxy gets 2 worker threads/processes, no access log, keep-alive to the backend, and
 one route (Host app7.bench → an nginx origin answering "ok"). Per proxy:
@@ -200,6 +201,7 @@ PROXIES = {
     "switchyard": start_switchyard,
     "pingora-floor": floor_starter("pingora-floor"),
     "hyper-floor": floor_starter("hyper-floor"),
+    "h1-floor": floor_starter("h1-floor"),
 }
 
 
@@ -358,13 +360,14 @@ def table(results):
             f"{r['idle']['cpu_ms_per_s']:.2f} | {ka['bytes_per_connection'] / 1024:.1f} | "
             f"{wsm['bytes_per_connection'] / 1024:.1f} | "
             f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
-    for router_name, floor_name in (("switchyard", "hyper-floor"),):
+    for router_name, floor_name in (("switchyard", "hyper-floor"), ("switchyard", "h1-floor"),
+                                    ("h1-floor", "hyper-floor")):
         router, floor = proxies.get(router_name), proxies.get(floor_name)
         if router and floor:
             over = ", ".join(
                 f"{label} {ratio(router[key]['cpu_us_per_request'], floor[key]['cpu_us_per_request'])}"
                 for key, label in CPU_RUNS if router[key] and floor[key])
-            rows += ["", f"{router_name}'s CPU per request over the floor of its engine ({floor_name}): {over}."]
+            rows += ["", f"{router_name}'s CPU per request over {floor_name}'s: {over}."]
     if results.get("cached_app_memory"):
         rows += ["", report.cached_app_memory_sentence(results["cached_app_memory"])]
     return rows

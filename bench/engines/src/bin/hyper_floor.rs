@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,10 +26,13 @@ use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use openssl::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
-use socket2::{Domain, Socket, Type};
+use openssl::ssl::{Ssl, SslAcceptor};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
+
+#[path = "../floor_options.rs"]
+mod floor_options;
+use floor_options::reuse_port_listener;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 type Backends = Client<HttpConnector, Incoming>;
@@ -93,17 +95,6 @@ async fn proxy(
         }
     }
     Ok(response.map(|body| body.boxed()))
-}
-
-fn reuse_port_listener(address: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.set_nodelay(true)?;
-    socket.set_nonblocking(true)?;
-    socket.bind(&address.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
 }
 
 /// What a worker listens on: plain HTTP, and HTTPS when a certificate is given.
@@ -179,87 +170,14 @@ fn worker(listen: Listen, routes: Arc<HashMap<String, SocketAddr>>) -> std::io::
     })
 }
 
-fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> Result<SslAcceptor, String> {
-    let mut acceptor =
-        SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(|e| e.to_string())?;
-    acceptor
-        .set_certificate_chain_file(cert)
-        .map_err(|e| format!("--cert {}: {e}", cert.display()))?;
-    acceptor
-        .set_private_key_file(key, SslFiletype::PEM)
-        .map_err(|e| format!("--key {}: {e}", key.display()))?;
-    Ok(acceptor.build())
-}
-
 fn main() {
-    let mut listen: SocketAddr = ([127, 0, 0, 1], 8080).into();
-    let mut tls_listen: Option<SocketAddr> = None;
-    let (mut cert, mut key) = (None, None);
-    let mut threads = 2;
-    let mut routes = HashMap::new();
-    let mut given = std::env::args().skip(1);
-    while let (Some(flag), Some(value)) = (given.next(), given.next()) {
-        let parsed = match flag.as_str() {
-            "--listen" => value.parse().map(|a| listen = a).map_err(|e| e.to_string()),
-            "--tls-listen" => value
-                .parse()
-                .map(|a| tls_listen = Some(a))
-                .map_err(|e| e.to_string()),
-            "--cert" => {
-                cert = Some(PathBuf::from(&value));
-                Ok(())
-            }
-            "--key" => {
-                key = Some(PathBuf::from(&value));
-                Ok(())
-            }
-            "--threads" => value
-                .parse::<usize>()
-                .map(|n| threads = n)
-                .map_err(|e| e.to_string()),
-            "--route" => match value.split_once('=').map(|(h, a)| (h, a.parse())) {
-                Some((host, Ok(address))) => {
-                    routes.insert(host.to_ascii_lowercase(), address);
-                    Ok(())
-                }
-                _ => Err("expected HOST=IP:PORT".to_string()),
-            },
-            _ => Err("unknown flag".to_string()),
-        };
-        if let Err(e) = parsed {
-            eprintln!("hyper-floor: {flag} {value}: {e}");
-            std::process::exit(2);
-        }
-    }
-    let https = match (tls_listen, cert, key) {
-        (None, _, _) => None,
-        (Some(address), Some(cert), Some(key)) => match tls_acceptor(&cert, &key) {
-            Ok(acceptor) => Some((address, Arc::new(acceptor))),
-            Err(e) => {
-                eprintln!("hyper-floor: {e}");
-                std::process::exit(2);
-            }
-        },
-        (Some(_), _, _) => {
-            eprintln!("hyper-floor: --tls-listen needs --cert and --key");
-            std::process::exit(2);
-        }
-    };
+    let options = floor_options::from_command_line("hyper-floor");
     let listen = Listen {
-        http: listen,
-        https,
+        http: options.listen,
+        https: options.tls,
     };
-    let routes = Arc::new(routes);
-    let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            let (listen, routes) = (listen.clone(), routes.clone());
-            std::thread::spawn(move || worker(listen, routes))
-        })
-        .collect();
-    for worker in workers {
-        if let Ok(Err(e)) = worker.join() {
-            eprintln!("hyper-floor: worker stopped: {e}");
-            std::process::exit(1);
-        }
-    }
+    let routes = Arc::new(options.routes);
+    floor_options::run_workers("hyper-floor", options.threads, move || {
+        worker(listen.clone(), routes.clone())
+    });
 }

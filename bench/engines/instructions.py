@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Instructions and heap allocations per proxied request, under valgrind: the counts that
+do not move with this shared machine's spells, beside run.py's CPU time.
+
+    python3 bench/engines/instructions.py nginx hyper-floor h1-floor [--tool callgrind|dhat]
+        [--requests 2000] [--rate 200] [--scheme http|https]
+
+Each target runs with one worker (nginx: `master_process off`, one worker; HAProxy: one
+thread; the floors and Switchyard: `--threads 1`) under `valgrind --tool=callgrind`
+(instructions executed in user space, libraries included) or `--tool=dhat` (heap blocks
+and bytes allocated). It is started twice, given a few requests the first time and
+`--requests` more the second (vegeta at a constant rate over keep-alive, to the same
+origin as run.py's), then stopped; the difference of the two totals over the difference
+of the requests answered is the per-request figure: start-up, the first connections and
+shutdown cancel out. Everything listens on 127.0.0.1; every process is stopped by its PID.
+Writes nothing but its own output: copy the figures to bench/ENGINE.md with the commit.
+"""
+
+import argparse
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import run as R  # noqa: E402
+import bench  # noqa: E402
+from bench import Process, free_port, put_app, wait_port  # noqa: E402
+
+FIRST_REQUESTS = 200
+
+
+def valgrind(tool, out):
+    flag = "--callgrind-out-file" if tool == "callgrind" else "--dhat-out-file"
+    return ["valgrind", f"--tool={tool}", f"{flag}={out}"]
+
+
+def start_nginx(work, backend, tool, out, tls):
+    port = free_port()
+    apps = work / "nginx-apps"
+    apps.mkdir(exist_ok=True)
+    app = bench.nginx_app_conf(7, port, backend)
+    tls_port = None
+    if tls:
+        tls_port = free_port()
+        app = app.replace(f"listen 127.0.0.1:{port};",
+                          f"listen 127.0.0.1:{port};\n    listen 127.0.0.1:{tls_port} ssl;\n"
+                          f"    ssl_protocols TLSv1.2 TLSv1.3;\n"
+                          f"    ssl_certificate {tls[0]};\n    ssl_certificate_key {tls[1]};")
+    (apps / "app7.conf").write_text(app)
+    conf = work / "nginx.conf"
+    conf.write_text("master_process off;\n" + bench.nginx_conf(work, port).replace(
+        "worker_processes 2;", "worker_processes 1;"))
+    proc = Process("nginx", [*valgrind(tool, out), "nginx", "-c", str(conf), "-p", str(work)], work)
+    return proc, port, tls_port
+
+
+def start_haproxy(work, backend, tool, out, tls):
+    port = free_port()
+    tls_port = free_port() if tls else None
+    tls_bind = f"\n    bind 127.0.0.1:{tls_port} ssl crt {tls[2]}" if tls else ""
+    conf = work / "haproxy.cfg"
+    conf.write_text(f"""global
+    nbthread 1
+    maxconn 1000
+defaults
+    mode http
+    timeout connect 3s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+frontend web
+    bind 127.0.0.1:{port}{tls_bind}
+    use_backend app if {{ req.hdr(host),lower,word(1,:) -m str {R.HOST} }}
+    default_backend notfound
+backend notfound
+    http-request deny deny_status 404
+backend app
+    http-reuse always
+    server s1 127.0.0.1:{backend}
+""")
+    proc = Process("haproxy", [*valgrind(tool, out), "haproxy", "-db", "-f", str(conf)], work)
+    return proc, port, tls_port
+
+
+def floor(binary):
+    def start(work, backend, tool, out, tls):
+        port = free_port()
+        tls_port = free_port() if tls else None
+        tls_args = (["--tls-listen", f"127.0.0.1:{tls_port}", "--cert", str(tls[0]),
+                     "--key", str(tls[1])] if tls else [])
+        proc = Process(binary, [*valgrind(tool, out), str(R.TARGET / binary), "--listen",
+                                f"127.0.0.1:{port}", "--threads", "1", "--route",
+                                f"{R.HOST}=127.0.0.1:{backend}", *tls_args], work)
+        return proc, port, tls_port
+    return start
+
+
+def start_switchyard(work, backend, tool, out, tls):
+    port, admin = free_port(), free_port()
+    tls_port = free_port() if tls else None
+    listeners = (["--https", f"127.0.0.1:{tls_port}", "--default-cert", str(tls[0]),
+                  "--default-key", str(tls[1])] if tls else ["--https", "off"])
+    proc = Process("switchyard", [
+        *valgrind(tool, out), str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
+        "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"switchyard-data-{port}"),
+        "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "1", "--waf", "off",
+    ], work)
+    wait_port(admin, timeout=180)
+    put_app(admin, "app7", {"domains": [R.HOST], "backends": [f"127.0.0.1:{backend}"]})
+    return proc, port, tls_port
+
+
+TARGETS = {
+    "nginx": start_nginx,
+    "haproxy": start_haproxy,
+    "hyper-floor": floor("hyper-floor"),
+    "h1-floor": floor("h1-floor"),
+    "switchyard": start_switchyard,
+}
+
+
+def load(port, scheme, requests, rate):
+    """`requests` requests at `rate`/s over keep-alive; the number answered with success."""
+    target = f"GET {scheme}://127.0.0.1:{port}/\nHost: {R.HOST}\n"
+    attack = subprocess.run(
+        [bench.VEGETA, "attack", f"-rate={rate}", f"-duration={requests / rate}s", "-timeout=10s",
+         "-keepalive=true", "-connections=8", "-workers=8", "-max-workers=8", "-http2=false",
+         "-insecure"],
+        input=target.encode(), check=True, capture_output=True).stdout
+    summary = bench.vegeta_summary(attack)
+    return int(round(summary["requests"] * summary["success"]))
+
+
+def total(tool, out, log):
+    """The run's total: instructions (callgrind) or (bytes, blocks) allocated (dhat)."""
+    if tool == "callgrind":
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return (int(line.split()[1]),)
+        raise RuntimeError(f"no totals in {out}")
+    match = re.search(r"Total:\s+([\d,]+) bytes in ([\d,]+) blocks", log.read_text())
+    if not match:
+        raise RuntimeError(f"no dhat total in {log}")
+    return tuple(int(g.replace(",", "")) for g in match.groups())
+
+
+def one_run(name, work, backend, args, tls, requests):
+    out = work / f"{name}-{args.tool}-{requests}.out"
+    proc, port, tls_port = TARGETS[name](work, backend, args.tool, out, tls)
+    try:
+        serving = tls_port if args.scheme == "https" else port
+        wait_port(serving, timeout=180)
+        # Warm-up: the first connections, pools and lazily built tables, in both runs.
+        answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate)
+        if requests:
+            answered += load(serving, args.scheme, requests, args.rate)
+    finally:
+        proc.proc.send_signal(signal.SIGTERM)
+        try:
+            proc.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.proc.send_signal(signal.SIGINT)
+            proc.proc.wait(timeout=60)
+        proc.log.close()
+    time.sleep(0.5)
+    return answered, total(args.tool, out, work / f"{proc.name}.log")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="+", choices=sorted(TARGETS))
+    parser.add_argument("--tool", choices=["callgrind", "dhat"], default="callgrind")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--scheme", choices=["http", "https"], default="http")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="instructions-"))
+    tls = R.make_certificate(work) if args.scheme == "https" else None
+    rows = {}
+    with bench.Started() as processes:
+        origin, backend, _ = R.start_origin(work)
+        processes.append(origin)
+        for name in args.targets:
+            few, few_total = one_run(name, work, backend, args, tls, 0)
+            many, many_total = one_run(name, work, backend, args, tls, args.requests)
+            per_request = [(b - a) / max(many - few, 1) for a, b in zip(few_total, many_total)]
+            rows[name] = per_request
+            what = ("instructions" if args.tool == "callgrind" else "bytes, blocks")
+            print(f"{name}: {', '.join(f'{v:,.1f}' for v in per_request)} {what} per request "
+                  f"({many - few} requests between the runs, {args.scheme})", flush=True)
+    base = rows.get("nginx")
+    for name, values in rows.items():
+        ratio = f" ({values[-1] / base[-1]:.2f}× nginx)" if base and base[-1] else ""
+        print(f"{name}: {' / '.join(f'{v:,.0f}' for v in values)}{ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,582 @@
+//! The floor of an HTTP/1 path of our own (issue 46's gate), laid out as hyper-floor and
+//! nginx's workers (per thread: a current-thread runtime, an SO_REUSEPORT listener, a pool
+//! of backend connections) but with Switchyard's codec (`crates/h1`) instead of hyper:
+//! the head parsed by httparse into a fixed array of header slices, written once into a
+//! buffer the connection reuses, and the backend connection driven by the client
+//! connection's own task — no channel, no second task, no header map, no allocation per
+//! request once a connection's buffers have grown. Bodies go by their Content-Length count
+//! or through the chunk state machine; WebSocket upgrades are relayed.
+//!
+//! What a production path needs beyond this (deadlines, retries on other backends, the
+//! drain table, the stages) is left out, as hyper-floor leaves it out: this is the least a
+//! router on this path can cost.
+//!
+//! `h1-floor --listen 127.0.0.1:8080 --threads 2 --route app7.bench=127.0.0.1:9001 …`
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use openssl::ssl::{Ssl, SslAcceptor};
+use switchyard_h1::{
+    header_slots, parse_request, parse_response, write_request_head, write_response_head,
+    ChunkedReframer, ClientSide, RequestBody, RequestHead, ResponseBody, MAX_HEAD_BYTES,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_openssl::SslStream;
+
+#[path = "../floor_options.rs"]
+mod floor_options;
+use floor_options::reuse_port_listener;
+
+/// What a connection's buffers start with; they grow for a larger head or read.
+const BUFFER_BYTES: usize = 4096;
+/// Idle backend connections kept per backend and thread.
+const IDLE_PER_BACKEND: usize = 1024;
+
+/// One thread's state: nothing in it is shared with another thread.
+struct Worker {
+    routes: HashMap<Box<[u8]>, SocketAddr>,
+    idle: RefCell<HashMap<SocketAddr, Vec<TcpStream>>>,
+}
+
+impl Worker {
+    fn backend_for(&self, authority: &[u8]) -> Option<SocketAddr> {
+        let host = match authority.iter().rposition(|&b| b == b':') {
+            Some(colon) if !authority.ends_with(b"]") => &authority[..colon],
+            _ => authority,
+        };
+        let host = host.strip_suffix(b".").unwrap_or(host);
+        let mut lower = [0u8; 255];
+        let lower = lower.get_mut(..host.len())?;
+        for (to, from) in lower.iter_mut().zip(host) {
+            *to = from.to_ascii_lowercase();
+        }
+        self.routes.get(&*lower).copied()
+    }
+
+    fn idle_connection(&self, backend: SocketAddr) -> Option<TcpStream> {
+        self.idle.borrow_mut().get_mut(&backend)?.pop()
+    }
+
+    fn keep_idle(&self, backend: SocketAddr, connection: TcpStream) {
+        let mut idle = self.idle.borrow_mut();
+        let kept = idle.entry(backend).or_default();
+        if kept.len() < IDLE_PER_BACKEND {
+            kept.push(connection);
+        }
+    }
+}
+
+/// What is left of a request once its head has been written for the backend.
+struct Forward {
+    backend: SocketAddr,
+    body: RequestBody,
+    answers_head: bool,
+    idempotent: bool,
+    websocket: bool,
+    expects_continue: bool,
+    client: ClientSide,
+}
+
+/// A request the router answers itself, and whether the connection can go on after it.
+struct Refusal {
+    status: &'static [u8],
+    keep_alive: bool,
+}
+
+/// The fields nginx's configuration in run.py adds, so the floor does the work it does.
+struct Forwarded {
+    client_address: Box<[u8]>,
+    proto: &'static [u8],
+}
+
+fn plan(
+    worker: &Worker,
+    head: &RequestHead<'_, '_>,
+    forwarded: &Forwarded,
+    out: &mut Vec<u8>,
+) -> Result<Forward, Refusal> {
+    let keep_alive = head.keeps_connection();
+    let Some(backend) = head.authority.and_then(|a| worker.backend_for(a)) else {
+        return Err(Refusal {
+            status: b"404 Not Found",
+            keep_alive: keep_alive && head.body == RequestBody::Empty,
+        });
+    };
+    out.clear();
+    write_request_head(
+        out,
+        head,
+        true,
+        &[
+            ("X-Forwarded-For", &forwarded.client_address),
+            ("X-Forwarded-Proto", forwarded.proto),
+        ],
+    );
+    Ok(Forward {
+        backend,
+        body: head.body,
+        answers_head: head.method == "HEAD",
+        idempotent: head.is_idempotent(),
+        websocket: head.websocket_upgrade,
+        expects_continue: head.expects_continue,
+        client: ClientSide {
+            minor_version: head.minor_version,
+            keep_alive,
+            chunked: head.minor_version >= 1,
+        },
+    })
+}
+
+async fn read_more<R: AsyncRead + Unpin>(from: &mut R, buffer: &mut Vec<u8>) -> io::Result<usize> {
+    if buffer.capacity() - buffer.len() < 1024 {
+        buffer.reserve(BUFFER_BYTES);
+    }
+    from.read_buf(buffer).await
+}
+
+async fn answer_locally<S: AsyncWrite + Unpin>(
+    client: &mut S,
+    refusal: &Refusal,
+) -> io::Result<()> {
+    let mut out = Vec::with_capacity(96);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(refusal.status);
+    out.extend_from_slice(b"\r\nContent-Length: 0\r\n");
+    if !refusal.keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    client.write_all(&out).await
+}
+
+/// One client connection, from its first request to its close.
+struct Connection<S> {
+    client: S,
+    /// Bytes read from the client and not yet forwarded (a pipelined request may follow).
+    from_client: Vec<u8>,
+    /// A head (and the body bytes that came with it) on its way out.
+    out: Vec<u8>,
+    /// Bytes read from the backend.
+    from_backend: Vec<u8>,
+    forwarded: Forwarded,
+}
+
+enum Next {
+    Request,
+    Close,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    async fn serve(mut self, worker: Rc<Worker>) -> io::Result<()> {
+        loop {
+            let forward = loop {
+                if !self.from_client.is_empty() {
+                    let mut slots = header_slots();
+                    match parse_request(&self.from_client, &mut slots) {
+                        Ok(Some(head)) => {
+                            let head_len = head.head_len;
+                            let planned = plan(&worker, &head, &self.forwarded, &mut self.out);
+                            self.from_client.drain(..head_len);
+                            break planned;
+                        }
+                        Ok(None) if self.from_client.len() < MAX_HEAD_BYTES => {}
+                        Ok(None) => {
+                            break Err(Refusal {
+                                status: b"431 Request Header Fields Too Large",
+                                keep_alive: false,
+                            })
+                        }
+                        Err(refused) => {
+                            let status: &'static [u8] = match refused.status() {
+                                431 => b"431 Request Header Fields Too Large",
+                                _ => b"400 Bad Request",
+                            };
+                            break Err(Refusal {
+                                status,
+                                keep_alive: false,
+                            });
+                        }
+                    }
+                }
+                if read_more(&mut self.client, &mut self.from_client).await? == 0 {
+                    return Ok(());
+                }
+            };
+            let next = match forward {
+                Ok(forward) => self.forward(&worker, forward).await?,
+                Err(refusal) => {
+                    answer_locally(&mut self.client, &refusal).await?;
+                    if refusal.keep_alive {
+                        Next::Request
+                    } else {
+                        Next::Close
+                    }
+                }
+            };
+            if let Next::Close = next {
+                return self.client.shutdown().await;
+            }
+        }
+    }
+
+    /// Sends the request to its backend and the answer to the client.
+    async fn forward(&mut self, worker: &Worker, forward: Forward) -> io::Result<Next> {
+        // The body bytes that came with the head go out with it, in one write.
+        let mut length_left = 0;
+        let mut chunks = ChunkedReframer::new();
+        match forward.body {
+            RequestBody::Empty => {}
+            RequestBody::Length(length) => {
+                let here = self
+                    .from_client
+                    .len()
+                    .min(usize::try_from(length).unwrap_or(usize::MAX));
+                self.out.extend_from_slice(&self.from_client[..here]);
+                self.from_client.drain(..here);
+                length_left = length - here as u64;
+            }
+            RequestBody::Chunked => match chunks.reframe(&self.from_client, &mut self.out) {
+                Ok(read) => {
+                    self.from_client.drain(..read.consumed);
+                }
+                Err(_) => {
+                    let refusal = Refusal {
+                        status: b"400 Bad Request",
+                        keep_alive: false,
+                    };
+                    answer_locally(&mut self.client, &refusal).await?;
+                    return Ok(Next::Close);
+                }
+            },
+        }
+        let body_follows =
+            length_left > 0 || (forward.body == RequestBody::Chunked && !chunks.is_done());
+        let mut reused = true;
+        let mut backend = match worker.idle_connection(forward.backend) {
+            Some(connection) => connection,
+            None => {
+                reused = false;
+                match connect(forward.backend).await {
+                    Ok(connection) => connection,
+                    Err(_) => return self.bad_gateway().await,
+                }
+            }
+        };
+        loop {
+            let sent = backend.write_all(&self.out).await;
+            if sent.is_ok() && !body_follows {
+                // Read the answer; a pooled connection the backend had closed answers
+                // nothing, and an idempotent request goes again on a new one.
+                self.from_backend.clear();
+                match read_more(&mut backend, &mut self.from_backend).await {
+                    Ok(0) | Err(_) if reused && forward.idempotent => {}
+                    Ok(0) | Err(_) => return self.bad_gateway().await,
+                    Ok(_) => break,
+                }
+            } else if sent.is_ok() {
+                self.from_backend.clear();
+                break;
+            } else if !(reused && forward.idempotent) {
+                return self.bad_gateway().await;
+            }
+            reused = false;
+            backend = match connect(forward.backend).await {
+                Ok(connection) => connection,
+                Err(_) => return self.bad_gateway().await,
+            };
+        }
+        if body_follows {
+            if forward.expects_continue {
+                self.client
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await?;
+            }
+            if !self
+                .send_rest_of_body(&mut backend, forward.body, length_left, &mut chunks)
+                .await?
+            {
+                return Ok(Next::Close);
+            }
+        }
+        self.answer(worker, backend, &forward).await
+    }
+
+    /// Streams the part of the request body that did not come with the head. `false`: the
+    /// client's body was bad or cut short, and its connection closes.
+    async fn send_rest_of_body(
+        &mut self,
+        backend: &mut TcpStream,
+        body: RequestBody,
+        mut length_left: u64,
+        chunks: &mut ChunkedReframer,
+    ) -> io::Result<bool> {
+        loop {
+            if read_more(&mut self.client, &mut self.from_client).await? == 0 {
+                return Ok(false);
+            }
+            if body == RequestBody::Chunked {
+                self.out.clear();
+                let Ok(read) = chunks.reframe(&self.from_client, &mut self.out) else {
+                    return Ok(false);
+                };
+                self.from_client.drain(..read.consumed);
+                backend.write_all(&self.out).await?;
+                if read.done {
+                    return Ok(true);
+                }
+            } else {
+                let here = self
+                    .from_client
+                    .len()
+                    .min(usize::try_from(length_left).unwrap_or(usize::MAX));
+                backend.write_all(&self.from_client[..here]).await?;
+                self.from_client.drain(..here);
+                length_left -= here as u64;
+                if length_left == 0 {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Reads the backend's answer (after interim ones) and forwards it.
+    async fn answer(
+        &mut self,
+        worker: &Worker,
+        mut backend: TcpStream,
+        forward: &Forward,
+    ) -> io::Result<Next> {
+        let (head_len, body, backend_keeps, switching, closes) = loop {
+            if !self.from_backend.is_empty() {
+                let mut slots = header_slots();
+                match parse_response(&self.from_backend, &mut slots, forward.answers_head) {
+                    Ok(Some(head)) => {
+                        let mut client = forward.client;
+                        let switching = head.code == 101 && forward.websocket;
+                        if head.code == 101 && !switching {
+                            return self.bad_gateway().await;
+                        }
+                        client.keep_alive &= head.body != ResponseBody::UntilClose
+                            && !(head.body == ResponseBody::Chunked && !client.chunked);
+                        self.out.clear();
+                        write_response_head(&mut self.out, &head, client, &[]);
+                        let done = (
+                            head.head_len,
+                            head.body,
+                            head.keeps_connection(),
+                            switching,
+                            !client.keep_alive,
+                        );
+                        if head.is_interim() {
+                            self.client.write_all(&self.out).await?;
+                            self.from_backend.drain(..done.0);
+                            continue;
+                        }
+                        break done;
+                    }
+                    Ok(None) if self.from_backend.len() < MAX_HEAD_BYTES => {}
+                    Ok(None) | Err(_) => return self.bad_gateway().await,
+                }
+            }
+            if read_more(&mut backend, &mut self.from_backend).await? == 0 {
+                return self.bad_gateway().await;
+            }
+        };
+        if switching {
+            self.out.extend_from_slice(&self.from_backend[head_len..]);
+            self.client.write_all(&self.out).await?;
+            backend.write_all(&self.from_client).await?;
+            self.from_client.clear();
+            let _ = tokio::io::copy_bidirectional(&mut self.client, &mut backend).await;
+            return Ok(Next::Close);
+        }
+        let backend_clean = match body {
+            ResponseBody::None => {
+                self.client.write_all(&self.out).await?;
+                self.from_backend.len() == head_len
+            }
+            ResponseBody::Length(length) => {
+                self.relay_length(&mut backend, head_len, length).await?
+            }
+            ResponseBody::Chunked => {
+                let reframer = if forward.client.chunked {
+                    ChunkedReframer::new()
+                } else {
+                    ChunkedReframer::dechunking()
+                };
+                self.relay_chunked(&mut backend, head_len, reframer).await?
+            }
+            ResponseBody::UntilClose => {
+                self.out.extend_from_slice(&self.from_backend[head_len..]);
+                self.client.write_all(&self.out).await?;
+                tokio::io::copy(&mut backend, &mut self.client).await?;
+                false
+            }
+        };
+        if backend_clean && backend_keeps {
+            worker.keep_idle(forward.backend, backend);
+        }
+        Ok(if closes { Next::Close } else { Next::Request })
+    }
+
+    /// A Content-Length body: what came with the head goes out with the answer's head, the
+    /// rest straight from the read buffer. `true`: the backend sent nothing past it.
+    async fn relay_length(
+        &mut self,
+        backend: &mut TcpStream,
+        head_len: usize,
+        length: u64,
+    ) -> io::Result<bool> {
+        let arrived = self.from_backend.len() - head_len;
+        let here = arrived.min(usize::try_from(length).unwrap_or(usize::MAX));
+        self.out
+            .extend_from_slice(&self.from_backend[head_len..head_len + here]);
+        self.client.write_all(&self.out).await?;
+        let mut left = length - here as u64;
+        let mut clean = arrived == here;
+        while left > 0 {
+            self.from_backend.clear();
+            let read = read_more(backend, &mut self.from_backend).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let here = read.min(usize::try_from(left).unwrap_or(usize::MAX));
+            self.client.write_all(&self.from_backend[..here]).await?;
+            left -= here as u64;
+            clean = read == here;
+        }
+        Ok(clean)
+    }
+
+    async fn relay_chunked(
+        &mut self,
+        backend: &mut TcpStream,
+        head_len: usize,
+        mut reframer: ChunkedReframer,
+    ) -> io::Result<bool> {
+        let mut from = head_len;
+        loop {
+            let read = reframer
+                .reframe(&self.from_backend[from..], &mut self.out)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+            self.client.write_all(&self.out).await?;
+            if read.done {
+                return Ok(from + read.consumed == self.from_backend.len());
+            }
+            self.out.clear();
+            self.from_backend.clear();
+            from = 0;
+            if read_more(backend, &mut self.from_backend).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    async fn bad_gateway(&mut self) -> io::Result<Next> {
+        let refusal = Refusal {
+            status: b"502 Bad Gateway",
+            keep_alive: false,
+        };
+        answer_locally(&mut self.client, &refusal).await?;
+        Ok(Next::Close)
+    }
+}
+
+async fn connect(backend: SocketAddr) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect(backend).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+    client: S,
+    peer: SocketAddr,
+    proto: &'static [u8],
+    worker: Rc<Worker>,
+) {
+    tokio::task::spawn_local(async move {
+        let connection = Connection {
+            client,
+            forwarded: Forwarded {
+                client_address: peer.ip().to_string().into_bytes().into(),
+                proto,
+            },
+            from_client: Vec::with_capacity(BUFFER_BYTES),
+            out: Vec::with_capacity(BUFFER_BYTES),
+            from_backend: Vec::with_capacity(BUFFER_BYTES),
+        };
+        let _ = connection.serve(worker).await;
+    });
+}
+
+async fn accept_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: Arc<SslAcceptor>,
+    worker: Rc<Worker>,
+) -> io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let (acceptor, worker) = (acceptor.clone(), worker.clone());
+        tokio::task::spawn_local(async move {
+            let Ok(ssl) = Ssl::new(acceptor.context()) else {
+                return;
+            };
+            let Ok(mut tls) = SslStream::new(ssl, stream) else {
+                return;
+            };
+            if Pin::new(&mut tls).accept().await.is_ok() {
+                serve(tls, peer, b"https", worker);
+            }
+        });
+    }
+}
+
+fn worker(
+    listen: SocketAddr,
+    tls: Option<(SocketAddr, Arc<SslAcceptor>)>,
+    routes: &HashMap<String, SocketAddr>,
+) -> io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let worker = Rc::new(Worker {
+        routes: routes
+            .iter()
+            .map(|(host, backend)| (host.as_bytes().into(), *backend))
+            .collect(),
+        idle: RefCell::new(HashMap::new()),
+    });
+    tokio::task::LocalSet::new().block_on(&runtime, async move {
+        let listener = tokio::net::TcpListener::from_std(reuse_port_listener(listen)?)?;
+        if let Some((address, acceptor)) = tls {
+            let listener = tokio::net::TcpListener::from_std(reuse_port_listener(address)?)?;
+            let worker = worker.clone();
+            tokio::task::spawn_local(async move {
+                if let Err(e) = accept_tls(listener, acceptor, worker).await {
+                    eprintln!("h1-floor: TLS listener stopped: {e}");
+                }
+            });
+        }
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let _ = stream.set_nodelay(true);
+            serve(stream, peer, b"http", worker.clone());
+        }
+    })
+}
+
+fn main() {
+    let options = floor_options::from_command_line("h1-floor");
+    let (listen, tls, routes) = (options.listen, options.tls, Arc::new(options.routes));
+    floor_options::run_workers("h1-floor", options.threads, move || {
+        worker(listen, tls.clone(), &routes)
+    });
+}
