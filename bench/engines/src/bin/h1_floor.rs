@@ -109,7 +109,7 @@ fn plan(
             keep_alive: keep_alive && head.body == RequestBody::Empty,
         });
     };
-    out.clear();
+    ready_for_head(out);
     write_request_head(
         out,
         head,
@@ -134,6 +134,12 @@ fn plan(
     })
 }
 
+/// Empties `buffer` for a head to be written into it, with room for one.
+fn ready_for_head(buffer: &mut Vec<u8>) {
+    buffer.clear();
+    buffer.reserve(BUFFER_BYTES);
+}
+
 async fn read_more<R: AsyncRead + Unpin>(from: &mut R, buffer: &mut Vec<u8>) -> io::Result<usize> {
     if buffer.capacity() - buffer.len() < 1024 {
         buffer.reserve(BUFFER_BYTES);
@@ -156,6 +162,40 @@ async fn answer_locally<S: AsyncWrite + Unpin>(
     client.write_all(&out).await
 }
 
+/// A client transport that can be waited on without a read buffer: an idle keep-alive
+/// connection holds none, as nginx's do not.
+trait ClientStream: AsyncRead + AsyncWrite + Unpin {
+    async fn readable(&self) -> io::Result<()>;
+}
+
+impl ClientStream for TcpStream {
+    async fn readable(&self) -> io::Result<()> {
+        TcpStream::readable(self).await
+    }
+}
+
+impl ClientStream for SslStream<TcpStream> {
+    async fn readable(&self) -> io::Result<()> {
+        // Called after a read found nothing: OpenSSL holds no whole record, so the next
+        // bytes come from the socket.
+        if self.ssl().pending() > 0 {
+            return Ok(());
+        }
+        self.get_ref().readable().await
+    }
+}
+
+/// Polls `future` once: its output if it is ready now, `None` (and the future dropped)
+/// if it would wait.
+async fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|context| match future.as_mut().poll(context) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
+}
+
 /// One client connection, from its first request to its close.
 struct Connection<S> {
     client: S,
@@ -168,44 +208,114 @@ struct Connection<S> {
     forwarded: Forwarded,
 }
 
+/// What the rest of an exchange needs to know of the answer's head.
+struct AnswerHead {
+    head_len: usize,
+    body: ResponseBody,
+    backend_keeps: bool,
+    switching: bool,
+    closes: bool,
+    interim: bool,
+}
+
 enum Next {
     Request,
     Close,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+impl<S: ClientStream> Connection<S> {
+    /// Reads more of the client's bytes. Between requests, when nothing has arrived yet,
+    /// the connection's buffers are given back while it waits (a connection that is
+    /// sent its next request at once keeps them and allocates nothing).
+    async fn read_from_client(&mut self, between_requests: bool) -> io::Result<usize> {
+        if !between_requests {
+            return read_more(&mut self.client, &mut self.from_client).await;
+        }
+        if let Some(read) = now(read_more(&mut self.client, &mut self.from_client)).await {
+            return read;
+        }
+        self.release_buffers();
+        self.client.readable().await?;
+        read_more(&mut self.client, &mut self.from_client).await
+    }
+
+    fn release_buffers(&mut self) {
+        self.from_client = Vec::new();
+        self.out = Vec::new();
+        self.from_backend = Vec::new();
+    }
+
+    // The two heads are parsed and written in plain functions, not in the async ones: the
+    // header slots (3.2 KiB) then live on the stack for the parse alone instead of in
+    // every connection's future.
+
+    /// The next request, if its head has arrived: written for its backend into `out`, or
+    /// the answer the router gives it itself.
+    fn next_request(&mut self, worker: &Worker) -> Option<Result<Forward, Refusal>> {
+        if self.from_client.is_empty() {
+            return None;
+        }
+        let mut slots = header_slots();
+        let refused = match parse_request(&self.from_client, &mut slots) {
+            Ok(Some(head)) => {
+                let head_len = head.head_len;
+                let planned = plan(worker, &head, &self.forwarded, &mut self.out);
+                self.from_client.drain(..head_len);
+                return Some(planned);
+            }
+            Ok(None) if self.from_client.len() < MAX_HEAD_BYTES => return None,
+            Ok(None) => 431,
+            Err(refused) => refused.status(),
+        };
+        let status: &'static [u8] = match refused {
+            431 => b"431 Request Header Fields Too Large",
+            _ => b"400 Bad Request",
+        };
+        Some(Err(Refusal {
+            status,
+            keep_alive: false,
+        }))
+    }
+
+    /// The backend's answer head, if it has arrived, written for the client into `out`.
+    /// `Err`: the backend's answer cannot be forwarded.
+    fn answer_head(&mut self, forward: &Forward) -> Result<Option<AnswerHead>, ()> {
+        if self.from_backend.is_empty() {
+            return Ok(None);
+        }
+        let mut slots = header_slots();
+        let head = match parse_response(&self.from_backend, &mut slots, forward.answers_head) {
+            Ok(Some(head)) => head,
+            Ok(None) if self.from_backend.len() < MAX_HEAD_BYTES => return Ok(None),
+            Ok(None) | Err(_) => return Err(()),
+        };
+        let mut client = forward.client;
+        let switching = head.code == 101 && forward.websocket;
+        if head.code == 101 && !switching {
+            return Err(());
+        }
+        client.keep_alive &= head.body != ResponseBody::UntilClose
+            && !(head.body == ResponseBody::Chunked && !client.chunked);
+        ready_for_head(&mut self.out);
+        write_response_head(&mut self.out, &head, client, &[]);
+        Ok(Some(AnswerHead {
+            head_len: head.head_len,
+            body: head.body,
+            backend_keeps: head.keeps_connection(),
+            switching,
+            closes: !client.keep_alive,
+            interim: head.is_interim(),
+        }))
+    }
+
     async fn serve(mut self, worker: Rc<Worker>) -> io::Result<()> {
         loop {
             let forward = loop {
-                if !self.from_client.is_empty() {
-                    let mut slots = header_slots();
-                    match parse_request(&self.from_client, &mut slots) {
-                        Ok(Some(head)) => {
-                            let head_len = head.head_len;
-                            let planned = plan(&worker, &head, &self.forwarded, &mut self.out);
-                            self.from_client.drain(..head_len);
-                            break planned;
-                        }
-                        Ok(None) if self.from_client.len() < MAX_HEAD_BYTES => {}
-                        Ok(None) => {
-                            break Err(Refusal {
-                                status: b"431 Request Header Fields Too Large",
-                                keep_alive: false,
-                            })
-                        }
-                        Err(refused) => {
-                            let status: &'static [u8] = match refused.status() {
-                                431 => b"431 Request Header Fields Too Large",
-                                _ => b"400 Bad Request",
-                            };
-                            break Err(Refusal {
-                                status,
-                                keep_alive: false,
-                            });
-                        }
-                    }
+                if let Some(planned) = self.next_request(&worker) {
+                    break planned;
                 }
-                if read_more(&mut self.client, &mut self.from_client).await? == 0 {
+                let between_requests = self.from_client.is_empty();
+                if self.read_from_client(between_requests).await? == 0 {
                     return Ok(());
                 }
             };
@@ -353,47 +463,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         mut backend: TcpStream,
         forward: &Forward,
     ) -> io::Result<Next> {
-        let (head_len, body, backend_keeps, switching, closes) = loop {
-            if !self.from_backend.is_empty() {
-                let mut slots = header_slots();
-                match parse_response(&self.from_backend, &mut slots, forward.answers_head) {
-                    Ok(Some(head)) => {
-                        let mut client = forward.client;
-                        let switching = head.code == 101 && forward.websocket;
-                        if head.code == 101 && !switching {
-                            return self.bad_gateway().await;
-                        }
-                        client.keep_alive &= head.body != ResponseBody::UntilClose
-                            && !(head.body == ResponseBody::Chunked && !client.chunked);
-                        self.out.clear();
-                        write_response_head(&mut self.out, &head, client, &[]);
-                        let done = (
-                            head.head_len,
-                            head.body,
-                            head.keeps_connection(),
-                            switching,
-                            !client.keep_alive,
-                        );
-                        if head.is_interim() {
-                            self.client.write_all(&self.out).await?;
-                            self.from_backend.drain(..done.0);
-                            continue;
-                        }
-                        break done;
-                    }
-                    Ok(None) if self.from_backend.len() < MAX_HEAD_BYTES => {}
-                    Ok(None) | Err(_) => return self.bad_gateway().await,
+        let AnswerHead {
+            head_len,
+            body,
+            backend_keeps,
+            switching,
+            closes,
+            interim,
+        } = loop {
+            match self.answer_head(forward) {
+                Ok(Some(head)) if head.interim => {
+                    self.client.write_all(&self.out).await?;
+                    self.from_backend.drain(..head.head_len);
                 }
-            }
-            if read_more(&mut backend, &mut self.from_backend).await? == 0 {
-                return self.bad_gateway().await;
+                Ok(Some(head)) => break head,
+                Ok(None) => {
+                    if read_more(&mut backend, &mut self.from_backend).await? == 0 {
+                        return self.bad_gateway().await;
+                    }
+                }
+                Err(()) => return self.bad_gateway().await,
             }
         };
+        debug_assert!(!interim);
         if switching {
             self.out.extend_from_slice(&self.from_backend[head_len..]);
             self.client.write_all(&self.out).await?;
             backend.write_all(&self.from_client).await?;
             self.from_client.clear();
+            // The tunnel's own buffers carry it from here.
+            self.release_buffers();
             let _ = tokio::io::copy_bidirectional(&mut self.client, &mut backend).await;
             return Ok(Next::Close);
         }
@@ -495,7 +594,7 @@ async fn connect(backend: SocketAddr) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+fn serve<S: ClientStream + 'static>(
     client: S,
     peer: SocketAddr,
     proto: &'static [u8],
@@ -508,9 +607,9 @@ fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(
                 client_address: peer.ip().to_string().into_bytes().into(),
                 proto,
             },
-            from_client: Vec::with_capacity(BUFFER_BYTES),
-            out: Vec::with_capacity(BUFFER_BYTES),
-            from_backend: Vec::with_capacity(BUFFER_BYTES),
+            from_client: Vec::new(),
+            out: Vec::new(),
+            from_backend: Vec::new(),
         };
         let _ = connection.serve(worker).await;
     });
