@@ -29,10 +29,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rate", type=int, default=2000)
-    parser.add_argument("--scheme", choices=["http", "https"], default="http")
+    parser.add_argument("--scheme", choices=["http", "https", "h2"], default="http",
+                        help="h2: HTTP/2 over TLS with h2load (nginx, haproxy, switchyard)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ab-"))
-    tls = R.make_certificate(work) if args.scheme == "https" else None
+    tls = R.make_certificate(work) if args.scheme in ("https", "h2") else None
     running = {}
     with bench.Started() as processes:
         origin, backend, status = R.start_origin(work)
@@ -46,7 +47,11 @@ def main():
         for round_number in range(args.rounds):
             for target in args.targets:
                 proxy, port = running[target]
-                m = R.constant_rate(proxy, port, status, args.rate, args.seconds, scheme=args.scheme)
+                if args.scheme == "h2":
+                    m = R.http2_constant_rate(proxy, port, args.rate, args.seconds)
+                    m["p99_ms"] = float("nan")
+                else:
+                    m = R.constant_rate(proxy, port, status, args.rate, args.seconds, scheme=args.scheme)
                 measured[target].append(m["cpu_us_per_request"])
                 print(f"round {round_number} {target}: {m['cpu_us_per_request']:.1f} µs/request, "
                       f"p99 {m['p99_ms']:.2f} ms, answered {m['success']:.0%}", flush=True)

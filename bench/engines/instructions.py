@@ -40,51 +40,13 @@ def valgrind(tool, out):
 
 
 def start_nginx(work, backend, tool, out, tls):
-    port = free_port()
-    apps = work / "nginx-apps"
-    apps.mkdir(exist_ok=True)
-    app = bench.nginx_app_conf(7, port, backend)
-    tls_port = None
-    if tls:
-        tls_port = free_port()
-        app = app.replace(f"listen 127.0.0.1:{port};",
-                          f"listen 127.0.0.1:{port};\n    listen 127.0.0.1:{tls_port} ssl;\n"
-                          f"    ssl_protocols TLSv1.2 TLSv1.3;\n"
-                          f"    ssl_certificate {tls[0]};\n    ssl_certificate_key {tls[1]};")
-    (apps / "app7.conf").write_text(app)
-    conf = work / "nginx.conf"
-    conf.write_text("master_process off;\n" + bench.nginx_conf(work, port).replace(
-        "worker_processes 2;", "worker_processes 1;"))
-    proc = Process("nginx", [*valgrind(tool, out), "nginx", "-c", str(conf), "-p", str(work)], work)
-    return proc, port, tls_port
+    proc, port = R.start_nginx(work, backend, tls=tls, workers=1, wrap=valgrind(tool, out))
+    return proc, port, proc.tls_port
 
 
 def start_haproxy(work, backend, tool, out, tls):
-    port = free_port()
-    tls_port = free_port() if tls else None
-    tls_bind = f"\n    bind 127.0.0.1:{tls_port} ssl crt {tls[2]}" if tls else ""
-    conf = work / "haproxy.cfg"
-    conf.write_text(f"""global
-    nbthread 1
-    maxconn 1000
-defaults
-    mode http
-    timeout connect 3s
-    timeout client 60s
-    timeout server 60s
-    option http-keep-alive
-frontend web
-    bind 127.0.0.1:{port}{tls_bind}
-    use_backend app if {{ req.hdr(host),lower,word(1,:) -m str {R.HOST} }}
-    default_backend notfound
-backend notfound
-    http-request deny deny_status 404
-backend app
-    http-reuse always
-    server s1 127.0.0.1:{backend}
-""")
-    proc = Process("haproxy", [*valgrind(tool, out), "haproxy", "-db", "-f", str(conf)], work)
-    return proc, port, tls_port
+    proc, port = R.start_haproxy(work, backend, tls=tls, threads=1, wrap=valgrind(tool, out))
+    return proc, port, proc.tls_port
 
 
 def floor(binary):

@@ -100,7 +100,9 @@ def make_certificate(work):
     return cert, key, both
 
 
-def start_nginx(work, backend, host=HOST, tls=None):
+def start_nginx(work, backend, host=HOST, tls=None, workers=2, wrap=()):
+    """nginx with `workers` worker processes; `wrap`, a command to run it under (valgrind:
+    then without a master process, the one worker being the process measured)."""
     port = free_port()
     apps = work / "nginx-apps"
     apps.mkdir(exist_ok=True)
@@ -111,27 +113,31 @@ def start_nginx(work, backend, host=HOST, tls=None):
         # The same server block, also listening with TLS (no HTTP/2: the others speak
         # HTTP/1.1 to vegeta too). nginx 1.22 leaves TLS 1.3 off unless asked; the others
         # negotiate it, so without this line nginx's handshakes were TLS 1.2 ones.
+        # HTTP/2 offered by ALPN on the TLS port, as the others offer it (vegeta's runs ask
+        # for HTTP/1.1; h2load's for h2).
         app = app.replace(f"listen 127.0.0.1:{port};",
-                          f"listen 127.0.0.1:{port};\n    listen 127.0.0.1:{tls_port} ssl;\n"
+                          f"listen 127.0.0.1:{port};\n    listen 127.0.0.1:{tls_port} ssl http2;\n"
                           f"    ssl_protocols TLSv1.2 TLSv1.3;\n"
                           f"    ssl_certificate {tls[0]};\n    ssl_certificate_key {tls[1]};")
     (apps / "app7.conf").write_text(app)
     conf = work / "nginx.conf"
-    conf.write_text(nginx_conf(work, port).replace("events { worker_connections 8192; }",
-                                                   "events { worker_connections 16384; }"))
-    proc = Process("nginx", ["nginx", "-c", str(conf), "-p", str(work)], work)
-    wait_port(port)
+    text = nginx_conf(work, port).replace("events { worker_connections 8192; }",
+                                          "events { worker_connections 16384; }")
+    text = text.replace(f"worker_processes {bench.THREADS};", f"worker_processes {workers};")
+    conf.write_text(("master_process off;\n" if wrap else "") + text)
+    proc = Process("nginx", [*wrap, "nginx", "-c", str(conf), "-p", str(work)], work)
+    wait_port(port, timeout=180)
     proc.tls_port = tls_port
     return proc, port
 
 
-def start_haproxy(work, backend, host=HOST, tls=None):
+def start_haproxy(work, backend, host=HOST, tls=None, threads=2, wrap=()):
     port = free_port()
     tls_port = free_port() if tls else None
-    tls_bind = f"\n    bind 127.0.0.1:{tls_port} ssl crt {tls[2]}" if tls else ""
+    tls_bind = f"\n    bind 127.0.0.1:{tls_port} ssl crt {tls[2]} alpn h2,http/1.1" if tls else ""
     conf = work / "haproxy.cfg"
     conf.write_text(f"""global
-    nbthread 2
+    nbthread {threads}
     # Two descriptors per proxied connection; this machine's hard limit is 20,000.
     maxconn 9000
 defaults
@@ -151,8 +157,8 @@ backend app
     http-reuse always
     server s1 127.0.0.1:{backend}
 """)
-    proc = Process("haproxy", ["haproxy", "-f", str(conf)], work)
-    wait_port(port)
+    proc = Process("haproxy", [*wrap, "haproxy", "-db", "-f", str(conf)], work)
+    wait_port(port, timeout=180)
     proc.tls_port = tls_port
     return proc, port
 
@@ -234,6 +240,30 @@ def constant_rate(proxy, port, status_port, rate, seconds, scheme="http", keepal
     }
 
 
+# The proxies that speak HTTP/2 to clients (the floors speak HTTP/1.1 only).
+HTTP2 = {"nginx", "haproxy", "switchyard"}
+
+
+def http2_constant_rate(proxy, tls_port, rate, seconds, clients=16, streams=10):
+    """CPU per request over HTTP/2 (TLS, ALPN h2) at a constant rate: h2load with `clients`
+    connections of up to `streams` concurrent streams each, as browsers multiplex."""
+    cpu_before = bench.tree_cpu_seconds(proxy.pid)
+    out = subprocess.run(
+        ["h2load", f"--clients={clients}", f"--max-concurrent-streams={streams}",
+         f"--rps={max(rate // clients, 1)}", f"--duration={seconds}",
+         "-H", f":authority: {HOST}", f"https://127.0.0.1:{tls_port}/"],
+        check=True, capture_output=True, text=True).stdout
+    cpu = bench.tree_cpu_seconds(proxy.pid) - cpu_before
+    counts = next(line for line in out.splitlines() if line.startswith("requests:"))
+    numbers = [int(word) for word in counts.replace(",", " ").split() if word.isdigit()]
+    total, succeeded = numbers[0], numbers[3]
+    # No warm-up window: the CPU and the requests counted cover the same run (the 16
+    # handshakes in it cost about 1% of the requests' CPU).
+    return {"requests": total, "succeeded": succeeded, "cpu_s": cpu,
+            "cpu_us_per_request": cpu * 1e6 / max(succeeded, 1), "achieved_rps": succeeded / seconds,
+            "success": succeeded / max(total, 1)}
+
+
 def closed_loop(port, seconds):
     runs = [bench.wrk_throughput(port, seconds, host=HOST) for _ in range(3)]
     return {"runs_rps": [rps for rps, _ in runs], "median_rps": statistics.median(rps for rps, _ in runs),
@@ -286,6 +316,8 @@ def measure_proxy(name, start, work, args, procs, tls):
         "https_new_connection": tls_port and constant_rate(proxy, tls_port, status_port,
                                                            args.tls_new_rate, args.seconds,
                                                            scheme="https", keepalive=False),
+        "http2_tls": (tls_port and name in HTTP2
+                      and http2_constant_rate(proxy, tls_port, args.rate, args.seconds)) or None,
         "closed_loop": closed_loop(port, max(args.seconds // 2, 3)),
         "idle": idle_cpu(proxy, args.idle_seconds),
         "keepalive_memory": keepalive_memory(proxy, port, args.connections),
@@ -320,6 +352,7 @@ def commit():
 
 CPU_RUNS = [("constant_rate", "HTTP keep-alive"), ("https_keepalive", "HTTPS keep-alive"),
             ("https_new_connection", "HTTPS, new connection per request")]
+HTTP2_RUN = ("http2_tls", "HTTP/2 over TLS (h2load, 16 connections × 10 streams)")
 
 
 def ratio(value, base):
@@ -345,6 +378,12 @@ def table(results):
                 f"{ratio(c['cpu_us_per_request'], base and base['cpu_us_per_request'])} | "
                 f"{c['achieved_rps']:.0f} | {c['success'] * 100:.1f}% | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} | "
                 f"{ratio(c['p99_ms'], base and base['p99_ms'])} |")
+        c, base = r.get(HTTP2_RUN[0]), nginx and nginx.get(HTTP2_RUN[0])
+        if c:
+            rows.append(
+                f"| {name} | {HTTP2_RUN[1]} | {c['cpu_us_per_request']:.0f} | "
+                f"{ratio(c['cpu_us_per_request'], base and base['cpu_us_per_request'])} | "
+                f"{c['achieved_rps']:.0f} | {c['success'] * 100:.1f}% | | | |")
     rows += [
         "",
         "| proxy | backend conns / 10k req (HTTP run) | closed-loop req/s (median of 3) | vs nginx | "
@@ -378,6 +417,7 @@ def headline(results):
             "proxies": {name: {"cpu_us_http": r["constant_rate"]["cpu_us_per_request"],
                                "cpu_us_https_keepalive": (r["https_keepalive"] or {}).get("cpu_us_per_request"),
                                "cpu_us_https_new": (r["https_new_connection"] or {}).get("cpu_us_per_request"),
+                               "cpu_us_http2": (r.get("http2_tls") or {}).get("cpu_us_per_request"),
                                "closed_loop_rps": r["closed_loop"]["median_rps"],
                                "backend_connections_per_10k": r["constant_rate"]["backend_connections_per_10k"],
                                "websocket_kib": r["websocket_memory"]["bytes_per_connection"] / 1024}

@@ -31,7 +31,8 @@ pub enum RequestError {
     BadTransferEncoding,
     /// Transfer-Encoding in an HTTP/1.0 request, which an HTTP/1.0 reader would not see.
     TransferEncodingOnHttp10,
-    /// HTTP/1.1 without a Host, or with more than one.
+    /// No host named (HTTP/1.1 without a Host, HTTP/1.0 without a Host or an absolute-form
+    /// target), or more than one Host.
     BadHost,
     /// An absolute-form target naming another host than the Host field.
     ConflictingHost,
@@ -148,7 +149,9 @@ pub fn parse_request<'h, 'b>(
         return Err(RequestError::Malformed);
     };
     let headers: &'h [Header<'b>] = request.headers;
-    if !target.is_ascii() {
+    // A fragment is never part of a request target (RFC 9112 §3.2); servers part on it
+    // (hyper drops it, others keep it in the path), so it is refused, not forwarded.
+    if !target.is_ascii() || target.contains('#') {
         return Err(RequestError::BadTarget);
     }
     let framing = fields::framing(headers).map_err(RequestError::from_length)?;
@@ -204,7 +207,12 @@ fn authority<'b>(
         return Err(RequestError::BadHost);
     }
     if target.starts_with('/') || target == "*" {
-        return Ok((host, 0));
+        // An HTTP/1.0 request may name no host at all; a router cannot route it, and the
+        // HTTP/1.1 request it would become must carry one (RFC 9112 §3.2).
+        return match host {
+            Some(host) => Ok((Some(host), 0)),
+            None => Err(RequestError::BadHost),
+        };
     }
     let scheme_len = if starts_with_ignore_case(target, "http://") {
         7
@@ -365,15 +373,26 @@ mod tests {
             parse(b"GET ftp://a/ HTTP/1.1\r\nHost: a\r\n\r\n"),
             Err(RequestError::BadTarget)
         );
+        // Found by fuzz/h1_request: hyper reads `/a` where others read `/a#b`.
+        assert_eq!(
+            parse(b"GET /a#b HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(RequestError::BadTarget)
+        );
     }
 
     #[test]
-    fn http10_needs_no_host_and_closes_unless_asked() {
-        let closed = parse(b"GET / HTTP/1.0\r\n\r\n");
+    fn http10_closes_unless_asked_and_must_name_a_host_too() {
+        let closed = parse(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n");
         assert!(!closed.expect("valid").expect("complete").2);
-        let kept = parse(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+        let kept = parse(b"GET / HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n");
         assert!(kept.expect("valid").expect("complete").2);
         assert_eq!(parse(b"GET / HTTP/1.1\r\n\r\n"), Err(RequestError::BadHost));
+        // Found by fuzz/h1_request: forwarded as HTTP/1.1, it would have carried no Host.
+        assert_eq!(parse(b"PRI * HTTP/1.0\r\n\r\n"), Err(RequestError::BadHost));
+        let mut slots = header_slots();
+        let absolute = parse_request(b"GET http://a.test/x HTTP/1.0\r\n\r\n", &mut slots);
+        let head = absolute.expect("valid").expect("complete");
+        assert_eq!(head.authority, Some(&b"a.test"[..]));
     }
 
     #[test]

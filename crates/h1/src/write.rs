@@ -20,12 +20,18 @@ pub fn write_request_head(
     out.push(b' ');
     out.extend_from_slice(head.path().as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut host_written = false;
     for header in head.headers {
         if forwarded(header, head.headers, head.connection.names_fields)
             && !(answer_continue && header.name.eq_ignore_ascii_case("expect"))
         {
+            host_written |= header.name.eq_ignore_ascii_case("host");
             write_field(out, header.name, header.value);
         }
+    }
+    if let (false, Some(authority)) = (host_written, head.authority) {
+        // An HTTP/1.0 absolute-form request: its host moves from the target to the field.
+        write_field(out, "Host", authority);
     }
     match head.body {
         RequestBody::Empty => {}
@@ -204,6 +210,14 @@ mod tests {
         assert_eq!(
             written,
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn an_absolute_form_host_becomes_the_field() {
+        assert_eq!(
+            request_for_backend(b"GET http://a.test/x HTTP/1.0\r\n\r\n", false),
+            "GET /x HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"
         );
     }
 
