@@ -92,7 +92,9 @@ pub struct RequestHead<'h, 'b> {
 }
 
 impl<'b> RequestHead<'_, 'b> {
-    /// The target in origin form (`/path?query`), or `*`.
+    /// The target in origin form (`/path?query`), or `*`. An absolute form with a query
+    /// and no path (`http://a?q`) gives `?q`: its origin form is `/?q`, which
+    /// [`crate::write_request_head`] writes.
     pub fn path(&self) -> &'b str {
         match &self.target[self.path_start..] {
             "" => "/",
@@ -224,7 +226,10 @@ fn authority<'b>(
     let rest = &target[scheme_len..];
     let authority_len = rest.find(['/', '?']).unwrap_or(rest.len());
     let named = &rest.as_bytes()[..authority_len];
-    if named.is_empty() || named.contains(&b'@') {
+    // host [":" port] as RFC 3986 spells it (no userinfo): a byte outside it is refused,
+    // not forwarded in the Host field of an HTTP/1.0 request.
+    let authority_byte = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(b);
+    if named.is_empty() || !named.iter().all(authority_byte) {
         return Err(RequestError::BadTarget);
     }
     if host.is_some_and(|host| !same_host(host, named)) {
@@ -371,6 +376,11 @@ mod tests {
         assert_eq!(parse(other), Err(RequestError::ConflictingHost));
         assert_eq!(
             parse(b"GET ftp://a/ HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(RequestError::BadTarget)
+        );
+        // Found by fuzz/h1_request: an authority with bytes no host has.
+        assert_eq!(
+            parse(b"GET http://oth>er/ HTTP/1.0\r\n\r\n"),
             Err(RequestError::BadTarget)
         );
         // Found by fuzz/h1_request: hyper reads `/a` where others read `/a#b`.

@@ -18,7 +18,11 @@ pub fn write_request_head(
 ) {
     out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.path().as_bytes());
+    let path = head.path();
+    if path.starts_with('?') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut host_written = false;
     for header in head.headers {
@@ -218,6 +222,14 @@ mod tests {
         assert_eq!(
             request_for_backend(b"GET http://a.test/x HTTP/1.0\r\n\r\n", false),
             "GET /x HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"
+        );
+        // Found by fuzz/h1_request: a query without a path was written as the target.
+        assert_eq!(
+            request_for_backend(
+                b"GET http://a.test?q HTTP/1.1\r\nHost: a.test\r\n\r\n",
+                false
+            ),
+            "GET /?q HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"
         );
     }
 
