@@ -421,7 +421,8 @@ def write_report(results, when, commit):
     disagreements = [(f, o, r) for (f, o), rows in results.items() for r in rows
                      if r["problems"] and f != CONTROL]
     lines += ["", "Disagreements of the fronts under test:" if disagreements
-              else "No disagreement through the fronts under test.", ""]
+              else "No disagreement through the fronts under test."]
+    lines += [""] if disagreements else []
     for front, origin, row in disagreements:
         lines.append(f"- {front} → {origin}, {row['case']!r} ({row['outcome']}): {'; '.join(row['problems'])}")
     control = [(o, r) for (f, o), rows in results.items() for r in rows if r["problems"] and f == CONTROL]
