@@ -11,12 +11,14 @@
 //! The codec does no I/O: a driver reads into its buffer, asks for a head, forwards the
 //! written head and the body the framing names, and reads again.
 
+mod bridge;
 mod chunked;
 mod fields;
 mod request;
 mod response;
 mod write;
 
+pub use bridge::{response_parts, write_request_parts, BridgeError};
 pub use chunked::{ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;
 pub use request::{parse_request, RequestBody, RequestError, RequestHead};

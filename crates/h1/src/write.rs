@@ -38,9 +38,8 @@ pub fn write_request_head(
         write_field(out, "Host", authority);
     }
     match head.body {
-        RequestBody::Empty => {}
-        RequestBody::Length(length) => write_length(out, length),
-        RequestBody::Chunked => write_codings(out, head.headers, head.other_codings),
+        RequestBody::Chunked if head.other_codings => write_codings(out, head.headers),
+        body => write_framing(out, body),
     }
     if head.websocket_upgrade {
         out.extend_from_slice(b"Upgrade: websocket\r\nConnection: upgrade\r\n");
@@ -89,9 +88,10 @@ pub fn write_response_head(
     }
     match head.body {
         ResponseBody::Length(length) => write_length(out, length),
-        ResponseBody::Chunked if client.chunked => {
-            write_codings(out, head.headers, head.other_codings)
+        ResponseBody::Chunked if client.chunked && head.other_codings => {
+            write_codings(out, head.headers)
         }
+        ResponseBody::Chunked if client.chunked => write_framing(out, RequestBody::Chunked),
         _ => {}
     }
     if head.code == 101 {
@@ -113,7 +113,7 @@ fn forwarded(header: &Header<'_>, all: &[Header<'_>], connection_names_fields: b
     !hop_by_hop
 }
 
-fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(crate) fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
@@ -126,23 +126,30 @@ fn write_length(out: &mut Vec<u8>, length: u64) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The one framing field of a body: a Content-Length, a chunked Transfer-Encoding, or
+/// none.
+pub(crate) fn write_framing(out: &mut Vec<u8>, body: RequestBody) {
+    match body {
+        RequestBody::Empty => {}
+        RequestBody::Length(length) => write_length(out, length),
+        RequestBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+    }
+}
+
 /// One Transfer-Encoding line: the codings other than identity, in order, ending in the
 /// one chunked the reader checked is last.
-fn write_codings(out: &mut Vec<u8>, headers: &[Header<'_>], other_codings: bool) {
+fn write_codings(out: &mut Vec<u8>, headers: &[Header<'_>]) {
     out.extend_from_slice(b"Transfer-Encoding: ");
-    if other_codings {
-        let codings = headers
-            .iter()
-            .filter(|header| header.name.eq_ignore_ascii_case("transfer-encoding"))
-            .flat_map(|header| tokens(header.value))
-            .filter(|coding| {
-                !coding.eq_ignore_ascii_case(b"identity")
-                    && !coding.eq_ignore_ascii_case(b"chunked")
-            });
-        for coding in codings {
-            out.extend(coding.iter().map(u8::to_ascii_lowercase));
-            out.extend_from_slice(b", ");
-        }
+    let codings = headers
+        .iter()
+        .filter(|header| header.name.eq_ignore_ascii_case("transfer-encoding"))
+        .flat_map(|header| tokens(header.value))
+        .filter(|coding| {
+            !coding.eq_ignore_ascii_case(b"identity") && !coding.eq_ignore_ascii_case(b"chunked")
+        });
+    for coding in codings {
+        out.extend(coding.iter().map(u8::to_ascii_lowercase));
+        out.extend_from_slice(b", ");
     }
     out.extend_from_slice(b"chunked\r\n");
 }
