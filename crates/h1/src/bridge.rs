@@ -17,6 +17,8 @@ use crate::write::{write_field, write_framing};
 /// framing, then `extra`. The caller decides `body` from what it knows of the stream (a
 /// `content-length` it checked against the DATA frames, or chunked when it does not
 /// know); an HTTP/2 request's `:authority` is written as Host when the fields have none.
+/// A request naming no host at all is the caller's to refuse first (the router routes by
+/// host): what this writes for it no HTTP/1.1 server takes.
 pub fn write_request_parts(
     out: &mut Vec<u8>,
     parts: &http::request::Parts,
