@@ -379,8 +379,11 @@ impl<S: ClientStream> Connection<S> {
         if head.code == 101 && !switching {
             return Err(());
         }
-        client.keep_alive &= head.body != ResponseBody::UntilClose
-            && !(head.body == ResponseBody::Chunked && !client.chunked);
+        // An answer the backend ends by closing, or a chunked one sent to an HTTP/1.0
+        // client as its data alone, ends the client's connection too.
+        let ends_by_close = head.body == ResponseBody::UntilClose
+            || (head.body == ResponseBody::Chunked && !client.chunked);
+        client.keep_alive &= !ends_by_close;
         ready_for_head(&mut self.out);
         write_response_head(&mut self.out, &head, client, &[]);
         Ok(Some(AnswerHead {
