@@ -103,9 +103,10 @@ impl ChunkedReframer {
         let mut at = 0;
         while at < input.len() && self.state != State::Done {
             if self.state == State::Data {
-                let take = input
-                    .len()
-                    .min(at + usize::try_from(self.size).unwrap_or(usize::MAX));
+                // What is left of the input, or of the chunk if less: never `at + size`,
+                // which a 16-digit size overflows.
+                let take =
+                    at + (input.len() - at).min(usize::try_from(self.size).unwrap_or(usize::MAX));
                 out.extend_from_slice(&input[at..take]);
                 self.size -= (take - at) as u64;
                 at = take;
@@ -291,6 +292,18 @@ mod tests {
                 String::from_utf8_lossy(input)
             );
         }
+    }
+
+    #[test]
+    fn the_largest_size_is_data_to_read_not_an_overflow() {
+        // Found by fuzz/h1_request: a size of u64::MAX overflowed the data step's end.
+        let mut reframer = ChunkedReframer::new();
+        let mut out = Vec::new();
+        let read = reframer
+            .reframe(b"FFFFFFFFFFFFFFFF;x\r\nsome data", &mut out)
+            .expect("a valid start");
+        assert_eq!((read.consumed, read.done), (29, false));
+        assert_eq!(out, b"ffffffffffffffff\r\nsome data");
     }
 
     #[test]
