@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import run as R  # noqa: E402
 import bench  # noqa: E402
-from bench import Process, free_port, put_app, wait_port  # noqa: E402
 
 FIRST_REQUESTS = 200
 
@@ -39,51 +38,11 @@ def valgrind(tool, out):
     return ["valgrind", f"--tool={tool}", f"{flag}={out}"]
 
 
-def start_nginx(work, backend, tool, out, tls):
-    proc, port = R.start_nginx(work, backend, tls=tls, workers=1, wrap=valgrind(tool, out))
+def start(name, work, backend, tool, out, tls):
+    """run.py's own starter for `name`, with one worker and under the tool."""
+    one_worker = {"workers": 1} if name == "nginx" else {"threads": 1}
+    proc, port = R.PROXIES[name](work, backend, tls=tls, wrap=valgrind(tool, out), **one_worker)
     return proc, port, proc.tls_port
-
-
-def start_haproxy(work, backend, tool, out, tls):
-    proc, port = R.start_haproxy(work, backend, tls=tls, threads=1, wrap=valgrind(tool, out))
-    return proc, port, proc.tls_port
-
-
-def floor(binary):
-    def start(work, backend, tool, out, tls):
-        port = free_port()
-        tls_port = free_port() if tls else None
-        tls_args = (["--tls-listen", f"127.0.0.1:{tls_port}", "--cert", str(tls[0]),
-                     "--key", str(tls[1])] if tls else [])
-        proc = Process(binary, [*valgrind(tool, out), str(R.TARGET / binary), "--listen",
-                                f"127.0.0.1:{port}", "--threads", "1", "--route",
-                                f"{R.HOST}=127.0.0.1:{backend}", *tls_args], work)
-        return proc, port, tls_port
-    return start
-
-
-def start_switchyard(work, backend, tool, out, tls):
-    port, admin = free_port(), free_port()
-    tls_port = free_port() if tls else None
-    listeners = (["--https", f"127.0.0.1:{tls_port}", "--default-cert", str(tls[0]),
-                  "--default-key", str(tls[1])] if tls else ["--https", "off"])
-    proc = Process("switchyard", [
-        *valgrind(tool, out), str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
-        "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"switchyard-data-{port}"),
-        "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "1", "--waf", "off",
-    ], work)
-    wait_port(admin, timeout=180)
-    put_app(admin, "app7", {"domains": [R.HOST], "backends": [f"127.0.0.1:{backend}"]})
-    return proc, port, tls_port
-
-
-TARGETS = {
-    "nginx": start_nginx,
-    "haproxy": start_haproxy,
-    "hyper-floor": floor("hyper-floor"),
-    "h1-floor": floor("h1-floor"),
-    "switchyard": start_switchyard,
-}
 
 
 def load(port, scheme, requests, rate):
@@ -113,10 +72,9 @@ def total(tool, out, log):
 
 def one_run(name, work, backend, args, tls, requests):
     out = work / f"{name}-{args.tool}-{requests}.out"
-    proc, port, tls_port = TARGETS[name](work, backend, args.tool, out, tls)
+    proc, port, tls_port = start(name, work, backend, args.tool, out, tls)
     try:
         serving = tls_port if args.scheme == "https" else port
-        wait_port(serving, timeout=180)
         # Warm-up: the first connections, pools and lazily built tables, in both runs.
         answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate)
         if requests:
@@ -135,7 +93,7 @@ def one_run(name, work, backend, args, tls, requests):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="+", choices=sorted(TARGETS))
+    parser.add_argument("targets", nargs="+", choices=sorted(R.PROXIES))
     parser.add_argument("--tool", choices=["callgrind", "dhat"], default="callgrind")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rate", type=int, default=200)

@@ -163,39 +163,40 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None):
+def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=()):
     """Switchyard, on hyper since the engine change (commit 2fef383; Pingora's code was
-    removed after it, and its rows in the earlier runs are kept below for comparison)."""
+    removed after it, and its rows in the earlier runs are kept below for comparison).
+    `wrap`: a command to run it under (valgrind)."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls else None
     cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
     listeners = ["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port else ["--https", "off"]
     name = f"switchyard-{port}"
     proc = Process(name, [
-        str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
+        *wrap, str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
-        "--access-log", "off", "--shutdown-grace-s", "0", "--threads", "2", "--waf", "off",
+        "--access-log", "off", "--shutdown-grace-s", "0", "--threads", str(threads), "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
     for listening in (port, admin, tls_port):
         if listening:
-            wait_port(listening)
+            wait_port(listening, timeout=180)
     put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
     proc.tls_port = tls_port
     return proc, port
 
 
 def floor_starter(binary):
-    def start(work, backend, host=HOST, tls=None):
+    def start(work, backend, host=HOST, tls=None, threads=2, wrap=()):
         port = free_port()
         tls_port = free_port() if tls else None
         tls_args = (["--tls-listen", f"127.0.0.1:{tls_port}", "--cert", str(tls[0]),
                      "--key", str(tls[1])] if tls else [])
-        proc = Process(f"{binary}-{port}", [str(TARGET / binary), "--listen", f"127.0.0.1:{port}",
-                                            "--threads", "2", "--route", f"{host}=127.0.0.1:{backend}",
-                                            *tls_args], work)
-        wait_port(port)
+        proc = Process(f"{binary}-{port}", [*wrap, str(TARGET / binary), "--listen", f"127.0.0.1:{port}",
+                                            "--threads", str(threads), "--route",
+                                            f"{host}=127.0.0.1:{backend}", *tls_args], work)
+        wait_port(port, timeout=180)
         if tls_port:
-            wait_port(tls_port)
+            wait_port(tls_port, timeout=180)
         proc.tls_port = tls_port
         return proc, port
     return start
