@@ -7,7 +7,7 @@
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 
-use crate::fields;
+use crate::fields::{self, Connection};
 use crate::request::RequestBody;
 use crate::response::{ResponseBody, ResponseHead};
 use crate::write::{write_field, write_framing};
@@ -35,21 +35,17 @@ pub fn write_request_parts(
             .as_bytes(),
     );
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let names_fields = parts
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .flat_map(|value| fields::tokens(value.as_bytes()))
-        .any(|token| {
-            !token.eq_ignore_ascii_case(b"close")
-                && !token.eq_ignore_ascii_case(b"keep-alive")
-                && !token.eq_ignore_ascii_case(b"upgrade")
-        });
+    let connection_values = || {
+        parts
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .map(HeaderValue::as_bytes)
+    };
+    let connection = Connection::from_values(connection_values());
     let mut host_written = false;
     for (name, value) in &parts.headers {
-        if fields::is_hop_by_hop(name.as_str())
-            || (names_fields && named_in_connection(&parts.headers, name))
-        {
+        if !fields::forwarded(name.as_str(), &connection, connection_values()) {
             continue;
         }
         host_written |= name == http::header::HOST;
@@ -63,15 +59,6 @@ pub fn write_request_parts(
         write_field(out, name, value);
     }
     out.extend_from_slice(b"\r\n");
-}
-
-fn named_in_connection(headers: &HeaderMap, name: &HeaderName) -> bool {
-    name != http::header::HOST
-        && headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .flat_map(|value| fields::tokens(value.as_bytes()))
-            .any(|token| token.eq_ignore_ascii_case(name.as_str().as_bytes()))
 }
 
 /// Why a backend's answer cannot be given to an HTTP/2 client as it is.
@@ -89,14 +76,15 @@ pub fn response_parts(head: &ResponseHead<'_, '_>) -> Result<(StatusCode, Header
     let status = StatusCode::from_u16(head.code).map_err(|_| BridgeError::Invalid)?;
     let mut headers = HeaderMap::with_capacity(head.headers.len());
     for header in head.headers {
+        // HTTP/2 keeps a Content-Length it can check against the DATA frames.
         let keep_length = header.name.eq_ignore_ascii_case("content-length")
-            && matches!(head.body, ResponseBody::None | ResponseBody::Length(_))
-            && head.code >= 200
-            && head.code != 204;
-        if (fields::is_hop_by_hop(header.name) && !keep_length)
-            || (head.connection.names_fields
-                && !keep_length
-                && fields::named_by_connection(head.headers, header.name))
+            && (head.announces_length() || matches!(head.body, ResponseBody::Length(_)));
+        if !keep_length
+            && !fields::forwarded(
+                header.name,
+                &head.connection,
+                fields::connection_values(head.headers),
+            )
         {
             continue;
         }

@@ -19,21 +19,21 @@ pub struct Connection {
 
 impl Connection {
     pub(crate) fn read(headers: &[Header<'_>]) -> Self {
+        Self::from_values(connection_values(headers))
+    }
+
+    /// What the values of a message's `Connection` fields say, wherever they were read.
+    pub(crate) fn from_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Self {
         let mut connection = Connection::default();
-        for header in headers {
-            if !header.name.eq_ignore_ascii_case("connection") {
-                continue;
-            }
-            for token in tokens(header.value) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    connection.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    connection.keep_alive = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    connection.upgrade = true;
-                } else {
-                    connection.names_fields = true;
-                }
+        for token in values.flat_map(tokens) {
+            if token.eq_ignore_ascii_case(b"close") {
+                connection.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                connection.keep_alive = true;
+            } else if token.eq_ignore_ascii_case(b"upgrade") {
+                connection.upgrade = true;
+            } else {
+                connection.names_fields = true;
             }
         }
         connection
@@ -157,18 +157,33 @@ pub(crate) fn is_hop_by_hop(name: &str) -> bool {
         .any(|hop| hop.len() == name.len() && hop.eq_ignore_ascii_case(name))
 }
 
-/// Whether `name` is one the message's `Connection` fields list (and so not forwarded).
-/// Framing fields stay whatever `Connection` says: dropping a Content-Length named there
-/// would leave the next hop reading the body as the next request.
-pub(crate) fn named_by_connection(headers: &[Header<'_>], name: &str) -> bool {
-    if name.eq_ignore_ascii_case("host") {
-        return false;
-    }
+/// The values of the `Connection` fields among `headers`.
+pub(crate) fn connection_values<'v>(headers: &'v [Header<'_>]) -> impl Iterator<Item = &'v [u8]> {
     headers
         .iter()
         .filter(|header| header.name.eq_ignore_ascii_case("connection"))
-        .flat_map(|header| tokens(header.value))
-        .any(|token| token.eq_ignore_ascii_case(name.as_bytes()))
+        .map(|header| header.value)
+}
+
+/// Whether a field named `name` goes on to the next hop: not a hop-by-hop field, nor one
+/// the message's `Connection` fields list (`connection` says whether they list any, so
+/// that `connection_values` is only walked then). The framing fields are hop-by-hop and
+/// written anew, whatever `Connection` says, and Host is never dropped: dropping a
+/// Content-Length named there would leave the next hop reading the body as the next
+/// request.
+pub(crate) fn forwarded<'v>(
+    name: &str,
+    connection: &Connection,
+    connection_values: impl Iterator<Item = &'v [u8]>,
+) -> bool {
+    if is_hop_by_hop(name) {
+        return false;
+    }
+    !(connection.names_fields
+        && !name.eq_ignore_ascii_case("host")
+        && connection_values
+            .flat_map(tokens)
+            .any(|token| token.eq_ignore_ascii_case(name.as_bytes())))
 }
 
 #[cfg(test)]
@@ -236,11 +251,17 @@ mod tests {
     }
 
     #[test]
-    fn framing_fields_survive_being_named_in_connection() {
-        let headers = [header("Connection", "Content-Length, X-Secret, Host")];
-        assert!(named_by_connection(&headers, "x-secret"));
-        assert!(named_by_connection(&headers, "Content-Length"));
-        // The writer leaves framing to its own rules; Host is never dropped.
-        assert!(!named_by_connection(&headers, "host"));
+    fn fields_named_in_connection_stay_behind_but_host() {
+        let headers = [
+            header("Connection", "Content-Length, X-Secret, Host"),
+            header("Host", "a"),
+        ];
+        let connection = Connection::read(&headers);
+        let forwarded = |name| forwarded(name, &connection, connection_values(&headers));
+        assert!(!forwarded("x-secret"));
+        assert!(forwarded("x-other"));
+        // Framing is the writer's to write anew; Host is never dropped.
+        assert!(!forwarded("Content-Length"));
+        assert!(forwarded("host"));
     }
 }

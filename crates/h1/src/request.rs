@@ -246,18 +246,19 @@ fn starts_with_ignore_case(text: &str, prefix: &str) -> bool {
 /// Two authorities naming the same host: case and a trailing dot aside, ports compared
 /// only when both give one.
 fn same_host(a: &[u8], b: &[u8]) -> bool {
-    let split = |authority: &[u8]| -> (Vec<u8>, Option<Vec<u8>>) {
+    // Slices of the authorities compared in place: no copy on the request path.
+    fn split(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
         let (host, port) = match authority.iter().rposition(|&c| c == b':') {
             Some(colon) if !authority.ends_with(b"]") => {
-                (&authority[..colon], Some(authority[colon + 1..].to_vec()))
+                (&authority[..colon], Some(&authority[colon + 1..]))
             }
             _ => (authority, None),
         };
-        let host = host.strip_suffix(b".").unwrap_or(host);
-        (host.to_ascii_lowercase(), port)
-    };
+        (host.strip_suffix(b".").unwrap_or(host), port)
+    }
     let ((host_a, port_a), (host_b, port_b)) = (split(a), split(b));
-    host_a == host_b && (port_a.is_none() || port_b.is_none() || port_a == port_b)
+    host_a.eq_ignore_ascii_case(host_b)
+        && (port_a.is_none() || port_b.is_none() || port_a == port_b)
 }
 
 #[cfg(test)]

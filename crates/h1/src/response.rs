@@ -56,6 +56,12 @@ impl ResponseHead<'_, '_> {
         (100..200).contains(&self.code) && self.code != 101
     }
 
+    /// A bodiless answer whose Content-Length tells the size of what a GET would have got
+    /// (an answer to HEAD, a 304): the field is kept for the client as sent.
+    pub fn announces_length(&self) -> bool {
+        self.body == ResponseBody::None && self.code >= 200 && self.code != 204
+    }
+
     /// Whether the backend connection can carry another request once this body is read.
     pub fn keeps_connection(&self) -> bool {
         self.code != 101

@@ -26,7 +26,7 @@ pub fn write_request_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut host_written = false;
     for header in head.headers {
-        if forwarded(header, head.headers, head.connection.names_fields)
+        if forwarded(header, head.headers, &head.connection)
             && !(answer_continue && header.name.eq_ignore_ascii_case("expect"))
         {
             host_written |= header.name.eq_ignore_ascii_case("host");
@@ -75,14 +75,9 @@ pub fn write_response_head(
     out.extend_from_slice(head.reason.as_bytes());
     out.extend_from_slice(b"\r\n");
     for header in head.headers {
-        if forwarded(header, head.headers, head.connection.names_fields) {
-            write_field(out, header.name, header.value);
-        } else if head.body == ResponseBody::None
-            && head.code != 204
-            && head.code >= 200
-            && header.name.eq_ignore_ascii_case("content-length")
+        if forwarded(header, head.headers, &head.connection)
+            || (head.announces_length() && header.name.eq_ignore_ascii_case("content-length"))
         {
-            // An answer to HEAD or a 304 tells the size of what a GET would have got.
             write_field(out, header.name, header.value);
         }
     }
@@ -107,10 +102,8 @@ pub fn write_response_head(
     out.extend_from_slice(b"\r\n");
 }
 
-fn forwarded(header: &Header<'_>, all: &[Header<'_>], connection_names_fields: bool) -> bool {
-    let hop_by_hop = fields::is_hop_by_hop(header.name)
-        || (connection_names_fields && fields::named_by_connection(all, header.name));
-    !hop_by_hop
+fn forwarded(header: &Header<'_>, all: &[Header<'_>], connection: &fields::Connection) -> bool {
+    fields::forwarded(header.name, connection, fields::connection_values(all))
 }
 
 pub(crate) fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
