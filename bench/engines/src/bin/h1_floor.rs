@@ -568,7 +568,7 @@ impl<S: ClientStream> Connection<S> {
             backend_keeps,
             switching,
             closes,
-            interim,
+            interim: _,
         } = loop {
             match self.answer_head(forward) {
                 Ok(Some(head)) if head.interim => {
@@ -584,7 +584,6 @@ impl<S: ClientStream> Connection<S> {
                 Err(()) => return self.bad_gateway().await,
             }
         };
-        debug_assert!(!interim);
         if switching {
             self.out.extend_from_slice(&self.from_backend[head_len..]);
             self.client.write_all(&self.out).await?;
