@@ -25,15 +25,19 @@ impl Connection {
     /// What the values of a message's `Connection` fields say, wherever they were read.
     pub(crate) fn from_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Self {
         let mut connection = Connection::default();
-        for token in values.flat_map(tokens) {
-            if token.eq_ignore_ascii_case(b"close") {
-                connection.close = true;
-            } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                connection.keep_alive = true;
-            } else if token.eq_ignore_ascii_case(b"upgrade") {
-                connection.upgrade = true;
-            } else {
-                connection.names_fields = true;
+        // Two plain loops, not a flat_map: this runs for every head, and flat_map's state
+        // cost 1% of a proxied request's instructions (callgrind, h1-floor).
+        for value in values {
+            for token in tokens(value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    connection.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    connection.keep_alive = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    connection.upgrade = true;
+                } else {
+                    connection.names_fields = true;
+                }
             }
         }
         connection
@@ -174,7 +178,7 @@ pub(crate) fn connection_values<'v>(headers: &'v [Header<'_>]) -> impl Iterator<
 pub(crate) fn forwarded<'v>(
     name: &str,
     connection: &Connection,
-    connection_values: impl Iterator<Item = &'v [u8]>,
+    mut connection_values: impl Iterator<Item = &'v [u8]>,
 ) -> bool {
     if is_hop_by_hop(name) {
         return false;
@@ -182,8 +186,7 @@ pub(crate) fn forwarded<'v>(
     !(connection.names_fields
         && !name.eq_ignore_ascii_case("host")
         && connection_values
-            .flat_map(tokens)
-            .any(|token| token.eq_ignore_ascii_case(name.as_bytes())))
+            .any(|value| tokens(value).any(|token| token.eq_ignore_ascii_case(name.as_bytes()))))
 }
 
 #[cfg(test)]
