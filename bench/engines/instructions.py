@@ -18,6 +18,7 @@ Writes nothing but its own output: copy the figures to bench/ENGINE.md with the 
 
 import argparse
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,6 +100,8 @@ def main():
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--scheme", choices=["http", "https"], default="http")
     args = parser.parse_args()
+    if not shutil.which("valgrind"):
+        sys.exit("valgrind is missing: bench/run installs it (Debian's valgrind package)")
     work = Path(tempfile.mkdtemp(prefix="instructions-"))
     tls = R.make_certificate(work) if args.scheme == "https" else None
     rows = {}
