@@ -136,9 +136,7 @@ fn check_bridge(parts: &http::request::Parts, body_len: usize) {
         // hyper takes targets the codec refuses (non-ASCII bytes, fragments) and HTTP/1.0
         // requests naming no host (which the router refuses before any bridge: it routes
         // by host), and a head at its 100 fields may gain a Host: refusing is safe.
-        Err(RequestError::BadTarget | RequestError::BadHost | RequestError::HeadTooLarge) => {
-            return
-        }
+        Err(RequestError::BadTarget | RequestError::BadHost | RequestError::HeadTooLarge) => return,
         other => panic!("bridged request does not read back: {other:?} {written:?}"),
     };
     assert_eq!(head.method, parts.method.as_str());
