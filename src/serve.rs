@@ -17,8 +17,8 @@ use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker,
     InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, PoolScheduling,
-    RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings, TicketKeyRotation,
-    TrafficHistory, WorkerPool,
+    ResponseBuffers, RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings,
+    TicketKeyRotation, TrafficHistory, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -199,6 +199,19 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             .context("cannot start the worker pool")?
     });
     router = router.with_worker_pool(pool.clone());
+    let response_spool = config.data_dir.join("response-spool");
+    std::fs::create_dir_all(&response_spool).with_context(|| {
+        format!(
+            "cannot make the response spool {}",
+            response_spool.display()
+        )
+    })?;
+    router = router.with_response_buffers(ResponseBuffers::new(
+        config.response_buffer_bytes,
+        config.response_buffer_memory_bytes,
+        config.response_spool_bytes,
+        response_spool,
+    ));
     let inspector = if config.waf {
         let started = std::time::Instant::now();
         let files = RuleFiles {

@@ -321,3 +321,157 @@ fn an_idle_http2_connection_is_asked_to_go_away_after_the_client_idle_timeout() 
     );
     assert_eq!(backend.requests(), 1, "the request was served first");
 }
+
+/// A backend that answers each request on its connections with `size` bytes of a pattern,
+/// and tells, for each answer, when it had written the last byte.
+fn large_answer_backend(
+    size: usize,
+    content_type: &'static str,
+) -> (SocketAddr, std::sync::mpsc::Receiver<Instant>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (written, answers) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let Ok(mut stream) = stream else { return };
+            let written = written.clone();
+            std::thread::spawn(move || {
+                let body: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                loop {
+                    let mut line = String::new();
+                    // One request head, to its blank line.
+                    loop {
+                        line.clear();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {size}\r\n\r\n"
+                    );
+                    if stream.write_all(head.as_bytes()).is_err()
+                        || stream.write_all(&body).is_err()
+                    {
+                        return;
+                    }
+                    let _ = written.send(Instant::now());
+                }
+            });
+        }
+    });
+    (addr, answers)
+}
+
+/// Sends a GET for `host` and reads no more than its answer's first KiB; the connection
+/// and how many bytes of the body that KiB held.
+fn slow_reader(http: SocketAddr, host: &str) -> (TcpStream, usize) {
+    let mut client = TcpStream::connect(http).expect("connect");
+    write!(client, "GET /big HTTP/1.1\r\nHost: {host}\r\n\r\n").expect("send");
+    let mut first = [0u8; 1024];
+    client.read_exact(&mut first).expect("the answer begins");
+    assert!(
+        first.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first)
+    );
+    let head_end = first
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head within 1 KiB")
+        + 4;
+    (client, first.len() - head_end)
+}
+
+/// Reads the rest of the answer and checks every byte of its body.
+fn read_whole_answer((mut client, already): (TcpStream, usize), size: usize) {
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut body = Vec::with_capacity(size);
+    let mut buffer = vec![0u8; 1 << 16];
+    while already + body.len() < size {
+        let want = (size - already - body.len()).min(buffer.len());
+        let n = client.read(&mut buffer[..want]).expect("read");
+        assert!(n > 0, "the answer ended short");
+        body.extend_from_slice(&buffer[..n]);
+    }
+    let expected: Vec<u8> = (already..size).map(|i| (i % 251) as u8).collect();
+    assert!(
+        body == expected,
+        "the body read ahead came back out of order or changed"
+    );
+}
+
+#[test]
+fn a_slow_reader_does_not_hold_the_backend_while_answers_that_stream_do() {
+    const SIZE: usize = 32 << 20;
+    let router = RouterProcess::start_with(&["--response-buffer-mb", "64"]);
+    let (buffered, buffered_done) = large_answer_backend(SIZE, "application/octet-stream");
+    let (opted_out, opted_out_done) = large_answer_backend(SIZE, "application/octet-stream");
+    let (events, events_done) = large_answer_backend(SIZE, "text/event-stream");
+    router.put_app(
+        "files",
+        json!({"domains": ["files.test"], "backends": [buffered.to_string()]}),
+    );
+    router.put_app(
+        "streams",
+        json!({"domains": ["streams.test"], "backends": [opted_out.to_string()],
+               "response_buffering": false}),
+    );
+    router.put_app(
+        "events",
+        json!({"domains": ["events.test"], "backends": [events.to_string()]}),
+    );
+
+    // 32 MiB is more than the sockets' buffers hold (a few MiB each way): only a router
+    // that reads ahead lets the backend finish while its client reads nothing.
+    let started = Instant::now();
+    let client = slow_reader(router.http, "files.test");
+    let finished = buffered_done
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the backend wrote its whole answer while the client read 1 KiB");
+    assert!(finished - started < Duration::from_secs(10));
+    assert!(router.metric("switchyard_responses_read_ahead_total") >= 1.0);
+    assert!(
+        router.metric("switchyard_response_spool_bytes") > 0.0,
+        "past its 1 MiB of memory, the answer is spooled"
+    );
+    assert!(router.metric("switchyard_response_buffer_memory_bytes") > 0.0);
+    read_whole_answer(client, SIZE);
+    assert_eq!(router.metric("switchyard_response_spool_bytes"), 0.0);
+    assert_eq!(
+        router.metric("switchyard_response_buffer_memory_bytes"),
+        0.0
+    );
+
+    // The backend's connection went back to the pool: a second request reuses it.
+    let opened = router.metric("switchyard_backend_connections_opened_total");
+    let again = slow_reader(router.http, "files.test");
+    buffered_done
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the second answer written whole too");
+    assert_eq!(
+        router.metric("switchyard_backend_connections_opened_total"),
+        opened
+    );
+    read_whole_answer(again, SIZE);
+
+    // An app that streams, and an event stream, go at the client's pace.
+    for (host, done) in [
+        ("streams.test", &opted_out_done),
+        ("events.test", &events_done),
+    ] {
+        let client = slow_reader(router.http, host);
+        assert!(
+            done.recv_timeout(Duration::from_secs(3)).is_err(),
+            "{host}: the backend could write its whole answer to a client that read 1 KiB"
+        );
+        read_whole_answer(client, SIZE);
+        done.recv_timeout(Duration::from_secs(10))
+            .expect("written once read");
+    }
+    assert_eq!(router.metric("switchyard_responses_read_ahead_total"), 2.0);
+}

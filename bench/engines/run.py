@@ -163,17 +163,18 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=()):
+def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=(), binary=None):
     """Switchyard, on hyper since the engine change (commit 2fef383; Pingora's code was
     removed after it, and its rows in the earlier runs are kept below for comparison).
-    `wrap`: a command to run it under (valgrind)."""
+    `wrap`: a command to run it under (valgrind); `binary`: another build than
+    target/release's (an earlier commit's, for a before/after in one run)."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls else None
     cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
     listeners = ["--https", f"127.0.0.1:{tls_port}", *cert] if tls_port else ["--https", "off"]
     name = f"switchyard-{port}"
     proc = Process(name, [
-        *wrap, str(bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
+        *wrap, str(binary or bench.BIN), "serve", "--http", f"127.0.0.1:{port}", *listeners,
         "--admin", f"127.0.0.1:{admin}", "--data-dir", str(work / f"{name}-data"),
         "--access-log", "off", "--shutdown-grace-s", "0", "--threads", str(threads), "--waf", "off",
     ], work, env={**os.environ, "RUST_LOG": "warn"})
@@ -202,8 +203,17 @@ def floor_starter(binary):
     return start
 
 
+def start_switchyard_before(work, backend, **options):
+    """Switchyard built from an earlier commit, at $SWITCHYARD_BEFORE_BIN."""
+    before = os.environ.get("SWITCHYARD_BEFORE_BIN")
+    if not before:
+        raise SystemExit("switchyard-before: set SWITCHYARD_BEFORE_BIN to an earlier build")
+    return start_switchyard(work, backend, binary=before, **options)
+
+
 PROXIES = {
     "nginx": start_nginx,
+    "switchyard-before": start_switchyard_before,
     "haproxy": start_haproxy,
     "switchyard": start_switchyard,
     "pingora-floor": floor_starter("pingora-floor"),
@@ -507,7 +517,10 @@ def main():
                "commit": commit(), "rate": args.rate, "tls_new_rate": args.tls_new_rate, "seconds": args.seconds,
                "connections": args.connections, "websockets": args.websockets, "proxies": {}}
     tls = make_certificate(work)
-    for name in args.only or PROXIES:
+    # An earlier build is measured only when asked for.
+    everyone = [name for name in PROXIES
+                if name != "switchyard-before" or os.environ.get("SWITCHYARD_BEFORE_BIN")]
+    for name in args.only or everyone:
         with bench.Started() as procs:
             print(f"measuring {name} …", flush=True)
             results["proxies"][name] = measure_proxy(name, PROXIES[name], work, args, procs, tls)

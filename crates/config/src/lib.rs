@@ -181,6 +181,18 @@ settings! {
     /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
     /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
     waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB";
+    /// Most of one backend answer, in MiB, read ahead of a slow client (in memory, then in
+    /// DATA_DIR/response-spool) so that the backend's connection is freed at the backend's
+    /// speed; 0 turns read-ahead off. `text/event-stream` answers, those sent with
+    /// `X-Accel-Buffering: no`, and apps with `"response_buffering": false` are never read
+    /// ahead.
+    response_buffer_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MB";
+    /// Most memory, in MiB, all answers read ahead may hold at once (at most 1 MiB each,
+    /// the rest is spooled).
+    response_buffer_memory_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MEMORY_MB";
+    /// Most disk, in MiB, all answers read ahead may spool at once; past it and the memory
+    /// budget, answers go on at their client's pace.
+    response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB";
     /// Threads for CPU-bound stages such as the WAF (default: number of cores).
     pool_threads: usize = "SWITCHYARD_POOL_THREADS";
     /// Most tasks waiting for those threads; more are refused at once.
@@ -438,6 +450,12 @@ pub struct Config {
     pub waf_rules: Option<String>,
     /// Disk for request bodies waiting for the WAF.
     pub waf_spool_bytes: u64,
+    /// Most of one answer read ahead of its client; 0: read-ahead off.
+    pub response_buffer_bytes: u64,
+    /// Memory for answers read ahead, over all clients.
+    pub response_buffer_memory_bytes: u64,
+    /// Disk for answers read ahead, over all clients.
+    pub response_spool_bytes: u64,
     /// Threads of the worker pool for CPU-bound stages.
     pub pool_threads: usize,
     /// Most tasks waiting for the pool.
@@ -703,6 +721,12 @@ impl Config {
                 .choice(source, &[("on", true), ("off", false)])?,
             waf_rules: settings.waf_rules.value,
             waf_spool_bytes: settings.waf_spool_mb.mebibytes(source, 1024)?,
+            // Zero is a choice here (read-ahead off), not a mistake.
+            response_buffer_bytes: settings.response_buffer_mb.or(64).saturating_mul(1 << 20),
+            response_buffer_memory_bytes: settings
+                .response_buffer_memory_mb
+                .mebibytes(source, 256)?,
+            response_spool_bytes: settings.response_spool_mb.mebibytes(source, 1024)?,
             pool_threads: settings.pool_threads.at_least_one(source, cores)?,
             pool_queue: settings.pool_queue.at_least_one(source, 1024)?,
             pool_sched: settings.pool_sched.choice(

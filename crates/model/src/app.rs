@@ -299,6 +299,18 @@ pub struct App {
     /// Guardrails: allowed networks, rates, requests in flight, sizes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Box<crate::Limits>>,
+    /// Answers are read ahead of slow clients (`--response-buffer-mb`), freeing the
+    /// backend's connection; false for apps that stream (long polls, progressive pages).
+    #[serde(default = "reads_ahead", skip_serializing_if = "is_true")]
+    pub response_buffering: bool,
+}
+
+fn reads_ahead() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 /// How an app's certificates are obtained: uploaded by the operator (the default), or also

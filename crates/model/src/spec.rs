@@ -45,6 +45,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "drain",
             "tls",
             "limits",
+            "response_buffering",
             // What GET shows of the named backends' addresses: read-only, ignored here, so
             // an app read and written back is accepted.
             "resolved_backends",
@@ -98,6 +99,16 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         Some(_) => {
             return Err(ValidationError::new(
                 "https_redirect",
+                "must be true or false",
+            ))
+        }
+    };
+    let response_buffering = match fields.get("response_buffering") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ValidationError::new(
+                "response_buffering",
                 "must be true or false",
             ))
         }
@@ -160,6 +171,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         images,
         drain,
         tls,
+        response_buffering,
     })
 }
 

@@ -30,7 +30,7 @@ mod wall_clock;
 mod worker_pool;
 
 pub use access_log::{AccessLog, AccessLogTarget};
-pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
+pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls, ResponseBuffers};
 pub use response_cache::redis::CacheRedis;
 pub use router::{FleetLimitSync, Router};
 pub use routing::connections::ConnectionTable;

@@ -433,6 +433,38 @@ switchyard_metrics::declare_metrics! {
         "Backend connections the listener opened."
     ));
 
+    pub(crate) static RESPONSES_READ_AHEAD: IntCounter = registered(register_int_counter!(
+        "switchyard_responses_read_ahead_total",
+        "Backend answers read ahead of their client (response buffering), their backend \
+         connection freed once read."
+    ));
+
+    pub(crate) static RESPONSE_BUFFER_FULL: IntCounter = registered(register_int_counter!(
+        "switchyard_response_buffer_full_total",
+        "Answers read ahead that filled their share (--response-buffer-mb) or the memory \
+         and spool budgets, and went on at their client's pace."
+    ));
+
+    pub(crate) static RESPONSE_BUFFER_MEMORY: IntGauge = registered(register_int_gauge!(
+        "switchyard_response_buffer_memory_bytes",
+        "Bytes of answers read ahead of their clients, held in memory."
+    ));
+
+    pub(crate) static RESPONSE_BUFFER_MEMORY_BUDGET: IntGauge = registered(register_int_gauge!(
+        "switchyard_response_buffer_memory_budget_bytes",
+        "Most bytes answers read ahead may hold in memory (--response-buffer-memory-mb)."
+    ));
+
+    pub(crate) static RESPONSE_SPOOL: IntGauge = registered(register_int_gauge!(
+        "switchyard_response_spool_bytes",
+        "Bytes of answers read ahead of their clients, in spool files."
+    ));
+
+    pub(crate) static RESPONSE_SPOOL_BUDGET: IntGauge = registered(register_int_gauge!(
+        "switchyard_response_spool_budget_bytes",
+        "Most bytes answers read ahead may hold in spool files (--response-spool-mb)."
+    ));
+
     pub(crate) static DELETED_APPS_NOTED: IntGauge = registered(register_int_gauge!(
         "switchyard_deleted_apps_noted",
         "Deleted apps whose metric series are to be forgotten in the next batch (at most \

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use switchyard_model::{ClientTimeouts, IpNet, DEFAULT_LIMIT_CLIENTS};
 
 use crate::access_log::AccessLog;
+use crate::listener::ResponseBuffers;
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
@@ -32,6 +33,7 @@ pub struct Router {
     images: Option<ImageStage>,
     client_timeouts: ClientTimeouts,
     limiter: Arc<Limiter>,
+    response_buffers: Arc<ResponseBuffers>,
 }
 
 impl Router {
@@ -59,7 +61,14 @@ impl Router {
                 DEFAULT_LIMIT_CLIENTS,
                 Vec::new(),
             )),
+            response_buffers: Arc::new(ResponseBuffers::off()),
         }
+    }
+
+    /// Backend answers are read ahead of slow clients within `buffers`' limits.
+    pub fn with_response_buffers(mut self, buffers: ResponseBuffers) -> Self {
+        self.response_buffers = Arc::new(buffers);
+        self
     }
 
     /// Per-client limits keep at most `clients` records; `X-Forwarded-For` is believed from
@@ -110,6 +119,7 @@ impl Router {
             cache_redis: self.cache_redis.clone(),
             images: self.images.as_ref().map(ImageStage::for_another_thread),
             limiter: self.limiter.clone(),
+            response_buffers: self.response_buffers.clone(),
         }
     }
 }

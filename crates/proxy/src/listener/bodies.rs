@@ -18,8 +18,9 @@ use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
 
+use super::backend_h1::{BackendBody, BackendFailure};
 use super::inspection::Held;
-use super::pool::BackendConnection;
+use super::read_ahead::ReadAhead;
 use super::service::Client;
 use super::Worker;
 use crate::access_log::Exchange;
@@ -31,8 +32,10 @@ use crate::stage::mirror::MirrorFeed;
 /// Why a body stopped short.
 #[derive(Debug)]
 pub(super) enum BodyError {
-    /// The peer's side failed (reset, malformed chunk).
+    /// The client's side failed (reset, malformed chunk).
     Peer(hyper::Error),
+    /// The backend's answer stopped short or broke.
+    Backend(BackendFailure),
     /// No byte came within the read deadline.
     TimedOut(Duration),
     /// A file being sent could not be read.
@@ -45,6 +48,7 @@ impl std::fmt::Display for BodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Peer(e) => write!(f, "{e}"),
+            Self::Backend(e) => write!(f, "{e}"),
             Self::TimedOut(after) => write!(f, "no data for {after:?}"),
             Self::File(e) => write!(f, "reading the file: {e}"),
             Self::TooLarge(limit) => write!(f, "the body passed the app's limit of {limit} bytes"),
@@ -79,15 +83,16 @@ impl ReadDeadline {
     }
 }
 
-fn poll_with_deadline(
-    incoming: &mut Incoming,
+fn poll_with_deadline<B: Body<Data = Bytes> + Unpin>(
+    body: &mut B,
     deadline: &mut ReadDeadline,
     cx: &mut Context<'_>,
+    failed: fn(B::Error) -> BodyError,
 ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-    match Pin::new(incoming).poll_frame(cx) {
+    match Pin::new(body).poll_frame(cx) {
         Poll::Ready(frame) => {
             deadline.data_arrived();
-            Poll::Ready(frame.map(|f| f.map_err(BodyError::Peer)))
+            Poll::Ready(frame.map(|f| f.map_err(failed)))
         }
         Poll::Pending if deadline.expired(cx) => {
             Poll::Ready(Some(Err(BodyError::TimedOut(deadline.after))))
@@ -248,7 +253,12 @@ impl Body for ForwardBody {
         let Some(incoming) = this.incoming.as_mut().filter(|_| !incoming_ended) else {
             return Poll::Ready(this.held_trailers.take().map(|t| Ok(Frame::trailers(t))));
         };
-        let frame = ready!(poll_with_deadline(incoming, &mut this.deadline, cx));
+        let frame = ready!(poll_with_deadline(
+            incoming,
+            &mut this.deadline,
+            cx,
+            BodyError::Peer
+        ));
         match &frame {
             Some(Ok(frame)) => {
                 this.bytes_in.set(this.bytes_in.get() + data_len(frame));
@@ -338,12 +348,14 @@ impl Drop for RequestEnd {
 }
 
 enum Source {
+    /// The backend's answer; its connection goes back to the pool once it has been read
+    /// to its end.
     Backend {
-        incoming: Incoming,
+        body: BackendBody,
         deadline: ReadDeadline,
-        /// Back to the pool once the body has been read to its end.
-        connection: Option<BackendConnection>,
     },
+    /// The backend's answer read ahead of the client; its connection is the reader's.
+    ReadAhead(ReadAhead),
     Local(Option<Bytes>),
     /// A static file, sent up to the length its head announced.
     File {
@@ -364,17 +376,23 @@ pub(super) struct ClientBody {
 impl ClientBody {
     /// The backend's body, read within `read_deadline` per piece, from `connection`.
     pub(super) fn from_backend(
-        incoming: Incoming,
+        body: BackendBody,
         read_deadline: Duration,
-        connection: BackendConnection,
         end: Box<RequestEnd>,
     ) -> Self {
         Self {
             source: Source::Backend {
-                incoming,
+                body,
                 deadline: ReadDeadline::new(read_deadline),
-                connection: Some(connection),
             },
+            end: Some(end),
+        }
+    }
+
+    /// The backend's answer, read ahead of the client by `read_ahead`.
+    pub(super) fn read_ahead(read_ahead: ReadAhead, end: Box<RequestEnd>) -> Self {
+        Self {
+            source: Source::ReadAhead(read_ahead),
             end: Some(end),
         }
     }
@@ -412,26 +430,37 @@ impl Body for ClientBody {
         let this = self.get_mut();
         let frame = match &mut this.source {
             Source::Local(body) => body.take().map(|bytes| Ok(Frame::data(bytes))),
+            Source::ReadAhead(read_ahead) => {
+                let frame = ready!(read_ahead.poll_piece(cx)).map(|piece| piece.map(Frame::data));
+                if let Some(end) = this.end.as_mut() {
+                    if let Some(Err(e)) = &frame {
+                        log::warn!(
+                            "request {}: app {}: the backend's answer stopped: {e}",
+                            end.ctx.request_id,
+                            end.ctx.app_name()
+                        );
+                    }
+                    if end.ctx.cache.is_some() {
+                        keep_for_cache(&mut end.ctx, &frame, read_ahead.is_end_stream());
+                    }
+                }
+                frame
+            }
             Source::File {
                 file,
                 remaining,
                 buffer,
             } => ready!(poll_file(file, remaining, buffer, cx)),
-            Source::Backend {
-                incoming,
-                deadline,
-                connection,
-            } => {
-                let frame = ready!(poll_with_deadline(incoming, deadline, cx));
+            Source::Backend { body, deadline } => {
+                let frame = ready!(poll_with_deadline(body, deadline, cx, BodyError::Backend));
                 match &frame {
                     // Read to the end: the connection can carry the next request.
                     None => {
-                        if let (Some(connection), Some(end)) = (connection.take(), &this.end) {
+                        if let (Some(connection), Some(end)) = (body.take_reusable(), &this.end) {
                             end.worker.pool.put(connection);
                         }
                     }
                     Some(Err(e)) => {
-                        connection.take();
                         if let Some(end) = &this.end {
                             log::warn!(
                                 "request {}: app {}: the backend's answer stopped: {e}",
@@ -443,19 +472,7 @@ impl Body for ClientBody {
                     Some(Ok(_)) => {}
                 }
                 if let Some(end) = this.end.as_mut().filter(|end| end.ctx.cache.is_some()) {
-                    // A response the cache keeps: each piece is collected, stored at the end.
-                    match &frame {
-                        Some(Ok(piece)) => {
-                            let ended = incoming.is_end_stream();
-                            cache::on_response_body(
-                                &mut end.ctx,
-                                &piece.data_ref().cloned(),
-                                ended,
-                            );
-                        }
-                        None => cache::on_response_body(&mut end.ctx, &None, true),
-                        Some(Err(_)) => {}
-                    }
+                    keep_for_cache(&mut end.ctx, &frame, body.is_end_stream());
                 }
                 frame
             }
@@ -470,7 +487,8 @@ impl Body for ClientBody {
         match &self.source {
             Source::Local(body) => body.is_none(),
             Source::File { remaining, .. } => *remaining == 0,
-            Source::Backend { incoming, .. } => incoming.is_end_stream(),
+            Source::Backend { body, .. } => body.is_end_stream(),
+            Source::ReadAhead(read_ahead) => read_ahead.is_end_stream(),
         }
     }
 
@@ -480,8 +498,22 @@ impl Body for ClientBody {
                 SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
             }
             Source::File { remaining, .. } => SizeHint::with_exact(*remaining),
-            Source::Backend { incoming, .. } => incoming.size_hint(),
+            Source::Backend { body, .. } => body.size_hint(),
+            Source::ReadAhead(_) => SizeHint::default(),
         }
+    }
+}
+
+/// A response the cache keeps: each piece is collected, stored at the end.
+fn keep_for_cache(
+    ctx: &mut RequestCtx,
+    frame: &Option<Result<Frame<Bytes>, BodyError>>,
+    ended: bool,
+) {
+    match frame {
+        Some(Ok(piece)) => cache::on_response_body(ctx, &piece.data_ref().cloned(), ended),
+        None => cache::on_response_body(ctx, &None, true),
+        Some(Err(_)) => {}
     }
 }
 
@@ -518,17 +550,10 @@ fn poll_file(
 
 impl Drop for ClientBody {
     fn drop(&mut self) {
-        // An empty body (204, 304, a HEAD's answer) is never read: hyper sees its end from
-        // the head, and so is the connection's response over.
-        if let Source::Backend {
-            incoming,
-            connection,
-            ..
-        } = &mut self.source
-        {
-            if let (true, Some(connection), Some(end)) =
-                (incoming.is_end_stream(), connection.take(), &self.end)
-            {
+        // An empty body (204, 304, a HEAD's answer) is never read: its end is known from
+        // the head, and so is the connection's answer over.
+        if let (Source::Backend { body, .. }, Some(end)) = (&mut self.source, &self.end) {
+            if let Some(connection) = body.take_reusable() {
                 end.worker.pool.put(connection);
             }
         }

@@ -6,17 +6,20 @@
 //! goes through the stages in `service.rs`; on `--upgrade` the listening sockets are handed
 //! to the new process (`handover`).
 
+mod backend_h1;
 mod bodies;
 mod h2;
 mod handover;
 mod inspection;
 mod pool;
+mod read_ahead;
 mod relay;
 mod send_deadline;
 mod service;
 mod tls;
 
 pub use handover::InheritedSockets;
+pub use read_ahead::ResponseBuffers;
 pub use tls::ListenerTls;
 
 use std::cell::Cell;
@@ -238,6 +241,8 @@ pub(crate) struct Shared {
     pub(crate) images: Option<ImageStage>,
     /// Every app's limits and their counters.
     pub(crate) limiter: Arc<Limiter>,
+    /// The limits of answers read ahead of slow clients.
+    pub(crate) response_buffers: Arc<ResponseBuffers>,
 }
 
 /// One thread's state: the shared parts and its own backend pool.

@@ -4,28 +4,17 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::bodies::ForwardBody;
+pub(super) use super::backend_h1::BackendConnection;
 use super::Worker;
-use crate::idle_connections::{self, IdleConnections, Keepable, SWEEP_EVERY};
+use crate::idle_connections::{IdleConnections, Keepable, SWEEP_EVERY};
 use crate::metrics;
 use crate::routing::connections::ShutdownRequest;
-
-/// A connection to a backend, ready for one request at a time.
-pub(super) struct BackendConnection {
-    pub(super) sender: SendRequest<ForwardBody>,
-    /// Watched for as long as the connection lives, for the connection table's drains.
-    pub(super) shutdown: Arc<ShutdownRequest>,
-    address: SocketAddr,
-}
 
 /// Why no connection to a backend could be had.
 #[derive(Debug)]
@@ -56,7 +45,7 @@ impl ConnectFailure {
 
 impl Keepable for BackendConnection {
     fn is_closed(&self) -> bool {
-        self.sender.is_closed()
+        BackendConnection::is_closed(self)
     }
 }
 
@@ -79,13 +68,9 @@ impl BackendPool {
         address: SocketAddr,
         connect_timeout: Duration,
     ) -> Result<BackendConnection, ConnectFailure> {
-        loop {
-            let Some(mut connection) = self.idle.borrow_mut().take(&address) else {
-                break;
-            };
-            if idle_connections::ready(&mut connection.sender).await {
-                return Ok(connection);
-            }
+        // Taken only if the backend has not closed it meanwhile (`Keepable`).
+        if let Some(connection) = self.idle.borrow_mut().take(&address) {
+            return Ok(connection);
         }
         connect(address, connect_timeout).await
     }
@@ -125,34 +110,7 @@ async fn connect(
         Ok(Ok(stream)) => stream,
     };
     let _ = stream.set_nodelay(true);
-    let descriptor = stream.as_raw_fd();
-    let (sender, connection) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| ConnectFailure::Other(e.to_string()))?;
     metrics::BACKEND_CONNECTS.inc();
     let shutdown = Arc::new(ShutdownRequest::default());
-    let watched = shutdown.clone();
-    tokio::task::spawn_local(async move {
-        let connection = connection.with_upgrades();
-        tokio::pin!(connection);
-        let ended = tokio::select! {
-            ended = &mut connection => ended,
-            () = watched.requested() => {
-                // `connection` holds the stream until it completes (an upgrade hands it to
-                // the relay, which watches the same request), so the descriptor is still
-                // this socket's. Shutting it down rather than dropping the connection ends
-                // the request as a backend's close would, with a FIN, not a reset.
-                let _ = nix::sys::socket::shutdown(descriptor, nix::sys::socket::Shutdown::Both);
-                connection.await
-            }
-        };
-        if let Err(e) = ended {
-            log::debug!("listener: connection to backend {address} ended: {e}");
-        }
-    });
-    Ok(BackendConnection {
-        sender,
-        shutdown,
-        address,
-    })
+    Ok(BackendConnection::new(stream, address, shutdown))
 }

@@ -38,18 +38,24 @@ const READ_CHUNK: usize = 16 * 1024;
 /// bytes.
 const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
 
-/// Relays until both sides are done; the request is logged when this returns.
-pub(super) async fn run(client: OnUpgrade, backend: OnUpgrade, end: Box<RequestEnd>) {
-    let (client, backend) = match tokio::join!(client, backend) {
-        (Ok(client), Ok(backend)) => (client, backend),
-        (Err(e), _) | (_, Err(e)) => {
+/// Relays until both sides are done; the request is logged when this returns. `backend`:
+/// the backend's socket and what it sent past its answer's head.
+pub(super) async fn run(
+    client: OnUpgrade,
+    backend: Option<(TcpStream, bytes::Bytes)>,
+    end: Box<RequestEnd>,
+) {
+    let client = match client.await {
+        Ok(client) => client,
+        Err(e) => {
             log::debug!("request {}: upgrade failed: {e}", end.ctx.request_id);
             return;
         }
     };
-    let (Some((client, client_early)), Some((backend, backend_early))) =
-        (Side::of(client), Side::of(backend))
-    else {
+    let (Some((client, client_early)), Some((backend, backend_early))) = (
+        Side::of(client),
+        backend.map(|(stream, early)| (Side::Plain(stream), early)),
+    ) else {
         log::warn!(
             "request {}: an upgraded connection is neither a TCP socket nor TLS over one; closed",
             end.ctx.request_id
@@ -71,9 +77,9 @@ enum Side {
 }
 
 impl Side {
-    /// The connection under an upgrade, with what hyper had read past the head: a client's
+    /// The client's connection under an upgrade, with what hyper had read past the head
     /// (under its send deadline, which was for hyper's writes: the relay keeps its own
-    /// watch) or a backend's.
+    /// watch).
     fn of(upgraded: Upgraded) -> Option<(Self, bytes::Bytes)> {
         let upgraded = match upgraded.downcast::<TokioIo<SendDeadline<TcpStream>>>() {
             Ok(parts) => {

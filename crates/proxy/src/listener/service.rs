@@ -26,9 +26,11 @@ use hyper::upgrade::OnUpgrade;
 use rand::Rng;
 use switchyard_give_way::LightRequest;
 
+use super::backend_h1::BackendBody;
 use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
-use super::pool::{BackendConnection, ConnectFailure};
+use super::pool::ConnectFailure;
+use super::read_ahead::ReadAhead;
 use super::{relay, Worker};
 use crate::context::RequestCtx;
 use crate::forwarded;
@@ -63,15 +65,15 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
 /// What the router answers a request with. Moved once per request: boxing the large
 /// variant would cost every proxied request an allocation to save a copy.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Answer {
-    /// The backend's response, read from `connection` within `read_deadline` per piece.
+    /// The backend's response, its body read within `read_deadline` per piece.
     Backend {
-        response: Response<Incoming>,
-        connection: BackendConnection,
+        response: Response<BackendBody>,
         read_deadline: Duration,
     },
     /// A 308 to HTTPS.
@@ -261,9 +263,8 @@ pub(super) async fn handle(
     let mut response = match answer {
         Answer::Backend {
             response,
-            connection,
             read_deadline,
-        } => backend_response(response, connection, read_deadline, client_upgrade, end),
+        } => backend_response(response, read_deadline, client_upgrade, end),
         Answer::Redirect(location) => {
             let body = format!("308 moved to {location}\n");
             local_response(308, body, Some(location), end)
@@ -474,7 +475,7 @@ async fn proxy(
             Ok(address) => address,
             Err(answer) => return answer.into(),
         };
-        let mut connection = match worker.pool.get(address, connect_timeout).await {
+        let connection = match worker.pool.get(address, connect_timeout).await {
             Ok(connection) => connection,
             Err(failure) => {
                 if attempt::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
@@ -490,16 +491,12 @@ async fn proxy(
                 .clone()
                 .map_or_else(ForwardBody::empty, ForwardBody::replay)
         };
-        let mut outgoing = Request::new(body.take().unwrap_or_else(again));
-        *outgoing.method_mut() = head.method.clone();
-        *outgoing.uri_mut() = head.uri.clone();
-        // Kept for another attempt, or for the cache's `Vary` once the answer is in.
-        *outgoing.headers_mut() = if may_retry || cache::fills(ctx) {
-            head.headers.clone()
-        } else {
-            std::mem::take(&mut head.headers)
-        };
-        let sent = tokio::time::timeout(read_deadline, connection.sender.send_request(outgoing));
+        let outgoing = body.take().unwrap_or_else(again);
+        let answers_head = head.method == Method::HEAD;
+        let sent = tokio::time::timeout(
+            read_deadline,
+            connection.exchange(&head, outgoing, answers_head),
+        );
         let error = match sent.await {
             Ok(Ok(response)) => {
                 let status = response.status().as_u16();
@@ -513,7 +510,6 @@ async fn proxy(
                 }
                 return Answer::Backend {
                     response,
-                    connection,
                     read_deadline,
                 };
             }
@@ -539,7 +535,7 @@ async fn proxy(
                 return failed(true);
             }
         };
-        count_upstream_error(ctx, error_kind(&error));
+        count_upstream_error(ctx, error.kind());
         if may_retry {
             metrics::UPSTREAM_RETRIES.inc();
             continue;
@@ -667,8 +663,7 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 fn backend_response(
-    mut response: Response<Incoming>,
-    connection: BackendConnection,
+    mut response: Response<BackendBody>,
     read_deadline: Duration,
     client_upgrade: Option<OnUpgrade>,
     mut end: Box<RequestEnd>,
@@ -694,17 +689,43 @@ fn backend_response(
             let body = respond::error_body(502, respond::text_for(502), &end.ctx.request_id);
             return local_response(502, body, None, end);
         };
-        let backend_upgrade = hyper::upgrade::on(&mut response);
-        drop(connection);
-        tokio::task::spawn_local(relay::run(client_upgrade, backend_upgrade, end));
-        return response.map(|_| ClientBody::local(Bytes::new(), None));
+        let (parts, body) = response.into_parts();
+        tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));
+        return Response::from_parts(parts, ClientBody::local(Bytes::new(), None));
     }
-    remove_hop_by_hop(response.headers_mut());
+    // The backend's hop-by-hop fields were left out when its head was read.
     if end.ctx.cache.is_some() && response.body().is_end_stream() {
         // An empty body is never read: a response the cache keeps is complete now.
         cache::on_response_body(&mut end.ctx, &None, true);
     }
-    response.map(|incoming| ClientBody::from_backend(incoming, read_deadline, connection, end))
+    if reads_ahead(&response, &end) {
+        let buffers = end.worker.shared.response_buffers.clone();
+        let worker = end.worker.clone();
+        return response.map(|body| {
+            ClientBody::read_ahead(ReadAhead::start(body, read_deadline, worker, buffers), end)
+        });
+    }
+    response.map(|body| ClientBody::from_backend(body, read_deadline, end))
+}
+
+/// Whether the backend's answer is read ahead of the client: when the router reads ahead,
+/// the app lets it, the body did not come whole with the head, and the answer is not a
+/// stream (`text/event-stream`, or `X-Accel-Buffering: no` as apps behind nginx say it).
+fn reads_ahead(response: &Response<BackendBody>, end: &RequestEnd) -> bool {
+    let headers = response.headers();
+    end.worker.shared.response_buffers.enabled()
+        && end
+            .ctx
+            .route
+            .as_ref()
+            .is_some_and(|r| r.app.response_buffering)
+        && !response.body().all_in_hand()
+        && !headers
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+        && !headers
+            .get(X_ACCEL_BUFFERING)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"no"))
 }
 
 fn local_response(
@@ -827,16 +848,4 @@ fn count_upstream_error(ctx: &RequestCtx, kind: &'static str) {
     metrics::UPSTREAM_ERRORS
         .with_label_values(&[ctx.app_name(), kind])
         .inc();
-}
-
-fn error_kind(error: &hyper::Error) -> &'static str {
-    if error.is_incomplete_message() || error.is_closed() || error.is_canceled() {
-        "closed"
-    } else if error.is_parse() || error.is_parse_status() {
-        "protocol"
-    } else if error.is_timeout() {
-        "timeout"
-    } else {
-        "io"
-    }
 }

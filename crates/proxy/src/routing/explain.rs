@@ -99,6 +99,17 @@ fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
             "off: plain HTTP is served".into()
         },
     );
+    stage(
+        "response_buffering",
+        app.response_buffering,
+        if app.response_buffering {
+            "answers not in hand with their head are read ahead of slow clients (but \
+             text/event-stream and X-Accel-Buffering: no)"
+                .into()
+        } else {
+            "off: answers stream at the client's pace".into()
+        },
+    );
     match &app.waf {
         Some(waf) => stage(
             "waf",

@@ -345,12 +345,6 @@ pub(crate) fn on_app_response(
     AppAnswer::GoesOn
 }
 
-/// Whether this request would keep the app's response: the request headers are then needed
-/// after the request has gone (a `Vary` names some).
-pub(crate) fn fills(ctx: &RequestCtx) -> bool {
-    ctx.cache.as_ref().is_some_and(|state| state.fill.is_some())
-}
-
 /// How long `response` may be served, and the headers it varies by; `None` if it must not
 /// be kept.
 fn storable(

@@ -1,0 +1,567 @@
+//! The router's end of a backend connection: one request at a time in HTTP/1.1, spoken by
+//! `crates/h1` and driven by the task of the request that holds the connection. The head
+//! is written once, from the request's parts, into a buffer the connection keeps; the
+//! answer's head is parsed in place and read once into the `HeaderMap` the client's answer
+//! is made of; its body is read by length, by chunks or until close, each piece handed on
+//! without a copy but for chunked bodies, whose data is cut out of the chunk lines.
+//!
+//! hyper's client, which this replaces, ran each connection as a second task fed through
+//! a channel and parsed each answer's head into a `HeaderMap` of its own before ours was
+//! made: half of the hyper floor's instructions per request (bench/ENGINE.md, issue 46).
+
+use std::future::poll_fn;
+use std::io::{ErrorKind, IoSlice};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use socket2::SockRef;
+use switchyard_h1::{header_slots, parse_response, ChunkedReframer, RequestBody, ResponseBody};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use super::bodies::ForwardBody;
+use crate::routing::connections::ShutdownRequest;
+
+/// Room made in the read buffer before each read from a backend.
+const READ_PIECE: usize = 16 * 1024;
+
+/// Largest answer head taken from a backend, as hyper's client took (its read buffer's
+/// limit): past it, the answer is a 502.
+const MAX_ANSWER_HEAD: usize = 64 * 1024;
+
+/// A connection to a backend, ready for one request at a time.
+pub(super) struct BackendConnection {
+    stream: TcpStream,
+    /// What was read from the backend and not handed on yet.
+    read: BytesMut,
+    /// Where each request's head is written; kept between requests, so a busy connection
+    /// writes its heads without allocating.
+    write: Vec<u8>,
+    /// Watched for as long as the connection lives, for the connection table's drains.
+    pub(super) shutdown: Arc<ShutdownRequest>,
+    pub(super) address: SocketAddr,
+    /// Dropped with the connection: the drain watcher then ends without touching the
+    /// descriptor, which another socket may have by then.
+    _alive: oneshot::Sender<()>,
+}
+
+/// Why a backend gave no usable answer.
+#[derive(Debug)]
+pub(super) enum BackendFailure {
+    /// The backend closed the connection before the answer was whole: a kept connection
+    /// it had closed meanwhile (then safe to retry where the request is), or a crash.
+    Closed,
+    Io(std::io::Error),
+    /// The answer was not HTTP/1.1 as the router reads it.
+    Protocol(&'static str),
+    /// The client's body failed on its way (the request's failure cell says how).
+    ClientBody(String),
+}
+
+impl BackendFailure {
+    /// The kind, as in `switchyard_upstream_errors_total`.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Io(_) | Self::ClientBody(_) => "io",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+
+    fn from_io(error: std::io::Error) -> Self {
+        match error.kind() {
+            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof => {
+                Self::Closed
+            }
+            _ => Self::Io(error),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Closed => write!(f, "the backend closed the connection"),
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Protocol(why) => write!(f, "{why}"),
+            Self::ClientBody(e) => write!(f, "the client's body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BackendFailure {}
+
+/// An answer's head, read out of the read buffer.
+struct AnswerHead {
+    status: StatusCode,
+    headers: HeaderMap,
+    framing: Framing,
+    keeps_connection: bool,
+}
+
+enum Framing {
+    Length(u64),
+    Chunked(Box<ChunkedReframer>),
+    UntilClose,
+    Done,
+}
+
+impl BackendConnection {
+    /// A connection on `stream`, which `shutdown` closes when a drain asks.
+    pub(super) fn new(
+        stream: TcpStream,
+        address: SocketAddr,
+        shutdown: Arc<ShutdownRequest>,
+    ) -> Self {
+        let (alive, gone) = oneshot::channel();
+        let descriptor = stream.as_raw_fd();
+        let watched = shutdown.clone();
+        tokio::task::spawn_local(async move {
+            // Biased: a connection dropped before this task ran is never shut down, as its
+            // descriptor may be another socket's now. Both run on the connection's thread,
+            // so one that is still alive here still holds the descriptor.
+            tokio::select! {
+                biased;
+                _ = gone => {}
+                () = watched.requested() => {
+                    // A shutdown, not a close: the request reads it as a backend's close,
+                    // with a FIN, not a reset.
+                    let _ = nix::sys::socket::shutdown(descriptor, nix::sys::socket::Shutdown::Both);
+                }
+            }
+        });
+        Self {
+            stream,
+            read: BytesMut::new(),
+            write: Vec::new(),
+            shutdown,
+            address,
+            _alive: alive,
+        }
+    }
+
+    /// Whether the backend closed the connection (or sent what nobody asked for) while it
+    /// was idle: a read event since the last read that waited. Without one, no system call.
+    pub(super) fn is_closed(&self) -> bool {
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        let peeked = self.stream.try_io(Interest::READABLE, || {
+            SockRef::from(&self.stream).peek(&mut probe)
+        });
+        !matches!(peeked, Err(e) if e.kind() == ErrorKind::WouldBlock)
+    }
+
+    /// Idle buffers are given back: a pool of idle connections costs their sockets.
+    pub(super) fn release_buffers(&mut self) {
+        self.read = BytesMut::new();
+        if self.write.capacity() > 4096 {
+            self.write = Vec::new();
+        }
+    }
+
+    /// Sends the request of `parts` (prepared for a backend) with `body`, and reads the
+    /// answer's head; its body follows from the returned response's. `answers_head`: the
+    /// request is a HEAD, whose answer has no body whatever it announces.
+    pub(super) async fn exchange(
+        mut self,
+        parts: &http::request::Parts,
+        mut body: ForwardBody,
+        answers_head: bool,
+    ) -> Result<Response<BackendBody>, BackendFailure> {
+        let upgrade = parts.headers.get(UPGRADE);
+        let codings = parts.headers.get(TRANSFER_ENCODING);
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        // The framing checked when the request came in: codings other than chunked are the
+        // app's to undo (their line goes on as it came, normalised), chunked is re-made
+        // from the body's pieces, a length is kept and held to.
+        let (framing, chunked) = match (codings, declared) {
+            (Some(_), _) => (RequestBody::Empty, true),
+            (None, Some(length)) => (RequestBody::Length(length), false),
+            (None, None) if body.is_end_stream() => (RequestBody::Empty, false),
+            (None, None) => (RequestBody::Chunked, true),
+        };
+        let mut extra: [(&str, &[u8]); 2] = [("", b""); 2];
+        let mut extras = 0;
+        if let Some(upgrade) = upgrade {
+            extra[0] = ("Connection", b"upgrade");
+            extra[1] = ("Upgrade", upgrade.as_bytes());
+            extras = 2;
+        } else if let Some(codings) = codings {
+            extra[0] = ("Transfer-Encoding", codings.as_bytes());
+            extras = 1;
+        }
+        let mut head = std::mem::take(&mut self.write);
+        head.clear();
+        switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]);
+        let written = write_all(&self.stream, &[IoSlice::new(&head)]).await;
+        self.write = head;
+        written.map_err(BackendFailure::from_io)?;
+        // An empty chunked body still needs its last chunk.
+        let body_sent = (body.is_end_stream() && !chunked)
+            || self.send_body(&mut body, chunked, declared).await?;
+        drop(body);
+        let answer = loop {
+            if let Some(answer) = self.answer_head(answers_head)? {
+                break answer;
+            }
+            self.read_some().await?;
+        };
+        let reusable = body_sent && answer.keeps_connection;
+        let mut response = Response::new(BackendBody {
+            connection: Some(self),
+            framing: answer.framing,
+            reusable,
+        });
+        *response.status_mut() = answer.status;
+        *response.headers_mut() = answer.headers;
+        Ok(response)
+    }
+
+    /// Sends the request's body, chunked or held to its declared length; false when the
+    /// backend answered before it was all sent (nothing more is sent then, and the
+    /// connection is not kept: the backend has not read the rest).
+    async fn send_body(
+        &mut self,
+        body: &mut ForwardBody,
+        chunked: bool,
+        mut left: Option<u64>,
+    ) -> Result<bool, BackendFailure> {
+        loop {
+            let frame = tokio::select! {
+                biased;
+                answered = self.final_answer_begun() => {
+                    answered?;
+                    return Ok(false);
+                }
+                frame = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => frame,
+            };
+            let data = match frame {
+                None => {
+                    if left.is_some_and(|left| left > 0) {
+                        return Err(BackendFailure::Protocol("the client's body ended short"));
+                    }
+                    if chunked {
+                        write_all(&self.stream, &[IoSlice::new(b"0\r\n\r\n")])
+                            .await
+                            .map_err(BackendFailure::from_io)?;
+                    }
+                    return Ok(true);
+                }
+                Some(Err(e)) => return Err(BackendFailure::ClientBody(e.to_string())),
+                // Trailers are not forwarded (as nginx does not), and never become fields.
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => data,
+                    _ => continue,
+                },
+            };
+            if let Some(left) = left.as_mut() {
+                // Hyper's readers hold a body to its length; this holds the backend's side
+                // to it whatever reads the body, so no byte past it reads as a request.
+                *left = left
+                    .checked_sub(data.len() as u64)
+                    .ok_or(BackendFailure::Protocol(
+                        "the client's body ran past its length",
+                    ))?;
+            }
+            let written = if chunked {
+                let size = format!("{:x}\r\n", data.len());
+                write_all(
+                    &self.stream,
+                    &[
+                        IoSlice::new(size.as_bytes()),
+                        IoSlice::new(&data),
+                        IoSlice::new(b"\r\n"),
+                    ],
+                )
+                .await
+            } else {
+                write_all(&self.stream, &[IoSlice::new(&data)]).await
+            };
+            written.map_err(BackendFailure::from_io)?;
+        }
+    }
+
+    /// Returns once a final answer's head is whole in the read buffer (interim ones, a
+    /// `100 Continue`, are dropped on the way); cancellable between reads.
+    async fn final_answer_begun(&mut self) -> Result<(), BackendFailure> {
+        loop {
+            if self.skip_interim_answers()? {
+                return Ok(());
+            }
+            self.read_some().await?;
+        }
+    }
+
+    /// Drops the interim answers whole in the read buffer; true when a final answer's
+    /// head follows them whole.
+    fn skip_interim_answers(&mut self) -> Result<bool, BackendFailure> {
+        loop {
+            let mut slots = header_slots();
+            let head = match parse_response(&self.read, &mut slots, false) {
+                Ok(Some(head)) => head,
+                Ok(None) => return self.head_within_limit().map(|()| false),
+                Err(_) => return Err(BackendFailure::Protocol("a malformed answer head")),
+            };
+            if !head.is_interim() {
+                return Ok(true);
+            }
+            let length = head.head_len;
+            self.read.advance(length);
+        }
+    }
+
+    fn head_within_limit(&self) -> Result<(), BackendFailure> {
+        if self.read.len() > MAX_ANSWER_HEAD {
+            return Err(BackendFailure::Protocol("an answer head past 64 KiB"));
+        }
+        Ok(())
+    }
+
+    /// The final answer's head, once it is whole in the read buffer (and taken out of it);
+    /// interim answers before it are dropped.
+    fn answer_head(&mut self, answers_head: bool) -> Result<Option<AnswerHead>, BackendFailure> {
+        if !self.skip_interim_answers()? {
+            return Ok(None);
+        }
+        let mut slots = header_slots();
+        let head = match parse_response(&self.read, &mut slots, answers_head) {
+            Ok(Some(head)) => head,
+            Ok(None) => return Ok(None),
+            Err(_) => return Err(BackendFailure::Protocol("a malformed answer head")),
+        };
+        let switched = head.code == 101;
+        let (status, headers) = if switched {
+            // The client's side of an upgrade needs the backend's Upgrade and Connection,
+            // which are hop-by-hop everywhere else.
+            every_field(&head)?
+        } else {
+            switchyard_h1::response_parts(&head)
+                .map_err(|_| BackendFailure::Protocol("an answer field HTTP refuses"))?
+        };
+        let mut headers = headers;
+        if head.other_codings {
+            // Codings the app applied (gzip, chunked) are the client's to undo: their line
+            // goes on, and the client's side chunks the body again after them.
+            for field in head.headers {
+                if field.name.eq_ignore_ascii_case("transfer-encoding") {
+                    if let Ok(value) = HeaderValue::from_bytes(field.value) {
+                        headers.append(TRANSFER_ENCODING, value);
+                    }
+                }
+            }
+        }
+        let framing = match head.body {
+            _ if switched => Framing::Done,
+            ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
+            ResponseBody::Length(length) => Framing::Length(length),
+            ResponseBody::Chunked => Framing::Chunked(Box::new(ChunkedReframer::dechunking())),
+            ResponseBody::UntilClose => Framing::UntilClose,
+        };
+        let keeps_connection =
+            !switched && head.keeps_connection() && !matches!(head.body, ResponseBody::UntilClose);
+        let length = head.head_len;
+        self.read.advance(length);
+        Ok(Some(AnswerHead {
+            status,
+            headers,
+            framing,
+            keeps_connection,
+        }))
+    }
+
+    /// Reads what the backend has sent; its close before the answer is whole is a failure.
+    async fn read_some(&mut self) -> Result<(), BackendFailure> {
+        self.read.reserve(READ_PIECE);
+        let read = poll_fn(|cx| {
+            tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
+        })
+        .await
+        .map_err(BackendFailure::from_io)?;
+        if read == 0 {
+            return Err(BackendFailure::Closed);
+        }
+        Ok(())
+    }
+}
+
+/// Every field of `head`, hop-by-hop ones too.
+fn every_field(
+    head: &switchyard_h1::ResponseHead<'_, '_>,
+) -> Result<(StatusCode, HeaderMap), BackendFailure> {
+    let refused = |_| BackendFailure::Protocol("an answer field HTTP refuses");
+    let status = StatusCode::from_u16(head.code).map_err(|_| refused(()))?;
+    let mut headers = HeaderMap::with_capacity(head.headers.len());
+    for field in head.headers {
+        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| refused(()))?;
+        let value = HeaderValue::from_bytes(field.value).map_err(|_| refused(()))?;
+        headers.append(name, value);
+    }
+    Ok((status, headers))
+}
+
+/// Writes all of `pieces`, in as few system calls as the socket takes them.
+async fn write_all(stream: &TcpStream, pieces: &[IoSlice<'_>]) -> std::io::Result<()> {
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut written = 0;
+    while written < total {
+        // The pieces not yet written whole, the first of them cut where the last write
+        // stopped.
+        let mut skip = written;
+        let mut rest: [IoSlice<'_>; 3] = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut count = 0;
+        for piece in pieces {
+            if skip >= piece.len() {
+                skip -= piece.len();
+                continue;
+            }
+            if count < rest.len() {
+                rest[count] = IoSlice::new(&piece[skip..]);
+                count += 1;
+            }
+            skip = 0;
+        }
+        stream.writable().await?;
+        let n = match stream.try_write_vectored(&rest[..count]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Err(ErrorKind::WriteZero.into());
+        }
+        written += n;
+    }
+    Ok(())
+}
+
+/// The body of a backend's answer, read from its connection; the connection goes back to
+/// the pool (`take_reusable`) once the body is read to its end.
+pub(super) struct BackendBody {
+    connection: Option<BackendConnection>,
+    framing: Framing,
+    /// The connection may carry another request after this answer.
+    reusable: bool,
+}
+
+impl BackendBody {
+    /// The connection, once the answer has been read to its end and the connection may
+    /// carry another request; `None` otherwise (dropped, it closes).
+    pub(super) fn take_reusable(&mut self) -> Option<BackendConnection> {
+        let ended = matches!(self.framing, Framing::Done);
+        let mut connection = self.connection.take()?;
+        // Bytes past the answer are none the router asked for: the connection is not
+        // trusted with another request.
+        if !(ended && self.reusable && connection.read.is_empty()) {
+            return None;
+        }
+        connection.release_buffers();
+        Some(connection)
+    }
+
+    /// Whether the whole body came with the head (a small answer): nothing is left to
+    /// read from the backend.
+    pub(super) fn all_in_hand(&self) -> bool {
+        match (&self.framing, &self.connection) {
+            (Framing::Done, _) => true,
+            (Framing::Length(left), Some(connection)) => connection.read.len() as u64 >= *left,
+            _ => false,
+        }
+    }
+
+    /// The backend's socket after a `101 Switching Protocols`, with what it sent past the
+    /// head.
+    pub(super) fn into_upgraded(mut self) -> Option<(TcpStream, Bytes)> {
+        let connection = self.connection.take()?;
+        Some((connection.stream, connection.read.freeze()))
+    }
+
+    fn next_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BackendFailure>>> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Poll::Ready(None);
+        };
+        loop {
+            let read = &mut connection.read;
+            match &mut self.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(left) if !read.is_empty() => {
+                    let take = usize::try_from(*left).map_or(read.len(), |l| l.min(read.len()));
+                    *left -= take as u64;
+                    if *left == 0 {
+                        self.framing = Framing::Done;
+                    }
+                    return Poll::Ready(Some(Ok(read.split_to(take).freeze())));
+                }
+                Framing::UntilClose if !read.is_empty() => {
+                    return Poll::Ready(Some(Ok(read.split().freeze())));
+                }
+                Framing::Chunked(reframer) if !read.is_empty() => {
+                    let mut data = Vec::new();
+                    let reframed = reframer
+                        .reframe(read, &mut data)
+                        .map_err(|_| BackendFailure::Protocol("a malformed chunk"))?;
+                    read.advance(reframed.consumed);
+                    if reframed.done {
+                        self.framing = Framing::Done;
+                    }
+                    if !data.is_empty() {
+                        return Poll::Ready(Some(Ok(Bytes::from(data))));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            read.reserve(READ_PIECE);
+            let n = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut connection.stream),
+                cx,
+                read
+            ))
+            .map_err(BackendFailure::from_io)?;
+            if n == 0 {
+                if matches!(self.framing, Framing::UntilClose) {
+                    self.framing = Framing::Done;
+                    self.reusable = false;
+                    return Poll::Ready(None);
+                }
+                return Poll::Ready(Some(Err(BackendFailure::Closed)));
+            }
+        }
+    }
+}
+
+impl Body for BackendBody {
+    type Data = Bytes;
+    type Error = BackendFailure;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BackendFailure>>> {
+        let piece = ready!(self.get_mut().next_piece(cx));
+        Poll::Ready(piece.map(|piece| piece.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Done => SizeHint::with_exact(0),
+            Framing::Length(left) => SizeHint::with_exact(left),
+            Framing::Chunked(_) | Framing::UntilClose => SizeHint::default(),
+        }
+    }
+}
