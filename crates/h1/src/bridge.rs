@@ -13,8 +13,9 @@ use crate::response::{ResponseBody, ResponseHead};
 use crate::write::{write_field, write_framing};
 
 /// Writes the head of `parts` for an HTTP/1.1 backend into `out` (appending): origin-form
-/// target, the fields less hop-by-hop ones (and those `Connection` names), `body`'s
-/// framing, then `extra`. The caller decides `body` from what it knows of the stream (a
+/// target, the fields less hop-by-hop ones (and those `Connection` names) and less those
+/// `extra` names (lower-case: the router's own forwarding fields replace the client's),
+/// `body`'s framing, then `extra`. The caller decides `body` from what it knows of the stream (a
 /// `content-length` it checked against the DATA frames, or chunked when it does not
 /// know); an HTTP/2 request's `:authority` is written as Host when the fields have none.
 /// A request naming no host at all is the caller's to refuse first (the router routes by
@@ -45,7 +46,9 @@ pub fn write_request_parts(
     let connection = Connection::from_values(connection_values());
     let mut host_written = false;
     for (name, value) in &parts.headers {
-        if !fields::forwarded(name.as_str(), &connection, connection_values()) {
+        if !fields::forwarded(name.as_str(), &connection, connection_values())
+            || extra.iter().any(|(replaced, _)| *replaced == name.as_str())
+        {
             continue;
         }
         host_written |= name == http::header::HOST;
@@ -115,6 +118,7 @@ mod tests {
             .header("x-secret", "s")
             .header("te", "trailers")
             .header("content-length", "99")
+            .header("x-forwarded-proto", "gopher")
             .body(())
             .expect("request");
         let mut out = Vec::new();
@@ -122,12 +126,13 @@ mod tests {
             &mut out,
             &parts(request),
             RequestBody::Length(5),
-            &[("X-Forwarded-Proto", b"https")],
+            &[("x-forwarded-proto", b"https")],
         );
+        // The client's X-Forwarded-Proto is replaced, not repeated.
         assert_eq!(
             String::from_utf8(out.clone()).expect("ascii"),
             "POST /a?b HTTP/1.1\r\ncontent-type: text/plain\r\nHost: app.test\r\n\
-             Content-Length: 5\r\nX-Forwarded-Proto: https\r\n\r\n"
+             Content-Length: 5\r\nx-forwarded-proto: https\r\n\r\n"
         );
         // What it wrote reads back as the request it is.
         let mut slots = header_slots();

@@ -108,6 +108,56 @@ struct AnswerHead {
     keeps_connection: bool,
 }
 
+impl AnswerHead {
+    /// A final answer seen whole but not read yet.
+    fn begun() -> Self {
+        Self {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            framing: Framing::Done,
+            keeps_connection: false,
+        }
+    }
+
+    fn of(head: &switchyard_h1::ResponseHead<'_, '_>) -> Result<Self, BackendFailure> {
+        let switched = head.code == 101;
+        let (status, mut headers) = if switched {
+            // The client's side of an upgrade needs the backend's Upgrade and Connection,
+            // which are hop-by-hop everywhere else.
+            every_field(head)?
+        } else {
+            switchyard_h1::response_parts(head)
+                .map_err(|_| BackendFailure::Protocol("an answer field HTTP refuses"))?
+        };
+        if head.other_codings {
+            // Codings the app applied (gzip, chunked) are the client's to undo: their line
+            // goes on, and the client's side chunks the body again after them.
+            for field in head.headers {
+                if field.name.eq_ignore_ascii_case("transfer-encoding") {
+                    if let Ok(value) = HeaderValue::from_bytes(field.value) {
+                        headers.append(TRANSFER_ENCODING, value);
+                    }
+                }
+            }
+        }
+        let framing = match head.body {
+            _ if switched => Framing::Done,
+            ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
+            ResponseBody::Length(length) => Framing::Length(length),
+            ResponseBody::Chunked => Framing::Chunked(Box::new(ChunkedReframer::dechunking())),
+            ResponseBody::UntilClose => Framing::UntilClose,
+        };
+        let keeps_connection =
+            !switched && head.keeps_connection() && !matches!(head.body, ResponseBody::UntilClose);
+        Ok(Self {
+            status,
+            headers,
+            framing,
+            keeps_connection,
+        })
+    }
+}
+
 enum Framing {
     Length(u64),
     Chunked(Box<ChunkedReframer>),
@@ -167,12 +217,15 @@ impl BackendConnection {
         }
     }
 
-    /// Sends the request of `parts` (prepared for a backend) with `body`, and reads the
-    /// answer's head; its body follows from the returned response's. `answers_head`: the
-    /// request is a HEAD, whose answer has no body whatever it announces.
+    /// Sends the request of `parts` (prepared for a backend) with `forwarding` (the
+    /// router's fields, lower-case names, written in place of the client's) and `body`, and
+    /// reads the answer's head; its body follows from the returned response's.
+    /// `answers_head`: the request is a HEAD, whose answer has no body whatever it
+    /// announces.
     pub(super) async fn exchange(
         mut self,
         parts: &http::request::Parts,
+        forwarding: &[(&str, &[u8])],
         mut body: ForwardBody,
         answers_head: bool,
     ) -> Result<Response<BackendBody>, BackendFailure> {
@@ -192,15 +245,16 @@ impl BackendConnection {
             (None, None) if body.is_end_stream() => (RequestBody::Empty, false),
             (None, None) => (RequestBody::Chunked, true),
         };
-        let mut extra: [(&str, &[u8]); 2] = [("", b""); 2];
-        let mut extras = 0;
+        let mut extra: [(&str, &[u8]); 5] = [("", b""); 5];
+        let mut extras = forwarding.len().min(3);
+        extra[..extras].copy_from_slice(&forwarding[..extras]);
         if let Some(upgrade) = upgrade {
-            extra[0] = ("Connection", b"upgrade");
-            extra[1] = ("Upgrade", upgrade.as_bytes());
-            extras = 2;
+            extra[extras] = ("connection", b"upgrade");
+            extra[extras + 1] = ("upgrade", upgrade.as_bytes());
+            extras += 2;
         } else if let Some(codings) = codings {
-            extra[0] = ("Transfer-Encoding", codings.as_bytes());
-            extras = 1;
+            extra[extras] = ("transfer-encoding", codings.as_bytes());
+            extras += 1;
         }
         let mut head = std::mem::take(&mut self.write);
         head.clear();
@@ -213,7 +267,7 @@ impl BackendConnection {
             || self.send_body(&mut body, chunked, declared).await?;
         drop(body);
         let answer = loop {
-            if let Some(answer) = self.answer_head(answers_head)? {
+            if let Some(answer) = self.answer_head(answers_head, true)? {
                 break answer;
             }
             self.read_some().await?;
@@ -297,88 +351,46 @@ impl BackendConnection {
     /// `100 Continue`, are dropped on the way); cancellable between reads.
     async fn final_answer_begun(&mut self) -> Result<(), BackendFailure> {
         loop {
-            if self.skip_interim_answers()? {
+            if self.answer_head(false, false)?.is_some() {
                 return Ok(());
             }
             self.read_some().await?;
         }
     }
 
-    /// Drops the interim answers whole in the read buffer; true when a final answer's
-    /// head follows them whole.
-    fn skip_interim_answers(&mut self) -> Result<bool, BackendFailure> {
+    /// The final answer's head, once it is whole in the read buffer (taken out of it when
+    /// `take`); interim answers before it are dropped. One parse per head: the fields are
+    /// read into the answer's `HeaderMap` from the parse that found the head whole.
+    fn answer_head(
+        &mut self,
+        answers_head: bool,
+        take: bool,
+    ) -> Result<Option<AnswerHead>, BackendFailure> {
         loop {
+            if self.read.is_empty() {
+                return Ok(None);
+            }
             let mut slots = header_slots();
-            let head = match parse_response(&self.read, &mut slots, false) {
+            let head = match parse_response(&self.read, &mut slots, answers_head) {
                 Ok(Some(head)) => head,
-                Ok(None) => return self.head_within_limit().map(|()| false),
+                Ok(None) if self.read.len() > MAX_ANSWER_HEAD => {
+                    return Err(BackendFailure::Protocol("an answer head past 64 KiB"))
+                }
+                Ok(None) => return Ok(None),
                 Err(_) => return Err(BackendFailure::Protocol("a malformed answer head")),
             };
-            if !head.is_interim() {
-                return Ok(true);
-            }
             let length = head.head_len;
-            self.read.advance(length);
-        }
-    }
-
-    fn head_within_limit(&self) -> Result<(), BackendFailure> {
-        if self.read.len() > MAX_ANSWER_HEAD {
-            return Err(BackendFailure::Protocol("an answer head past 64 KiB"));
-        }
-        Ok(())
-    }
-
-    /// The final answer's head, once it is whole in the read buffer (and taken out of it);
-    /// interim answers before it are dropped.
-    fn answer_head(&mut self, answers_head: bool) -> Result<Option<AnswerHead>, BackendFailure> {
-        if !self.skip_interim_answers()? {
-            return Ok(None);
-        }
-        let mut slots = header_slots();
-        let head = match parse_response(&self.read, &mut slots, answers_head) {
-            Ok(Some(head)) => head,
-            Ok(None) => return Ok(None),
-            Err(_) => return Err(BackendFailure::Protocol("a malformed answer head")),
-        };
-        let switched = head.code == 101;
-        let (status, headers) = if switched {
-            // The client's side of an upgrade needs the backend's Upgrade and Connection,
-            // which are hop-by-hop everywhere else.
-            every_field(&head)?
-        } else {
-            switchyard_h1::response_parts(&head)
-                .map_err(|_| BackendFailure::Protocol("an answer field HTTP refuses"))?
-        };
-        let mut headers = headers;
-        if head.other_codings {
-            // Codings the app applied (gzip, chunked) are the client's to undo: their line
-            // goes on, and the client's side chunks the body again after them.
-            for field in head.headers {
-                if field.name.eq_ignore_ascii_case("transfer-encoding") {
-                    if let Ok(value) = HeaderValue::from_bytes(field.value) {
-                        headers.append(TRANSFER_ENCODING, value);
-                    }
-                }
+            if head.is_interim() {
+                self.read.advance(length);
+                continue;
             }
+            if !take {
+                return Ok(Some(AnswerHead::begun()));
+            }
+            let answer = AnswerHead::of(&head)?;
+            self.read.advance(length);
+            return Ok(Some(answer));
         }
-        let framing = match head.body {
-            _ if switched => Framing::Done,
-            ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
-            ResponseBody::Length(length) => Framing::Length(length),
-            ResponseBody::Chunked => Framing::Chunked(Box::new(ChunkedReframer::dechunking())),
-            ResponseBody::UntilClose => Framing::UntilClose,
-        };
-        let keeps_connection =
-            !switched && head.keeps_connection() && !matches!(head.body, ResponseBody::UntilClose);
-        let length = head.head_len;
-        self.read.advance(length);
-        Ok(Some(AnswerHead {
-            status,
-            headers,
-            framing,
-            keeps_connection,
-        }))
     }
 
     /// Reads what the backend has sent; its close before the answer is whole is a failure.

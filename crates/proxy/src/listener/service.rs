@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION, RETRY_AFTER,
-    STRICT_TRANSPORT_SECURITY, TE, TRAILER, UPGRADE,
+    STRICT_TRANSPORT_SECURITY, UPGRADE,
 };
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
@@ -50,19 +50,7 @@ use crate::stage::route;
 use crate::stage::static_files::{self, StaticFile};
 use crate::stage::waf::{self, Endpoints};
 
-/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded in either direction; an upgrade's
-/// `Upgrade` and `Connection` are put back where one is relayed.
-static HOP_BY_HOP: [HeaderName; 6] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    TE,
-    TRAILER,
-    UPGRADE,
-];
-
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
@@ -450,7 +438,23 @@ async fn proxy(
         let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
         mirror::start_copy(&worker.mirrors, &head, Some(client.ip), has_body, ctx)
     };
-    prepare_for_backend(&mut head, ctx, client, upgrade);
+    prepare_for_backend(&mut head);
+    let forwarded_for = forwarded_for(&head.headers, client);
+    let request_id = ctx.request_id.clone();
+    let forwarding: [(&str, &[u8]); 3] = [
+        (
+            "x-forwarded-for",
+            forwarded_for
+                .as_ref()
+                .map_or(&b""[..], HeaderValue::as_bytes),
+        ),
+        (
+            "x-forwarded-proto",
+            if ctx.tls { b"https" } else { b"http" },
+        ),
+        ("x-request-id", request_id.as_bytes()),
+    ];
+    let forwarding = &forwarding[usize::from(forwarded_for.is_none())..];
 
     let timeouts = &route.app.timeouts;
     let connect_timeout = Duration::from_millis(timeouts.connect_ms);
@@ -495,7 +499,7 @@ async fn proxy(
         let answers_head = head.method == Method::HEAD;
         let sent = tokio::time::timeout(
             read_deadline,
-            connection.exchange(&head, outgoing, answers_head),
+            connection.exchange(&head, forwarding, outgoing, answers_head),
         );
         let error = match sent.await {
             Ok(Ok(response)) => {
@@ -565,14 +569,10 @@ async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
     }
 }
 
-/// The request head as the backend gets it: origin-form target, the Host routed on, no
-/// hop-by-hop headers (an upgrade's put back), forwarded headers.
-fn prepare_for_backend(
-    head: &mut http::request::Parts,
-    ctx: &RequestCtx,
-    client: &Client,
-    upgrade: bool,
-) {
+/// The request head as the backend gets it: origin-form target, the Host routed on, one
+/// framing. Hop-by-hop fields are left out, and the forwarding fields put in place of the
+/// client's, as the head is written (`backend_h1`), not in the map.
+fn prepare_for_backend(head: &mut http::request::Parts) {
     let headers = &mut head.headers;
     if let Some(authority) = head.uri.authority() {
         if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
@@ -587,23 +587,15 @@ fn prepare_for_backend(
         join_cookies(headers);
     }
     head.version = Version::HTTP_11;
-    remove_hop_by_hop(headers);
-    if upgrade {
-        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
-        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    }
     framing::normalise_for_backend(headers);
-    let forwarded_for = match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
+}
+
+/// `X-Forwarded-For` as the backend gets it: the client's list with its address added, or
+/// the address alone (formatted once per connection).
+fn forwarded_for(headers: &HeaderMap, client: &Client) -> Option<HeaderValue> {
+    match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
         (None, Some(own)) => Some(own.clone()),
         (previous, _) => HeaderValue::try_from(forwarded::forwarded_for(previous, client.ip)).ok(),
-    };
-    if let Some(value) = forwarded_for {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
-    let scheme = if ctx.tls { "https" } else { "http" };
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
-    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
-        headers.insert(X_REQUEST_ID, id);
     }
 }
 
@@ -621,44 +613,6 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
     if let Ok(joined) = HeaderValue::from_bytes(&joined) {
         headers.insert(COOKIE, joined);
-    }
-}
-
-fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry one or two (a backend's `Connection: keep-alive`): one pass over
-    // the names finds which, and only those are removed. Removing all six and parsing the
-    // names `Connection` listed was 6% of a proxied request's instructions.
-    let mut present = [false; HOP_BY_HOP.len()];
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
-            present[i] = true;
-        }
-    }
-    if !present.contains(&true) {
-        return;
-    }
-    // Names a Connection header lists are hop-by-hop too; `close` and `keep-alive`, the
-    // usual ones, name no header beyond the fixed list.
-    if headers.contains_key(CONNECTION) {
-        let listed: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|token| {
-                !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive")
-            })
-            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-            .collect();
-        for name in listed {
-            headers.remove(name);
-        }
-    }
-    for (name, present) in HOP_BY_HOP.iter().zip(present) {
-        if present {
-            headers.remove(name);
-        }
     }
 }
 
