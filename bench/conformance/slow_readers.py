@@ -11,7 +11,7 @@ waits for them.
     python3 bench/conformance/slow_readers.py [--readers 8] [--hold 8]
 
 Fronts: nginx (its defaults: proxy_buffering on), Switchyard, and Switchyard built from an
-earlier commit when SWITCHYARD_BEFORE_BIN names it. Everything listens on 127.0.0.1; every
+earlier commit when SWITCHYARD_BEFORE_BIN names it (SWITCHYARD_BEFORE_LABEL: its row's name). Everything listens on 127.0.0.1; every
 process is stopped by its PID. Writes its section of bench/CONFORMANCE.md.
 """
 
@@ -188,14 +188,14 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     before = os.environ.get("SWITCHYARD_BEFORE_BIN", "")
     labels = {"nginx": "nginx (proxy_buffering on, its default)",
-              "switchyard": f"Switchyard at {commit} (+ the working tree when run before a commit)",
-              "switchyard-before": f"Switchyard before read-ahead ({before})"}
+              "switchyard": f"Switchyard at {commit}",
+              "switchyard-before": os.environ.get("SWITCHYARD_BEFORE_LABEL", f"Switchyard built at {before}")}
     lines = [
         TITLE,
         "",
         f"Run by `bench/conformance/slow_readers.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{report.machine()}. An app with {WORKERS} workers behind each front; {args.readers} clients "
-        f"ask for an {ANSWER_BYTES >> 20} MiB answer, read 1 KiB and then nothing for {args.hold:g} s "
+        f"ask for a {ANSWER_BYTES >> 20} MiB answer, read 1 KiB and then nothing for {args.hold:g} s "
         "(a 4 KiB receive buffer), while a probe asks for a small page on a new connection every "
         "300 ms (given up after 3 s). *Answers begun*: those whose first KiB came within 2 s. "
         "*Answers written whole* counts the answers the app finished writing while "
@@ -210,7 +210,9 @@ def main():
         worker = f"{r['worker_ms_median']} ms" if r["worker_ms_median"] is not None else "until the client reads"
         lines.append(f"| {labels[name]} | {r['answers_begun']} of {r['readers']} | "
                      f"{r['answers_written_while_held']} of {r['readers']} | {worker} | "
-                     f"{r['probes_within_1s']} of {r['probes']} | {r['probe_p50_ms']} / {r['probe_max_ms']} ms |")
+                     f"{r['probes_within_1s']} of {r['probes']} | "
+                     + (f"{r['probe_p50_ms']} / {r['probe_max_ms']} ms |" if r["probe_p50_ms"] is not None
+                        else "none answered |"))
     report.replace_section(TITLE, lines)
 
 
