@@ -368,7 +368,12 @@ fn large_answer_backend(
 /// Sends a GET for `host` and reads no more than its answer's first KiB; the connection
 /// and how many bytes of the body that KiB held.
 fn slow_reader(http: SocketAddr, host: &str) -> (TcpStream, usize) {
-    let mut client = TcpStream::connect(http).expect("connect");
+    slow_reader_on(TcpStream::connect(http).expect("connect"), host)
+}
+
+/// The same on a connection already open (kept alive: served by the same listener thread,
+/// whose pool holds the backend connections it made).
+fn slow_reader_on(mut client: TcpStream, host: &str) -> (TcpStream, usize) {
     write!(client, "GET /big HTTP/1.1\r\nHost: {host}\r\n\r\n").expect("send");
     let mut first = [0u8; 1024];
     client.read_exact(&mut first).expect("the answer begins");
@@ -385,8 +390,9 @@ fn slow_reader(http: SocketAddr, host: &str) -> (TcpStream, usize) {
     (client, first.len() - head_end)
 }
 
-/// Reads the rest of the answer and checks every byte of its body.
-fn read_whole_answer((mut client, already): (TcpStream, usize), size: usize) {
+/// Reads the rest of the answer and checks every byte of its body; the connection, for
+/// the next request.
+fn read_whole_answer((mut client, already): (TcpStream, usize), size: usize) -> TcpStream {
     client
         .set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
@@ -403,6 +409,7 @@ fn read_whole_answer((mut client, already): (TcpStream, usize), size: usize) {
         body == expected,
         "the body read ahead came back out of order or changed"
     );
+    client
 }
 
 #[test]
@@ -440,7 +447,7 @@ fn a_slow_reader_does_not_hold_the_backend_while_answers_that_stream_do() {
         "past its 1 MiB of memory, the answer is spooled"
     );
     assert!(router.metric("switchyard_response_buffer_memory_bytes") > 0.0);
-    read_whole_answer(client, SIZE);
+    let client = read_whole_answer(client, SIZE);
     assert_eq!(router.metric("switchyard_response_spool_bytes"), 0.0);
     assert_eq!(
         router.metric("switchyard_response_buffer_memory_bytes"),
@@ -449,7 +456,7 @@ fn a_slow_reader_does_not_hold_the_backend_while_answers_that_stream_do() {
 
     // The backend's connection went back to the pool: a second request reuses it.
     let opened = router.metric("switchyard_backend_connections_opened_total");
-    let again = slow_reader(router.http, "files.test");
+    let again = slow_reader_on(client, "files.test");
     buffered_done
         .recv_timeout(Duration::from_secs(10))
         .expect("the second answer written whole too");

@@ -39,6 +39,10 @@ pub(crate) const LIGHT_TRAFFIC_LINGERS: Duration = Duration::from_millis(10);
 const MOST_WORKERS: usize = 256;
 /// Each worker's thread id, 0 for an empty place.
 static WORKERS: [AtomicI32; MOST_WORKERS] = [const { AtomicI32::new(0) }; MOST_WORKERS];
+/// One past the highest place ever taken: places are taken lowest first, so a kick looks at
+/// the pool's few places, not all 256 (the loop over all was 3.6k instructions of every
+/// request that began a spell of light traffic, bench/ENGINE.md).
+static PLACES_TAKEN: AtomicUsize = AtomicUsize::new(0);
 /// Whether each worker runs a task: a kick concerns only such a worker, and a check signal
 /// sent just before its timer stopped may arrive after the task, and must then do nothing.
 static WORKER_IN_TASK: [AtomicBool; MOST_WORKERS] =
@@ -157,7 +161,7 @@ pub(crate) fn light_request_started() {
     let Some(Ok(signal)) = SIGNAL.get() else {
         return;
     };
-    for place in 0..MOST_WORKERS {
+    for place in 0..PLACES_TAKEN.load(Ordering::SeqCst).min(MOST_WORKERS) {
         let tid = WORKERS[place].load(Ordering::SeqCst);
         if tid == 0
             || !WORKER_IN_TASK[place].load(Ordering::SeqCst)
@@ -393,6 +397,7 @@ impl Timer {
                     .is_ok()
             })
             .ok_or_else(|| format!("more than {MOST_WORKERS} workers give way"))?;
+        PLACES_TAKEN.fetch_max(place + 1, Ordering::SeqCst);
         let mut id: libc::timer_t = std::ptr::null_mut();
         // SAFETY: a zeroed sigevent is valid; the timer targets this thread, which owns it.
         let created = unsafe {

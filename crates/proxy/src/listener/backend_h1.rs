@@ -259,12 +259,17 @@ impl BackendConnection {
         let mut head = std::mem::take(&mut self.write);
         head.clear();
         switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]);
-        let written = write_all(&self.stream, &[IoSlice::new(&head)]).await;
-        self.write = head;
-        written.map_err(BackendFailure::from_io)?;
         // An empty chunked body still needs its last chunk.
-        let body_sent = (body.is_end_stream() && !chunked)
-            || self.send_body(&mut body, chunked, declared).await?;
+        let body_sent = if body.is_end_stream() && !chunked {
+            write_all(&self.stream, &[IoSlice::new(&head)])
+                .await
+                .map(|()| true)
+                .map_err(BackendFailure::from_io)
+        } else {
+            self.send_body(&head, &mut body, chunked, declared).await
+        };
+        self.write = head;
+        let body_sent = body_sent?;
         drop(body);
         let answer = loop {
             if let Some(answer) = self.answer_head(answers_head, true)? {
@@ -283,34 +288,42 @@ impl BackendConnection {
         Ok(response)
     }
 
-    /// Sends the request's body, chunked or held to its declared length; false when the
-    /// backend answered before it was all sent (nothing more is sent then, and the
-    /// connection is not kept: the backend has not read the rest).
+    /// Sends `head` with the body's first piece (one write, and a body that fails before
+    /// its first piece has sent the backend nothing, as hyper's client did), then the rest
+    /// of the body, chunked or held to its declared length; false when the backend answered
+    /// before it was all sent (nothing more is sent then, and the connection is not kept:
+    /// the backend has not read the rest).
     async fn send_body(
         &mut self,
+        head: &[u8],
         body: &mut ForwardBody,
         chunked: bool,
         mut left: Option<u64>,
     ) -> Result<bool, BackendFailure> {
+        let mut unsent_head = Some(head);
         loop {
-            let frame = tokio::select! {
-                biased;
-                answered = self.final_answer_begun() => {
-                    answered?;
-                    return Ok(false);
+            let frame = if unsent_head.is_some() {
+                poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+            } else {
+                tokio::select! {
+                    biased;
+                    answered = self.final_answer_begun() => {
+                        answered?;
+                        return Ok(false);
+                    }
+                    frame = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => frame,
                 }
-                frame = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => frame,
             };
+            let head = IoSlice::new(unsent_head.unwrap_or_default());
             let data = match frame {
                 None => {
                     if left.is_some_and(|left| left > 0) {
                         return Err(BackendFailure::Protocol("the client's body ended short"));
                     }
-                    if chunked {
-                        write_all(&self.stream, &[IoSlice::new(b"0\r\n\r\n")])
-                            .await
-                            .map_err(BackendFailure::from_io)?;
-                    }
+                    let last: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
+                    write_all(&self.stream, &[head, IoSlice::new(last)])
+                        .await
+                        .map_err(BackendFailure::from_io)?;
                     return Ok(true);
                 }
                 Some(Err(e)) => return Err(BackendFailure::ClientBody(e.to_string())),
@@ -334,6 +347,7 @@ impl BackendConnection {
                 write_all(
                     &self.stream,
                     &[
+                        head,
                         IoSlice::new(size.as_bytes()),
                         IoSlice::new(&data),
                         IoSlice::new(b"\r\n"),
@@ -341,9 +355,10 @@ impl BackendConnection {
                 )
                 .await
             } else {
-                write_all(&self.stream, &[IoSlice::new(&data)]).await
+                write_all(&self.stream, &[head, IoSlice::new(&data)]).await
             };
             written.map_err(BackendFailure::from_io)?;
+            unsent_head = None;
         }
     }
 
@@ -431,7 +446,7 @@ async fn write_all(stream: &TcpStream, pieces: &[IoSlice<'_>]) -> std::io::Resul
         // The pieces not yet written whole, the first of them cut where the last write
         // stopped.
         let mut skip = written;
-        let mut rest: [IoSlice<'_>; 3] = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut rest = [IoSlice::new(&[]); 4];
         let mut count = 0;
         for piece in pieces {
             if skip >= piece.len() {
