@@ -12,6 +12,7 @@
 
 mod access_log;
 mod app_files;
+mod byte_budget;
 mod connection;
 mod context;
 mod forwarded;

@@ -109,16 +109,6 @@ struct AnswerHead {
 }
 
 impl AnswerHead {
-    /// A final answer seen whole but not read yet.
-    fn begun() -> Self {
-        Self {
-            status: StatusCode::OK,
-            headers: HeaderMap::new(),
-            framing: Framing::Done,
-            keeps_connection: false,
-        }
-    }
-
     fn of(head: &switchyard_h1::ResponseHead<'_, '_>) -> Result<Self, BackendFailure> {
         let switched = head.code == 101;
         let (status, mut headers) = if switched {
@@ -260,22 +250,22 @@ impl BackendConnection {
         head.clear();
         switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]);
         // An empty chunked body still needs its last chunk.
-        let body_sent = if body.is_end_stream() && !chunked {
+        let answered_early = if body.is_end_stream() && !chunked {
             write_all(&self.stream, &[IoSlice::new(&head)])
                 .await
-                .map(|()| true)
+                .map(|()| None)
                 .map_err(BackendFailure::from_io)
         } else {
-            self.send_body(&head, &mut body, chunked, declared).await
+            let sent = self.send_body(&head, &mut body, chunked, declared, answers_head);
+            sent.await
         };
         self.write = head;
-        let body_sent = body_sent?;
+        let answered_early = answered_early?;
         drop(body);
-        let answer = loop {
-            if let Some(answer) = self.answer_head(answers_head, true)? {
-                break answer;
-            }
-            self.read_some().await?;
+        let body_sent = answered_early.is_none();
+        let answer = match answered_early {
+            Some(answer) => answer,
+            None => self.final_answer_head(answers_head).await?,
         };
         let reusable = body_sent && answer.keeps_connection;
         let mut response = Response::new(BackendBody {
@@ -290,16 +280,17 @@ impl BackendConnection {
 
     /// Sends `head` with the body's first piece (one write, and a body that fails before
     /// its first piece has sent the backend nothing, as hyper's client did), then the rest
-    /// of the body, chunked or held to its declared length; false when the backend answered
-    /// before it was all sent (nothing more is sent then, and the connection is not kept:
-    /// the backend has not read the rest).
+    /// of the body, chunked or held to its declared length. The answer's head when the
+    /// backend answered before the body was all sent (nothing more is sent then, and the
+    /// connection is not kept: the backend has not read the rest).
     async fn send_body(
         &mut self,
         head: &[u8],
         body: &mut ForwardBody,
         chunked: bool,
         mut left: Option<u64>,
-    ) -> Result<bool, BackendFailure> {
+        answers_head: bool,
+    ) -> Result<Option<AnswerHead>, BackendFailure> {
         let mut unsent_head = Some(head);
         loop {
             let frame = if unsent_head.is_some() {
@@ -307,10 +298,7 @@ impl BackendConnection {
             } else {
                 tokio::select! {
                     biased;
-                    answered = self.final_answer_begun() => {
-                        answered?;
-                        return Ok(false);
-                    }
+                    answer = self.final_answer_head(answers_head) => return answer.map(Some),
                     frame = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => frame,
                 }
             };
@@ -324,7 +312,7 @@ impl BackendConnection {
                     write_all(&self.stream, &[head, IoSlice::new(last)])
                         .await
                         .map_err(BackendFailure::from_io)?;
-                    return Ok(true);
+                    return Ok(None);
                 }
                 Some(Err(e)) => return Err(BackendFailure::ClientBody(e.to_string())),
                 // Trailers are not forwarded (as nginx does not), and never become fields.
@@ -362,25 +350,25 @@ impl BackendConnection {
         }
     }
 
-    /// Returns once a final answer's head is whole in the read buffer (interim ones, a
-    /// `100 Continue`, are dropped on the way); cancellable between reads.
-    async fn final_answer_begun(&mut self) -> Result<(), BackendFailure> {
+    /// Reads until the final answer's head is whole and takes it (interim ones, a
+    /// `100 Continue`, are dropped on the way); cancellable between reads, as a head is
+    /// taken out of the buffer only in the poll that returns it.
+    async fn final_answer_head(
+        &mut self,
+        answers_head: bool,
+    ) -> Result<AnswerHead, BackendFailure> {
         loop {
-            if self.answer_head(false, false)?.is_some() {
-                return Ok(());
+            if let Some(answer) = self.answer_head(answers_head)? {
+                return Ok(answer);
             }
             self.read_some().await?;
         }
     }
 
-    /// The final answer's head, once it is whole in the read buffer (taken out of it when
-    /// `take`); interim answers before it are dropped. One parse per head: the fields are
-    /// read into the answer's `HeaderMap` from the parse that found the head whole.
-    fn answer_head(
-        &mut self,
-        answers_head: bool,
-        take: bool,
-    ) -> Result<Option<AnswerHead>, BackendFailure> {
+    /// The final answer's head, once it is whole in the read buffer (taken out of it);
+    /// interim answers before it are dropped. One parse per head: the fields are read into
+    /// the answer's `HeaderMap` from the parse that found the head whole.
+    fn answer_head(&mut self, answers_head: bool) -> Result<Option<AnswerHead>, BackendFailure> {
         loop {
             if self.read.is_empty() {
                 return Ok(None);
@@ -398,9 +386,6 @@ impl BackendConnection {
             if head.is_interim() {
                 self.read.advance(length);
                 continue;
-            }
-            if !take {
-                return Ok(Some(AnswerHead::begun()));
             }
             let answer = AnswerHead::of(&head)?;
             self.read.advance(length);

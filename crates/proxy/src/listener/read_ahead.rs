@@ -18,7 +18,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -29,6 +28,7 @@ use http_body::Body;
 use super::backend_h1::BackendBody;
 use super::bodies::BodyError;
 use super::Worker;
+use crate::byte_budget::ByteBudget;
 use crate::metrics;
 
 /// Most of one answer held in memory; the rest of its share goes to the spool.
@@ -38,10 +38,8 @@ const MEMORY_PER_ANSWER: u64 = 1 << 20;
 pub struct ResponseBuffers {
     /// Most bytes one answer may hold ahead of its client; 0 turns read-ahead off.
     per_answer: u64,
-    memory_limit: u64,
-    memory_used: AtomicU64,
-    spool_limit: u64,
-    spool_used: AtomicU64,
+    memory: ByteBudget,
+    spool: ByteBudget,
     spool_dir: PathBuf,
 }
 
@@ -53,10 +51,8 @@ impl ResponseBuffers {
         metrics::RESPONSE_SPOOL_BUDGET.set(i64::try_from(spool_limit).unwrap_or(i64::MAX));
         Self {
             per_answer,
-            memory_limit,
-            memory_used: AtomicU64::new(0),
-            spool_limit,
-            spool_used: AtomicU64::new(0),
+            memory: ByteBudget::new(memory_limit, metrics::RESPONSE_BUFFER_MEMORY.clone()),
+            spool: ByteBudget::new(spool_limit, metrics::RESPONSE_SPOOL.clone()),
             spool_dir,
         }
     }
@@ -68,39 +64,6 @@ impl ResponseBuffers {
 
     pub(super) fn enabled(&self) -> bool {
         self.per_answer > 0
-    }
-
-    fn take(used: &AtomicU64, limit: u64, bytes: u64) -> bool {
-        used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-            now.checked_add(bytes).filter(|after| *after <= limit)
-        })
-        .is_ok()
-    }
-
-    fn take_memory(&self, bytes: u64) -> bool {
-        let taken = Self::take(&self.memory_used, self.memory_limit, bytes);
-        if taken {
-            metrics::RESPONSE_BUFFER_MEMORY.add(bytes as i64);
-        }
-        taken
-    }
-
-    fn give_memory(&self, bytes: u64) {
-        self.memory_used.fetch_sub(bytes, Ordering::AcqRel);
-        metrics::RESPONSE_BUFFER_MEMORY.sub(bytes as i64);
-    }
-
-    fn take_spool(&self, bytes: u64) -> bool {
-        let taken = Self::take(&self.spool_used, self.spool_limit, bytes);
-        if taken {
-            metrics::RESPONSE_SPOOL.add(bytes as i64);
-        }
-        taken
-    }
-
-    fn give_spool(&self, bytes: u64) {
-        self.spool_used.fetch_sub(bytes, Ordering::AcqRel);
-        metrics::RESPONSE_SPOOL.sub(bytes as i64);
     }
 }
 
@@ -209,7 +172,7 @@ impl ReadAhead {
         let bytes = match piece {
             Piece::Memory(bytes) => {
                 queue.in_memory -= bytes.len() as u64;
-                self.buffers.give_memory(bytes.len() as u64);
+                self.buffers.memory.release(bytes.len() as u64);
                 bytes
             }
             Piece::Spooled(length) => {
@@ -225,7 +188,7 @@ impl ReadAhead {
                 if spool.read == spool.written {
                     // All read: the file starts again from nothing, so an answer larger
                     // than its share never grows it past the share.
-                    self.buffers.give_spool(spool.written);
+                    self.buffers.spool.release(spool.written);
                     let _ = spool.file.set_len(0);
                     (spool.read, spool.written) = (0, 0);
                 }
@@ -253,13 +216,13 @@ impl Drop for ReadAhead {
         queue.reader_gone = true;
         for piece in queue.pieces.drain(..) {
             if let Piece::Memory(bytes) = piece {
-                self.buffers.give_memory(bytes.len() as u64);
+                self.buffers.memory.release(bytes.len() as u64);
             }
         }
         queue.in_memory = 0;
         queue.held = 0;
         if let Some(spool) = queue.spool.take() {
-            self.buffers.give_spool(spool.written);
+            self.buffers.spool.release(spool.written);
         }
         queue.wake_writer();
     }
@@ -345,13 +308,13 @@ async fn hold(queue: &RefCell<Queue>, buffers: &ResponseBuffers, data: Bytes) ->
             return Poll::Ready(false);
         };
         // Nothing held: the client takes this piece next, whatever the budgets say.
-        if queue.held == 0
-            || (queue.in_memory + length <= MEMORY_PER_ANSWER && buffers.take_memory(length))
-        {
-            if queue.held == 0 {
-                metrics::RESPONSE_BUFFER_MEMORY.add(length as i64);
-                buffers.memory_used.fetch_add(length, Ordering::AcqRel);
-            }
+        let in_memory = if queue.held == 0 {
+            buffers.memory.reserve_past_limit(length);
+            true
+        } else {
+            queue.in_memory + length <= MEMORY_PER_ANSWER && buffers.memory.reserve(length)
+        };
+        if in_memory {
             queue.in_memory += length;
             queue.held += length;
             queue.pieces.push_back(Piece::Memory(piece));
@@ -364,7 +327,7 @@ async fn hold(queue: &RefCell<Queue>, buffers: &ResponseBuffers, data: Bytes) ->
             .spool
             .as_ref()
             .is_none_or(|spool| spool.written + length <= buffers.per_answer);
-        if file_room && buffers.take_spool(length) {
+        if file_room && buffers.spool.reserve(length) {
             match spool_piece(&mut queue, buffers, &piece) {
                 Ok(()) => {
                     queue.held += length;
@@ -373,7 +336,7 @@ async fn hold(queue: &RefCell<Queue>, buffers: &ResponseBuffers, data: Bytes) ->
                     return Poll::Ready(true);
                 }
                 Err(e) => {
-                    buffers.give_spool(length);
+                    buffers.spool.release(length);
                     log::warn!("response spool in {}: {e}", buffers.spool_dir.display());
                 }
             }

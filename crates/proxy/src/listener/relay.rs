@@ -88,10 +88,6 @@ impl Side {
             }
             Err(upgraded) => upgraded,
         };
-        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => return Some((Self::Plain(parts.io.into_inner()), parts.read_buf)),
-            Err(upgraded) => upgraded,
-        };
         let parts = upgraded
             .downcast::<TokioIo<SendDeadline<SslStream<TcpStream>>>>()
             .ok()?;

@@ -22,7 +22,6 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +31,7 @@ use parking_lot::RwLock;
 use switchyard_model::{Waf as WafPolicy, WafMode, WafOverload};
 use switchyard_waf::{Body, Request, RuleFiles, Verdict, Waf, WafError};
 
+use crate::byte_budget::ByteBudget;
 use crate::context::RequestCtx;
 use crate::metrics;
 use crate::respond::LocalAnswer;
@@ -75,8 +75,8 @@ impl Inspector {
             files,
             pool,
             spool: Arc::new(SpoolBudget {
+                bytes: ByteBudget::new(spool.budget_bytes, metrics::WAF_SPOOL_BYTES.clone()),
                 settings: spool,
-                used: AtomicU64::new(0),
             }),
         })
     }
@@ -301,32 +301,11 @@ fn report_no_waf(app: &str) {
     }
 }
 
-/// Disk the spools of all requests may use at once.
+/// Disk the spools of all requests may use at once, and where they are.
 #[derive(Debug)]
 struct SpoolBudget {
     settings: SpoolSettings,
-    used: AtomicU64,
-}
-
-impl SpoolBudget {
-    fn reserve(&self, bytes: u64) -> bool {
-        let reserved = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes)
-                    .filter(|&total| total <= self.settings.budget_bytes)
-            })
-            .is_ok();
-        if reserved {
-            metrics::WAF_SPOOL_BYTES.add(i64::try_from(bytes).unwrap_or(i64::MAX));
-        }
-        reserved
-    }
-
-    fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-        metrics::WAF_SPOOL_BYTES.sub(i64::try_from(bytes).unwrap_or(i64::MAX));
-    }
+    bytes: ByteBudget,
 }
 
 /// The part of the spool budget one request holds, given back when it is dropped (the body
@@ -339,7 +318,7 @@ struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.budget.release(self.bytes);
+        self.budget.bytes.release(self.bytes);
     }
 }
 
@@ -427,11 +406,11 @@ impl BodySpool {
         let end = self.written + piece.len() as u64;
         let budget = &self.reservation.budget;
         if end > self.reservation.bytes {
-            if !budget.reserve(end - self.reservation.bytes) {
+            if !budget.bytes.reserve(end - self.reservation.bytes) {
                 return Err(format!(
                     "the spool is full ({} KiB in use of {} KiB)",
-                    budget.used.load(Ordering::Relaxed) >> 10,
-                    budget.settings.budget_bytes >> 10
+                    budget.bytes.used() >> 10,
+                    budget.bytes.limit() >> 10
                 ));
             }
             self.reservation.bytes = end;
