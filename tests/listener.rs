@@ -1,8 +1,9 @@
-//! The listener on hyper: routing, local answers, forwarded headers, retries past a dead
-//! backend, the access log, backend connection reuse, WebSockets that outlive a deploy and
-//! end with 1001 when their app is deleted, HTTPS redirects, and uploads answered before
-//! they are read still getting their answer. The stages (WAF, cache, images, mirror, static
-//! files) have suites of their own.
+//! The listener: routing, local answers, forwarded headers, retries past a dead backend,
+//! the access log, backend connection reuse, WebSockets that outlive a deploy and end with
+//! 1001 when their app is deleted, HTTPS redirects, uploads answered before they are read
+//! still getting their answer, and the HTTP/1.x driver's own rules (pipelined requests in
+//! order, `Expect: 100-continue`, HTTP/1.0 keep-alive). The stages (WAF, cache, images,
+//! mirror, static files) have suites of their own.
 
 use switchyard_test_support as support;
 
@@ -481,4 +482,165 @@ fn a_slow_reader_does_not_hold_the_backend_while_answers_that_stream_do() {
             .expect("written once read");
     }
     assert_eq!(router.metric("switchyard_responses_read_ahead_total"), 2.0);
+}
+
+/// Reads one answer from `reader`: its status, its lower-cased fields and its body (by
+/// Content-Length, chunks, or none for a 1xx).
+fn read_answer(reader: &mut impl BufRead) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("status line");
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("a status line, not {line:?}"));
+    let mut fields = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("field line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').expect("name: value");
+        fields.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let mut body = Vec::new();
+    if (100..200).contains(&status) {
+        return (status, fields, body);
+    }
+    if let Some(length) = field("content-length") {
+        body.resize(length.parse().expect("a length"), 0);
+        reader.read_exact(&mut body).expect("the body");
+    } else if field("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).expect("chunk size");
+            let size = usize::from_str_radix(size.trim(), 16).expect("hex size");
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).expect("chunk");
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    (status, fields, body)
+}
+
+fn path_of(body: &[u8]) -> String {
+    let description: serde_json::Value = serde_json::from_slice(body).expect("the backend's JSON");
+    description["path"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn one_connection_answers_pipelined_requests_in_order_and_expect_continue_before_the_body() {
+    let (router, http) = router_and_http();
+    let app = Backend::start("app");
+    router.put_app(
+        "app",
+        json!({"domains": ["app.test"], "backends": [app.addr.to_string()]}),
+    );
+    let mut client = TcpStream::connect(http).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+
+    // Three requests in one write, a body between two heads: each answered, in order.
+    client
+        .write_all(
+            b"GET /one HTTP/1.1\r\nHost: app.test\r\n\r\n\
+              POST /two HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n\r\nhello\
+              GET /three HTTP/1.1\r\nHost: app.test\r\n\r\n",
+        )
+        .expect("pipelined requests");
+    for path in ["/one", "/two", "/three"] {
+        let (status, _, body) = read_answer(&mut reader);
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(path_of(&body), path);
+    }
+    let seen = app.recorded();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(seen[1].body, b"hello");
+
+    // The body of an Expect: 100-continue request goes once the router has asked for it.
+    client
+        .write_all(
+            b"PUT /four HTTP/1.1\r\nHost: app.test\r\nContent-Length: 3\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .expect("head");
+    let (interim, _, _) = read_answer(&mut reader);
+    assert_eq!(interim, 100);
+    client.write_all(b"abc").expect("body");
+    let (status, _, body) = read_answer(&mut reader);
+    assert_eq!((status, path_of(&body)), (200, "/four".to_string()));
+    assert_eq!(
+        app.recorded().last().map(|r| r.body.clone()),
+        Some(b"abc".to_vec())
+    );
+
+    // One refused before its body is read gets its answer without a 100, and the
+    // connection closes after it: its unread body must not read as a request.
+    client
+        .write_all(
+            b"POST /five HTTP/1.1\r\nHost: nobody.test\r\nContent-Length: 3\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .expect("head");
+    let (status, fields, _) = read_answer(&mut reader);
+    assert_eq!(status, 404);
+    assert!(
+        fields.contains(&("connection".to_string(), "close".to_string())),
+        "{fields:?}"
+    );
+    assert_eq!(app.recorded().len(), 4);
+}
+
+#[test]
+fn an_http10_client_keeps_its_connection_only_when_it_asks() {
+    let (router, http) = router_and_http();
+    let app = Backend::start("app");
+    router.put_app(
+        "app",
+        json!({"domains": ["app.test"], "backends": [app.addr.to_string()]}),
+    );
+    let mut client = TcpStream::connect(http).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+    for path in ["/a", "/b"] {
+        write!(
+            client,
+            "GET {path} HTTP/1.0\r\nHost: app.test\r\nConnection: keep-alive\r\n\r\n"
+        )
+        .expect("request");
+        let (status, fields, body) = read_answer(&mut reader);
+        assert_eq!((status, path_of(&body)), (200, path.to_string()));
+        assert!(
+            fields.contains(&("connection".to_string(), "keep-alive".to_string())),
+            "{fields:?}"
+        );
+    }
+    // Without asking, the answer is the connection's last.
+    client
+        .write_all(b"GET /c HTTP/1.0\r\nHost: app.test\r\n\r\n")
+        .expect("request");
+    let (status, fields, _) = read_answer(&mut reader);
+    assert_eq!(status, 200);
+    assert!(
+        fields.contains(&("connection".to_string(), "close".to_string())),
+        "{fields:?}"
+    );
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).expect("the close");
+    assert!(rest.is_empty(), "{rest:?}");
 }

@@ -10,7 +10,7 @@ use http::{HeaderMap, StatusCode};
 use crate::fields::{self, Connection};
 use crate::request::RequestBody;
 use crate::response::{ResponseBody, ResponseHead};
-use crate::write::{write_field, write_framing};
+use crate::write::{write_codings_of, write_decimal, write_field, write_framing};
 
 /// Writes the head of `parts` for an HTTP/1.1 backend into `out` (appending): origin-form
 /// target, the fields less hop-by-hop ones (and those `Connection` names) and less those
@@ -99,6 +99,96 @@ pub fn response_parts(head: &ResponseHead<'_, '_>) -> Result<(StatusCode, Header
     Ok((status, headers))
 }
 
+/// How an answer's body goes to an HTTP/1.x client, decided by the driver from the request
+/// (HEAD), the status, what it knows of the body and the client's version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerFraming {
+    /// No body follows (HEAD, 1xx, 204, 304): the fields go as they are, a Content-Length
+    /// the answer announces included.
+    NoBody,
+    /// Exactly this many bytes follow.
+    Length(u64),
+    /// Chunked (an HTTP/1.1 client, a body of unknown length).
+    Chunked,
+    /// The body ends with the connection (an HTTP/1.0 client, a body of unknown length).
+    UntilClose,
+}
+
+/// What the answer says of the connection after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerConnection {
+    /// Kept, and the client's version keeps it by default (HTTP/1.1): nothing is written.
+    Kept,
+    /// Kept for an HTTP/1.0 client, which closes unless told otherwise.
+    KeptForHttp10,
+    /// Closed after this answer.
+    Closed,
+    /// A protocol switch: the answer's own Upgrade and Connection go as they are.
+    Switched,
+}
+
+/// Writes the head of an answer (`status`, `headers`) for an HTTP/1.x client into `out`
+/// (appending): the framing fields written from `framing` alone (a Content-Length or
+/// Transfer-Encoding in `headers` replaced; codings other than chunked kept ahead of
+/// chunked), `Connection` from `connection`, and `date` when `headers` has no Date.
+pub fn write_response_parts(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: AnswerFraming,
+    connection: AnswerConnection,
+    date: &[u8],
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut codings = false;
+    for (name, value) in headers {
+        if *name == http::header::CONTENT_LENGTH {
+            if framing == AnswerFraming::NoBody {
+                write_field(out, name.as_str(), value.as_bytes());
+            }
+            continue;
+        }
+        if *name == http::header::TRANSFER_ENCODING {
+            codings = true;
+            continue;
+        }
+        if *name == http::header::CONNECTION && connection != AnswerConnection::Switched {
+            continue;
+        }
+        write_field(out, name.as_str(), value.as_bytes());
+    }
+    // Lower case, as the fields from the map are: one spelling in the whole head.
+    match framing {
+        AnswerFraming::Length(length) => {
+            out.extend_from_slice(b"content-length: ");
+            write_decimal(out, length);
+            out.extend_from_slice(b"\r\n");
+        }
+        AnswerFraming::Chunked if codings => {
+            let values = headers
+                .get_all(http::header::TRANSFER_ENCODING)
+                .iter()
+                .map(HeaderValue::as_bytes);
+            write_codings_of(out, b"transfer-encoding: ", values);
+        }
+        AnswerFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        AnswerFraming::NoBody | AnswerFraming::UntilClose => {}
+    }
+    match connection {
+        AnswerConnection::Closed => out.extend_from_slice(b"connection: close\r\n"),
+        AnswerConnection::KeptForHttp10 => out.extend_from_slice(b"connection: keep-alive\r\n"),
+        AnswerConnection::Kept | AnswerConnection::Switched => {}
+    }
+    if !headers.contains_key(http::header::DATE) {
+        write_field(out, "date", date);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +272,76 @@ mod tests {
             headers.get("content-length").map(HeaderValue::as_bytes),
             Some(&b"7"[..])
         );
+    }
+
+    #[test]
+    fn an_answer_for_an_http1_client_has_one_framing_written_by_the_router() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        headers.insert("content-length", HeaderValue::from_static("99"));
+        headers.insert("connection", HeaderValue::from_static("x-hop"));
+        headers.insert(
+            "date",
+            HeaderValue::from_static("Sat, 28 Nov 2026 03:00:00 GMT"),
+        );
+        let date = b"Sat, 28 Nov 2026 04:00:00 GMT";
+        let mut out = Vec::new();
+        write_response_parts(
+            &mut out,
+            StatusCode::OK,
+            &headers,
+            AnswerFraming::Length(5),
+            AnswerConnection::Closed,
+            date,
+        );
+        // The map's length and Connection give way to the router's; its own Date is kept.
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ndate: Sat, 28 Nov 2026 03:00:00 GMT\r\n\
+             content-length: 5\r\nconnection: close\r\n\r\n"
+        );
+
+        let mut headers = HeaderMap::new();
+        headers.append(
+            "transfer-encoding",
+            HeaderValue::from_static("gzip, chunked"),
+        );
+        let mut out = Vec::new();
+        write_response_parts(
+            &mut out,
+            StatusCode::NOT_FOUND,
+            &headers,
+            AnswerFraming::Chunked,
+            AnswerConnection::KeptForHttp10,
+            date,
+        );
+        let written = String::from_utf8(out).expect("ascii");
+        assert_eq!(
+            written,
+            "HTTP/1.1 404 Not Found\r\ntransfer-encoding: gzip, chunked\r\n\
+             connection: keep-alive\r\ndate: Sat, 28 Nov 2026 04:00:00 GMT\r\n\r\n"
+        );
+        // What it wrote reads back with the framing it names.
+        let mut slots = header_slots();
+        let head = parse_response(written.as_bytes(), &mut slots, false)
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(head.body, ResponseBody::Chunked);
+
+        // A HEAD's answer keeps the length it announces, and a 304 too.
+        let mut headers = HeaderMap::new();
+        headers.insert("content-length", HeaderValue::from_static("7"));
+        let mut out = Vec::new();
+        write_response_parts(
+            &mut out,
+            StatusCode::NOT_MODIFIED,
+            &headers,
+            AnswerFraming::NoBody,
+            AnswerConnection::Kept,
+            date,
+        );
+        assert!(String::from_utf8(out)
+            .expect("ascii")
+            .contains("content-length: 7\r\n"));
     }
 }

@@ -18,7 +18,10 @@ mod request;
 mod response;
 mod write;
 
-pub use bridge::{response_parts, write_request_parts, BridgeError};
+pub use bridge::{
+    response_parts, write_request_parts, write_response_parts, AnswerConnection, AnswerFraming,
+    BridgeError,
+};
 pub use chunked::{ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;
 pub use request::{parse_request, RequestBody, RequestError, RequestHead};

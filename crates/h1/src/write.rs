@@ -132,14 +132,23 @@ pub(crate) fn write_framing(out: &mut Vec<u8>, body: RequestBody) {
 /// One Transfer-Encoding line: the codings other than identity, in order, ending in the
 /// one chunked the reader checked is last.
 fn write_codings(out: &mut Vec<u8>, headers: &[Header<'_>]) {
-    out.extend_from_slice(b"Transfer-Encoding: ");
-    let codings = headers
+    let values = headers
         .iter()
         .filter(|header| header.name.eq_ignore_ascii_case("transfer-encoding"))
-        .flat_map(|header| tokens(header.value))
-        .filter(|coding| {
-            !coding.eq_ignore_ascii_case(b"identity") && !coding.eq_ignore_ascii_case(b"chunked")
-        });
+        .map(|header| header.value);
+    write_codings_of(out, b"Transfer-Encoding: ", values);
+}
+
+/// [`write_codings`] for the values of the Transfer-Encoding fields alone.
+pub(crate) fn write_codings_of<'v>(
+    out: &mut Vec<u8>,
+    field: &[u8],
+    values: impl Iterator<Item = &'v [u8]>,
+) {
+    out.extend_from_slice(field);
+    let codings = values.flat_map(tokens).filter(|coding| {
+        !coding.eq_ignore_ascii_case(b"identity") && !coding.eq_ignore_ascii_case(b"chunked")
+    });
     for coding in codings {
         out.extend(coding.iter().map(u8::to_ascii_lowercase));
         out.extend_from_slice(b", ");
@@ -147,7 +156,7 @@ fn write_codings(out: &mut Vec<u8>, headers: &[Header<'_>]) {
     out.extend_from_slice(b"chunked\r\n");
 }
 
-fn write_decimal(out: &mut Vec<u8>, mut value: u64) {
+pub(crate) fn write_decimal(out: &mut Vec<u8>, mut value: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {

@@ -14,13 +14,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
 
 use super::backend_h1::{BackendBody, BackendFailure};
 use super::inspection::Held;
 use super::read_ahead::ReadAhead;
+use super::request_body::{PeerError, RequestBody};
 use super::service::Client;
 use super::Worker;
 use crate::access_log::Exchange;
@@ -33,7 +33,7 @@ use crate::stage::mirror::MirrorFeed;
 #[derive(Debug)]
 pub(super) enum BodyError {
     /// The client's side failed (reset, malformed chunk).
-    Peer(hyper::Error),
+    Peer(PeerError),
     /// The backend's answer stopped short or broke.
     Backend(BackendFailure),
     /// No byte came within the read deadline.
@@ -135,7 +135,7 @@ pub(super) struct ForwardBody {
     /// if the body had any, are sent last.
     held: Option<Bytes>,
     held_trailers: Option<HeaderMap>,
-    incoming: Option<Incoming>,
+    incoming: Option<RequestBody>,
     deadline: ReadDeadline,
     bytes_in: Rc<Cell<usize>>,
     /// A copy of the body for the app's shadow backend, pushed as it is read; dropped (the
@@ -148,7 +148,7 @@ pub(super) struct ForwardBody {
 impl ForwardBody {
     /// `incoming`, each read within `read_deadline`, counted into `bytes_in`.
     pub(super) fn new(
-        incoming: Incoming,
+        incoming: RequestBody,
         read_deadline: Duration,
         bytes_in: Rc<Cell<usize>>,
     ) -> Self {
@@ -318,7 +318,7 @@ pub(super) struct RequestEnd {
     pub(super) method: Method,
     pub(super) target: Uri,
     pub(super) version: Version,
-    /// The client's connection, told when the answer ends.
+    /// The client's connection.
     pub(super) connection: Rc<Client>,
     pub(super) bytes_in: Rc<Cell<usize>>,
     /// The status sent, 0 until one is.
@@ -343,7 +343,6 @@ impl Drop for RequestEnd {
             status,
         );
         self.ctx.release_attempt();
-        self.connection.answer_ended();
     }
 }
 

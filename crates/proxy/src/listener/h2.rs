@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::request_body::RequestBody;
 use super::send_deadline::SendDeadline;
 use super::{peek_until, service, Connection};
 use crate::connection::h2_resets::{Cancellations, CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
@@ -106,11 +107,12 @@ where
                 cancellations: cancellations.clone(),
                 answered: false,
             };
-            let answer = service::handle(request, client.clone(), worker.clone());
+            let request = request.map(RequestBody::H2);
+            let answer = service::handle(request, client.clone(), worker.clone(), None);
             async move {
                 let response = answer.await;
                 taken.answered();
-                response
+                Ok::<_, std::convert::Infallible>(response)
             }
         })
     };

@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body as _, Frame};
-use hyper::body::Incoming;
 
+use super::request_body::RequestBody;
 use super::service::Answer;
 use crate::context::RequestCtx;
 use crate::respond::{self, LocalAnswer};
@@ -33,7 +33,7 @@ pub(super) struct Held {
 /// `bytes_in`.
 pub(super) async fn inspect(
     head: &http::request::Parts,
-    incoming: &mut Incoming,
+    incoming: &mut RequestBody,
     endpoints: Endpoints,
     ctx: &RequestCtx,
     inspector: Option<&Inspector>,
@@ -182,7 +182,7 @@ fn joined(parts: &[Bytes]) -> Bytes {
 
 /// The client's body as the inspection reads it.
 struct ClientBody<'a> {
-    incoming: &'a mut Incoming,
+    incoming: &'a mut RequestBody,
     read_deadline: Duration,
     bytes_in: &'a Cell<usize>,
     trailers: Option<HeaderMap>,

@@ -8,12 +8,14 @@
 
 mod backend_h1;
 mod bodies;
+mod client_h1;
 mod h2;
 mod handover;
 mod inspection;
 mod pool;
 mod read_ahead;
 mod relay;
+mod request_body;
 mod send_deadline;
 mod service;
 mod tls;
@@ -29,9 +31,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use socket2::{Domain, Socket, Type};
 use switchyard_model::ClientTimeouts;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -49,7 +48,6 @@ use crate::stage::images::ImageStage;
 use crate::stage::limits::Limiter;
 use crate::stage::mirror::MirrorClient;
 use crate::stage::waf::Inspector;
-use send_deadline::SendDeadline;
 use tls::Accepted;
 
 /// Connections waiting to be accepted, per thread's socket.
@@ -59,10 +57,6 @@ const LISTEN_BACKLOG: i32 = 4096;
 /// threads. When full, a connection whose request is done is
 /// closed instead of kept.
 const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
-
-/// Largest buffer hyper keeps for one connection's reads: a request head larger than this
-/// is refused with 431 (the router's own limit, 32 KiB, is checked when routing).
-const MAX_CLIENT_READ_BUFFER: usize = 64 * 1024;
 
 /// How often a stopping router looks whether its connections have all closed.
 const FINISHED_POLL: Duration = Duration::from_millis(20);
@@ -387,83 +381,11 @@ impl Connection {
         }
     }
 
-    /// Serves HTTP/1.x until the client or the router closes. The first head must be in by
-    /// `first_head_due`; each later one within the idle timeout of the previous answer's end.
-    async fn serve_http1<S>(mut self, stream: S, tls: bool, first_head_due: Instant)
+    async fn serve_http1<S>(self, stream: S, tls: bool, first_head_due: Instant)
     where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+        S: AsyncRead + AsyncWrite + Unpin + relay::IntoClientSide + 'static,
     {
-        let timeouts = self.worker.shared.client_timeouts;
-        let stream = SendDeadline::new(stream, timeouts.send);
-        let client = service::Client::new(self.peer, self.server_port, tls);
-        let idle_client = client.clone();
-        let service_worker = self.worker.clone();
-        let head_seen = Rc::new(Cell::new(false));
-        let service = {
-            let head_seen = head_seen.clone();
-            service_fn(move |request| {
-                head_seen.set(true);
-                service::handle(request, client.clone(), service_worker.clone())
-            })
-        };
-        // No hyper timer: the watch below bounds the first head and each idle wait (a head
-        // that has begun to arrive counts as idle time), which covered every case hyper's
-        // header timer did, while that timer cost an allocation and a timer-wheel entry per
-        // request. Header lines stay at hyper's 100 (HAProxy's limit is 101); more are
-        // refused with 431. Raising it made hyper allocate and fill a table that size for
-        // every request: 5% of a proxied request's instructions at 256.
-        let mut builder = http1::Builder::new();
-        builder.max_buf_size(MAX_CLIENT_READ_BUFFER);
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
-        tokio::pin!(connection);
-        // One timer for the connection's life, woken rarely: first when its first head is
-        // due, then each idle timeout. A connection idle for the idle timeout is closed, a
-        // head that has begun to arrive included.
-        let deadline = tokio::time::sleep_until(first_head_due.min(Instant::now() + timeouts.idle));
-        tokio::pin!(deadline);
-        let mut watching_deadline = true;
-        let mut watching_stop = true;
-        let outcome = loop {
-            tokio::select! {
-                // The connection first: it is what wakes the task nearly every time.
-                biased;
-                outcome = connection.as_mut() => break outcome,
-                () = &mut deadline, if watching_deadline => {
-                    if !head_seen.get() {
-                        if Instant::now() < first_head_due {
-                            deadline.as_mut().reset(first_head_due);
-                            continue;
-                        }
-                        metrics::CLIENT_HEAD_TIMEOUTS.inc();
-                        return;
-                    }
-                    match idle_client.idle_since() {
-                        Some(since) if since.elapsed() >= timeouts.idle => {
-                            connection.as_mut().graceful_shutdown();
-                            watching_deadline = false;
-                        }
-                        Some(since) => deadline.as_mut().reset(since + timeouts.idle),
-                        None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
-                    }
-                }
-                _ = self.stopped.changed(), if watching_stop => {
-                    watching_stop = false;
-                    // Answers close from now on. A connection that has had none yet keeps
-                    // its chance at one (it was accepted: its client has sent, or is
-                    // sending, its request); one idle between requests closes now.
-                    idle_client.close_after_answer();
-                    if head_seen.get() {
-                        connection.as_mut().graceful_shutdown();
-                        break connection.await;
-                    }
-                }
-            }
-        };
-        if let Err(e) = outcome {
-            log::debug!("listener: connection from {} ended: {e}", self.peer);
-        }
+        client_h1::serve(self, stream, tls, first_head_due).await;
     }
 }
 

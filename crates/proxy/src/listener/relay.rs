@@ -16,16 +16,14 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use hyper::upgrade::{OnUpgrade, Upgraded};
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
 use socket2::SockRef;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 use tokio_openssl::SslStream;
 
 use super::bodies::RequestEnd;
-use super::send_deadline::SendDeadline;
 use crate::connection::websocket_close::{self, FrameBoundary};
 use crate::routing::connections::ShutdownRequest;
 
@@ -38,26 +36,56 @@ const READ_CHUNK: usize = 16 * 1024;
 /// bytes.
 const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
 
+/// The client's connection after its 101 went out, with what it had sent past its
+/// request's head.
+pub(super) type ClientUpgrade = oneshot::Receiver<(ClientSide, Bytes)>;
+
+/// The client's socket, under TLS or not.
+pub(super) enum ClientSide {
+    Plain(TcpStream),
+    Tls(SslStream<TcpStream>),
+}
+
+/// A client's stream handed to the relay once the protocol switched.
+pub(super) trait IntoClientSide {
+    fn into_client_side(self) -> ClientSide;
+}
+
+impl IntoClientSide for TcpStream {
+    fn into_client_side(self) -> ClientSide {
+        ClientSide::Plain(self)
+    }
+}
+
+impl IntoClientSide for SslStream<TcpStream> {
+    fn into_client_side(self) -> ClientSide {
+        ClientSide::Tls(self)
+    }
+}
+
 /// Relays until both sides are done; the request is logged when this returns. `backend`:
 /// the backend's socket and what it sent past its answer's head.
 pub(super) async fn run(
-    client: OnUpgrade,
-    backend: Option<(TcpStream, bytes::Bytes)>,
+    client: ClientUpgrade,
+    backend: Option<(TcpStream, Bytes)>,
     end: Box<RequestEnd>,
 ) {
-    let client = match client.await {
-        Ok(client) => client,
-        Err(e) => {
-            log::debug!("request {}: upgrade failed: {e}", end.ctx.request_id);
-            return;
-        }
+    let Ok((client, client_early)) = client.await else {
+        log::debug!(
+            "request {}: the client's connection was not handed over",
+            end.ctx.request_id
+        );
+        return;
     };
-    let (Some((client, client_early)), Some((backend, backend_early))) = (
-        Side::of(client),
-        backend.map(|(stream, early)| (Side::Plain(stream), early)),
-    ) else {
+    let client = match client {
+        ClientSide::Plain(stream) => Side::Plain(stream),
+        ClientSide::Tls(stream) => Side::Tls(RefCell::new(stream)),
+    };
+    let Some((backend, backend_early)) =
+        backend.map(|(stream, early)| (Side::Plain(stream), early))
+    else {
         log::warn!(
-            "request {}: an upgraded connection is neither a TCP socket nor TLS over one; closed",
+            "request {}: the backend's side of an upgrade was not a socket; closed",
             end.ctx.request_id
         );
         return;
@@ -77,24 +105,6 @@ enum Side {
 }
 
 impl Side {
-    /// The client's connection under an upgrade, with what hyper had read past the head
-    /// (under its send deadline, which was for hyper's writes: the relay keeps its own
-    /// watch).
-    fn of(upgraded: Upgraded) -> Option<(Self, bytes::Bytes)> {
-        let upgraded = match upgraded.downcast::<TokioIo<SendDeadline<TcpStream>>>() {
-            Ok(parts) => {
-                let stream = parts.io.into_inner().into_inner();
-                return Some((Self::Plain(stream), parts.read_buf));
-            }
-            Err(upgraded) => upgraded,
-        };
-        let parts = upgraded
-            .downcast::<TokioIo<SendDeadline<SslStream<TcpStream>>>>()
-            .ok()?;
-        let stream = RefCell::new(parts.io.into_inner().into_inner());
-        Some((Self::Tls(stream), parts.read_buf))
-    }
-
     async fn readable(&self) -> std::io::Result<()> {
         match self {
             Self::Plain(stream) => stream.readable().await,

@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -21,8 +20,6 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
 };
 use http_body::Body as _;
-use hyper::body::Incoming;
-use hyper::upgrade::OnUpgrade;
 use rand::Rng;
 use switchyard_give_way::LightRequest;
 
@@ -31,6 +28,8 @@ use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
 use super::pool::ConnectFailure;
 use super::read_ahead::ReadAhead;
+use super::relay::ClientUpgrade;
+use super::request_body::RequestBody;
 use super::{relay, Worker};
 use crate::context::RequestCtx;
 use crate::forwarded;
@@ -113,10 +112,6 @@ pub(super) struct Client {
     /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
     /// connection rather than per request.
     forwarded_for: Option<HeaderValue>,
-    /// Requests of this connection not answered yet (a WebSocket's until it closes).
-    in_flight: Cell<usize>,
-    /// When the last answer ended, once one has.
-    last_answer_end: Cell<Option<tokio::time::Instant>>,
     /// The router is stopping: answers close the connection after them.
     closing: Cell<bool>,
     /// Until when the connection's next request waits: the worker pool refused one of its
@@ -132,8 +127,6 @@ impl Client {
             server_port,
             tls,
             forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
-            in_flight: Cell::new(0),
-            last_answer_end: Cell::new(None),
             closing: Cell::new(false),
             paced_until: Cell::new(None),
         })
@@ -182,17 +175,9 @@ impl Client {
         self.closing.set(true);
     }
 
-    /// Since when the connection has been idle between requests: `None` before its first
-    /// answer and while a request is under way.
-    pub(super) fn idle_since(&self) -> Option<tokio::time::Instant> {
-        (self.in_flight.get() == 0)
-            .then(|| self.last_answer_end.get())
-            .flatten()
-    }
-
-    pub(super) fn answer_ended(&self) {
-        self.in_flight.set(self.in_flight.get().saturating_sub(1));
-        self.last_answer_end.set(Some(tokio::time::Instant::now()));
+    /// Whether answers close the connection after them (the router is stopping).
+    pub(super) fn closing(&self) -> bool {
+        self.closing.get()
     }
 
     pub(super) fn ip(&self) -> IpAddr {
@@ -207,17 +192,17 @@ impl Client {
     }
 }
 
-/// Serves one request.
+/// Serves one request. `client_upgrade`: where the client's connection comes once a 101
+/// has gone out, for a request that asks for an upgrade.
 pub(super) async fn handle(
-    mut request: Request<Incoming>,
+    request: Request<RequestBody>,
     client: Rc<Client>,
     worker: Rc<Worker>,
-) -> Result<Response<ClientBody>, Infallible> {
-    client.in_flight.set(client.in_flight.get() + 1);
+    client_upgrade: Option<ClientUpgrade>,
+) -> Response<ClientBody> {
     let mut ctx = RequestCtx::new();
     ctx.tls = client.tls;
     ctx.request_id = request_id(request.headers());
-    let client_upgrade = request.extensions_mut().remove::<OnUpgrade>();
     let bytes_in = Rc::new(Cell::new(0));
     let mut end = Box::new(RequestEnd {
         worker: worker.clone(),
@@ -286,7 +271,7 @@ pub(super) async fn handle(
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    Ok(response)
+    response
 }
 
 /// How long the rest of a body the router answered without reading may take to come in
@@ -298,7 +283,7 @@ const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
 /// connection, and the client could lose the answer. The connection closes after this
 /// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
 /// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
-fn linger(mut incoming: Incoming, response: &mut Response<ClientBody>) {
+fn linger(mut incoming: RequestBody, response: &mut Response<ClientBody>) {
     if response.version() == Version::HTTP_2 {
         return;
     }
@@ -320,7 +305,7 @@ fn linger(mut incoming: Incoming, response: &mut Response<ClientBody>) {
 /// left there otherwise.
 async fn proxy(
     mut head: http::request::Parts,
-    unread: &mut Option<Incoming>,
+    unread: &mut Option<RequestBody>,
     client: &Client,
     ctx: &mut RequestCtx,
     worker: &Worker,
@@ -557,7 +542,7 @@ async fn proxy(
 /// it does: DATA that follows would make it malformed (RFC 9113 §8.1.1), and the backend's
 /// answer must not reach the client first as if the request had been well formed. False
 /// when the stream carried data, failed or did not end within `deadline`.
-async fn empty_body_ends(incoming: &mut Incoming, deadline: Duration) -> bool {
+async fn empty_body_ends(incoming: &mut RequestBody, deadline: Duration) -> bool {
     loop {
         let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
         match tokio::time::timeout(deadline, next).await {
@@ -619,7 +604,7 @@ fn join_cookies(headers: &mut HeaderMap) {
 fn backend_response(
     mut response: Response<BackendBody>,
     read_deadline: Duration,
-    client_upgrade: Option<OnUpgrade>,
+    client_upgrade: Option<ClientUpgrade>,
     mut end: Box<RequestEnd>,
 ) -> Response<ClientBody> {
     end.status = response.status().as_u16();
