@@ -356,7 +356,9 @@ impl Connection {
         // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
         let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
         match tokio::time::timeout_at(head_due, h2::opens_with_preface(&stream)).await {
-            Ok(Ok(true)) => h2::serve(self, stream, false).await,
+            // Boxed, here and after a handshake: an HTTP/1.x connection's task keeps no room
+            // for an HTTP/2 connection's state.
+            Ok(Ok(true)) => Box::pin(h2::serve(self, stream, false)).await,
             Ok(Ok(false)) => self.serve_http1(stream, false, head_due).await,
             Ok(Err(_)) => {}
             Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
@@ -367,7 +369,7 @@ impl Connection {
         let deadline = self.worker.shared.client_timeouts.header;
         match tls.accept(stream, deadline).await {
             Ok(Accepted::Serve(stream)) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
-                h2::serve(self, stream, true).await;
+                Box::pin(h2::serve(self, stream, true)).await;
             }
             Ok(Accepted::AcmeValidation) => {}
             Ok(Accepted::Serve(stream)) => {
