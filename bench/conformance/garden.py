@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The garden (issue 46, item 4b): origins built on other HTTP/1 parsers placed behind a
-front — Switchyard's own HTTP/1 codec (h1-floor, crates/h1) and Switchyard as it runs
-today (hyper's server for the client, crates/h1 for the backend since 161f789) — each fed
+front — Switchyard's own HTTP/1 codec (h1-floor, crates/h1) and Switchyard itself
+(crates/h1 on both sides since 364efdd; hyper's server for the client before) — each fed
 the smuggling corpus of tests/smuggling.rs plus mutations of its framing fields in the
 spellings where parsers are known to part (the HTTP Garden's published findings:
 whitespace and control bytes around `chunked`, signs and lists in Content-Length,

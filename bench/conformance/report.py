@@ -20,7 +20,9 @@ def replace_section(title, lines):
     if title in text:
         start = text.index(title)
         end = text.find("\n## ", start + len(title))
-        text = text[:start] + body + (text[end + 1:] if end != -1 else "")
+        # A section followed by another keeps one blank line between them.
+        following = text[end + 1:] if end != -1 else ""
+        text = text[:start] + (body.rstrip("\n") + "\n\n" if following else body) + following
     else:
         text = text.rstrip("\n") + "\n\n" + body
     CONFORMANCE.write_text(text)
