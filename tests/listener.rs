@@ -539,19 +539,26 @@ fn path_of(body: &[u8]) -> String {
     description["path"].as_str().unwrap_or_default().to_string()
 }
 
-#[test]
-fn one_connection_answers_pipelined_requests_in_order_and_expect_continue_before_the_body() {
+/// A router with one app, `app.test`, and a client connection to its HTTP listener, with a
+/// reader of the answers on it.
+fn app_behind_one_connection() -> (RouterProcess, Backend, TcpStream, BufReader<TcpStream>) {
     let (router, http) = router_and_http();
     let app = Backend::start("app");
     router.put_app(
         "app",
         json!({"domains": ["app.test"], "backends": [app.addr.to_string()]}),
     );
-    let mut client = TcpStream::connect(http).expect("connect");
+    let client = TcpStream::connect(http).expect("connect");
     client
         .set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
-    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+    let reader = BufReader::new(client.try_clone().expect("clone"));
+    (router, app, client, reader)
+}
+
+#[test]
+fn one_connection_answers_pipelined_requests_in_order_and_expect_continue_before_the_body() {
+    let (_router, app, mut client, mut reader) = app_behind_one_connection();
 
     // Three requests in one write, a body between two heads: each answered, in order.
     client
@@ -606,17 +613,7 @@ fn one_connection_answers_pipelined_requests_in_order_and_expect_continue_before
 
 #[test]
 fn an_http10_client_keeps_its_connection_only_when_it_asks() {
-    let (router, http) = router_and_http();
-    let app = Backend::start("app");
-    router.put_app(
-        "app",
-        json!({"domains": ["app.test"], "backends": [app.addr.to_string()]}),
-    );
-    let mut client = TcpStream::connect(http).expect("connect");
-    client
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+    let (_router, _app, mut client, mut reader) = app_behind_one_connection();
     for path in ["/a", "/b"] {
         write!(
             client,
