@@ -505,6 +505,14 @@ fn http1_desync_attempts_are_refused_or_normalised() {
         assert_next_client_unaffected(&router, &wiretap, case.name);
     }
     eprintln!("{}", report.join("\n"));
+    // Those the codec refused before any stage are counted, by status.
+    let refused = |status: &str| {
+        router.metric(&format!(
+            "switchyard_client_heads_refused_total{{status=\"{status}\"}}"
+        ))
+    };
+    assert!(refused("400") >= 10.0, "{}", refused("400"));
+    assert!(refused("431") >= 1.0, "{}", refused("431"));
     assert_eq!(router.get(HOST, "/").status, 200, "the router still serves");
 }
 

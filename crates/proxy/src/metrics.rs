@@ -176,6 +176,14 @@ switchyard_metrics::declare_metrics! {
         "Client connections closed because a request head did not arrive within the header timeout."
     ));
 
+    pub(crate) static CLIENT_HEADS_REFUSED: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_client_heads_refused_total",
+        "HTTP/1.x request heads refused before any stage saw them, by the status answered: 400 \
+         (malformed, ambiguous framing, a bad Host or target) or 431 (more than 100 lines or \
+         64 KiB of head); the connection closes after the answer.",
+        &["status"]
+    ));
+
     pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: IntCounter = registered(register_int_counter!(
         "switchyard_h2_connections_closed_for_resets_total",
         "HTTP/2 connections closed for cancelling too many streams the router had taken on."

@@ -274,8 +274,8 @@ impl Body for ForwardBody {
             None => {}
         }
         if let Some(feed) = this.mirror.as_mut() {
-            // hyper stops reading once the body says it has ended, so the end is told with
-            // the last piece rather than waited for.
+            // Readers stop once the body says it has ended, so the end is told with the
+            // last piece rather than waited for.
             let keep = match &frame {
                 Some(Ok(frame)) => feed.push(frame.data_ref(), incoming.is_end_stream()),
                 None => feed.push(None, true),
@@ -367,8 +367,8 @@ enum Source {
 /// The answer on its way to the client.
 pub(super) struct ClientBody {
     source: Source,
-    /// Boxed: hyper moves the body a dozen times per answer, and the request's state is
-    /// most of its size.
+    /// Boxed: the body is moved several times per answer (hyper's HTTP/2 server moves it a
+    /// dozen times), and the request's state is most of its size.
     end: Option<Box<RequestEnd>>,
 }
 

@@ -548,6 +548,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    metrics::CLIENT_HEADS_REFUSED
+        .with_label_values(&[status.as_str()])
+        .inc();
     let mut head = Vec::with_capacity(128);
     let mut headers = HeaderMap::with_capacity(1);
     headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));

@@ -59,7 +59,8 @@ pub(super) async fn inspect(
             go_on(waf::inspect_now(ctx, Some(inspector), policy, request).await)
         }
         BodyInspection::InMemory => {
-            // hyper holds the body to its declared length, at most IN_MEMORY_BODY here.
+            // The body is held to its declared length (the HTTP/1 driver by its framing,
+            // hyper's HTTP/2 server by the stream's), at most IN_MEMORY_BODY here.
             let mut data = BytesMut::new();
             while let Some(piece) = body.next_piece(ctx).await? {
                 data.extend_from_slice(&piece);

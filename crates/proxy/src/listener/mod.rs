@@ -1,8 +1,9 @@
-//! The listener: HTTP/1.1 and HTTP/2, in clear and over TLS (certificates by SNI from the
-//! certificate cache, rotating ticket keys), on hyper, laid out as nginx's workers are: one
-//! thread per worker with its own single-threaded runtime, its own SO_REUSEPORT listening
-//! sockets and its own pool of idle backend connections, so no request touches state
-//! another thread owns (bench/ENGINE.md: why hyper, and what a request costs). Each request
+//! The listener: HTTP/1.x on the router's own driver (`client_h1`, on `crates/h1`) and
+//! HTTP/2 on hyper, in clear and over TLS (certificates by SNI from the certificate cache,
+//! rotating ticket keys), laid out as nginx's workers are: one thread per worker with its
+//! own single-threaded runtime, its own SO_REUSEPORT listening sockets and its own pool of
+//! idle backend connections, so no request touches state another thread owns
+//! (bench/ENGINE.md: what a request costs, and why the HTTP/1 path is ours). Each request
 //! goes through the stages in `service.rs`; on `--upgrade` the listening sockets are handed
 //! to the new process (`handover`).
 

@@ -1,7 +1,8 @@
 //! A deadline for each write to a client (`--client-send-timeout-s`, nginx's `send_timeout`).
-//! hyper waits as long as a client that stops reading likes, holding the answer's buffers
-//! and the backend connection it is read from; here a write that makes no progress for the
-//! deadline fails, and hyper closes the connection.
+//! Unbounded, a write waits as long as a client that stops reading likes, holding the
+//! answer's buffers and the backend connection it is read from; here a write that makes no
+//! progress for the deadline fails, and the connection is closed (by the HTTP/1 driver, or
+//! by hyper's HTTP/2 server).
 
 use std::future::Future;
 use std::io::IoSlice;

@@ -608,8 +608,8 @@ fn backend_response(
     mut end: Box<RequestEnd>,
 ) -> Response<ClientBody> {
     end.status = response.status().as_u16();
-    // The client's connection speaks its own version, whatever the backend's was (hyper
-    // answers an HTTP/1.0 client in kind).
+    // The client's connection speaks its own version, whatever the backend's was (the
+    // HTTP/1 driver writes an HTTP/1.1 status line to every client, as nginx does).
     *response.version_mut() = Version::HTTP_11;
     set_router_headers(response.headers_mut(), &end.ctx);
     if let Some(label) = cache::x_cache(&end.ctx) {
