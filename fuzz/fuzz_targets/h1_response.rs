@@ -13,7 +13,7 @@ use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use switchyard_h1::{
     header_slots, parse_response, response_parts, write_response_parts, AnswerConnection,
-    AnswerFraming, ResponseBody,
+    AnswerFraming, ResponseBody, ResponseError, MAX_HEADERS,
 };
 
 const DATE_VALUE: &[u8] = b"Sat, 28 Nov 2026 04:00:00 GMT";
@@ -65,13 +65,33 @@ fuzz_target!(|data: &[u8]| {
                 AnswerConnection::Closed,
             ] {
                 let mut written = Vec::new();
-                write_response_parts(&mut written, status, &headers, framing, connection, DATE_VALUE);
+                write_response_parts(
+                    &mut written,
+                    status,
+                    &headers,
+                    framing,
+                    connection,
+                    DATE_VALUE,
+                );
                 let mut again_slots = header_slots();
                 let again = match parse_response(&written, &mut again_slots, answers_head) {
                     Ok(Some(again)) => again,
+                    // The router's own lines (framing, Connection, Date) can take an answer
+                    // of 100 lines past the 100 this codec reads (as hyper's client, as
+                    // HAProxy's 101); clients read more. Only that is not a divergence
+                    // (status line, fields, blank line: fields + 3 pieces split on LF).
+                    Err(ResponseError::HeadTooLarge)
+                        if written.split(|&b| b == b'\n').count() > MAX_HEADERS + 3 =>
+                    {
+                        continue
+                    }
                     other => panic!("written answer does not read back: {other:?} {written:?}"),
                 };
-                assert_eq!(again.head_len, written.len(), "bytes after the head: {written:?}");
+                assert_eq!(
+                    again.head_len,
+                    written.len(),
+                    "bytes after the head: {written:?}"
+                );
                 assert_eq!(again.code, status.as_u16());
                 match framing {
                     AnswerFraming::Length(length) => {
