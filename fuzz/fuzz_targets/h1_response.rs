@@ -8,7 +8,7 @@
 //! connection.
 #![no_main]
 
-use http::header::{HeaderValue, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use switchyard_h1::{
@@ -41,16 +41,8 @@ fuzz_target!(|data: &[u8]| {
         let Ok((status, mut headers)) = response_parts(&head) else {
             continue;
         };
-        if head.other_codings {
-            // As the router keeps them (backend_h1's AnswerHead): the client undoes them.
-            for field in head.headers {
-                if field.name.eq_ignore_ascii_case("transfer-encoding") {
-                    if let Ok(value) = HeaderValue::from_bytes(field.value) {
-                        headers.append(TRANSFER_ENCODING, value);
-                    }
-                }
-            }
-        }
+        // As the router keeps them (backend_h1's AnswerHead): the client undoes them.
+        switchyard_h1::keep_codings(&head, &mut headers);
         let framings = match head.body {
             ResponseBody::None => [AnswerFraming::NoBody, AnswerFraming::NoBody],
             ResponseBody::Length(length) => [AnswerFraming::Length(length), AnswerFraming::Chunked],
@@ -65,14 +57,9 @@ fuzz_target!(|data: &[u8]| {
                 AnswerConnection::Closed,
             ] {
                 let mut written = Vec::new();
-                write_response_parts(
-                    &mut written,
-                    status,
-                    &headers,
-                    framing,
-                    connection,
-                    DATE_VALUE,
-                );
+                write_response_parts(&mut written, status, &headers, framing, connection, || {
+                    DATE_VALUE
+                });
                 let mut again_slots = header_slots();
                 let again = match parse_response(&written, &mut again_slots, answers_head) {
                     Ok(Some(again)) => again,

@@ -99,6 +99,22 @@ pub fn response_parts(head: &ResponseHead<'_, '_>) -> Result<(StatusCode, Header
     Ok((status, headers))
 }
 
+/// Appends to `headers` (an answer's fields, as [`response_parts`] gives them) the
+/// Transfer-Encoding lines of an answer whose app applied codings other than chunked: they
+/// are the client's to undo, and its side chunks the body again after them.
+pub fn keep_codings(head: &ResponseHead<'_, '_>, headers: &mut HeaderMap) {
+    if !head.other_codings {
+        return;
+    }
+    for field in head.headers {
+        if field.name.eq_ignore_ascii_case("transfer-encoding") {
+            if let Ok(value) = HeaderValue::from_bytes(field.value) {
+                headers.append(http::header::TRANSFER_ENCODING, value);
+            }
+        }
+    }
+}
+
 /// How an answer's body goes to an HTTP/1.x client, decided by the driver from the request
 /// (HEAD), the status, what it knows of the body and the client's version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,14 +146,15 @@ pub enum AnswerConnection {
 /// Writes the head of an answer (`status`, `headers`) for an HTTP/1.x client into `out`
 /// (appending): the framing fields written from `framing` alone (a Content-Length or
 /// Transfer-Encoding in `headers` replaced; codings other than chunked kept ahead of
-/// chunked), `Connection` from `connection`, and `date` when `headers` has no Date.
-pub fn write_response_parts(
+/// chunked), `Connection` from `connection`, and a Date from `date` — asked for only when
+/// `headers` has none, as most apps' answers have one.
+pub fn write_response_parts<D: AsRef<[u8]>>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
     framing: AnswerFraming,
     connection: AnswerConnection,
-    date: &[u8],
+    date: impl FnOnce() -> D,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
@@ -184,7 +201,7 @@ pub fn write_response_parts(
         AnswerConnection::Kept | AnswerConnection::Switched => {}
     }
     if !headers.contains_key(http::header::DATE) {
-        write_field(out, "date", date);
+        write_field(out, "date", date().as_ref());
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -292,7 +309,7 @@ mod tests {
             &headers,
             AnswerFraming::Length(5),
             AnswerConnection::Closed,
-            date,
+            || date,
         );
         // The map's length and Connection give way to the router's; its own Date is kept.
         assert_eq!(
@@ -313,7 +330,7 @@ mod tests {
             &headers,
             AnswerFraming::Chunked,
             AnswerConnection::KeptForHttp10,
-            date,
+            || date,
         );
         let written = String::from_utf8(out).expect("ascii");
         assert_eq!(
@@ -338,7 +355,7 @@ mod tests {
             &headers,
             AnswerFraming::NoBody,
             AnswerConnection::Kept,
-            date,
+            || date,
         );
         assert!(String::from_utf8(out)
             .expect("ascii")

@@ -215,6 +215,13 @@ fn hex_value(byte: u8) -> Option<u8> {
     }
 }
 
+/// Writes the line that starts a chunk of `size` bytes (its size in bare lowercase hex,
+/// CRLF) into `out`: the one spelling every reader agrees on.
+pub fn write_chunk_size(out: &mut Vec<u8>, size: u64) {
+    write_hex(size, out);
+    out.extend_from_slice(b"\r\n");
+}
+
 fn write_hex(value: u64, out: &mut Vec<u8>) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let digits = ((64 - value.leading_zeros()).max(1) as usize).div_ceil(4);

@@ -19,10 +19,10 @@ mod response;
 mod write;
 
 pub use bridge::{
-    response_parts, write_request_parts, write_response_parts, AnswerConnection, AnswerFraming,
-    BridgeError,
+    keep_codings, response_parts, write_request_parts, write_response_parts, AnswerConnection,
+    AnswerFraming, BridgeError,
 };
-pub use chunked::{ChunkedError, ChunkedReframer, Reframed};
+pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;
 pub use request::{parse_request, RequestBody, RequestError, RequestHead};
 pub use response::{parse_response, ResponseBody, ResponseError, ResponseHead};

@@ -119,17 +119,7 @@ impl AnswerHead {
             switchyard_h1::response_parts(head)
                 .map_err(|_| BackendFailure::Protocol("an answer field HTTP refuses"))?
         };
-        if head.other_codings {
-            // Codings the app applied (gzip, chunked) are the client's to undo: their line
-            // goes on, and the client's side chunks the body again after them.
-            for field in head.headers {
-                if field.name.eq_ignore_ascii_case("transfer-encoding") {
-                    if let Ok(value) = HeaderValue::from_bytes(field.value) {
-                        headers.append(TRANSFER_ENCODING, value);
-                    }
-                }
-            }
-        }
+        switchyard_h1::keep_codings(head, &mut headers);
         let framing = match head.body {
             _ if switched => Framing::Done,
             ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
@@ -331,12 +321,13 @@ impl BackendConnection {
                     ))?;
             }
             let written = if chunked {
-                let size = format!("{:x}\r\n", data.len());
+                let mut size = Vec::with_capacity(18);
+                switchyard_h1::write_chunk_size(&mut size, data.len() as u64);
                 write_all(
                     &self.stream,
                     &[
                         head,
-                        IoSlice::new(size.as_bytes()),
+                        IoSlice::new(&size),
                         IoSlice::new(&data),
                         IoSlice::new(b"\r\n"),
                     ],

@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
 use switchyard_model::ClientTimeouts;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -360,7 +359,7 @@ impl Connection {
             // Boxed, here and after a handshake: an HTTP/1.x connection's task keeps no room
             // for an HTTP/2 connection's state.
             Ok(Ok(true)) => Box::pin(h2::serve(self, stream, false)).await,
-            Ok(Ok(false)) => self.serve_http1(stream, false, head_due).await,
+            Ok(Ok(false)) => client_h1::serve(self, stream, false, head_due).await,
             Ok(Err(_)) => {}
             Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
         }
@@ -375,20 +374,13 @@ impl Connection {
             Ok(Accepted::AcmeValidation) => {}
             Ok(Accepted::Serve(stream)) => {
                 let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
-                self.serve_http1(stream, true, head_due).await;
+                client_h1::serve(self, stream, true, head_due).await;
             }
             Err(failure) => log::debug!(
                 "listener: TLS handshake with {} not completed: {failure}",
                 self.peer
             ),
         }
-    }
-
-    async fn serve_http1<S>(self, stream: S, tls: bool, first_head_due: Instant)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + relay::IntoClientSide + 'static,
-    {
-        client_h1::serve(self, stream, tls, first_head_due).await;
     }
 }
 

@@ -266,11 +266,6 @@ pub(super) async fn handle(
     if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
         linger(incoming, &mut response);
     }
-    if client.closing.get() && response.version() != Version::HTTP_2 {
-        response
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-    }
     response
 }
 
