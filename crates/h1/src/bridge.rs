@@ -36,13 +36,9 @@ pub fn write_request_parts(
             .as_bytes(),
     );
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let connection_values = || {
-        parts
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .map(HeaderValue::as_bytes)
-    };
+    // Looked up once: a lookup per field cost more than writing it (callgrind).
+    let connection_fields = parts.headers.get_all(http::header::CONNECTION);
+    let connection_values = || connection_fields.iter().map(HeaderValue::as_bytes);
     let connection = Connection::from_values(connection_values());
     let mut host_written = false;
     for (name, value) in &parts.headers {
@@ -78,19 +74,7 @@ pub enum BridgeError {
 pub fn response_parts(head: &ResponseHead<'_, '_>) -> Result<(StatusCode, HeaderMap), BridgeError> {
     let status = StatusCode::from_u16(head.code).map_err(|_| BridgeError::Invalid)?;
     let mut headers = HeaderMap::with_capacity(head.headers.len());
-    for header in head.headers {
-        // HTTP/2 keeps a Content-Length it can check against the DATA frames.
-        let keep_length = header.name.eq_ignore_ascii_case("content-length")
-            && (head.announces_length() || matches!(head.body, ResponseBody::Length(_)));
-        if !keep_length
-            && !fields::forwarded(
-                header.name,
-                &head.connection,
-                fields::connection_values(head.headers),
-            )
-        {
-            continue;
-        }
+    for header in end_to_end_fields(head) {
         let name =
             HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| BridgeError::Invalid)?;
         let value = HeaderValue::from_bytes(header.value).map_err(|_| BridgeError::Invalid)?;
@@ -99,20 +83,48 @@ pub fn response_parts(head: &ResponseHead<'_, '_>) -> Result<(StatusCode, Header
     Ok((status, headers))
 }
 
+/// The fields of `head` that [`response_parts`] keeps, in their order: for a caller that
+/// makes the values share the buffer the head was read into rather than copying them.
+pub fn end_to_end_fields<'r, 'b>(
+    head: &'r ResponseHead<'_, 'b>,
+) -> impl Iterator<Item = &'r crate::Header<'b>> {
+    head.headers.iter().filter(move |header| {
+        // HTTP/2 keeps a Content-Length it can check against the DATA frames.
+        let keep_length = header.name.eq_ignore_ascii_case("content-length")
+            && (head.announces_length() || matches!(head.body, ResponseBody::Length(_)));
+        keep_length
+            || fields::forwarded(
+                header.name,
+                &head.connection,
+                fields::connection_values(head.headers),
+            )
+    })
+}
+
 /// Appends to `headers` (an answer's fields, as [`response_parts`] gives them) the
-/// Transfer-Encoding lines of an answer whose app applied codings other than chunked: they
-/// are the client's to undo, and its side chunks the body again after them.
+/// [`coding_fields`] of the answer.
 pub fn keep_codings(head: &ResponseHead<'_, '_>, headers: &mut HeaderMap) {
-    if !head.other_codings {
-        return;
-    }
-    for field in head.headers {
-        if field.name.eq_ignore_ascii_case("transfer-encoding") {
-            if let Ok(value) = HeaderValue::from_bytes(field.value) {
-                headers.append(http::header::TRANSFER_ENCODING, value);
-            }
+    for field in coding_fields(head) {
+        if let Ok(value) = HeaderValue::from_bytes(field.value) {
+            headers.append(http::header::TRANSFER_ENCODING, value);
         }
     }
+}
+
+/// The Transfer-Encoding lines of an answer whose app applied codings other than chunked
+/// (none otherwise): they are the client's to undo, and its side chunks the body again
+/// after them.
+pub fn coding_fields<'r, 'b>(
+    head: &'r ResponseHead<'_, 'b>,
+) -> impl Iterator<Item = &'r crate::Header<'b>> {
+    let lines = if head.other_codings {
+        head.headers
+    } else {
+        &[]
+    };
+    lines
+        .iter()
+        .filter(|field| field.name.eq_ignore_ascii_case("transfer-encoding"))
 }
 
 /// How an answer's body goes to an HTTP/1.x client, decided by the driver from the request

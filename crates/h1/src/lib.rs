@@ -19,8 +19,8 @@ mod response;
 mod write;
 
 pub use bridge::{
-    keep_codings, response_parts, write_request_parts, write_response_parts, AnswerConnection,
-    AnswerFraming, BridgeError,
+    coding_fields, end_to_end_fields, keep_codings, response_parts, write_request_parts,
+    write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;

@@ -31,7 +31,7 @@ pub(crate) trait Keepable {
 
 /// Idle connections `C` by target `K`, counted in a gauge.
 pub(crate) struct IdleConnections<K, C> {
-    idle: HashMap<K, Vec<(C, Instant)>>,
+    idle: HashMap<K, Vec<(C, Instant)>, ahash::RandomState>,
     count: usize,
     limit: usize,
     gauge: IntGauge,
@@ -41,7 +41,7 @@ impl<K: Hash + Eq, C: Keepable> IdleConnections<K, C> {
     /// At most `limit` connections, counted in `gauge`.
     pub(crate) fn new(limit: usize, gauge: IntGauge) -> Self {
         Self {
-            idle: HashMap::new(),
+            idle: HashMap::default(),
             count: 0,
             limit,
             gauge,

@@ -46,6 +46,8 @@ pub(super) struct BackendConnection {
     /// Where each request's head is written; kept between requests, so a busy connection
     /// writes its heads without allocating.
     write: Vec<u8>,
+    /// Where the fields of the last answer's head sat: kept between answers, like `write`.
+    places: Vec<FieldPlace>,
     /// Watched for as long as the connection lives, for the connection table's drains.
     pub(super) shutdown: Arc<ShutdownRequest>,
     pub(super) address: SocketAddr,
@@ -108,18 +110,38 @@ struct AnswerHead {
     keeps_connection: bool,
 }
 
+/// Where one field of an answer's head sits in the read buffer: name start and end, value
+/// start and end.
+type FieldPlace = (u32, u32, u32, u32);
+
 impl AnswerHead {
-    fn of(head: &switchyard_h1::ResponseHead<'_, '_>) -> Result<Self, BackendFailure> {
+    /// Reads what `head` says of the answer, and into `places` where the fields the client
+    /// gets sit in the buffer starting at `base` (their values will share that buffer).
+    fn read_places(
+        head: &switchyard_h1::ResponseHead<'_, '_>,
+        base: *const u8,
+        places: &mut Vec<FieldPlace>,
+    ) -> (u16, Framing, bool) {
         let switched = head.code == 101;
-        let (status, mut headers) = if switched {
+        let offset = |piece: &[u8]| (piece.as_ptr() as usize - base as usize) as u32;
+        places.clear();
+        let mut place = |field: &switchyard_h1::Header<'_>| {
+            let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
+            places.push((
+                name,
+                name + field.name.len() as u32,
+                value,
+                value + field.value.len() as u32,
+            ));
+        };
+        if switched {
             // The client's side of an upgrade needs the backend's Upgrade and Connection,
             // which are hop-by-hop everywhere else.
-            every_field(head)?
+            head.headers.iter().for_each(&mut place);
         } else {
-            switchyard_h1::response_parts(head)
-                .map_err(|_| BackendFailure::Protocol("an answer field HTTP refuses"))?
-        };
-        switchyard_h1::keep_codings(head, &mut headers);
+            switchyard_h1::end_to_end_fields(head).for_each(&mut place);
+            switchyard_h1::coding_fields(head).for_each(&mut place);
+        }
         let framing = match head.body {
             _ if switched => Framing::Done,
             ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
@@ -129,6 +151,26 @@ impl AnswerHead {
         };
         let keeps_connection =
             !switched && head.keeps_connection() && !matches!(head.body, ResponseBody::UntilClose);
+        (head.code, framing, keeps_connection)
+    }
+
+    /// The answer whose fields sit at `places` in `head_bytes`: the values are slices of
+    /// it, not copies (an allocation and a copy per field, which cost more than the parse).
+    fn of(
+        (code, framing, keeps_connection): (u16, Framing, bool),
+        head_bytes: &Bytes,
+        places: &[FieldPlace],
+    ) -> Result<Self, BackendFailure> {
+        let refused = || BackendFailure::Protocol("an answer field HTTP refuses");
+        let status = StatusCode::from_u16(code).map_err(|_| refused())?;
+        let mut headers = HeaderMap::with_capacity(places.len());
+        for &(name_start, name_end, value_start, value_end) in places {
+            let name = &head_bytes[name_start as usize..name_end as usize];
+            let name = HeaderName::from_bytes(name).map_err(|_| refused())?;
+            let value = head_bytes.slice(value_start as usize..value_end as usize);
+            let value = HeaderValue::from_maybe_shared(value).map_err(|_| refused())?;
+            headers.append(name, value);
+        }
         Ok(Self {
             status,
             headers,
@@ -173,6 +215,7 @@ impl BackendConnection {
             stream,
             read: BytesMut::new(),
             write: Vec::new(),
+            places: Vec::new(),
             shutdown,
             address,
             _alive: alive,
@@ -378,9 +421,9 @@ impl BackendConnection {
                 self.read.advance(length);
                 continue;
             }
-            let answer = AnswerHead::of(&head)?;
-            self.read.advance(length);
-            return Ok(Some(answer));
+            let facts = AnswerHead::read_places(&head, self.read.as_ptr(), &mut self.places);
+            let head_bytes = self.read.split_to(length).freeze();
+            return AnswerHead::of(facts, &head_bytes, &self.places).map(Some);
         }
     }
 
@@ -397,21 +440,6 @@ impl BackendConnection {
         }
         Ok(())
     }
-}
-
-/// Every field of `head`, hop-by-hop ones too.
-fn every_field(
-    head: &switchyard_h1::ResponseHead<'_, '_>,
-) -> Result<(StatusCode, HeaderMap), BackendFailure> {
-    let refused = |_| BackendFailure::Protocol("an answer field HTTP refuses");
-    let status = StatusCode::from_u16(head.code).map_err(|_| refused(()))?;
-    let mut headers = HeaderMap::with_capacity(head.headers.len());
-    for field in head.headers {
-        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| refused(()))?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| refused(()))?;
-        headers.append(name, value);
-    }
-    Ok((status, headers))
 }
 
 /// Writes all of `pieces`, in as few system calls as the socket takes them.

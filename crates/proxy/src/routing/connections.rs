@@ -56,7 +56,7 @@ impl CloseReason {
 }
 
 /// Connections in use by registration id, for one shard of the ids.
-type Shard = Mutex<HashMap<u64, Arc<UpstreamConnection>>>;
+type Shard = Mutex<HashMap<u64, Arc<UpstreamConnection>, ahash::RandomState>>;
 
 /// Every backend connection in use, sharded by registration id.
 pub struct ConnectionTable {
@@ -75,7 +75,9 @@ impl ConnectionTable {
     pub fn new() -> Self {
         metrics::register_all();
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
             next_id: AtomicU64::new(0),
         }
     }

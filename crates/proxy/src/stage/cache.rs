@@ -98,6 +98,14 @@ struct PendingResponse {
     fresh_for: Duration,
 }
 
+/// Whether the request's app has a response cache: [`look_up_request`] does nothing
+/// otherwise, and is not worth the state its future carries.
+pub(crate) fn may_answer(ctx: &RequestCtx) -> bool {
+    ctx.route
+        .as_ref()
+        .is_some_and(|route| route.app.cache.is_some() && route.response_cache.is_some())
+}
+
 /// Looks the request up: a fresh copy to answer with (counted as a hit), or `None` to go on
 /// to the app, with what the cache needs to keep its response (or stand in for it) left in
 /// `ctx`.
