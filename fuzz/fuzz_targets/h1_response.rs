@@ -6,14 +6,20 @@
 //! and nothing after the head. An answer whose head the client would read otherwise
 //! (a field that ends the head early, a second length) would desynchronise the client's
 //! connection.
+//!
+//! Both writers the driver has are held to this: the one from a map (`write_response_parts`,
+//! for answers a stage read) and the one from the fields as read (`AnswerFields` and
+//! `write_answer_head`, for the rest), which must also give the client the same fields.
 #![no_main]
 
+use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use switchyard_h1::{
-    header_slots, parse_response, response_parts, write_response_parts, AnswerConnection,
-    AnswerFraming, ResponseBody, ResponseError, MAX_HEADERS,
+    coding_fields, end_to_end_fields, header_slots, parse_response, response_parts,
+    write_answer_head, write_response_parts, AnswerConnection, AnswerFields, AnswerFraming,
+    FieldPlace, ResponseBody, ResponseError, MAX_HEADERS,
 };
 
 const DATE_VALUE: &[u8] = b"Sat, 28 Nov 2026 04:00:00 GMT";
@@ -43,6 +49,18 @@ fuzz_target!(|data: &[u8]| {
         };
         // As the router keeps them (backend_h1's AnswerHead): the client undoes them.
         switchyard_h1::keep_codings(&head, &mut headers);
+        // The same fields as read, placed as backend_h1 places them.
+        let base = data.as_ptr() as usize;
+        let offset = |piece: &[u8]| (piece.as_ptr() as usize - base) as u32;
+        let places: Vec<FieldPlace> = end_to_end_fields(&head)
+            .chain(coding_fields(&head))
+            .map(|field| {
+                let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
+                let (name_len, value_len) = (field.name.len() as u32, field.value.len() as u32);
+                (name, name + name_len, value, value + value_len)
+            })
+            .collect();
+        let as_read = AnswerFields::new(Bytes::copy_from_slice(data), &places);
         let framings = match head.body {
             ResponseBody::None => [AnswerFraming::NoBody, AnswerFraming::NoBody],
             ResponseBody::Length(length) => [AnswerFraming::Length(length), AnswerFraming::Chunked],
@@ -56,52 +74,71 @@ fuzz_target!(|data: &[u8]| {
                 AnswerConnection::KeptForHttp10,
                 AnswerConnection::Closed,
             ] {
-                let mut written = Vec::new();
-                write_response_parts(&mut written, status, &headers, framing, connection, || {
-                    DATE_VALUE
-                });
-                let mut again_slots = header_slots();
-                let again = match parse_response(&written, &mut again_slots, answers_head) {
-                    Ok(Some(again)) => again,
-                    // The router's own lines (framing, Connection, Date) can take an answer
-                    // of 100 lines past the 100 this codec reads (as hyper's client, as
-                    // HAProxy's 101); clients read more. Only that is not a divergence
-                    // (status line, fields, blank line: fields + 3 pieces split on LF).
-                    Err(ResponseError::HeadTooLarge)
-                        if written.split(|&b| b == b'\n').count() > MAX_HEADERS + 3 =>
-                    {
-                        continue
+                for from_map in [true, false] {
+                    let mut written = Vec::new();
+                    if from_map {
+                        write_response_parts(
+                            &mut written,
+                            status,
+                            &headers,
+                            framing,
+                            connection,
+                            || DATE_VALUE,
+                        );
+                    } else {
+                        let fields = || as_read.iter();
+                        write_answer_head(
+                            &mut written,
+                            status,
+                            fields,
+                            framing,
+                            connection,
+                            || DATE_VALUE,
+                        );
                     }
-                    other => panic!("written answer does not read back: {other:?} {written:?}"),
-                };
-                assert_eq!(
-                    again.head_len,
-                    written.len(),
-                    "bytes after the head: {written:?}"
-                );
-                assert_eq!(again.code, status.as_u16());
-                match framing {
-                    AnswerFraming::Length(length) => {
-                        assert_eq!(again.body, ResponseBody::Length(length), "{written:?}")
-                    }
-                    AnswerFraming::Chunked => {
-                        assert_eq!(again.body, ResponseBody::Chunked, "{written:?}");
-                        assert_eq!(again.other_codings, head.other_codings, "{written:?}");
-                    }
-                    AnswerFraming::UntilClose => {
-                        assert_eq!(again.body, ResponseBody::UntilClose, "{written:?}")
-                    }
-                    AnswerFraming::NoBody => assert_eq!(again.body, ResponseBody::None),
-                }
-                if framing != AnswerFraming::UntilClose {
+                    let mut again_slots = header_slots();
+                    let again = match parse_response(&written, &mut again_slots, answers_head) {
+                        Ok(Some(again)) => again,
+                        // The router's own lines (framing, Connection, Date) can take an answer
+                        // of 100 lines past the 100 this codec reads (as hyper's client, as
+                        // HAProxy's 101); clients read more. Only that is not a divergence
+                        // (status line, fields, blank line: fields + 3 pieces split on LF).
+                        Err(ResponseError::HeadTooLarge)
+                            if written.split(|&b| b == b'\n').count() > MAX_HEADERS + 3 =>
+                        {
+                            continue
+                        }
+                        other => panic!("written answer does not read back: {other:?} {written:?}"),
+                    };
                     assert_eq!(
-                        again.keeps_connection(),
-                        connection != AnswerConnection::Closed,
-                        "{written:?}"
+                        again.head_len,
+                        written.len(),
+                        "bytes after the head: {written:?}"
                     );
+                    assert_eq!(again.code, status.as_u16());
+                    match framing {
+                        AnswerFraming::Length(length) => {
+                            assert_eq!(again.body, ResponseBody::Length(length), "{written:?}")
+                        }
+                        AnswerFraming::Chunked => {
+                            assert_eq!(again.body, ResponseBody::Chunked, "{written:?}");
+                            assert_eq!(again.other_codings, head.other_codings, "{written:?}");
+                        }
+                        AnswerFraming::UntilClose => {
+                            assert_eq!(again.body, ResponseBody::UntilClose, "{written:?}")
+                        }
+                        AnswerFraming::NoBody => assert_eq!(again.body, ResponseBody::None),
+                    }
+                    if framing != AnswerFraming::UntilClose {
+                        assert_eq!(
+                            again.keeps_connection(),
+                            connection != AnswerConnection::Closed,
+                            "{written:?}"
+                        );
+                    }
+                    let (_, read_back) = response_parts(&again).expect("fields read back");
+                    assert_eq!(end_to_end(&read_back), end_to_end(&headers), "{written:?}");
                 }
-                let (_, read_back) = response_parts(&again).expect("fields read back");
-                assert_eq!(end_to_end(&read_back), end_to_end(&headers), "{written:?}");
             }
         }
     }

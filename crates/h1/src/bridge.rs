@@ -168,29 +168,54 @@ pub fn write_response_parts<D: AsRef<[u8]>>(
     connection: AnswerConnection,
     date: impl FnOnce() -> D,
 ) {
+    let fields = || {
+        headers
+            .iter()
+            .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()))
+    };
+    write_answer_head(out, status, fields, framing, connection, date);
+}
+
+/// [`write_response_parts`] for fields given as names and values: an answer's fields as
+/// the backend sent them ([`crate::AnswerFields`]) and the router's own, with no map built.
+/// `fields` gives them afresh each time it is called (the codings are read on a second
+/// walk); names are compared in any case.
+pub fn write_answer_head<'f, I, D>(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    fields: impl Fn() -> I,
+    framing: AnswerFraming,
+    connection: AnswerConnection,
+    date: impl FnOnce() -> D,
+) where
+    I: Iterator<Item = (&'f [u8], &'f [u8])>,
+    D: AsRef<[u8]>,
+{
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut codings = false;
-    for (name, value) in headers {
-        if *name == http::header::CONTENT_LENGTH {
+    let mut dated = false;
+    for (name, value) in fields() {
+        if name.eq_ignore_ascii_case(b"content-length") {
             if framing == AnswerFraming::NoBody {
-                write_field(out, name.as_str(), value.as_bytes());
+                write_field(out, name, value);
             }
             continue;
         }
-        if *name == http::header::TRANSFER_ENCODING {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
             codings = true;
             continue;
         }
-        if *name == http::header::CONNECTION && connection != AnswerConnection::Switched {
+        if name.eq_ignore_ascii_case(b"connection") && connection != AnswerConnection::Switched {
             continue;
         }
-        write_field(out, name.as_str(), value.as_bytes());
+        dated |= name.eq_ignore_ascii_case(b"date");
+        write_field(out, name, value);
     }
-    // Lower case, as the fields from the map are: one spelling in the whole head.
+    // Lower case, as the fields of a map are.
     match framing {
         AnswerFraming::Length(length) => {
             out.extend_from_slice(b"content-length: ");
@@ -198,10 +223,9 @@ pub fn write_response_parts<D: AsRef<[u8]>>(
             out.extend_from_slice(b"\r\n");
         }
         AnswerFraming::Chunked if codings => {
-            let values = headers
-                .get_all(http::header::TRANSFER_ENCODING)
-                .iter()
-                .map(HeaderValue::as_bytes);
+            let values = fields()
+                .filter(|(name, _)| name.eq_ignore_ascii_case(b"transfer-encoding"))
+                .map(|(_, value)| value);
             write_codings_of(out, b"transfer-encoding: ", values);
         }
         AnswerFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -212,7 +236,7 @@ pub fn write_response_parts<D: AsRef<[u8]>>(
         AnswerConnection::KeptForHttp10 => out.extend_from_slice(b"connection: keep-alive\r\n"),
         AnswerConnection::Kept | AnswerConnection::Switched => {}
     }
-    if !headers.contains_key(http::header::DATE) {
+    if !dated {
         write_field(out, "date", date().as_ref());
     }
     out.extend_from_slice(b"\r\n");

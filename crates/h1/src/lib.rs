@@ -11,6 +11,7 @@
 //! The codec does no I/O: a driver reads into its buffer, asks for a head, forwards the
 //! written head and the body the framing names, and reads again.
 
+mod answer_fields;
 mod bridge;
 mod chunked;
 mod fields;
@@ -18,9 +19,10 @@ mod request;
 mod response;
 mod write;
 
+pub use answer_fields::{AnswerFields, FieldPlace};
 pub use bridge::{
-    coding_fields, end_to_end_fields, keep_codings, response_parts, write_request_parts,
-    write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
+    coding_fields, end_to_end_fields, keep_codings, response_parts, write_answer_head,
+    write_request_parts, write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;

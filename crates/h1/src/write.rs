@@ -106,8 +106,8 @@ fn forwarded(header: &Header<'_>, all: &[Header<'_>], connection: &fields::Conne
     fields::forwarded(header.name, connection, fields::connection_values(all))
 }
 
-pub(crate) fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
+pub(crate) fn write_field(out: &mut Vec<u8>, name: impl AsRef<[u8]>, value: &[u8]) {
+    out.extend_from_slice(name.as_ref());
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");

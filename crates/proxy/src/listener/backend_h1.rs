@@ -23,7 +23,10 @@ use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING, U
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use socket2::SockRef;
-use switchyard_h1::{header_slots, parse_response, ChunkedReframer, RequestBody, ResponseBody};
+use switchyard_h1::{
+    header_slots, parse_response, AnswerFields, ChunkedReframer, FieldPlace, RequestBody,
+    ResponseBody,
+};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -48,6 +51,8 @@ pub(super) struct BackendConnection {
     write: Vec<u8>,
     /// Where the fields of the last answer's head sat: kept between answers, like `write`.
     places: Vec<FieldPlace>,
+    /// How the answer of the exchange under way hands its fields over.
+    answer_form: AnswerForm,
     /// Watched for as long as the connection lives, for the connection table's drains.
     pub(super) shutdown: Arc<ShutdownRequest>,
     pub(super) address: SocketAddr,
@@ -105,14 +110,26 @@ impl std::error::Error for BackendFailure {}
 /// An answer's head, read out of the read buffer.
 struct AnswerHead {
     status: StatusCode,
+    /// The fields, when asked for in a map (empty otherwise).
     headers: HeaderMap,
+    /// The fields as read, when asked for so.
+    fields: Option<AnswerFields>,
     framing: Framing,
     keeps_connection: bool,
 }
 
-/// Where one field of an answer's head sits in the read buffer: name start and end, value
-/// start and end.
-type FieldPlace = (u32, u32, u32, u32);
+/// How an answer's fields are handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AnswerForm {
+    /// In the response's `HeaderMap`: for the stages that read the answer's fields (the
+    /// cache) and for HTTP/2 clients, whose server takes a map.
+    Map,
+    /// As read, in the body ([`BackendBody::take_fields`]): for an HTTP/1.x client when no
+    /// stage reads them. Building the map, and walking it to write the client's head,
+    /// cost more than parsing the head (callgrind); a 101 still comes in a map, for the
+    /// relay.
+    AsRead,
+}
 
 impl AnswerHead {
     /// Reads what `head` says of the answer, and into `places` where the fields the client
@@ -158,11 +175,23 @@ impl AnswerHead {
     /// it, not copies (an allocation and a copy per field, which cost more than the parse).
     fn of(
         (code, framing, keeps_connection): (u16, Framing, bool),
-        head_bytes: &Bytes,
+        head_bytes: Bytes,
         places: &[FieldPlace],
+        form: AnswerForm,
     ) -> Result<Self, BackendFailure> {
         let refused = || BackendFailure::Protocol("an answer field HTTP refuses");
         let status = StatusCode::from_u16(code).map_err(|_| refused())?;
+        if form == AnswerForm::AsRead && code != 101 {
+            // The parse checked names as tokens and values as HTTP's field values: what
+            // the map would have refused, it refused first.
+            return Ok(Self {
+                status,
+                headers: HeaderMap::new(),
+                fields: Some(AnswerFields::new(head_bytes, places)),
+                framing,
+                keeps_connection,
+            });
+        }
         let mut headers = HeaderMap::with_capacity(places.len());
         for &(name_start, name_end, value_start, value_end) in places {
             let name = &head_bytes[name_start as usize..name_end as usize];
@@ -174,6 +203,7 @@ impl AnswerHead {
         Ok(Self {
             status,
             headers,
+            fields: None,
             framing,
             keeps_connection,
         })
@@ -188,12 +218,14 @@ enum Framing {
 }
 
 impl BackendConnection {
-    /// A connection on `stream`, which `shutdown` closes when a drain asks.
+    /// A connection on `stream`, which `shutdown` closes when a drain asks. Boxed for its
+    /// whole life: it is moved into each exchange, its answer's body and the pool, and a
+    /// pointer moves for less than its bytes did (callgrind: memcpy).
     pub(super) fn new(
         stream: TcpStream,
         address: SocketAddr,
         shutdown: Arc<ShutdownRequest>,
-    ) -> Self {
+    ) -> Box<Self> {
         let (alive, gone) = oneshot::channel();
         let descriptor = stream.as_raw_fd();
         let watched = shutdown.clone();
@@ -211,15 +243,16 @@ impl BackendConnection {
                 }
             }
         });
-        Self {
+        Box::new(Self {
             stream,
             read: BytesMut::new(),
             write: Vec::new(),
             places: Vec::new(),
+            answer_form: AnswerForm::Map,
             shutdown,
             address,
             _alive: alive,
-        }
+        })
     }
 
     /// Whether the backend closed the connection (or sent what nobody asked for) while it
@@ -246,12 +279,14 @@ impl BackendConnection {
     /// `answers_head`: the request is a HEAD, whose answer has no body whatever it
     /// announces.
     pub(super) async fn exchange(
-        mut self,
+        mut self: Box<Self>,
         parts: &http::request::Parts,
         forwarding: &[(&str, &[u8])],
         mut body: ForwardBody,
         answers_head: bool,
+        answer_form: AnswerForm,
     ) -> Result<Response<BackendBody>, BackendFailure> {
+        self.answer_form = answer_form;
         let upgrade = parts.headers.get(UPGRADE);
         let codings = parts.headers.get(TRANSFER_ENCODING);
         let declared = parts
@@ -305,6 +340,7 @@ impl BackendConnection {
             connection: Some(self),
             framing: answer.framing,
             reusable,
+            fields: answer.fields,
         });
         *response.status_mut() = answer.status;
         *response.headers_mut() = answer.headers;
@@ -423,7 +459,7 @@ impl BackendConnection {
             }
             let facts = AnswerHead::read_places(&head, self.read.as_ptr(), &mut self.places);
             let head_bytes = self.read.split_to(length).freeze();
-            return AnswerHead::of(facts, &head_bytes, &self.places).map(Some);
+            return AnswerHead::of(facts, head_bytes, &self.places, self.answer_form).map(Some);
         }
     }
 
@@ -480,16 +516,24 @@ async fn write_all(stream: &TcpStream, pieces: &[IoSlice<'_>]) -> std::io::Resul
 /// The body of a backend's answer, read from its connection; the connection goes back to
 /// the pool (`take_reusable`) once the body is read to its end.
 pub(super) struct BackendBody {
-    connection: Option<BackendConnection>,
+    connection: Option<Box<BackendConnection>>,
     framing: Framing,
     /// The connection may carry another request after this answer.
     reusable: bool,
+    /// The answer's fields, when they were asked for as read ([`AnswerForm::AsRead`]).
+    fields: Option<AnswerFields>,
 }
 
 impl BackendBody {
+    /// The answer's fields as read, when they were asked for so: taken once, by whoever
+    /// writes the client's head.
+    pub(super) fn take_fields(&mut self) -> Option<AnswerFields> {
+        self.fields.take()
+    }
+
     /// The connection, once the answer has been read to its end and the connection may
     /// carry another request; `None` otherwise (dropped, it closes).
-    pub(super) fn take_reusable(&mut self) -> Option<BackendConnection> {
+    pub(super) fn take_reusable(&mut self) -> Option<Box<BackendConnection>> {
         let ended = matches!(self.framing, Framing::Done);
         let mut connection = self.connection.take()?;
         // Bytes past the answer are none the router asked for: the connection is not

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
+use switchyard_h1::AnswerFields;
 use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
 
@@ -324,6 +325,9 @@ pub(super) struct RequestEnd {
     /// The status sent, 0 until one is.
     pub(super) status: u16,
     pub(super) bytes_out: usize,
+    /// The backend's answer's fields as read, for an HTTP/1.x client's head, when the
+    /// answer was not made into a map (`AnswerForm::AsRead`).
+    pub(super) answer_fields: Option<AnswerFields>,
 }
 
 impl Drop for RequestEnd {
@@ -373,6 +377,12 @@ pub(super) struct ClientBody {
 }
 
 impl ClientBody {
+    /// The backend's answer's fields as read, when no map was made of them: taken once, by
+    /// the HTTP/1.x driver writing the client's head.
+    pub(super) fn take_answer_fields(&mut self) -> Option<AnswerFields> {
+        self.end.as_mut()?.answer_fields.take()
+    }
+
     /// The backend's body, read within `read_deadline` per piece, from `connection`.
     pub(super) fn from_backend(
         body: BackendBody,

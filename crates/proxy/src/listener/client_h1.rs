@@ -608,6 +608,20 @@ where
 {
     let (parts, mut body) = response.into_parts();
     let status = parts.status;
+    // The backend's fields as read, when no stage made a map of them; the map then holds
+    // only the router's own, which replace a field of the same name the app sent.
+    let as_read = body.take_answer_fields();
+    let (codings, length) = match &as_read {
+        Some(fields) => (fields.has_codings(), fields.content_length()),
+        None => (
+            parts.headers.contains_key(TRANSFER_ENCODING),
+            parts
+                .headers
+                .get(CONTENT_LENGTH)
+                .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                .and_then(|v| v.parse::<u64>().ok()),
+        ),
+    };
     // A final answer goes before any body was asked for: no 100 is owed any more.
     if let Ok(mut inbound) = inbound.try_borrow_mut() {
         inbound.continue_owed = None;
@@ -629,14 +643,9 @@ where
         || status == StatusCode::NOT_MODIFIED
     {
         AnswerFraming::NoBody
-    } else if parts.headers.contains_key(TRANSFER_ENCODING) && facts.minor_version == 1 {
+    } else if codings && facts.minor_version == 1 {
         AnswerFraming::Chunked
-    } else if let Some(length) = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
+    } else if let Some(length) = length {
         AnswerFraming::Length(length)
     } else if let Some(length) = body.size_hint().exact() {
         AnswerFraming::Length(length)
@@ -656,14 +665,29 @@ where
         AnswerConnection::Kept
     };
     out.clear();
-    switchyard_h1::write_response_parts(
-        out,
-        status,
-        &parts.headers,
-        framing,
-        connection,
-        http_date,
-    );
+    match &as_read {
+        Some(as_read) => {
+            let own = &parts.headers;
+            let replaced = |name: &[u8]| own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref()));
+            let fields = || {
+                let apps = as_read.iter().filter(|(name, _)| !replaced(name));
+                apps.chain(
+                    own.iter()
+                        .map(|(name, value)| (name.as_ref(), value.as_bytes())),
+                )
+            };
+            switchyard_h1::write_answer_head(out, status, fields, framing, connection, http_date);
+        }
+        None => switchyard_h1::write_response_parts(
+            out,
+            status,
+            &parts.headers,
+            framing,
+            connection,
+            http_date,
+        ),
+    }
+    drop(as_read);
     drop(parts);
     if framing == AnswerFraming::NoBody {
         write_all(inbound, out).await?;

@@ -43,7 +43,7 @@ impl ConnectFailure {
     }
 }
 
-impl Keepable for BackendConnection {
+impl Keepable for Box<BackendConnection> {
     fn is_closed(&self) -> bool {
         BackendConnection::is_closed(self)
     }
@@ -51,7 +51,7 @@ impl Keepable for BackendConnection {
 
 /// Idle connections by backend address, at most `limit` in all.
 pub(super) struct BackendPool {
-    idle: RefCell<IdleConnections<SocketAddr, BackendConnection>>,
+    idle: RefCell<IdleConnections<SocketAddr, Box<BackendConnection>>>,
 }
 
 impl BackendPool {
@@ -67,7 +67,7 @@ impl BackendPool {
         &self,
         address: SocketAddr,
         connect_timeout: Duration,
-    ) -> Result<BackendConnection, ConnectFailure> {
+    ) -> Result<Box<BackendConnection>, ConnectFailure> {
         // Taken only if the backend has not closed it meanwhile (`Keepable`).
         if let Some(connection) = self.idle.borrow_mut().take(&address) {
             return Ok(connection);
@@ -77,7 +77,7 @@ impl BackendPool {
 
     /// Keeps `connection`, whose last response was read to the end, for the next request;
     /// closes it when the pool is full.
-    pub(super) fn put(&self, connection: BackendConnection) {
+    pub(super) fn put(&self, connection: Box<BackendConnection>) {
         self.idle.borrow_mut().put(connection.address, connection);
     }
 }
@@ -100,7 +100,7 @@ pub(super) async fn sweep_idle(worker: Rc<Worker>) {
 async fn connect(
     address: SocketAddr,
     connect_timeout: Duration,
-) -> Result<BackendConnection, ConnectFailure> {
+) -> Result<Box<BackendConnection>, ConnectFailure> {
     let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await {
         Err(_) => return Err(ConnectFailure::TimedOut),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {

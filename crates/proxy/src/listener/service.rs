@@ -23,7 +23,7 @@ use http_body::Body as _;
 use rand::Rng;
 use switchyard_give_way::LightRequest;
 
-use super::backend_h1::BackendBody;
+use super::backend_h1::{AnswerForm, BackendBody};
 use super::bodies::{ClientBody, ForwardBody, RequestEnd};
 use super::inspection;
 use super::pool::ConnectFailure;
@@ -200,13 +200,17 @@ pub(super) async fn handle(
     worker: Rc<Worker>,
     client_upgrade: Option<ClientUpgrade>,
 ) -> Response<ClientBody> {
-    let mut ctx = RequestCtx::new();
-    ctx.tls = client.tls;
-    ctx.request_id = request_id(request.headers());
     let bytes_in = Rc::new(Cell::new(0));
     let mut end = Box::new(RequestEnd {
         worker: worker.clone(),
-        ctx,
+        // Made in place: a named local, though moved from, would keep its 416 bytes in
+        // this future's state for the whole request (rustc -Zprint-type-sizes).
+        ctx: {
+            let mut ctx = RequestCtx::new();
+            ctx.tls = client.tls;
+            ctx.request_id = request_id(request.headers());
+            ctx
+        },
         method: request.method().clone(),
         target: request.uri().clone(),
         version: request.version(),
@@ -214,6 +218,7 @@ pub(super) async fn handle(
         bytes_in: bytes_in.clone(),
         status: 0,
         bytes_out: 0,
+        answer_fields: None,
     });
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
@@ -433,6 +438,11 @@ async fn proxy(
         let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
         mirror::start_copy(&worker.mirrors, &head, Some(client.ip), has_body, ctx)
     };
+    let answer_form = if head.version != Version::HTTP_2 && !cache::may_answer(ctx) {
+        AnswerForm::AsRead
+    } else {
+        AnswerForm::Map
+    };
     prepare_for_backend(&mut head);
     let forwarded_for = forwarded_for(&head.headers, client);
     let request_id = ctx.request_id.clone();
@@ -494,7 +504,7 @@ async fn proxy(
         let answers_head = head.method == Method::HEAD;
         let sent = tokio::time::timeout(
             read_deadline,
-            connection.exchange(&head, forwarding, outgoing, answers_head),
+            connection.exchange(&head, forwarding, outgoing, answers_head, answer_form),
         );
         let error = match sent.await {
             Ok(Ok(response)) => {
@@ -643,6 +653,7 @@ fn backend_response(
         return Response::from_parts(parts, ClientBody::local(Bytes::new(), None));
     }
     // The backend's hop-by-hop fields were left out when its head was read.
+    end.answer_fields = response.body_mut().take_fields();
     if end.ctx.cache.is_some() && response.body().is_end_stream() {
         // An empty body is never read: a response the cache keeps is complete now.
         cache::on_response_body(&mut end.ctx, &None, true);
@@ -661,7 +672,10 @@ fn backend_response(
 /// the app lets it, the body did not come whole with the head, and the answer is not a
 /// stream (`text/event-stream`, or `X-Accel-Buffering: no` as apps behind nginx say it).
 fn reads_ahead(response: &Response<BackendBody>, end: &RequestEnd) -> bool {
-    let headers = response.headers();
+    let field = |name: &HeaderName| {
+        let in_map = response.headers().get(name).map(HeaderValue::as_bytes);
+        in_map.or_else(|| end.answer_fields.as_ref()?.get(name.as_str()))
+    };
     end.worker.shared.response_buffers.enabled()
         && end
             .ctx
@@ -669,12 +683,8 @@ fn reads_ahead(response: &Response<BackendBody>, end: &RequestEnd) -> bool {
             .as_ref()
             .is_some_and(|r| r.app.response_buffering)
         && !response.body().all_in_hand()
-        && !headers
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
-        && !headers
-            .get(X_ACCEL_BUFFERING)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"no"))
+        && !field(&CONTENT_TYPE).is_some_and(|v| v.starts_with(b"text/event-stream"))
+        && !field(&X_ACCEL_BUFFERING).is_some_and(|v| v.eq_ignore_ascii_case(b"no"))
 }
 
 fn local_response(
