@@ -17,9 +17,9 @@ use http::header::{CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use switchyard_h1::{
-    coding_fields, end_to_end_fields, header_slots, parse_response, response_parts,
-    write_answer_head, write_response_parts, AnswerConnection, AnswerFields, AnswerFraming,
-    FieldPlace, ResponseBody, ResponseError, MAX_HEADERS,
+    fields_map, header_slots, parse_response, place_fields, response_parts, write_answer_head,
+    write_response_parts, AnswerConnection, AnswerFields, AnswerFraming, ResponseBody,
+    ResponseError, MAX_HEADERS,
 };
 
 const DATE_VALUE: &[u8] = b"Sat, 28 Nov 2026 04:00:00 GMT";
@@ -44,23 +44,18 @@ fuzz_target!(|data: &[u8]| {
         if head.is_interim() || head.code == 101 {
             continue;
         }
-        let Ok((status, mut headers)) = response_parts(&head) else {
+        let Ok(status) = http::StatusCode::from_u16(head.code) else {
             continue;
         };
-        // As the router keeps them (backend_h1's AnswerHead): the client undoes them.
-        switchyard_h1::keep_codings(&head, &mut headers);
-        // The same fields as read, placed as backend_h1 places them.
-        let base = data.as_ptr() as usize;
-        let offset = |piece: &[u8]| (piece.as_ptr() as usize - base) as u32;
-        let places: Vec<FieldPlace> = end_to_end_fields(&head)
-            .chain(coding_fields(&head))
-            .map(|field| {
-                let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
-                let (name_len, value_len) = (field.name.len() as u32, field.value.len() as u32);
-                (name, name + name_len, value, value + value_len)
-            })
-            .collect();
-        let as_read = AnswerFields::new(Bytes::copy_from_slice(data), &places);
+        // The fields placed and made into a map as the router does (backend_h1's
+        // AnswerHead): end-to-end ones, and the codings the client undoes.
+        let mut places = Vec::new();
+        place_fields(&head, data, false, &mut places);
+        let bytes = Bytes::copy_from_slice(data);
+        let Ok(headers) = fields_map(&bytes, &places) else {
+            continue;
+        };
+        let as_read = AnswerFields::new(bytes, &places);
         let framings = match head.body {
             ResponseBody::None => [AnswerFraming::NoBody, AnswerFraming::NoBody],
             ResponseBody::Length(length) => [AnswerFraming::Length(length), AnswerFraming::Chunked],

@@ -4,9 +4,66 @@
 //! nginx's `proxy_pass` writes them, in the backend's order and spelling.
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::HeaderMap;
+
+use crate::bridge::{coding_fields, end_to_end_fields, BridgeError};
+use crate::response::ResponseHead;
 
 /// Where a field sits in a head: name start and end, value start and end.
 pub type FieldPlace = (u32, u32, u32, u32);
+
+/// Puts in `places` (cleared first) where the fields of `head` that go on to the client
+/// sit in `buffer`, the bytes `head` was parsed from: the end-to-end fields and the codings
+/// the client is to undo, or, for a protocol switch (`every`), all of them (the client's
+/// side of an upgrade needs the Upgrade and Connection that are hop-by-hop elsewhere).
+pub fn place_fields(
+    head: &ResponseHead<'_, '_>,
+    buffer: &[u8],
+    every: bool,
+    places: &mut Vec<FieldPlace>,
+) {
+    let base = buffer.as_ptr() as usize;
+    let offset = |piece: &[u8]| (piece.as_ptr() as usize).wrapping_sub(base) as u32;
+    places.clear();
+    let mut place = |field: &crate::Header<'_>| {
+        let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
+        let name_end = name.wrapping_add(field.name.len() as u32);
+        places.push((
+            name,
+            name_end,
+            value,
+            value.wrapping_add(field.value.len() as u32),
+        ));
+    };
+    if every {
+        head.headers.iter().for_each(&mut place);
+    } else {
+        end_to_end_fields(head).for_each(&mut place);
+        coding_fields(head).for_each(&mut place);
+    }
+}
+
+/// The fields at `places` in `head` as a map whose values share `head`'s bytes: for the
+/// answers a stage reads and HTTP/2 clients' (whose server takes a map). A field `http`
+/// refuses, or a place outside the head, is an error.
+pub fn fields_map(head: &Bytes, places: &[FieldPlace]) -> Result<HeaderMap, BridgeError> {
+    let mut headers = HeaderMap::with_capacity(places.len());
+    for &(name_start, name_end, value_start, value_end) in places {
+        let name = head
+            .get(name_start as usize..name_end as usize)
+            .ok_or(BridgeError::Invalid)?;
+        let name = HeaderName::from_bytes(name).map_err(|_| BridgeError::Invalid)?;
+        let values = value_start as usize..value_end as usize;
+        if head.get(values.clone()).is_none() {
+            return Err(BridgeError::Invalid);
+        }
+        let value =
+            HeaderValue::from_maybe_shared(head.slice(values)).map_err(|_| BridgeError::Invalid)?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
 
 /// The fields of an answer's head that go on to the client, as read. Boxed: it rides in
 /// the answer's body, which is moved several times on its way to the client, and a pointer
@@ -109,5 +166,38 @@ mod tests {
         let head = Bytes::from_static(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n");
         let fields = AnswerFields::new(head, &[(17, 31, 33, 35)]);
         assert_eq!(fields.content_length(), Some(12));
+    }
+
+    #[test]
+    fn the_fields_placed_are_the_ones_the_client_gets_and_their_map_shares_the_head() {
+        let head = b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nX-Hop: 1\r\nContent-Length: 2\r\n\
+            Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\nX-App: a\r\n\r\n";
+        let mut slots = crate::header_slots();
+        let parsed = crate::parse_response(head, &mut slots, false)
+            .expect("valid")
+            .expect("whole");
+        let mut places = Vec::new();
+        place_fields(&parsed, head, false, &mut places);
+        let bytes = Bytes::copy_from_slice(head);
+        let map = fields_map(&bytes, &places).expect("valid fields");
+        let names: Vec<_> = map
+            .iter()
+            .map(|(name, v)| (name.as_str(), v.as_bytes()))
+            .collect();
+        // Connection and what it names go; the length goes with chunked; the app's coding
+        // stays for the client to undo.
+        assert_eq!(
+            names,
+            [
+                ("x-app", &b"a"[..]),
+                ("transfer-encoding", b"gzip"),
+                ("transfer-encoding", b"chunked")
+            ]
+        );
+        let as_read = AnswerFields::new(bytes, &places);
+        assert!(as_read.has_codings());
+        place_fields(&parsed, head, true, &mut places);
+        assert_eq!(places.len(), 6, "a protocol switch keeps every field");
+        assert!(fields_map(&Bytes::from_static(b"short"), &places).is_err());
     }
 }

@@ -101,16 +101,6 @@ pub fn end_to_end_fields<'r, 'b>(
     })
 }
 
-/// Appends to `headers` (an answer's fields, as [`response_parts`] gives them) the
-/// [`coding_fields`] of the answer.
-pub fn keep_codings(head: &ResponseHead<'_, '_>, headers: &mut HeaderMap) {
-    for field in coding_fields(head) {
-        if let Ok(value) = HeaderValue::from_bytes(field.value) {
-            headers.append(http::header::TRANSFER_ENCODING, value);
-        }
-    }
-}
-
 /// The Transfer-Encoding lines of an answer whose app applied codings other than chunked
 /// (none otherwise): they are the client's to undo, and its side chunks the body again
 /// after them.

@@ -19,10 +19,10 @@ mod request;
 mod response;
 mod write;
 
-pub use answer_fields::{AnswerFields, FieldPlace};
+pub use answer_fields::{fields_map, place_fields, AnswerFields, FieldPlace};
 pub use bridge::{
-    coding_fields, end_to_end_fields, keep_codings, response_parts, write_answer_head,
-    write_request_parts, write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
+    coding_fields, end_to_end_fields, response_parts, write_answer_head, write_request_parts,
+    write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::Connection;

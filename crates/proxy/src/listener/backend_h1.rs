@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use socket2::SockRef;
@@ -133,32 +133,14 @@ pub(super) enum AnswerForm {
 
 impl AnswerHead {
     /// Reads what `head` says of the answer, and into `places` where the fields the client
-    /// gets sit in the buffer starting at `base` (their values will share that buffer).
+    /// gets sit in `buffer`, the bytes it was parsed from (their values will share them).
     fn read_places(
         head: &switchyard_h1::ResponseHead<'_, '_>,
-        base: *const u8,
+        buffer: &[u8],
         places: &mut Vec<FieldPlace>,
     ) -> (u16, Framing, bool) {
         let switched = head.code == 101;
-        let offset = |piece: &[u8]| (piece.as_ptr() as usize - base as usize) as u32;
-        places.clear();
-        let mut place = |field: &switchyard_h1::Header<'_>| {
-            let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
-            places.push((
-                name,
-                name + field.name.len() as u32,
-                value,
-                value + field.value.len() as u32,
-            ));
-        };
-        if switched {
-            // The client's side of an upgrade needs the backend's Upgrade and Connection,
-            // which are hop-by-hop everywhere else.
-            head.headers.iter().for_each(&mut place);
-        } else {
-            switchyard_h1::end_to_end_fields(head).for_each(&mut place);
-            switchyard_h1::coding_fields(head).for_each(&mut place);
-        }
+        switchyard_h1::place_fields(head, buffer, switched, places);
         let framing = match head.body {
             _ if switched => Framing::Done,
             ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
@@ -192,14 +174,7 @@ impl AnswerHead {
                 keeps_connection,
             });
         }
-        let mut headers = HeaderMap::with_capacity(places.len());
-        for &(name_start, name_end, value_start, value_end) in places {
-            let name = &head_bytes[name_start as usize..name_end as usize];
-            let name = HeaderName::from_bytes(name).map_err(|_| refused())?;
-            let value = head_bytes.slice(value_start as usize..value_end as usize);
-            let value = HeaderValue::from_maybe_shared(value).map_err(|_| refused())?;
-            headers.append(name, value);
-        }
+        let headers = switchyard_h1::fields_map(&head_bytes, places).map_err(|_| refused())?;
         Ok(Self {
             status,
             headers,
@@ -457,7 +432,7 @@ impl BackendConnection {
                 self.read.advance(length);
                 continue;
             }
-            let facts = AnswerHead::read_places(&head, self.read.as_ptr(), &mut self.places);
+            let facts = AnswerHead::read_places(&head, &self.read, &mut self.places);
             let head_bytes = self.read.split_to(length).freeze();
             return AnswerHead::of(facts, head_bytes, &self.places, self.answer_form).map(Some);
         }
