@@ -130,16 +130,6 @@ impl AnswerFields {
             .find(|(field, _)| field.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, value)| value)
     }
-
-    /// How many fields there are.
-    pub fn len(&self) -> usize {
-        self.0.places.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.places.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -160,7 +150,6 @@ mod tests {
         );
         assert_eq!(fields.get("set-cookie"), Some(&b"a"[..]));
         assert_eq!(fields.get("x-b"), None);
-        assert_eq!(fields.len(), 3);
         assert_eq!(fields.content_length(), None);
         assert!(!fields.has_codings());
         let head = Bytes::from_static(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n");
