@@ -4,7 +4,10 @@
 //! - what Switchyard would forward (its written head and re-framed body) reads back, by
 //!   strict httparse and by itself, as exactly one request with the same method, target,
 //!   host and body, and writing that again gives the same bytes (one canonical form);
-//! - where hyper also takes the request, it reads the same method, target and body bytes.
+//! - where hyper also takes the request, it reads the same method, target and body bytes;
+//! - the head the router writes from a client's fields as read (no map: origin form, no
+//!   Upgrade, no Transfer-Encoding) reads back as the one written from their map: the same
+//!   method, target, fields and framing, and `http` takes every field the codec took.
 //!   Either side refusing what the other takes is not a divergence (refusing is safe);
 //!   taking it with other boundaries is.
 #![no_main]
@@ -19,8 +22,8 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use libfuzzer_sys::fuzz_target;
 use switchyard_h1::{
-    header_slots, parse_request, write_request_head, write_request_parts, ChunkedReframer,
-    RequestBody, RequestError,
+    header_slots, parse_request, write_request_fields, write_request_head, write_request_parts,
+    ChunkedReframer, RequestBody, RequestError, RequestHead,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -36,6 +39,7 @@ struct Read {
 fn switchyard(data: &[u8]) -> Option<(Read, Vec<u8>, Option<Vec<u8>>)> {
     let mut slots = header_slots();
     let head = parse_request(data, &mut slots).ok()??;
+    check_as_read(&head);
     let mut forwarded = Vec::new();
     write_request_head(&mut forwarded, &head, false, &[]);
     let rest = &data[head.head_len..];
@@ -146,6 +150,76 @@ fn check_bridge(parts: &http::request::Parts, body_len: usize) {
     );
     assert_eq!(head.body, body);
     assert_eq!(head.head_len, written.len(), "bytes after the bridged head");
+}
+
+/// The router keeps an HTTP/1.x client's fields as read unless its target is not in
+/// origin form or it has Upgrade or Transfer-Encoding (`client_h1::take_head_into`), and
+/// writes the backend's head from them (`write_request_fields`); the other requests, and
+/// the routes whose stages read a request whole, go through a map (`write_request_parts`).
+/// Both must give the backend the same request.
+fn check_as_read(head: &RequestHead<'_, '_>) {
+    let kept_as_read = head.target.starts_with('/')
+        && head.header("upgrade").is_none()
+        && head.header("transfer-encoding").is_none();
+    if !kept_as_read {
+        return;
+    }
+    let framing = match head.body {
+        RequestBody::Length(length) => RequestBody::Length(length),
+        _ => RequestBody::Empty,
+    };
+    let mut as_read = Vec::new();
+    write_request_fields(
+        &mut as_read,
+        head.method.as_bytes(),
+        head.target.as_bytes(),
+        None,
+        || head.headers.iter().map(|h| (h.name.as_bytes(), h.value)),
+        framing,
+        &[],
+    );
+    let mut request = http::Request::builder()
+        .method(head.method)
+        .uri(head.target)
+        .body(())
+        .expect("http takes the method and origin-form target the codec took");
+    for field in head.headers {
+        let name = http::header::HeaderName::from_bytes(field.name.as_bytes())
+            .expect("http takes every field name the codec took");
+        let value = http::HeaderValue::from_bytes(field.value)
+            .expect("http takes every field value the codec took");
+        request.headers_mut().append(name, value);
+    }
+    let (parts, ()) = request.into_parts();
+    let mut via_map = Vec::new();
+    write_request_parts(&mut via_map, &parts, framing, &[]);
+    let read_back = |written: &[u8]| {
+        let mut slots = header_slots();
+        let head = match parse_request(written, &mut slots) {
+            Ok(Some(head)) => head,
+            other => panic!("written head does not read back: {other:?} {written:?}"),
+        };
+        assert_eq!(head.head_len, written.len(), "bytes after the written head");
+        let mut fields: Vec<(String, Vec<u8>)> = head
+            .headers
+            .iter()
+            .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
+            .collect();
+        // A map groups the values of one name, in their order; the order of names is not
+        // the request's. A stable sort by name keeps each name's values in order.
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        (
+            head.method.to_string(),
+            head.target.to_string(),
+            head.body,
+            fields,
+        )
+    };
+    assert_eq!(
+        read_back(&as_read),
+        read_back(&via_map),
+        "the fields as read and their map give the backend different requests"
+    );
 }
 
 thread_local! {

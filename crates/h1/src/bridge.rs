@@ -26,32 +26,63 @@ pub fn write_request_parts(
     body: RequestBody,
     extra: &[(&str, &[u8])],
 ) {
-    out.extend_from_slice(parts.method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(
-        parts
-            .uri
-            .path_and_query()
-            .map_or("/", |path| path.as_str())
-            .as_bytes(),
+    let target = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    write_request_fields(
+        out,
+        parts.method.as_str().as_bytes(),
+        target.as_bytes(),
+        parts.uri.authority().map(|a| a.as_str().as_bytes()),
+        || {
+            parts
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()))
+        },
+        body,
+        extra,
     );
+}
+
+/// [`write_request_parts`] for fields given as names and values: an HTTP/1.x client's
+/// fields as it sent them, with no map built, by the same rules. `target` is in origin
+/// form; `authority` is written as Host when the fields have none; `fields` gives them
+/// afresh each time it is called (Connection is read on a first walk); names are compared
+/// in any case.
+pub fn write_request_fields<'f, I>(
+    out: &mut Vec<u8>,
+    method: &[u8],
+    target: &[u8],
+    authority: Option<&[u8]>,
+    fields: impl Fn() -> I,
+    body: RequestBody,
+    extra: &[(&str, &[u8])],
+) where
+    I: Iterator<Item = (&'f [u8], &'f [u8])>,
+{
+    out.extend_from_slice(method);
+    out.push(b' ');
+    out.extend_from_slice(target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    // Looked up once: a lookup per field cost more than writing it (callgrind).
-    let connection_fields = parts.headers.get_all(http::header::CONNECTION);
-    let connection_values = || connection_fields.iter().map(HeaderValue::as_bytes);
+    let connection_values = || {
+        fields()
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"))
+            .map(|(_, value)| value)
+    };
     let connection = Connection::from_values(connection_values());
     let mut host_written = false;
-    for (name, value) in &parts.headers {
-        if !fields::forwarded(name.as_str(), &connection, connection_values())
-            || extra.iter().any(|(replaced, _)| *replaced == name.as_str())
+    for (name, value) in fields() {
+        if !fields::forwarded(name, &connection, connection_values())
+            || extra
+                .iter()
+                .any(|(replaced, _)| replaced.as_bytes().eq_ignore_ascii_case(name))
         {
             continue;
         }
-        host_written |= name == http::header::HOST;
-        write_field(out, name.as_str(), value.as_bytes());
+        host_written |= name.eq_ignore_ascii_case(b"host");
+        write_field(out, name, value);
     }
-    if let (false, Some(authority)) = (host_written, parts.uri.authority()) {
-        write_field(out, "Host", authority.as_str().as_bytes());
+    if let (false, Some(authority)) = (host_written, authority) {
+        write_field(out, "Host", authority);
     }
     write_framing(out, body);
     for (name, value) in extra {
@@ -94,7 +125,7 @@ pub fn end_to_end_fields<'r, 'b>(
             && (head.announces_length() || matches!(head.body, ResponseBody::Length(_)));
         keep_length
             || fields::forwarded(
-                header.name,
+                header.name.as_bytes(),
                 &head.connection,
                 fields::connection_values(head.headers),
             )

@@ -143,7 +143,7 @@ pub(crate) fn parse_decimal(value: &[u8]) -> Option<u64> {
 
 /// Fields that belong to one hop and are never forwarded as received (RFC 9110 §7.6.1);
 /// the framing fields are in the list because they are written anew for the next hop.
-pub(crate) fn is_hop_by_hop(name: &str) -> bool {
+pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     // Sorted by how often they appear; each check is a length test first.
     const HOP_BY_HOP: [&str; 9] = [
         "connection",
@@ -158,7 +158,7 @@ pub(crate) fn is_hop_by_hop(name: &str) -> bool {
     ];
     HOP_BY_HOP
         .iter()
-        .any(|hop| hop.len() == name.len() && hop.eq_ignore_ascii_case(name))
+        .any(|hop| hop.len() == name.len() && hop.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// The values of the `Connection` fields among `headers`.
@@ -176,7 +176,7 @@ pub(crate) fn connection_values<'v>(headers: &'v [Header<'_>]) -> impl Iterator<
 /// Content-Length named there would leave the next hop reading the body as the next
 /// request.
 pub(crate) fn forwarded<'v>(
-    name: &str,
+    name: &[u8],
     connection: &Connection,
     mut connection_values: impl Iterator<Item = &'v [u8]>,
 ) -> bool {
@@ -184,9 +184,9 @@ pub(crate) fn forwarded<'v>(
         return false;
     }
     !(connection.names_fields
-        && !name.eq_ignore_ascii_case("host")
+        && !name.eq_ignore_ascii_case(b"host")
         && connection_values
-            .any(|value| tokens(value).any(|token| token.eq_ignore_ascii_case(name.as_bytes()))))
+            .any(|value| tokens(value).any(|token| token.eq_ignore_ascii_case(name))))
 }
 
 #[cfg(test)]
@@ -260,7 +260,8 @@ mod tests {
             header("Host", "a"),
         ];
         let connection = Connection::read(&headers);
-        let forwarded = |name| forwarded(name, &connection, connection_values(&headers));
+        let forwarded =
+            |name: &str| forwarded(name.as_bytes(), &connection, connection_values(&headers));
         assert!(!forwarded("x-secret"));
         assert!(forwarded("x-other"));
         // Framing is the writer's to write anew; Host is never dropped.

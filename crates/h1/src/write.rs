@@ -103,7 +103,11 @@ pub fn write_response_head(
 }
 
 fn forwarded(header: &Header<'_>, all: &[Header<'_>], connection: &fields::Connection) -> bool {
-    fields::forwarded(header.name, connection, fields::connection_values(all))
+    fields::forwarded(
+        header.name.as_bytes(),
+        connection,
+        fields::connection_values(all),
+    )
 }
 
 pub(crate) fn write_field(out: &mut Vec<u8>, name: impl AsRef<[u8]>, value: &[u8]) {

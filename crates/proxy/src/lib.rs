@@ -20,6 +20,7 @@ mod idle_connections;
 mod listener;
 mod metrics;
 mod outbound;
+mod request_fields;
 mod respond;
 mod response_cache;
 mod router;

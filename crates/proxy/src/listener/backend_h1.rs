@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use super::bodies::ForwardBody;
+use crate::request_fields::{Fields, RequestFields};
 use crate::routing::connections::ShutdownRequest;
 
 /// Room made in the read buffer before each read from a backend.
@@ -248,26 +249,28 @@ impl BackendConnection {
         }
     }
 
-    /// Sends the request of `parts` (prepared for a backend) with `forwarding` (the
-    /// router's fields, lower-case names, written in place of the client's) and `body`, and
+    /// Sends the request of `parts` (prepared for a backend; its fields those `as_read` when
+    /// it has them) with `forwarding` (the router's fields, lower-case names, written in
+    /// place of the client's) and `body`, and
     /// reads the answer's head; its body follows from the returned response's.
     /// `answers_head`: the request is a HEAD, whose answer has no body whatever it
     /// announces.
     pub(super) async fn exchange(
         mut self: Box<Self>,
         parts: &http::request::Parts,
+        as_read: Option<&RequestFields>,
         forwarding: &[(&str, &[u8])],
         mut body: ForwardBody,
         answers_head: bool,
         answer_form: AnswerForm,
     ) -> Result<Response<BackendBody>, BackendFailure> {
         self.answer_form = answer_form;
-        let upgrade = parts.headers.get(UPGRADE);
-        let codings = parts.headers.get(TRANSFER_ENCODING);
-        let declared = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
+        let fields = Fields::of(&parts.headers, as_read);
+        let upgrade = fields.get(&UPGRADE);
+        let codings = fields.get(&TRANSFER_ENCODING);
+        let declared = fields
+            .get(&CONTENT_LENGTH)
+            .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.parse::<u64>().ok());
         // The framing checked when the request came in: codings other than chunked are the
         // app's to undo (their line goes on as it came, normalised), chunked is re-made
@@ -283,15 +286,30 @@ impl BackendConnection {
         extra[..extras].copy_from_slice(&forwarding[..extras]);
         if let Some(upgrade) = upgrade {
             extra[extras] = ("connection", b"upgrade");
-            extra[extras + 1] = ("upgrade", upgrade.as_bytes());
+            extra[extras + 1] = ("upgrade", upgrade);
             extras += 2;
         } else if let Some(codings) = codings {
-            extra[extras] = ("transfer-encoding", codings.as_bytes());
+            extra[extras] = ("transfer-encoding", codings);
             extras += 1;
         }
         let mut head = std::mem::take(&mut self.write);
         head.clear();
-        switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]);
+        match as_read {
+            Some(fields) => switchyard_h1::write_request_fields(
+                &mut head,
+                parts.method.as_str().as_bytes(),
+                parts
+                    .uri
+                    .path_and_query()
+                    .map_or("/", |path| path.as_str())
+                    .as_bytes(),
+                None,
+                || fields.iter(),
+                framing,
+                &extra[..extras],
+            ),
+            None => switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]),
+        }
         // An empty chunked body still needs its last chunk.
         let answered_early = if body.is_end_stream() && !chunked {
             write_all(&self.stream, &[IoSlice::new(&head)])

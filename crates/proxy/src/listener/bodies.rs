@@ -383,6 +383,11 @@ impl ClientBody {
         self.end.as_mut()?.answer_fields.take()
     }
 
+    /// The request this answers, for the router's own fields on its head.
+    pub(super) fn request_ctx(&self) -> Option<&RequestCtx> {
+        self.end.as_ref().map(|end| &end.ctx)
+    }
+
     /// The backend's body, read within `read_deadline` per piece, from `connection`.
     pub(super) fn from_backend(
         body: BackendBody,

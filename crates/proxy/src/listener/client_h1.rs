@@ -28,15 +28,16 @@ use switchyard_h1::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::bodies::ClientBody;
+use super::clock::Deadline;
 use super::relay::{ClientSide, IntoClientSide};
 use super::request_body::{ConnectionBody, PeerError, RequestBody};
 use super::send_deadline::SendDeadline;
-use super::service::{self, Client};
+use super::service::{self, Client, RouterFields};
 use super::Connection;
 use crate::metrics;
+use crate::request_fields::RequestFields;
 
 /// Bytes read at once for a head or a body.
 const READ_PIECE: usize = 16 * 1024;
@@ -264,7 +265,7 @@ struct HeadFacts {
 /// every request an allocation to save a copy.
 #[allow(clippy::large_enum_variant)]
 enum HeadRead {
-    Request(Request<RequestBody>, HeadFacts),
+    Request(Request<RequestBody>, Option<RequestFields>, HeadFacts),
     /// Refused: answer this status and close.
     Refused(u16),
     /// The client closed, the wait ran out, or the router is stopping: close.
@@ -272,14 +273,10 @@ enum HeadRead {
 }
 
 /// Serves HTTP/1.x on `stream` until the client or the router closes. The first head must
-/// be in by `first_head_due`; each later one within the idle timeout of the previous
-/// answer's end.
-pub(super) async fn serve<S>(
-    mut connection: Connection,
-    stream: S,
-    tls: bool,
-    first_head_due: Instant,
-) where
+/// be in before `deadline` passes; each later one within the idle timeout of the previous
+/// answer's end, on the same deadline.
+pub(super) async fn serve<S>(mut connection: Connection, stream: S, tls: bool, deadline: Deadline)
+where
     S: AsyncRead + AsyncWrite + Unpin + IntoClientSide + 'static,
 {
     let worker = connection.worker.clone();
@@ -291,11 +288,7 @@ pub(super) async fn serve<S>(
         continue_owed: None,
     }));
     let client = Client::new(connection.peer, connection.server_port, tls);
-    // One timer for the connection's life, woken rarely: when the first head is due, then
-    // each idle timeout; it is moved only when it fires early.
-    let mut due = first_head_due;
-    let deadline = tokio::time::sleep_until(first_head_due.min(Instant::now() + timeouts.idle));
-    tokio::pin!(deadline);
+    // One deadline for the connection's life: the first head's, then each idle timeout's.
     let mut served = 0u64;
     let mut write = Vec::new();
     // Made once for the connection (not at each wait for a head), and looked at only until
@@ -303,39 +296,37 @@ pub(super) async fn serve<S>(
     let stop = connection.stopped.changed();
     tokio::pin!(stop);
     loop {
-        let (request, facts) = match read_head(
-            &inbound,
-            stop.as_mut(),
-            &client,
-            due,
-            deadline.as_mut(),
-            served,
-        )
-        .await
-        {
-            HeadRead::Request(request, facts) => (request, facts),
-            HeadRead::Refused(status) => {
-                // Boxed: the connection's task keeps no room for this rare path's state.
-                Box::pin(refuse(&inbound, status)).await;
-                return;
-            }
-            HeadRead::Close => return,
-        };
+        let (request, as_read, facts) =
+            match read_head(&inbound, stop.as_mut(), &client, &deadline, served).await {
+                HeadRead::Request(request, as_read, facts) => (request, as_read, facts),
+                HeadRead::Refused(status) => {
+                    // Boxed: the connection's task keeps no room for this rare path's state.
+                    Box::pin(refuse(&inbound, status)).await;
+                    return;
+                }
+                HeadRead::Close => return,
+            };
         served += 1;
-        let upgrade = request
-            .headers()
-            .contains_key(http::header::UPGRADE)
+        // Fields as read have no Upgrade: a request with one gets a map (`take_head_into`).
+        let upgrade = (as_read.is_none() && request.headers().contains_key(http::header::UPGRADE))
             .then(oneshot::channel);
         let (upgrade_to, upgrade_from) = match upgrade {
             Some((to, from)) => (Some(to), Some(from)),
             None => (None, None),
         };
-        // Boxed: an idle connection keeps no room for a request's state.
-        let answer = Box::pin(service::handle(
-            request,
-            client.clone(),
-            worker.clone(),
-            upgrade_from,
+        // Boxed: an idle connection keeps no room for a request's state. The box is made
+        // first and the future written into it, which lets it be built in place rather
+        // than built on the stack and copied whole (3.4 KiB, a request).
+        let room = Box::new_uninit();
+        let answer = Box::into_pin(Box::write(
+            room,
+            service::handle(
+                request,
+                as_read,
+                client.clone(),
+                worker.clone(),
+                upgrade_from,
+            ),
         ));
         let Some(response) = answer_unless_gone(answer, &inbound).await else {
             return;
@@ -352,7 +343,7 @@ pub(super) async fn serve<S>(
             let _ = shutdown(&inbound).await;
             return;
         }
-        due = Instant::now() + timeouts.idle;
+        deadline.set_in(timeouts.idle);
         if write.capacity() > IDLE_WRITE_BUFFER {
             write = Vec::new();
         }
@@ -384,13 +375,12 @@ where
     .await
 }
 
-/// Reads and parses the next head, waiting at most until `due`.
+/// Reads and parses the next head, waiting at most until `deadline`.
 async fn read_head<S, Stop>(
     inbound: &Rc<RefCell<Inbound<S>>>,
     mut stop: Pin<&mut Stop>,
     client: &Rc<Client>,
-    due: Instant,
-    mut deadline: Pin<&mut tokio::time::Sleep>,
+    deadline: &Deadline,
     served: u64,
 ) -> HeadRead
 where
@@ -404,10 +394,11 @@ where
             };
             if !guard.read.is_empty() {
                 match take_head(&mut guard) {
-                    Ok(Some((request, facts))) => {
+                    Ok(Some((request, as_read, facts))) => {
                         drop(guard);
                         let body: Rc<dyn ConnectionBody> = inbound.clone();
-                        return HeadRead::Request(request.map(|()| RequestBody::H1(body)), facts);
+                        let request = request.map(|()| RequestBody::H1(body));
+                        return HeadRead::Request(request, as_read, facts);
                     }
                     Ok(None) if guard.read.len() >= MAX_HEAD_BYTES => {
                         return HeadRead::Refused(431)
@@ -430,14 +421,11 @@ where
                 Ok(0) | Err(_) => return HeadRead::Close,
                 Ok(_) => {}
             },
-            () = deadline.as_mut() => {
-                if Instant::now() >= due {
-                    if served == 0 {
-                        metrics::CLIENT_HEAD_TIMEOUTS.inc();
-                    }
-                    return HeadRead::Close;
+            () = deadline.passed() => {
+                if served == 0 {
+                    metrics::CLIENT_HEAD_TIMEOUTS.inc();
                 }
-                deadline.as_mut().reset(due);
+                return HeadRead::Close;
             }
             changed = stop.as_mut(), if !client.closing() => {
                 // Answers close from now on. A connection that has had none yet keeps its
@@ -456,7 +444,11 @@ where
 /// The head at the start of the read buffer, taken out of it as an `http::Request` whose
 /// fields point into it; `Ok(None)` while it is incomplete; `Err` with the status that
 /// refuses it.
-fn take_head<S>(inbound: &mut Inbound<S>) -> Result<Option<(Request<()>, HeadFacts)>, u16> {
+/// A head taken from the read buffer: the request (its map empty when the fields are kept
+/// as read), the fields as read, and what the connection needs to know of it.
+type TakenHead = (Request<()>, Option<RequestFields>, HeadFacts);
+
+fn take_head<S>(inbound: &mut Inbound<S>) -> Result<Option<TakenHead>, u16> {
     PLACES.with_borrow_mut(|places| take_head_into(inbound, places))
 }
 
@@ -471,19 +463,26 @@ thread_local! {
 fn take_head_into<S>(
     inbound: &mut Inbound<S>,
     places: &mut Vec<Place>,
-) -> Result<Option<(Request<()>, HeadFacts)>, u16> {
+) -> Result<Option<TakenHead>, u16> {
     // Where each piece sits in the buffer, so that the fields can share it once the head is
     // split off (the parse borrows it until then).
     let mut slots = header_slots();
     let base = inbound.read.as_ptr() as usize;
     let offset = |piece: &[u8]| piece.as_ptr() as usize - base;
     places.clear();
+    // Fields that change how the request is framed or tunnelled, and targets not in origin
+    // form, are rewritten for the backend on a map (`service::prepare_for_backend`); every
+    // other request keeps its fields where they were read.
+    let mut needs_map;
     let (head_len, target, method, facts, body, expects_continue, lines) =
         match parse_request(&inbound.read, &mut slots) {
             Ok(None) => return Ok(None),
             Err(error) => return Err(error.status()),
             Ok(Some(head)) => {
+                needs_map = !head.target.starts_with('/');
                 for field in head.headers {
+                    needs_map |= field.name.eq_ignore_ascii_case("upgrade")
+                        || field.name.eq_ignore_ascii_case("transfer-encoding");
                     let name = offset(field.name.as_bytes());
                     let value = offset(field.value);
                     places.push((
@@ -513,15 +512,21 @@ fn take_head_into<S>(
         };
     let bytes = inbound.read.split_to(head_len).freeze();
     let uri = Uri::from_maybe_shared(bytes.slice(target.0..target.1)).map_err(|_| 400u16)?;
-    let mut headers = HeaderMap::with_capacity(lines);
-    for &(name_start, name_end, value_start, value_end) in places.iter() {
-        let name = HeaderName::from_bytes(&bytes[name_start as usize..name_end as usize])
-            .map_err(|_| 400u16)?;
-        let value =
-            HeaderValue::from_maybe_shared(bytes.slice(value_start as usize..value_end as usize))
+    let (headers, as_read) = if needs_map {
+        let mut headers = HeaderMap::with_capacity(lines);
+        for &(name_start, name_end, value_start, value_end) in places.iter() {
+            let name = HeaderName::from_bytes(&bytes[name_start as usize..name_end as usize])
                 .map_err(|_| 400u16)?;
-        headers.append(name, value);
-    }
+            let value = HeaderValue::from_maybe_shared(
+                bytes.slice(value_start as usize..value_end as usize),
+            )
+            .map_err(|_| 400u16)?;
+            headers.append(name, value);
+        }
+        (headers, None)
+    } else {
+        (HeaderMap::new(), Some(RequestFields::new(bytes, places)))
+    };
     let mut request = Request::new(());
     *request.method_mut() = method;
     *request.uri_mut() = uri;
@@ -541,7 +546,7 @@ fn take_head_into<S>(
     inbound.continue_owed =
         (expects_continue && facts.minor_version == 1 && !matches!(inbound.body, BodyLeft::Done))
             .then_some(0);
-    Ok(Some((request, facts)))
+    Ok(Some((request, as_read, facts)))
 }
 
 /// Answers a refused head with `status`, then closes, reading and dropping what the client
@@ -668,13 +673,29 @@ where
     match &as_read {
         Some(as_read) => {
             let own = &parts.headers;
-            let replaced = |name: &[u8]| own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref()));
+            let router = body.request_ctx().map(RouterFields::of);
+            // In a plain array: looked at once for each of the app's fields.
+            let mut router_fields: [(&[u8], &[u8]); 2] = [(b"", b""); 2];
+            let mut count = 0;
+            for (name, value) in router.iter().flat_map(RouterFields::iter) {
+                router_fields[count] = (name.as_str().as_bytes(), value);
+                count += 1;
+            }
+            let router_fields = &router_fields[..count];
+            let replaced = |name: &[u8]| {
+                router_fields
+                    .iter()
+                    .any(|(own, _)| name.eq_ignore_ascii_case(own))
+                    || (!own.is_empty()
+                        && own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref())))
+            };
             let fields = || {
                 let apps = as_read.iter().filter(|(name, _)| !replaced(name));
                 apps.chain(
                     own.iter()
                         .map(|(name, value)| (name.as_ref(), value.as_bytes())),
                 )
+                .chain(router_fields.iter().copied())
             };
             switchyard_h1::write_answer_head(out, status, fields, framing, connection, http_date);
         }

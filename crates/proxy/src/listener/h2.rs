@@ -108,7 +108,7 @@ where
                 answered: false,
             };
             let request = request.map(RequestBody::H2);
-            let answer = service::handle(request, client.clone(), worker.clone(), None);
+            let answer = service::handle(request, None, client.clone(), worker.clone(), None);
             async move {
                 let response = answer.await;
                 taken.answered();

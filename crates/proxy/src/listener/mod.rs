@@ -10,6 +10,7 @@
 mod backend_h1;
 mod bodies;
 mod client_h1;
+mod clock;
 mod h2;
 mod handover;
 mod inspection;
@@ -36,7 +37,6 @@ use socket2::{Domain, Socket, Type};
 use switchyard_model::ClientTimeouts;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::access_log::AccessLog;
 use crate::metrics;
@@ -246,6 +246,8 @@ struct Worker {
     /// This thread's connections to shadow backends.
     mirrors: Arc<MirrorClient>,
     open_connections: Cell<usize>,
+    /// The deadlines of this thread's connections and exchanges.
+    clock: Rc<clock::Clock>,
 }
 
 fn run_thread(
@@ -270,7 +272,9 @@ fn run_thread(
             pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
             mirrors: Arc::new(MirrorClient::new()),
             open_connections: Cell::new(0),
+            clock: clock::Clock::new(),
         });
+        tokio::task::spawn_local(worker.clock.clone().run());
         tokio::task::spawn_local(pool::sweep_idle(worker.clone()));
         let mut accepting = Vec::new();
         for socket in sockets.http {
@@ -354,27 +358,32 @@ impl Connection {
     async fn serve_plain(self, stream: TcpStream) {
         // The first head is due within the header timeout of the connection's start, the
         // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
-        let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
-        match tokio::time::timeout_at(head_due, h2::opens_with_preface(&stream)).await {
+        let deadline = (self.worker.clock).deadline_in(self.worker.shared.client_timeouts.header);
+        let opened = {
+            let preface = std::pin::pin!(h2::opens_with_preface(&stream));
+            deadline.bound(preface).await
+        };
+        match opened {
             // Boxed, here and after a handshake: an HTTP/1.x connection's task keeps no room
             // for an HTTP/2 connection's state.
             Ok(Ok(true)) => Box::pin(h2::serve(self, stream, false)).await,
-            Ok(Ok(false)) => client_h1::serve(self, stream, false, head_due).await,
+            Ok(Ok(false)) => client_h1::serve(self, stream, false, deadline).await,
             Ok(Err(_)) => {}
             Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
         }
     }
 
     async fn handshake(self, stream: TcpStream, tls: Arc<ListenerTls>) {
-        let deadline = self.worker.shared.client_timeouts.header;
-        match tls.accept(stream, deadline).await {
+        let header_timeout = self.worker.shared.client_timeouts.header;
+        let deadline = self.worker.clock.deadline_in(header_timeout);
+        match tls.accept(stream, &deadline).await {
             Ok(Accepted::Serve(stream)) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
                 Box::pin(h2::serve(self, stream, true)).await;
             }
             Ok(Accepted::AcmeValidation) => {}
             Ok(Accepted::Serve(stream)) => {
-                let head_due = Instant::now() + self.worker.shared.client_timeouts.header;
-                client_h1::serve(self, stream, true, head_due).await;
+                deadline.set_in(header_timeout);
+                client_h1::serve(self, stream, true, deadline).await;
             }
             Err(failure) => log::debug!(
                 "listener: TLS handshake with {} not completed: {failure}",

@@ -85,10 +85,9 @@ impl BackendPool {
 /// Closes expired idle connections of `worker`'s pools (its backends', its mirror copies'
 /// and its image originals') for as long as its thread runs.
 pub(super) async fn sweep_idle(worker: Rc<Worker>) {
-    let mut tick = tokio::time::interval(SWEEP_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // On the thread's clock: a tokio interval would be the one timer on the thread.
     loop {
-        tick.tick().await;
+        worker.clock.sleep(SWEEP_EVERY).await;
         worker.pool.idle.borrow_mut().sweep();
         worker.mirrors.sweep_idle();
         if let Some(images) = &worker.shared.images {

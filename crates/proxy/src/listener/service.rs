@@ -34,6 +34,7 @@ use super::{relay, Worker};
 use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
+use crate::request_fields::{Fields, RequestFields};
 use crate::respond::{self, LocalAnswer};
 use crate::response_cache::memory::CachedResponse;
 use crate::routing::attempt;
@@ -196,6 +197,7 @@ impl Client {
 /// has gone out, for a request that asks for an upgrade.
 pub(super) async fn handle(
     request: Request<RequestBody>,
+    as_read: Option<RequestFields>,
     client: Rc<Client>,
     worker: Rc<Worker>,
     client_upgrade: Option<ClientUpgrade>,
@@ -208,7 +210,7 @@ pub(super) async fn handle(
         ctx: {
             let mut ctx = RequestCtx::new();
             ctx.tls = client.tls;
-            ctx.request_id = request_id(request.headers());
+            ctx.request_id = request_id(Fields::of(request.headers(), as_read.as_ref()));
             ctx
         },
         method: request.method().clone(),
@@ -222,7 +224,16 @@ pub(super) async fn handle(
     });
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
-    let mut answer = proxy(head, &mut unread, &client, &mut end.ctx, &worker, bytes_in).await;
+    let mut answer = proxy(
+        head,
+        as_read,
+        &mut unread,
+        &client,
+        &mut end.ctx,
+        &worker,
+        bytes_in,
+    )
+    .await;
     // Its answer is ready: the workers go on giving way a moment (crates/give-way) while
     // the loop sends it and the client reads it. A WebSocket or a long download stops
     // counting here, or the workers would give way for as long as one stays open.
@@ -302,9 +313,12 @@ fn linger(mut incoming: RequestBody, response: &mut Response<ClientBody>) {
 }
 
 /// The answer to a request; its body is taken from `unread` once it goes to a backend, and
-/// left there otherwise.
+/// left there otherwise. `as_read`: an HTTP/1.x client's fields where they were read, when
+/// `head`'s map is empty; they are made a map for the stages that read a request whole.
+#[allow(clippy::too_many_arguments)]
 async fn proxy(
     mut head: http::request::Parts,
+    mut as_read: Option<RequestFields>,
     unread: &mut Option<RequestBody>,
     client: &Client,
     ctx: &mut RequestCtx,
@@ -315,12 +329,21 @@ async fn proxy(
         return failed(false);
     };
     ctx.held = client.wait_out_refusal(head.version).await;
-    match framing::check_request(&mut head.headers) {
-        Ok(length) => ctx.declared_length = length,
-        Err(answer) => return answer.into(),
+    match &as_read {
+        // Fields as read have neither Transfer-Encoding nor Upgrade (`client_h1`), and the
+        // codec checked their lengths: the length declared is what is left to read.
+        Some(fields) => {
+            ctx.declared_length =
+                framing::declared_length(Fields::AsRead(fields).get(&CONTENT_LENGTH));
+        }
+        None => match framing::check_request(&mut head.headers) {
+            Ok(length) => ctx.declared_length = length,
+            Err(answer) => return answer.into(),
+        },
     }
     let shared = &worker.shared;
-    if let Err(answer) = route::route(&head.uri, &head.headers, ctx, &shared.routes).await {
+    let fields = Fields::of(&head.headers, as_read.as_ref());
+    if let Err(answer) = route::route(&head.uri, fields, ctx, &shared.routes).await {
         return answer.into();
     }
     if let Some(key_authorization) =
@@ -337,6 +360,12 @@ async fn proxy(
     let Some(route) = ctx.route.clone() else {
         return LocalAnswer::UnknownHost.into();
     };
+    if as_read.is_some() && reads_whole_request(&route.app) {
+        match as_read.take().and_then(RequestFields::into_map) {
+            Some(map) => head.headers = map,
+            None => return Answer::own(400, respond::text_for(400)),
+        }
+    }
     // A request that will wait for no worker is what the workers give way for; one that
     // will (an inspection, a resize) is the heavy work itself.
     let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
@@ -430,7 +459,7 @@ async fn proxy(
         }
         return answer;
     }
-    let upgrade = head.headers.contains_key(UPGRADE);
+    let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(&UPGRADE);
     let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
         None
@@ -443,8 +472,13 @@ async fn proxy(
     } else {
         AnswerForm::Map
     };
-    prepare_for_backend(&mut head);
-    let forwarded_for = forwarded_for(&head.headers, client);
+    if as_read.is_some() {
+        // In origin form, with no framing to rewrite and no cookies to join (`client_h1`).
+        head.version = Version::HTTP_11;
+    } else {
+        prepare_for_backend(&mut head);
+    }
+    let forwarded_for = forwarded_for(Fields::of(&head.headers, as_read.as_ref()), client);
     let request_id = ctx.request_id.clone();
     let forwarding: [(&str, &[u8]); 3] = [
         (
@@ -502,14 +536,20 @@ async fn proxy(
         };
         let outgoing = body.take().unwrap_or_else(again);
         let answers_head = head.method == Method::HEAD;
-        let sent = tokio::time::timeout(
-            read_deadline,
-            connection.exchange(&head, forwarding, outgoing, answers_head, answer_form),
-        );
-        let error = match sent.await {
+        let bound = worker.clock.deadline_in(read_deadline);
+        let exchange = std::pin::pin!(connection.exchange(
+            &head,
+            as_read.as_ref(),
+            forwarding,
+            outgoing,
+            answers_head,
+            answer_form
+        ));
+        let error = match bound.bound(exchange).await {
             Ok(Ok(response)) => {
                 let status = response.status().as_u16();
                 attempt::on_response_header(ctx, status);
+                // A route with a cache has its request's map (`reads_whole_request`).
                 let verdict =
                     cache::on_app_response(&head.headers, ctx, status, response.headers());
                 if verdict == AppAnswer::StaleStandsIn {
@@ -595,10 +635,20 @@ fn prepare_for_backend(head: &mut http::request::Parts) {
     framing::normalise_for_backend(headers);
 }
 
+/// Whether a stage on `app`'s route reads the request whole (through `http::request::Parts`):
+/// its fields are then made a map first.
+fn reads_whole_request(app: &switchyard_model::App) -> bool {
+    app.limits.is_some()
+        || app.cache.is_some()
+        || app.images.is_some()
+        || app.mirror.is_some()
+        || app.waf.is_some()
+}
+
 /// `X-Forwarded-For` as the backend gets it: the client's list with its address added, or
 /// the address alone (formatted once per connection).
-fn forwarded_for(headers: &HeaderMap, client: &Client) -> Option<HeaderValue> {
-    match (headers.get(X_FORWARDED_FOR), &client.forwarded_for) {
+fn forwarded_for(fields: Fields<'_>, client: &Client) -> Option<HeaderValue> {
+    match (fields.get(&X_FORWARDED_FOR), &client.forwarded_for) {
         (None, Some(own)) => Some(own.clone()),
         (previous, _) => HeaderValue::try_from(forwarded::forwarded_for(previous, client.ip)).ok(),
     }
@@ -631,7 +681,12 @@ fn backend_response(
     // The client's connection speaks its own version, whatever the backend's was (the
     // HTTP/1 driver writes an HTTP/1.1 status line to every client, as nginx does).
     *response.version_mut() = Version::HTTP_11;
-    set_router_headers(response.headers_mut(), &end.ctx);
+    // The backend's hop-by-hop fields were left out when its head was read. Fields that go
+    // on as read get the router's own from the HTTP/1.x driver (`RouterFields`), no map.
+    end.answer_fields = response.body_mut().take_fields();
+    if end.answer_fields.is_none() {
+        set_router_headers(response.headers_mut(), &end.ctx);
+    }
     if let Some(label) = cache::x_cache(&end.ctx) {
         response
             .headers_mut()
@@ -652,8 +707,6 @@ fn backend_response(
         tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));
         return Response::from_parts(parts, ClientBody::local(Bytes::new(), None));
     }
-    // The backend's hop-by-hop fields were left out when its head was read.
-    end.answer_fields = response.body_mut().take_fields();
     if end.ctx.cache.is_some() && response.body().is_end_stream() {
         // An empty body is never read: a response the cache keeps is complete now.
         cache::on_response_body(&mut end.ctx, &None, true);
@@ -789,11 +842,41 @@ fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<ClientB
 /// The headers every answer of the router carries: the request id, and HSTS over TLS for
 /// apps that ask.
 fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
-    if let Ok(id) = HeaderValue::from_str(&ctx.request_id) {
-        headers.insert(X_REQUEST_ID, id);
+    let own = RouterFields::of(ctx);
+    for (name, value) in own.iter() {
+        if let Ok(value) = HeaderValue::from_bytes(value) {
+            headers.insert(name.clone(), value);
+        }
     }
-    if let Some(hsts) = https::hsts_value(ctx).and_then(|v| HeaderValue::try_from(v).ok()) {
-        headers.insert(STRICT_TRANSPORT_SECURITY, hsts);
+}
+
+/// The router's own fields on an app's answer: the request id, and HSTS over HTTPS for an
+/// app that asks for it. They replace a field of the same name the app sent. Put in the
+/// answer's map (`set_router_headers`), or, for an answer whose fields go on as read, written
+/// after them by the HTTP/1.x driver with no map made.
+pub(super) struct RouterFields<'a> {
+    request_id: &'a str,
+    hsts: Option<String>,
+}
+
+impl<'a> RouterFields<'a> {
+    pub(super) fn of(ctx: &'a RequestCtx) -> Self {
+        Self {
+            request_id: &ctx.request_id,
+            hsts: https::hsts_value(ctx),
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&'static HeaderName, &[u8])> + Clone {
+        static REQUEST_ID: HeaderName = X_REQUEST_ID;
+        static HSTS: HeaderName = STRICT_TRANSPORT_SECURITY;
+        let hsts = self.hsts.as_deref().map(str::as_bytes);
+        [
+            (&REQUEST_ID, Some(self.request_id.as_bytes())),
+            (&HSTS, hsts),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
     }
 }
 

@@ -10,7 +10,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use openssl::ssl::{select_next_proto, AlpnError, Ssl, SslAcceptor, SslMethod};
 use switchyard_store::{acme, Store};
@@ -23,6 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
+use super::clock::Deadline;
 use super::peek_until;
 use crate::tls::cert_cache::{CertCache, ServedCert};
 use crate::tls::settings::{configure_context, count_completed, use_certificate, CertSelector};
@@ -117,13 +117,15 @@ impl ListenerTls {
     }
 
     /// Reads the server name, chooses the certificate and completes the handshake, all
-    /// within `deadline`.
+    /// before `deadline`.
     pub(super) async fn accept(
         &self,
         stream: TcpStream,
-        deadline: Duration,
+        deadline: &Deadline,
     ) -> Result<Accepted, HandshakeFailure> {
-        tokio::time::timeout(deadline, self.handshake(stream))
+        let handshake = std::pin::pin!(self.handshake(stream));
+        deadline
+            .bound(handshake)
             .await
             .unwrap_or(Err(HandshakeFailure::TimedOut))
     }

@@ -26,10 +26,17 @@ pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<Option<u64>, Loca
     if headers.contains_key(TRANSFER_ENCODING) {
         return Ok(None);
     }
-    Ok(headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok()))
+    Ok(declared_length(
+        headers.get(CONTENT_LENGTH).map(HeaderValue::as_bytes),
+    ))
+}
+
+/// The body length a request without Transfer-Encoding declares in its first
+/// Content-Length (the HTTP reader refused differing ones).
+pub(crate) fn declared_length(content_length: Option<&[u8]>) -> Option<u64> {
+    content_length
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {

@@ -2,22 +2,24 @@
 
 use http::HeaderName;
 
+use crate::request_fields::Fields;
+
 /// A constant name: looking a field up by a `&str` parses the name on every request.
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
 /// request end to end), otherwise a fresh random id.
-pub(crate) fn request_id(headers: &http::HeaderMap) -> String {
-    let given = headers
-        .get(X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
+pub(crate) fn request_id(fields: Fields<'_>) -> String {
+    let given = fields
+        .get(&X_REQUEST_ID)
         .filter(|v| {
             (20..=200).contains(&v.len())
-                && v.bytes().all(|b| {
+                && v.iter().all(|&b| {
                     b.is_ascii_alphanumeric()
                         || matches!(b, b'-' | b'_' | b'.' | b'+' | b'/' | b'=')
                 })
-        });
+        })
+        .and_then(|v| std::str::from_utf8(v).ok());
     match given {
         Some(id) => id.to_string(),
         None => random_request_id(),
@@ -41,12 +43,13 @@ fn random_request_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request_fields::RequestFields;
 
     #[test]
     fn a_fresh_request_id_is_32_lowercase_hex_digits_and_a_given_one_is_kept() {
         let none = http::HeaderMap::new();
-        let first = request_id(&none);
-        let second = request_id(&none);
+        let first = request_id(Fields::Map(&none));
+        let second = request_id(Fields::Map(&none));
         assert_eq!(first.len(), 32, "{first}");
         assert!(
             first
@@ -60,10 +63,19 @@ mod tests {
             "x-request-id",
             http::HeaderValue::from_static("trace-0123456789abcdef-xyz"),
         );
-        assert_eq!(request_id(&given), "trace-0123456789abcdef-xyz");
+        assert_eq!(
+            request_id(Fields::Map(&given)),
+            "trace-0123456789abcdef-xyz"
+        );
+        let as_read = RequestFields::from_pairs(&[("X-Request-Id", "trace-0123456789abcdef-xyz")]);
+        assert_eq!(
+            request_id(Fields::AsRead(&as_read)),
+            "trace-0123456789abcdef-xyz",
+            "looked up in any case"
+        );
         given.insert("x-request-id", http::HeaderValue::from_static("short"));
         assert_eq!(
-            request_id(&given).len(),
+            request_id(Fields::Map(&given)).len(),
             32,
             "too short to be an id: replaced"
         );

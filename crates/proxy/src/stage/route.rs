@@ -1,10 +1,11 @@
 //! Stage route: Host → app. The authority of an absolute-form URI (and HTTP/2's
 //! `:authority`) wins over the Host header, as RFC 9112 requires.
 
-use http::{HeaderMap, Uri};
+use http::Uri;
 use switchyard_model::normalize_host;
 
 use crate::context::RequestCtx;
+use crate::request_fields::Fields;
 use crate::respond::LocalAnswer;
 use crate::routing::route_cache::RouteCache;
 
@@ -16,38 +17,33 @@ pub(crate) const MAX_REQUEST_HEAD_BYTES: usize = 32 * 1024;
 /// Resolves the request's app into `ctx.route`, or says which answer to send instead.
 pub(crate) async fn route(
     target: &Uri,
-    headers: &HeaderMap,
+    fields: Fields<'_>,
     ctx: &mut RequestCtx,
     routes: &RouteCache,
 ) -> Result<(), LocalAnswer> {
     let target_bytes = target.path_and_query().map_or(1, |p| p.as_str().len())
         + target.authority().map_or(0, |a| a.as_str().len());
-    let head_bytes: usize = target_bytes
-        + headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 4)
-            .sum::<usize>();
+    let head_bytes = target_bytes + fields.head_bytes();
     if head_bytes > MAX_REQUEST_HEAD_BYTES {
         return Err(LocalAnswer::HeadersTooLarge);
     }
     // Two Host lines could route differently here and at the backend: refused, as RFC 9112
     // §3.2 requires (whatever the authority says).
-    if headers.get_all(http::header::HOST).iter().nth(1).is_some() {
+    if fields.count(&http::header::HOST) > 1 {
         return Err(LocalAnswer::MissingHost);
     }
     // An authority and a Host naming different hosts would be routed here by one and at the
     // backend (or a cache between) by the other: refused (RFC 9113 §8.3.1 for HTTP/2).
-    if let (Some(authority), Some(host)) = (target.authority(), headers.get(http::header::HOST)) {
-        let host = host.to_str().ok().and_then(normalize_host);
+    let host_field = fields.get(&http::header::HOST);
+    if let (Some(authority), Some(host)) = (target.authority(), host_field) {
+        let host = std::str::from_utf8(host).ok().and_then(normalize_host);
         if host.is_none() || host != normalize_host(authority.as_str()) {
             return Err(LocalAnswer::MissingHost);
         }
     }
     let raw_host = match target.authority() {
         Some(authority) => Some(authority.as_str()),
-        None => headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok()),
+        None => host_field.and_then(|h| std::str::from_utf8(h).ok()),
     };
     let Some(raw_host) = raw_host else {
         return Err(LocalAnswer::MissingHost);
@@ -81,6 +77,8 @@ mod tests {
     use std::sync::Arc;
 
     use http::HeaderValue;
+
+    use crate::request_fields::RequestFields;
 
     use crate::routing::route_cache::RouteCacheLimits;
 
@@ -129,21 +127,25 @@ mod tests {
                 Err(LocalAnswer::HeadersTooLarge),
             ),
         ] {
-            let mut map = HeaderMap::new();
+            let mut map = http::HeaderMap::new();
             for (name, value) in &headers {
                 map.append(*name, HeaderValue::from_str(value).expect("value"));
             }
+            let as_read = RequestFields::from_pairs(&headers);
             let uri: Uri = target.parse().expect("target");
-            let mut ctx = RequestCtx::new();
-            assert_eq!(
-                route(&uri, &map, &mut ctx, &routes).await,
-                expected,
-                "{target} {:?}",
-                headers
-                    .iter()
-                    .map(|(n, v)| (n, v.len()))
-                    .collect::<Vec<_>>()
-            );
+            // The same answer whether the fields are a map (HTTP/2) or as read (HTTP/1.x).
+            for fields in [Fields::Map(&map), Fields::AsRead(&as_read)] {
+                let mut ctx = RequestCtx::new();
+                assert_eq!(
+                    route(&uri, fields, &mut ctx, &routes).await,
+                    expected,
+                    "{target} {:?}",
+                    headers
+                        .iter()
+                        .map(|(n, v)| (n, v.len()))
+                        .collect::<Vec<_>>()
+                );
+            }
         }
     }
 }
