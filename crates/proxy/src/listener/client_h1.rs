@@ -441,13 +441,13 @@ where
     }
 }
 
-/// The head at the start of the read buffer, taken out of it as an `http::Request` whose
-/// fields point into it; `Ok(None)` while it is incomplete; `Err` with the status that
-/// refuses it.
 /// A head taken from the read buffer: the request (its map empty when the fields are kept
 /// as read), the fields as read, and what the connection needs to know of it.
 type TakenHead = (Request<()>, Option<RequestFields>, HeadFacts);
 
+/// The head at the start of the read buffer, taken out of it as an `http::Request` whose
+/// fields point into it (or are kept as read); `Ok(None)` while it is incomplete; `Err`
+/// with the status that refuses it.
 fn take_head<S>(inbound: &mut Inbound<S>) -> Result<Option<TakenHead>, u16> {
     PLACES.with_borrow_mut(|places| take_head_into(inbound, places))
 }
