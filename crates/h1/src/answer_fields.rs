@@ -65,14 +65,78 @@ pub fn fields_map(head: &Bytes, places: &[FieldPlace]) -> Result<HeaderMap, Brid
     Ok(headers)
 }
 
+/// A message's fields where they were read: the head's bytes (split off the read buffer,
+/// so that the fields share it) and where each field sits in them. What an answer's
+/// ([`AnswerFields`]) and an HTTP/1.x client's request's fields as read are made of.
+pub struct PlacedFields {
+    head: Bytes,
+    places: Box<[FieldPlace]>,
+}
+
+impl PlacedFields {
+    /// The fields at `places` in `head`. `places` come from the parse of this head; one
+    /// outside it is skipped, never read.
+    pub fn new(head: Bytes, places: &[FieldPlace]) -> Self {
+        Self {
+            head,
+            places: places.into(),
+        }
+    }
+
+    /// The fields, names and values, in the order they were sent.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
+        self.places
+            .iter()
+            .filter_map(|&(name_start, name_end, start, end)| {
+                let name = self.head.get(name_start as usize..name_end as usize)?;
+                let value = self.head.get(start as usize..end as usize)?;
+                Some((name, value))
+            })
+    }
+
+    /// The value of each field named `name` (any case), in order, until `each` says stop.
+    /// A name's length is compared before its bytes are looked at: most fields are passed
+    /// over on it.
+    pub fn each_value<'f>(&'f self, name: &[u8], mut each: impl FnMut(&'f [u8]) -> bool) {
+        for &(name_start, name_end, start, end) in self.places.iter() {
+            if name_end.wrapping_sub(name_start) as usize != name.len() {
+                continue;
+            }
+            let field = self.head.get(name_start as usize..name_end as usize);
+            if !field.is_some_and(|field| field.eq_ignore_ascii_case(name)) {
+                continue;
+            }
+            if let Some(value) = self.head.get(start as usize..end as usize) {
+                if !each(value) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The first value of the field named `name` (any case).
+    pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        let mut first = None;
+        self.each_value(name, |value| {
+            first = Some(value);
+            false
+        });
+        first
+    }
+
+    /// The fields as a map whose values share the head's bytes ([`fields_map`]).
+    pub fn to_map(&self) -> Result<HeaderMap, BridgeError> {
+        fields_map(&self.head, &self.places)
+    }
+}
+
 /// The fields of an answer's head that go on to the client, as read. Boxed: it rides in
 /// the answer's body, which is moved several times on its way to the client, and a pointer
 /// moves for less than the copies cost (callgrind).
 pub struct AnswerFields(Box<Fields>);
 
 struct Fields {
-    head: Bytes,
-    places: Box<[FieldPlace]>,
+    placed: PlacedFields,
     /// What the writer of the client's head asks of every answer, read in the one walk
     /// that builds this rather than looked up field by field.
     length: Option<u64>,
@@ -80,26 +144,21 @@ struct Fields {
 }
 
 impl AnswerFields {
-    /// The fields at `places` in `head` (the head's bytes, split off the read buffer, so
-    /// that the fields share it). `places` come from the parse of this head; one outside
-    /// it is skipped, never read.
+    /// The fields at `places` in `head` (see [`PlacedFields::new`]).
     pub fn new(head: Bytes, places: &[FieldPlace]) -> Self {
-        let mut fields = Self(Box::new(Fields {
-            head,
-            places: places.into(),
-            length: None,
-            codings: false,
-        }));
+        let placed = PlacedFields::new(head, places);
         let (mut length, mut codings) = (None, false);
-        for (name, value) in fields.iter() {
+        for (name, value) in placed.iter() {
             if length.is_none() && name.eq_ignore_ascii_case(b"content-length") {
                 length = crate::fields::parse_decimal(value);
             }
             codings |= name.eq_ignore_ascii_case(b"transfer-encoding");
         }
-        fields.0.length = length;
-        fields.0.codings = codings;
-        fields
+        Self(Box::new(Fields {
+            placed,
+            length,
+            codings,
+        }))
     }
 
     /// The answer's Content-Length, when it has one.
@@ -114,21 +173,12 @@ impl AnswerFields {
 
     /// The fields, names and values, in the order the backend sent them.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
-        let Fields { head, places, .. } = &*self.0;
-        places
-            .iter()
-            .filter_map(|&(name_start, name_end, start, end)| {
-                let name = head.get(name_start as usize..name_end as usize)?;
-                let value = head.get(start as usize..end as usize)?;
-                Some((name, value))
-            })
+        self.0.placed.iter()
     }
 
     /// The first value of the field named `name` (any case).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
-        self.iter()
-            .find(|(field, _)| field.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, value)| value)
+        self.0.placed.get(name.as_bytes())
     }
 }
 

@@ -8,84 +8,32 @@
 //!
 //! The WAF, the cache, image resizing, mirroring and limits read a request whole through
 //! `http::request::Parts`: on the routes of apps that have them, the map is made from the
-//! fields as read ([`RequestFields::into_map`]) before they run.
+//! fields as read (`PlacedFields::to_map`, values sharing the head's bytes) before they run.
+//! No request the codec took is known to be refused there (`http` reads names and values
+//! as httparse does; fuzz/fuzz_targets/h1_request.rs checks it).
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use switchyard_h1::FieldPlace;
 
-/// An HTTP/1.x client's fields, where it sent them, in its order and spelling.
-pub(crate) struct RequestFields {
-    head: Bytes,
-    places: Box<[FieldPlace]>,
-}
+/// An HTTP/1.x client's fields where it sent them, in its order and spelling.
+pub(crate) use switchyard_h1::PlacedFields as RequestFields;
 
-impl RequestFields {
-    /// The fields at `places` in `head` (the head's bytes, split off the read buffer).
-    /// `places` come from the parse of this head; one outside it is skipped, never read.
-    pub(crate) fn new(head: Bytes, places: &[FieldPlace]) -> Self {
-        Self {
-            head,
-            places: places.into(),
-        }
-    }
-
-    /// The fields, names and values, in the order the client sent them.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
-        self.places
-            .iter()
-            .filter_map(|&(name_start, name_end, start, end)| {
-                let name = self.head.get(name_start as usize..name_end as usize)?;
-                let value = self.head.get(start as usize..end as usize)?;
-                Some((name, value))
-            })
-    }
-
-    /// The value of each field named `name` (lower case), in order, until `each` says
-    /// stop. A name's length is compared before its bytes are looked at: most fields are
-    /// passed over on it.
-    fn each_value<'f>(&'f self, name: &[u8], mut each: impl FnMut(&'f [u8]) -> bool) {
-        for &(name_start, name_end, start, end) in self.places.iter() {
-            if name_end.wrapping_sub(name_start) as usize != name.len() {
-                continue;
-            }
-            let field = self.head.get(name_start as usize..name_end as usize);
-            if !field.is_some_and(|field| field.eq_ignore_ascii_case(name)) {
-                continue;
-            }
-            if let Some(value) = self.head.get(start as usize..end as usize) {
-                if !each(value) {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Fields as a client would send them, for tests: a head holding `pairs`, in order.
-    #[cfg(test)]
-    pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> Self {
-        let mut head = b"GET / HTTP/1.1\r\n".to_vec();
-        let mut places = Vec::new();
-        for (name, value) in pairs {
-            let name_start = head.len() as u32;
-            head.extend_from_slice(name.as_bytes());
-            let name_end = head.len() as u32;
-            head.extend_from_slice(b": ");
-            let value_start = head.len() as u32;
-            head.extend_from_slice(value.as_bytes());
-            places.push((name_start, name_end, value_start, head.len() as u32));
-            head.extend_from_slice(b"\r\n");
-        }
+/// Fields as a client would send them, for tests: a head holding `pairs`, in order.
+#[cfg(test)]
+pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> RequestFields {
+    let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+    let mut places = Vec::new();
+    for (name, value) in pairs {
+        let name_start = head.len() as u32;
+        head.extend_from_slice(name.as_bytes());
+        let name_end = head.len() as u32;
+        head.extend_from_slice(b": ");
+        let value_start = head.len() as u32;
+        head.extend_from_slice(value.as_bytes());
+        places.push((name_start, name_end, value_start, head.len() as u32));
         head.extend_from_slice(b"\r\n");
-        Self::new(Bytes::from(head), &places)
     }
-
-    /// The fields as a map whose values share the head's bytes; `None` when one is
-    /// refused by `http` (which reads names and values as httparse does: no request the
-    /// codec took is known to be refused here).
-    pub(crate) fn into_map(self) -> Option<HeaderMap> {
-        switchyard_h1::fields_map(&self.head, &self.places).ok()
-    }
+    head.extend_from_slice(b"\r\n");
+    RequestFields::new(bytes::Bytes::from(head), &places)
 }
 
 /// A request's fields, however they are held.
@@ -104,14 +52,7 @@ impl<'a> Fields<'a> {
     /// The first value of the field `name`.
     pub(crate) fn get(self, name: &HeaderName) -> Option<&'a [u8]> {
         match self {
-            Fields::AsRead(fields) => {
-                let mut first = None;
-                fields.each_value(name.as_str().as_bytes(), |value| {
-                    first = Some(value);
-                    false
-                });
-                first
-            }
+            Fields::AsRead(fields) => fields.get(name.as_str().as_bytes()),
             Fields::Map(map) => map.get(name).map(http::HeaderValue::as_bytes),
         }
     }
@@ -154,6 +95,7 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use http::header::{HOST, USER_AGENT};
 
     #[test]
@@ -168,7 +110,7 @@ mod tests {
             head,
             &[(16, 20, 22, 28), (30, 35, 37, 38), (40, 45, 47, 48)],
         )
-        .into_map()
+        .to_map()
         .expect("valid fields");
         let two = HeaderName::from_static("x-two");
         for fields in [Fields::AsRead(&as_read), Fields::Map(&map)] {

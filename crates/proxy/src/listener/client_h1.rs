@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame};
 use switchyard_h1::{
     header_slots, parse_request, AnswerConnection, AnswerFraming, ChunkedReframer, MAX_HEADERS,
@@ -474,7 +474,7 @@ fn take_head_into<S>(
     // form, are rewritten for the backend on a map (`service::prepare_for_backend`); every
     // other request keeps its fields where they were read.
     let mut needs_map;
-    let (head_len, target, method, facts, body, expects_continue, lines) =
+    let (head_len, target, method, facts, body, expects_continue) =
         match parse_request(&inbound.read, &mut slots) {
             Ok(None) => return Ok(None),
             Err(error) => return Err(error.status()),
@@ -506,23 +506,13 @@ fn take_head_into<S>(
                     facts,
                     head.body,
                     head.expects_continue,
-                    head.headers.len(),
                 )
             }
         };
     let bytes = inbound.read.split_to(head_len).freeze();
     let uri = Uri::from_maybe_shared(bytes.slice(target.0..target.1)).map_err(|_| 400u16)?;
     let (headers, as_read) = if needs_map {
-        let mut headers = HeaderMap::with_capacity(lines);
-        for &(name_start, name_end, value_start, value_end) in places.iter() {
-            let name = HeaderName::from_bytes(&bytes[name_start as usize..name_end as usize])
-                .map_err(|_| 400u16)?;
-            let value = HeaderValue::from_maybe_shared(
-                bytes.slice(value_start as usize..value_end as usize),
-            )
-            .map_err(|_| 400u16)?;
-            headers.append(name, value);
-        }
+        let headers = switchyard_h1::fields_map(&bytes, places).map_err(|_| 400u16)?;
         (headers, None)
     } else {
         (HeaderMap::new(), Some(RequestFields::new(bytes, places)))

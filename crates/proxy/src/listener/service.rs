@@ -361,9 +361,9 @@ async fn proxy(
         return LocalAnswer::UnknownHost.into();
     };
     if as_read.is_some() && reads_whole_request(&route.app) {
-        match as_read.take().and_then(RequestFields::into_map) {
-            Some(map) => head.headers = map,
-            None => return Answer::own(400, respond::text_for(400)),
+        match as_read.take().map(|fields| fields.to_map()) {
+            Some(Ok(map)) => head.headers = map,
+            _ => return Answer::own(400, respond::text_for(400)),
         }
     }
     // A request that will wait for no worker is what the workers give way for; one that

@@ -43,7 +43,7 @@ fn random_request_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request_fields::RequestFields;
+    use crate::request_fields;
 
     #[test]
     fn a_fresh_request_id_is_32_lowercase_hex_digits_and_a_given_one_is_kept() {
@@ -67,7 +67,7 @@ mod tests {
             request_id(Fields::Map(&given)),
             "trace-0123456789abcdef-xyz"
         );
-        let as_read = RequestFields::from_pairs(&[("X-Request-Id", "trace-0123456789abcdef-xyz")]);
+        let as_read = request_fields::from_pairs(&[("X-Request-Id", "trace-0123456789abcdef-xyz")]);
         assert_eq!(
             request_id(Fields::AsRead(&as_read)),
             "trace-0123456789abcdef-xyz",

@@ -78,7 +78,7 @@ mod tests {
 
     use http::HeaderValue;
 
-    use crate::request_fields::RequestFields;
+    use crate::request_fields;
 
     use crate::routing::route_cache::RouteCacheLimits;
 
@@ -131,7 +131,7 @@ mod tests {
             for (name, value) in &headers {
                 map.append(*name, HeaderValue::from_str(value).expect("value"));
             }
-            let as_read = RequestFields::from_pairs(&headers);
+            let as_read = request_fields::from_pairs(&headers);
             let uri: Uri = target.parse().expect("target");
             // The same answer whether the fields are a map (HTTP/2) or as read (HTTP/1.x).
             for fields in [Fields::Map(&map), Fields::AsRead(&as_read)] {
