@@ -50,12 +50,18 @@ fuzz_target!(|data: &[u8]| {
         // The fields placed and made into a map as the router does (backend_h1's
         // AnswerHead): end-to-end ones, and the codings the client undoes.
         let mut places = Vec::new();
-        place_fields(&head, data, false, &mut places);
+        let facts = place_fields(&head, data, false, &mut places);
         let bytes = Bytes::copy_from_slice(data);
         let Ok(headers) = fields_map(&bytes, &places) else {
             continue;
         };
-        let as_read = AnswerFields::new(bytes, &places);
+        let as_read = AnswerFields::new(bytes.clone(), &places);
+        // What place_fields noted as it placed them is what a walk of the placed reads.
+        let noted = AnswerFields::placed(bytes, &places, facts);
+        assert_eq!(
+            (noted.content_length(), noted.has_codings()),
+            (as_read.content_length(), as_read.has_codings())
+        );
         let framings = match head.body {
             ResponseBody::None => [AnswerFraming::NoBody, AnswerFraming::NoBody],
             ResponseBody::Length(length) => [AnswerFraming::Length(length), AnswerFraming::Chunked],

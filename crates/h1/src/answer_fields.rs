@@ -13,20 +13,45 @@ use crate::response::ResponseHead;
 /// Where a field sits in a head: name start and end, value start and end.
 pub type FieldPlace = (u32, u32, u32, u32);
 
+/// What the writer of the client's head asks of every answer, noted while its fields are
+/// placed rather than looked up again field by field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AnswerFacts {
+    /// The Content-Length placed, when one is.
+    pub length: Option<u64>,
+    /// Whether Transfer-Encoding lines are placed (codings the client is to undo).
+    pub codings: bool,
+}
+
+impl AnswerFacts {
+    fn note(&mut self, name: &[u8], value: &[u8]) {
+        match name.len() {
+            14 if self.length.is_none() && name.eq_ignore_ascii_case(b"content-length") => {
+                self.length = crate::fields::parse_decimal(value);
+            }
+            17 => self.codings |= name.eq_ignore_ascii_case(b"transfer-encoding"),
+            _ => {}
+        }
+    }
+}
+
 /// Puts in `places` (cleared first) where the fields of `head` that go on to the client
 /// sit in `buffer`, the bytes `head` was parsed from: the end-to-end fields and the codings
 /// the client is to undo, or, for a protocol switch (`every`), all of them (the client's
 /// side of an upgrade needs the Upgrade and Connection that are hop-by-hop elsewhere).
+/// Returns what the fields placed say of the answer's length and codings.
 pub fn place_fields(
     head: &ResponseHead<'_, '_>,
     buffer: &[u8],
     every: bool,
     places: &mut Vec<FieldPlace>,
-) {
+) -> AnswerFacts {
     let base = buffer.as_ptr() as usize;
     let offset = |piece: &[u8]| (piece.as_ptr() as usize).wrapping_sub(base) as u32;
     places.clear();
+    let mut facts = AnswerFacts::default();
     let mut place = |field: &crate::Header<'_>| {
+        facts.note(field.name.as_bytes(), field.value);
         let (name, value) = (offset(field.name.as_bytes()), offset(field.value));
         let name_end = name.wrapping_add(field.name.len() as u32);
         places.push((
@@ -42,6 +67,7 @@ pub fn place_fields(
         end_to_end_fields(head).for_each(&mut place);
         coding_fields(head).for_each(&mut place);
     }
+    facts
 }
 
 /// The fields at `places` in `head` as a map whose values share `head`'s bytes: for the
@@ -114,6 +140,13 @@ impl PlacedFields {
         }
     }
 
+    /// The value of the field at `index` in the order they were sent, for a reader that
+    /// noted where a field sits while the head was parsed.
+    pub fn value(&self, index: usize) -> Option<&[u8]> {
+        let &(_, _, start, end) = self.places.get(index)?;
+        self.head.get(start as usize..end as usize)
+    }
+
     /// The first value of the field named `name` (any case).
     pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
         let mut first = None;
@@ -137,38 +170,38 @@ pub struct AnswerFields(Box<Fields>);
 
 struct Fields {
     placed: PlacedFields,
-    /// What the writer of the client's head asks of every answer, read in the one walk
-    /// that builds this rather than looked up field by field.
-    length: Option<u64>,
-    codings: bool,
+    facts: AnswerFacts,
 }
 
 impl AnswerFields {
-    /// The fields at `places` in `head` (see [`PlacedFields::new`]).
+    /// The fields at `places` in `head` (see [`PlacedFields::new`]), their facts read in
+    /// one walk.
     pub fn new(head: Bytes, places: &[FieldPlace]) -> Self {
         let placed = PlacedFields::new(head, places);
-        let (mut length, mut codings) = (None, false);
+        let mut facts = AnswerFacts::default();
         for (name, value) in placed.iter() {
-            if length.is_none() && name.eq_ignore_ascii_case(b"content-length") {
-                length = crate::fields::parse_decimal(value);
-            }
-            codings |= name.eq_ignore_ascii_case(b"transfer-encoding");
+            facts.note(name, value);
         }
+        Self(Box::new(Fields { placed, facts }))
+    }
+
+    /// The fields at `places` in `head`, with the `facts` [`place_fields`] noted as it
+    /// placed them.
+    pub fn placed(head: Bytes, places: &[FieldPlace], facts: AnswerFacts) -> Self {
         Self(Box::new(Fields {
-            placed,
-            length,
-            codings,
+            placed: PlacedFields::new(head, places),
+            facts,
         }))
     }
 
     /// The answer's Content-Length, when it has one.
     pub fn content_length(&self) -> Option<u64> {
-        self.0.length
+        self.0.facts.length
     }
 
     /// Whether the answer has Transfer-Encoding lines (codings the client is to undo).
     pub fn has_codings(&self) -> bool {
-        self.0.codings
+        self.0.facts.codings
     }
 
     /// The fields, names and values, in the order the backend sent them.
@@ -216,7 +249,7 @@ mod tests {
             .expect("valid")
             .expect("whole");
         let mut places = Vec::new();
-        place_fields(&parsed, head, false, &mut places);
+        let facts = place_fields(&parsed, head, false, &mut places);
         let bytes = Bytes::copy_from_slice(head);
         let map = fields_map(&bytes, &places).expect("valid fields");
         let names: Vec<_> = map
@@ -235,6 +268,14 @@ mod tests {
         );
         let as_read = AnswerFields::new(bytes, &places);
         assert!(as_read.has_codings());
+        assert_eq!(
+            facts,
+            AnswerFacts {
+                length: None,
+                codings: true
+            },
+            "the facts noted while placing are those the walk reads"
+        );
         place_fields(&parsed, head, true, &mut places);
         assert_eq!(places.len(), 6, "a protocol switch keeps every field");
         assert!(fields_map(&Bytes::from_static(b"short"), &places).is_err());

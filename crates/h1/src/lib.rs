@@ -19,7 +19,9 @@ mod request;
 mod response;
 mod write;
 
-pub use answer_fields::{fields_map, place_fields, AnswerFields, FieldPlace, PlacedFields};
+pub use answer_fields::{
+    fields_map, place_fields, AnswerFacts, AnswerFields, FieldPlace, PlacedFields,
+};
 pub use bridge::{
     coding_fields, end_to_end_fields, response_parts, write_answer_head, write_request_fields,
     write_request_parts, write_response_parts, AnswerConnection, AnswerFraming, BridgeError,

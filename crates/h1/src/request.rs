@@ -156,7 +156,8 @@ pub fn parse_request<'h, 'b>(
     if !target.is_ascii() || target.contains('#') {
         return Err(RequestError::BadTarget);
     }
-    let framing = fields::framing(headers).map_err(RequestError::from_length)?;
+    let (framing, connection) = fields::framing_and_connection(headers);
+    let framing = framing.map_err(RequestError::from_length)?;
     let body = match (framing.transfer_encoding, framing.content_length) {
         (true, _) if minor_version == 0 => return Err(RequestError::TransferEncodingOnHttp10),
         (true, _) if !framing.chunked_last => return Err(RequestError::BadTransferEncoding),
@@ -165,7 +166,6 @@ pub fn parse_request<'h, 'b>(
         (false, None) => RequestBody::Empty,
     };
     let (authority, path_start) = authority(target, headers, minor_version)?;
-    let connection = Connection::read(headers);
     let mut expects_continue = false;
     let mut websocket = false;
     for header in headers {

@@ -90,7 +90,8 @@ pub fn parse_response<'h, 'b>(
         return Err(ResponseError::Malformed);
     };
     let headers: &'h [Header<'b>] = response.headers;
-    let framing = fields::framing(headers).map_err(|_| ResponseError::BadContentLength);
+    let (framing, connection) = fields::framing_and_connection(headers);
+    let framing = framing.map_err(|_| ResponseError::BadContentLength);
     let no_body = answers_head || (100..200).contains(&code) || code == 204 || code == 304;
     let (body, other_codings) = match framing {
         _ if no_body => (ResponseBody::None, false),
@@ -114,7 +115,7 @@ pub fn parse_response<'h, 'b>(
         headers,
         head_len,
         body,
-        connection: Connection::read(headers),
+        connection,
         other_codings,
     }))
 }

@@ -447,6 +447,12 @@ switchyard_metrics::declare_metrics! {
          connection freed once read."
     ));
 
+    pub(crate) static SPARE_READ_BUFFERS: IntGauge = registered(register_int_gauge!(
+        "switchyard_spare_read_buffers",
+        "Read buffers given back by connections gone idle and kept, on their listener \
+         thread, for the next connection that reads (at most 64 of 16 KiB a thread)."
+    ));
+
     pub(crate) static RESPONSE_BUFFER_FULL: IntCounter = registered(register_int_counter!(
         "switchyard_response_buffer_full_total",
         "Answers read ahead that filled their share (--response-buffer-mb) or the memory \

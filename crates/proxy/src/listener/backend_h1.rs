@@ -19,20 +19,20 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use socket2::SockRef;
 use switchyard_h1::{
-    header_slots, parse_response, AnswerFields, ChunkedReframer, FieldPlace, RequestBody,
-    ResponseBody,
+    header_slots, parse_response, AnswerFacts, AnswerFields, ChunkedReframer, FieldPlace,
+    RequestBody, ResponseBody,
 };
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use super::bodies::ForwardBody;
-use crate::request_fields::{Fields, RequestFields};
+use super::read_buffers;
+use crate::request_fields::{Fields, Known, RequestFields};
 use crate::routing::connections::ShutdownRequest;
 
 /// Room made in the read buffer before each read from a backend.
@@ -139,9 +139,9 @@ impl AnswerHead {
         head: &switchyard_h1::ResponseHead<'_, '_>,
         buffer: &[u8],
         places: &mut Vec<FieldPlace>,
-    ) -> (u16, Framing, bool) {
+    ) -> (u16, Framing, bool, AnswerFacts) {
         let switched = head.code == 101;
-        switchyard_h1::place_fields(head, buffer, switched, places);
+        let facts = switchyard_h1::place_fields(head, buffer, switched, places);
         let framing = match head.body {
             _ if switched => Framing::Done,
             ResponseBody::None | ResponseBody::Length(0) => Framing::Done,
@@ -151,13 +151,13 @@ impl AnswerHead {
         };
         let keeps_connection =
             !switched && head.keeps_connection() && !matches!(head.body, ResponseBody::UntilClose);
-        (head.code, framing, keeps_connection)
+        (head.code, framing, keeps_connection, facts)
     }
 
     /// The answer whose fields sit at `places` in `head_bytes`: the values are slices of
     /// it, not copies (an allocation and a copy per field, which cost more than the parse).
     fn of(
-        (code, framing, keeps_connection): (u16, Framing, bool),
+        (code, framing, keeps_connection, facts): (u16, Framing, bool, AnswerFacts),
         head_bytes: Bytes,
         places: &[FieldPlace],
         form: AnswerForm,
@@ -170,7 +170,7 @@ impl AnswerHead {
             return Ok(Self {
                 status,
                 headers: HeaderMap::new(),
-                fields: Some(AnswerFields::new(head_bytes, places)),
+                fields: Some(AnswerFields::placed(head_bytes, places, facts)),
                 framing,
                 keeps_connection,
             });
@@ -243,7 +243,7 @@ impl BackendConnection {
 
     /// Idle buffers are given back: a pool of idle connections costs their sockets.
     pub(super) fn release_buffers(&mut self) {
-        self.read = BytesMut::new();
+        read_buffers::give_back(&mut self.read, READ_PIECE);
         if self.write.capacity() > 4096 {
             self.write = Vec::new();
         }
@@ -266,10 +266,10 @@ impl BackendConnection {
     ) -> Result<Response<BackendBody>, BackendFailure> {
         self.answer_form = answer_form;
         let fields = Fields::of(&parts.headers, as_read);
-        let upgrade = fields.get(&UPGRADE);
-        let codings = fields.get(&TRANSFER_ENCODING);
+        let upgrade = fields.get(Known::Upgrade);
+        let codings = fields.get(Known::TransferEncoding);
         let declared = fields
-            .get(&CONTENT_LENGTH)
+            .get(Known::ContentLength)
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.parse::<u64>().ok());
         // The framing checked when the request came in: codings other than chunked are the
@@ -458,7 +458,11 @@ impl BackendConnection {
 
     /// Reads what the backend has sent; its close before the answer is whole is a failure.
     async fn read_some(&mut self) -> Result<(), BackendFailure> {
-        self.read.reserve(READ_PIECE);
+        if self.read.capacity() == 0 {
+            self.read = read_buffers::take(READ_PIECE);
+        } else {
+            self.read.reserve(READ_PIECE);
+        }
         let read = poll_fn(|cx| {
             tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
         })

@@ -31,13 +31,14 @@ use tokio::sync::oneshot;
 
 use super::bodies::ClientBody;
 use super::clock::Deadline;
+use super::read_buffers;
 use super::relay::{ClientSide, IntoClientSide};
 use super::request_body::{ConnectionBody, PeerError, RequestBody};
 use super::send_deadline::SendDeadline;
 use super::service::{self, Client, RouterFields};
 use super::Connection;
 use crate::metrics;
-use crate::request_fields::RequestFields;
+use crate::request_fields::{KnownFields, RequestFields};
 
 /// Bytes read at once for a head or a body.
 const READ_PIECE: usize = 16 * 1024;
@@ -121,7 +122,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Inbound<S> {
         ready!(Pin::new(&mut self.stream).poll_read(cx, &mut landing))?;
         let read = landing.filled().len();
         if read > 0 {
-            self.read.reserve(room.max(read));
+            if self.read.capacity() == 0 {
+                self.read = read_buffers::take(room.max(read));
+            } else {
+                self.read.reserve(room.max(read));
+            }
             self.read.extend_from_slice(landing.filled());
         }
         Poll::Ready(Ok(read))
@@ -407,8 +412,9 @@ where
                     Err(status) => return HeadRead::Refused(status),
                 }
             } else if guard.read.capacity() > 0 && served > 0 {
-                // Idle between requests: the buffer goes back until bytes come.
-                guard.read = BytesMut::new();
+                // Idle between requests: the buffer goes back (to the thread's spare ones)
+                // until bytes come.
+                read_buffers::give_back(&mut guard.read, READ_PIECE);
             }
         }
         let read = poll_fn(|cx| match inbound.try_borrow_mut() {
@@ -473,16 +479,15 @@ fn take_head_into<S>(
     // Fields that change how the request is framed or tunnelled, and targets not in origin
     // form, are rewritten for the backend on a map (`service::prepare_for_backend`); every
     // other request keeps its fields where they were read.
-    let mut needs_map;
+    let needs_map;
+    let mut known = KnownFields::default();
     let (head_len, target, method, facts, body, expects_continue) =
         match parse_request(&inbound.read, &mut slots) {
             Ok(None) => return Ok(None),
             Err(error) => return Err(error.status()),
             Ok(Some(head)) => {
-                needs_map = !head.target.starts_with('/');
-                for field in head.headers {
-                    needs_map |= field.name.eq_ignore_ascii_case("upgrade")
-                        || field.name.eq_ignore_ascii_case("transfer-encoding");
+                for (index, field) in head.headers.iter().enumerate() {
+                    known.note(index, field.name.as_bytes(), field.value.len());
                     let name = offset(field.name.as_bytes());
                     let value = offset(field.value);
                     places.push((
@@ -492,6 +497,7 @@ fn take_head_into<S>(
                         (value + field.value.len()) as u32,
                     ));
                 }
+                needs_map = !head.target.starts_with('/') || known.reframes();
                 let target = offset(head.target.as_bytes());
                 let method = Method::from_bytes(head.method.as_bytes()).map_err(|_| 400u16)?;
                 let facts = HeadFacts {
@@ -515,7 +521,10 @@ fn take_head_into<S>(
         let headers = switchyard_h1::fields_map(&bytes, places).map_err(|_| 400u16)?;
         (headers, None)
     } else {
-        (HeaderMap::new(), Some(RequestFields::new(bytes, places)))
+        (
+            HeaderMap::new(),
+            Some(RequestFields::noted(bytes, places, known)),
+        )
     };
     let mut request = Request::new(());
     *request.method_mut() = method;

@@ -16,6 +16,7 @@ mod handover;
 mod inspection;
 mod pool;
 mod read_ahead;
+mod read_buffers;
 mod relay;
 mod request_body;
 mod send_deadline;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, LOCATION, RETRY_AFTER,
-    STRICT_TRANSPORT_SECURITY, UPGRADE,
+    STRICT_TRANSPORT_SECURITY,
 };
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
@@ -34,7 +34,7 @@ use super::{relay, Worker};
 use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
-use crate::request_fields::{Fields, RequestFields};
+use crate::request_fields::{Fields, Known, RequestFields};
 use crate::respond::{self, LocalAnswer};
 use crate::response_cache::memory::CachedResponse;
 use crate::routing::attempt;
@@ -50,7 +50,6 @@ use crate::stage::route;
 use crate::stage::static_files::{self, StaticFile};
 use crate::stage::waf::{self, Endpoints};
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
@@ -334,7 +333,7 @@ async fn proxy(
         // codec checked their lengths: the length declared is what is left to read.
         Some(fields) => {
             ctx.declared_length =
-                framing::declared_length(Fields::AsRead(fields).get(&CONTENT_LENGTH));
+                framing::declared_length(Fields::AsRead(fields).get(Known::ContentLength));
         }
         None => match framing::check_request(&mut head.headers) {
             Ok(length) => ctx.declared_length = length,
@@ -459,7 +458,7 @@ async fn proxy(
         }
         return answer;
     }
-    let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(&UPGRADE);
+    let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(Known::Upgrade);
     let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
         None
@@ -648,7 +647,7 @@ fn reads_whole_request(app: &switchyard_model::App) -> bool {
 /// `X-Forwarded-For` as the backend gets it: the client's list with its address added, or
 /// the address alone (formatted once per connection).
 fn forwarded_for(fields: Fields<'_>, client: &Client) -> Option<HeaderValue> {
-    match (fields.get(&X_FORWARDED_FOR), &client.forwarded_for) {
+    match (fields.get(Known::ForwardedFor), &client.forwarded_for) {
         (None, Some(own)) => Some(own.clone()),
         (previous, _) => HeaderValue::try_from(forwarded::forwarded_for(previous, client.ip)).ok(),
     }

@@ -1,17 +1,12 @@
 //! The request id: the client's own when it looks like one, otherwise a fresh one.
 
-use http::HeaderName;
-
-use crate::request_fields::Fields;
-
-/// A constant name: looking a field up by a `&str` parses the name on every request.
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+use crate::request_fields::{Fields, Known};
 
 /// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
 /// request end to end), otherwise a fresh random id.
 pub(crate) fn request_id(fields: Fields<'_>) -> String {
     let given = fields
-        .get(&X_REQUEST_ID)
+        .get(Known::RequestId)
         .filter(|v| {
             (20..=200).contains(&v.len())
                 && v.iter().all(|&b| {

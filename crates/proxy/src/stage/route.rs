@@ -5,7 +5,7 @@ use http::Uri;
 use switchyard_model::normalize_host;
 
 use crate::context::RequestCtx;
-use crate::request_fields::Fields;
+use crate::request_fields::{Fields, Known};
 use crate::respond::LocalAnswer;
 use crate::routing::route_cache::RouteCache;
 
@@ -29,12 +29,12 @@ pub(crate) async fn route(
     }
     // Two Host lines could route differently here and at the backend: refused, as RFC 9112
     // §3.2 requires (whatever the authority says).
-    if fields.count(&http::header::HOST) > 1 {
+    if fields.hosts() > 1 {
         return Err(LocalAnswer::MissingHost);
     }
     // An authority and a Host naming different hosts would be routed here by one and at the
     // backend (or a cache between) by the other: refused (RFC 9113 §8.3.1 for HTTP/2).
-    let host_field = fields.get(&http::header::HOST);
+    let host_field = fields.get(Known::Host);
     if let (Some(authority), Some(host)) = (target.authority(), host_field) {
         let host = std::str::from_utf8(host).ok().and_then(normalize_host);
         if host.is_none() || host != normalize_host(authority.as_str()) {
