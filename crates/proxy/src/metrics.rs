@@ -450,7 +450,7 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static SPARE_READ_BUFFERS: IntGauge = registered(register_int_gauge!(
         "switchyard_spare_read_buffers",
         "Read buffers given back by connections gone idle and kept, on their listener \
-         thread, for the next connection that reads (at most 64 of 16 KiB a thread)."
+         thread, for the next connection that reads (at most 64 a thread, of at most 32 KiB)."
     ));
 
     pub(crate) static RESPONSE_BUFFER_FULL: IntCounter = registered(register_int_counter!(

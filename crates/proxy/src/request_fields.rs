@@ -134,7 +134,8 @@ impl KnownFields {
         }
         let first = &mut self.first[known as usize];
         if *first == 0 {
-            // A field past the 65,534th is looked for (the codec takes 100 at most).
+            // A first one past the 65,534th field would read as absent; the codec takes
+            // 100 fields at most.
             *first = u16::try_from(index + 1).unwrap_or(0);
         }
     }

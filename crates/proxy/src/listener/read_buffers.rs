@@ -5,8 +5,9 @@
 //! bench/ENGINE.md). nginx keeps its freed buffers in the same way (its free list of large
 //! header buffers), and so does HAProxy (its per-thread buffer pool).
 //!
-//! At most [`SPARE_BUFFERS`] a thread (1 MiB): a buffer given back past that is freed. Only
-//! a buffer nothing else shares is kept (a request's head may still point into it).
+//! At most [`SPARE_BUFFERS`] a thread, each at most twice the room asked for (2 MiB of
+//! 16 KiB reads): a buffer given back past that, or larger, is freed. Only a buffer nothing
+//! else shares is kept (a request's head may still point into it).
 
 use std::cell::RefCell;
 
@@ -40,12 +41,14 @@ pub(super) fn take(room: usize) -> BytesMut {
 /// next one when nothing else shares it and the thread keeps fewer than it may.
 pub(super) fn give_back(buffer: &mut BytesMut, room: usize) {
     let mut buffer = std::mem::take(buffer);
-    if !buffer.is_empty() {
+    // With `room` left already, `try_reclaim` would succeed without asking whether the
+    // allocation is shared: such a buffer is freed, so that every one kept was reclaimed
+    // whole — its only handle, no head pinned behind it.
+    if !buffer.is_empty() || buffer.capacity() >= room {
         return;
     }
-    // Reclaims the whole allocation when this is its only handle; fails (and the buffer is
-    // freed) when a request's head still shares it.
-    if !buffer.try_reclaim(room) {
+    // Fails (and the buffer is freed) when a request's head still shares the allocation.
+    if !buffer.try_reclaim(room) || buffer.capacity() > 2 * room {
         return;
     }
     SPARE.with_borrow_mut(|spare| {
@@ -86,6 +89,24 @@ mod tests {
         );
         assert!(third.capacity() >= 1024);
         assert!(SPARE.with_borrow(Vec::is_empty));
+    }
+
+    #[test]
+    fn a_buffer_too_large_or_with_room_left_is_freed_not_kept() {
+        let mut large = BytesMut::with_capacity(4096);
+        large.extend_from_slice(&[b'x'; 4000]);
+        drop(large.split_to(4000));
+        give_back(&mut large, 1024);
+        assert!(
+            SPARE.with_borrow(Vec::is_empty),
+            "past twice the room asked"
+        );
+        let mut roomy = BytesMut::with_capacity(1024);
+        give_back(&mut roomy, 1024);
+        assert!(
+            SPARE.with_borrow(Vec::is_empty),
+            "room left: shared or not, unknown"
+        );
     }
 
     #[test]
