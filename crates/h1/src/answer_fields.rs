@@ -27,7 +27,7 @@ impl AnswerFacts {
     fn note(&mut self, name: &[u8], value: &[u8]) {
         match name.len() {
             14 if self.length.is_none() && name.eq_ignore_ascii_case(b"content-length") => {
-                self.length = crate::fields::parse_decimal(value);
+                self.length = crate::fields::content_length_value(value);
             }
             17 => self.codings |= name.eq_ignore_ascii_case(b"transfer-encoding"),
             _ => {}

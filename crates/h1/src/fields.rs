@@ -127,12 +127,10 @@ fn framing_noting(
         if name.len() == 10 && name.eq_ignore_ascii_case(b"connection") {
             connection.note(header.value);
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            for value in header.value.split(|&b| b == b',').map(trim) {
-                let length = parse_decimal(value).ok_or(LengthError::BadContentLength)?;
-                match framing.content_length {
-                    Some(seen) if seen != length => return Err(LengthError::BadContentLength),
-                    _ => framing.content_length = Some(length),
-                }
+            let length = content_length_value(header.value).ok_or(LengthError::BadContentLength)?;
+            match framing.content_length {
+                Some(seen) if seen != length => return Err(LengthError::BadContentLength),
+                _ => framing.content_length = Some(length),
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             framing.transfer_encoding = true;
@@ -156,6 +154,17 @@ fn framing_noting(
         }
     }
     Ok(framing)
+}
+
+/// The length one Content-Length field gives, as the codec reads it: one decimal, or a list
+/// of equal ones (RFC 9110 §8.6); `None` for anything else. Everything past the codec that
+/// reads a length reads it with this, so no two places can take one value two ways.
+pub fn content_length_value(value: &[u8]) -> Option<u64> {
+    let mut elements = value.split(|&b| b == b',').map(trim);
+    let length = parse_decimal(elements.next()?)?;
+    elements
+        .all(|element| parse_decimal(element) == Some(length))
+        .then_some(length)
 }
 
 /// 1*DIGIT, at most 19 of them (no sign, no spaces, no hex): what every reader takes the
@@ -253,6 +262,28 @@ mod tests {
         assert_eq!(framing(&same).map(|f| f.content_length), Ok(Some(5)));
         let differ = [header("Content-Length", "5, 40")];
         assert_eq!(framing(&differ), Err(LengthError::BadContentLength));
+    }
+
+    #[test]
+    fn a_length_read_past_the_codec_is_read_as_the_codec_reads_it() {
+        for (value, expected) in [
+            (&b"5"[..], Some(5)),
+            (b"5, 5", Some(5)),
+            (b"5,5 ,\t5", Some(5)),
+            (b"5, 40", None),
+            (b"5,", None),
+            (b"", None),
+            (b" ", None),
+            (b"+5", None),
+        ] {
+            assert_eq!(content_length_value(value), expected, "{value:?}");
+            let fields = [header(
+                "Content-Length",
+                std::str::from_utf8(value).unwrap(),
+            )];
+            let framed = framing(&fields).ok().and_then(|f| f.content_length);
+            assert_eq!(framed, expected, "the codec's walk over {value:?}");
+        }
     }
 
     #[test]

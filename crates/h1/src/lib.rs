@@ -27,7 +27,7 @@ pub use bridge::{
     write_request_parts, write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
-pub use fields::Connection;
+pub use fields::{content_length_value, Connection};
 pub use request::{parse_request, RequestBody, RequestError, RequestHead};
 pub use response::{parse_response, ResponseBody, ResponseError, ResponseHead};
 pub use write::{write_request_head, write_response_head, ClientSide};

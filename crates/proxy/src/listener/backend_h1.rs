@@ -268,10 +268,7 @@ impl BackendConnection {
         let fields = Fields::of(&parts.headers, as_read);
         let upgrade = fields.get(Known::Upgrade);
         let codings = fields.get(Known::TransferEncoding);
-        let declared = fields
-            .get(Known::ContentLength)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let declared = crate::stage::framing::declared_length(fields.get(Known::ContentLength));
         // The framing checked when the request came in: codings other than chunked are the
         // app's to undo (their line goes on as it came, normalised), chunked is re-made
         // from the body's pieces, a length is kept and held to.

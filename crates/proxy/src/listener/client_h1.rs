@@ -622,8 +622,7 @@ where
             parts
                 .headers
                 .get(CONTENT_LENGTH)
-                .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-                .and_then(|v| v.parse::<u64>().ok()),
+                .and_then(|v| switchyard_h1::content_length_value(v.as_bytes())),
         ),
     };
     // A final answer goes before any body was asked for: no 100 is owed any more.

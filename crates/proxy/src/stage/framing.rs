@@ -32,11 +32,9 @@ pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<Option<u64>, Loca
 }
 
 /// The body length a request without Transfer-Encoding declares in its first
-/// Content-Length (the HTTP reader refused differing ones).
+/// Content-Length (the HTTP reader refused differing ones), read as the codec reads it.
 pub(crate) fn declared_length(content_length: Option<&[u8]>) -> Option<u64> {
-    content_length
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse().ok())
+    content_length.and_then(switchyard_h1::content_length_value)
 }
 
 fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {
