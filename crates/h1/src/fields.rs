@@ -279,7 +279,7 @@ mod tests {
             assert_eq!(content_length_value(value), expected, "{value:?}");
             let fields = [header(
                 "Content-Length",
-                std::str::from_utf8(value).unwrap(),
+                std::str::from_utf8(value).expect("the cases are ASCII"),
             )];
             let framed = framing(&fields).ok().and_then(|f| f.content_length);
             assert_eq!(framed, expected, "the codec's walk over {value:?}");
