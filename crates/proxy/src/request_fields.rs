@@ -16,6 +16,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 use switchyard_h1::{BridgeError, FieldPlace, PlacedFields};
 
+use crate::forwarded;
+
 /// An HTTP/1.x client's fields where it sent them, in its order and spelling, with where
 /// the fields every request's stages look for sit.
 pub(crate) struct RequestFields {
@@ -80,8 +82,8 @@ pub(crate) enum Known {
 
 impl Known {
     fn name(self) -> &'static HeaderName {
-        static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-        static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+        static X_REQUEST_ID: HeaderName = forwarded::X_REQUEST_ID;
+        static X_FORWARDED_FOR: HeaderName = forwarded::X_FORWARDED_FOR;
         match self {
             Known::Host => &http::header::HOST,
             Known::ContentLength => &http::header::CONTENT_LENGTH,

@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 
 use super::bodies::ForwardBody;
 use super::read_buffers;
+use crate::forwarded::Forwarding;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::routing::connections::ShutdownRequest;
 
@@ -250,8 +251,8 @@ impl BackendConnection {
     }
 
     /// Sends the request of `parts` (prepared for a backend; its fields those `as_read` when
-    /// it has them) with `forwarding` (the router's fields, lower-case names, written in
-    /// place of the client's) and `body`, and
+    /// it has them) with `forwarding` (written in place of the client's fields of those
+    /// names) and `body`, and
     /// reads the answer's head; its body follows from the returned response's.
     /// `answers_head`: the request is a HEAD, whose answer has no body whatever it
     /// announces.
@@ -259,7 +260,7 @@ impl BackendConnection {
         mut self: Box<Self>,
         parts: &http::request::Parts,
         as_read: Option<&RequestFields>,
-        forwarding: &[(&str, &[u8])],
+        forwarding: &Forwarding,
         mut body: ForwardBody,
         answers_head: bool,
         answer_form: AnswerForm,
@@ -279,8 +280,11 @@ impl BackendConnection {
             (None, None) => (RequestBody::Chunked, true),
         };
         let mut extra: [(&str, &[u8]); 5] = [("", b""); 5];
-        let mut extras = forwarding.len().min(3);
-        extra[..extras].copy_from_slice(&forwarding[..extras]);
+        let mut extras = 0;
+        for (slot, field) in extra[..3].iter_mut().zip(forwarding.fields()) {
+            *slot = field;
+            extras += 1;
+        }
         if let Some(upgrade) = upgrade {
             extra[extras] = ("connection", b"upgrade");
             extra[extras + 1] = ("upgrade", upgrade);

@@ -32,7 +32,7 @@ use super::relay::ClientUpgrade;
 use super::request_body::RequestBody;
 use super::{relay, Worker};
 use crate::context::RequestCtx;
-use crate::forwarded;
+use crate::forwarded::{Forwarding, X_REQUEST_ID};
 use crate::metrics;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::respond::{self, LocalAnswer};
@@ -50,7 +50,6 @@ use crate::stage::route;
 use crate::stage::static_files::{self, StaticFile};
 use crate::stage::waf::{self, Endpoints};
 
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
@@ -477,22 +476,12 @@ async fn proxy(
     } else {
         prepare_for_backend(&mut head);
     }
-    let forwarded_for = forwarded_for(Fields::of(&head.headers, as_read.as_ref()), client);
-    let request_id = ctx.request_id.clone();
-    let forwarding: [(&str, &[u8]); 3] = [
-        (
-            "x-forwarded-for",
-            forwarded_for
-                .as_ref()
-                .map_or(&b""[..], HeaderValue::as_bytes),
-        ),
-        (
-            "x-forwarded-proto",
-            if ctx.tls { b"https" } else { b"http" },
-        ),
-        ("x-request-id", request_id.as_bytes()),
-    ];
-    let forwarding = &forwarding[usize::from(forwarded_for.is_none())..];
+    let forwarding = Forwarding::new(
+        Fields::of(&head.headers, as_read.as_ref()).get(Known::ForwardedFor),
+        Some(client.ip),
+        client.forwarded_for.as_ref(),
+        ctx,
+    );
 
     let timeouts = &route.app.timeouts;
     let connect_timeout = Duration::from_millis(timeouts.connect_ms);
@@ -539,7 +528,7 @@ async fn proxy(
         let exchange = std::pin::pin!(connection.exchange(
             &head,
             as_read.as_ref(),
-            forwarding,
+            &forwarding,
             outgoing,
             answers_head,
             answer_form
@@ -642,15 +631,6 @@ fn reads_whole_request(app: &switchyard_model::App) -> bool {
         || app.images.is_some()
         || app.mirror.is_some()
         || app.waf.is_some()
-}
-
-/// `X-Forwarded-For` as the backend gets it: the client's list with its address added, or
-/// the address alone (formatted once per connection).
-fn forwarded_for(fields: Fields<'_>, client: &Client) -> Option<HeaderValue> {
-    match (fields.get(Known::ForwardedFor), &client.forwarded_for) {
-        (None, Some(own)) => Some(own.clone()),
-        (previous, _) => HeaderValue::try_from(forwarded::forwarded_for(previous, client.ip)).ok(),
-    }
 }
 
 /// HTTP/2 clients may split `Cookie` into one field per cookie; an HTTP/1.1 backend gets

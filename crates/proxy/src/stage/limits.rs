@@ -391,7 +391,11 @@ impl Limiter {
             return peer;
         }
         let mut client = peer;
-        for value in headers.get_all("x-forwarded-for").iter().rev() {
+        for value in headers
+            .get_all(crate::forwarded::X_FORWARDED_FOR)
+            .iter()
+            .rev()
+        {
             let Ok(text) = value.to_str() else {
                 return client;
             };
