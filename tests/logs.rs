@@ -69,6 +69,14 @@ impl Traffic {
         Self { stop, sent, thread }
     }
 
+    /// Waits until `more` requests beyond those sent so far have been answered.
+    fn wait_for_more(&self, more: usize) {
+        let target = self.sent.load(Ordering::Relaxed) + more;
+        eventually(DELIVERY, &format!("{more} more requests"), || {
+            self.sent.load(Ordering::Relaxed) >= target
+        });
+    }
+
     /// Stops and returns how many requests were sent (each was answered with 200).
     fn stop(self) -> usize {
         self.stop.store(true, Ordering::Relaxed);
@@ -97,8 +105,10 @@ fn every_request_is_exactly_one_line_in_its_apps_file() {
     wait_for_lines(&logd, "shop", 150);
     wait_for_lines(&logd, "blog", 100);
     wait_for_lines(&logd, "_unrouted", 20);
-    // Anything late would show up now.
-    std::thread::sleep(Duration::from_millis(300));
+    // Once logd has acknowledged every record nothing is on its way that could come late.
+    eventually(DELIVERY, "every record acknowledged", || {
+        router.metric("switchyard_log_ship_acknowledged_records_total") >= 270.0
+    });
 
     for (dir, tag, count, app) in [
         ("shop", "s", 150, "shop"),
@@ -134,13 +144,19 @@ fn logd_killed_mid_traffic_loses_no_line() {
     app(&router, "shop", &backend);
 
     let traffic = Traffic::start(&router, "k");
+    let connected = || router.metric("switchyard_log_ship_connected") == 1.0;
     for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(700));
+        // Killed while shipping: connected, and lines sent since the last wait.
+        traffic.wait_for_more(50);
+        eventually(DELIVERY, "the router connected to logd", connected);
         logd.kill9();
-        std::thread::sleep(Duration::from_millis(700));
+        // Traffic goes on while logd is down, and the router has seen it go.
+        eventually(DELIVERY, "the router to see logd gone", || !connected());
+        traffic.wait_for_more(50);
         logd.spawn();
     }
-    std::thread::sleep(Duration::from_millis(500));
+    eventually(DELIVERY, "the router connected again", connected);
+    traffic.wait_for_more(50);
     let total = traffic.stop();
     assert!(total > 100, "traffic ran ({total} requests)");
 
@@ -205,12 +221,28 @@ fn rotation_and_an_external_logrotate_during_traffic_lose_nothing() {
     app(&router, "shop", &backend);
 
     let traffic = Traffic::start(&router, "r");
-    std::thread::sleep(Duration::from_millis(1500));
-    // What logrotate does with `postrotate kill -HUP`: move the file, then signal.
+    let rotations_by_age = || logd.metric("switchyard_logd_rotations_total{reason=\"time\"}");
     let shop = logd.logs_dir().join("shop");
+    let current_has_lines = || {
+        std::fs::metadata(shop.join("access.log"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+            > 0
+    };
+    eventually(DELIVERY, "a rotation by age, then lines again", || {
+        rotations_by_age() >= 1.0 && current_has_lines()
+    });
+    // What logrotate does with `postrotate kill -HUP`: move the file, then signal.
     std::fs::rename(shop.join("access.log"), shop.join("moved-by-logrotate")).expect("rename");
     logd.signal("HUP");
-    std::thread::sleep(Duration::from_millis(2000));
+    // logd reopens its file on the signal, and rotates it by age again.
+    let rotations_at_hup = rotations_by_age();
+    eventually(
+        DELIVERY,
+        "lines in a reopened file, then a rotation",
+        || rotations_by_age() >= rotations_at_hup + 1.0,
+    );
+    traffic.wait_for_more(20);
     let total = traffic.stop();
 
     let expected: HashSet<String> = (0..total).map(|n| format!("/r/{n}")).collect();

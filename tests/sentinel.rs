@@ -163,7 +163,20 @@ fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replic
         })
     };
 
-    std::thread::sleep(Duration::from_millis(500));
+    eventually(
+        Duration::from_secs(10),
+        "the load and the writes under way",
+        || {
+            served.load(Ordering::Relaxed) >= 50
+                && writes
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .filter(|w| w.status == 200)
+                    .count()
+                    >= 3
+        },
+    );
     let kill = Instant::now();
     *killed_at.lock().expect("lock") = Some(kill);
     set.primary.stop();
@@ -179,8 +192,14 @@ fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replic
                 .any(|w| w.sent_after_kill.is_some() && w.status == 200)
         },
     );
-    // Load goes on a little after the failover: the resync must not fail requests either.
-    std::thread::sleep(Duration::from_secs(1));
+    // Load goes on after the failover until a share of it is served by the routers as
+    // they resync: that must not fail requests either.
+    let served_at_first_write = served.load(Ordering::Relaxed);
+    eventually(
+        Duration::from_secs(10),
+        "load served after the failover",
+        || served.load(Ordering::Relaxed) >= served_at_first_write + 100,
+    );
     stop.store(true, Ordering::Relaxed);
     for thread in load {
         thread.join().expect("load thread");

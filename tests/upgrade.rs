@@ -77,15 +77,31 @@ fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store() {
         )
     });
 
-    std::thread::sleep(Duration::from_millis(500));
+    // The hand-over starts with the load under way and the download begun at the backend.
+    support::eventually(
+        Duration::from_secs(5),
+        "the load under way and the download begun",
+        || {
+            tally.answered.load(Ordering::Relaxed) >= 20
+                && backend
+                    .recorded()
+                    .iter()
+                    .any(|r| r.target.starts_with("/stream"))
+        },
+    );
     let mut old = router.upgrade();
     let old_status = old.wait().expect("wait for the old process");
     assert!(
         old_status.success(),
         "the old router exits cleanly: {old_status}"
     );
-    // The new process alone now: keep the load on it for a moment.
-    std::thread::sleep(Duration::from_millis(500));
+    // The new process alone now: the load goes on until it has answered some of it.
+    let answered_at_exit = tally.answered.load(Ordering::Relaxed);
+    support::eventually(
+        Duration::from_secs(10),
+        "the new process to answer the load",
+        || tally.answered.load(Ordering::Relaxed) >= answered_at_exit + 50,
+    );
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.join().expect("client thread");
