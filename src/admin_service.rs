@@ -58,8 +58,8 @@ impl SharedCache for CacheRedisPurge {
 pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 
 impl WafControl for WafReload {
-    fn reload(&self) -> Result<usize, String> {
-        self.0.reload().map_err(|e| e.to_string())
+    fn reload(&self) -> Result<(usize, u64), String> {
+        self.0.reload_here().map_err(|e| e.to_string())
     }
 }
 

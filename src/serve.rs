@@ -287,8 +287,11 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .context("cannot start the listener")?;
     let certs = certs.map(|(certs, _)| certs);
 
-    let follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
+    let mut follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
         .with_backend_names(backend_names.clone());
+    if let Some(inspector) = &inspector {
+        follower = follower.with_waf(inspector.clone());
+    }
     let follower_progress = FollowerProgress(follower.applied());
     let recent_changes = follower.recent_changes();
     let watch = shutdown.clone();

@@ -4,9 +4,10 @@
 use switchyard_test_support as support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Backend, Behaviour, RouterProcess};
+use support::{eventually, Backend, Behaviour, RedisServer, RouterProcess};
 
 fn protect(router: &RouterProcess, backend: &Backend, waf: Value) {
     router.put_app(
@@ -519,4 +520,102 @@ fn a_router_forced_to_inspect_inline_still_inspects() {
     assert_eq!(backend.requests(), 1);
     assert_eq!(router.metric("switchyard_pool_threads"), 0.0);
     assert!(router.logs().contains("run inline on the event loops"));
+}
+
+/// How many `waf_reload` changes `router` has applied (its own announcement included).
+fn waf_reloads_applied(router: &RouterProcess) -> usize {
+    let (status, log) = router.admin_call("GET", "/v1/changes?limit=500", None);
+    assert_eq!(status, 200, "{log}");
+    log["changes"].as_array().map_or(0, |c| {
+        c.iter().filter(|c| c["kind"] == "waf_reload").count()
+    })
+}
+
+#[test]
+fn a_reload_on_one_router_reaches_every_router_sharing_the_store() {
+    const INTERNAL: &str = "SecRule REQUEST_URI \"@beginsWith /internal/\" \
+         \"id:10001,phase:1,deny,status:403,log,msg:'internal paths are closed'\"\n";
+    const SECRET: &str = "SecRule REQUEST_URI \"@beginsWith /secret/\" \
+         \"id:10003,phase:1,deny,status:403,log,msg:'secret paths are closed'\"\n";
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each router reads its own files, as each host of a fleet has its own copy.
+    let files = [dir.path().join("a.conf"), dir.path().join("b.conf")];
+    let routers: Vec<RouterProcess> = files
+        .iter()
+        .map(|file| {
+            std::fs::write(file, "# the platform's own rules\n").expect("rules");
+            let router = RouterProcess::start_with(&[
+                "--store",
+                &redis.url(),
+                "--waf-rules",
+                file.to_str().expect("utf-8 path"),
+            ]);
+            eventually(Duration::from_secs(5), "the change subscription", || {
+                router.metric("switchyard_store_subscription_connected") == 1.0
+            });
+            router
+        })
+        .collect();
+    let (a, b) = (&routers[0], &routers[1]);
+    let backend = Backend::start("shop");
+    protect(a, &backend, json!({"mode": "block"}));
+    eventually(
+        Duration::from_secs(5),
+        "the app on the other router",
+        || get(b, "/internal/debug", "").status == 200,
+    );
+
+    for file in &files {
+        std::fs::write(file, INTERNAL).expect("rules");
+    }
+    let (status, answer) = a.admin_call("POST", "/v1/waf/reload", None);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(get(a, "/internal/debug", "").status, 403);
+    eventually(
+        Duration::from_secs(10),
+        "the reload on the other router",
+        || get(b, "/internal/debug", "").status == 403,
+    );
+    assert_eq!(
+        b.metric("switchyard_waf_reloads_total{origin=\"fleet\",result=\"loaded\"}"),
+        1.0
+    );
+    // The router that made the reload hears it back, from itself and through Redis, and
+    // does not load again.
+    eventually(Duration::from_secs(5), "the announcement back", || {
+        waf_reloads_applied(a) >= 2
+    });
+    assert_eq!(
+        a.metric("switchyard_waf_reloads_total{origin=\"api\",result=\"loaded\"}"),
+        1.0
+    );
+    assert_eq!(
+        a.metric("switchyard_waf_reloads_total{origin=\"fleet\",result=\"loaded\"}"),
+        0.0
+    );
+
+    // A router whose files do not load keeps the rules in use, and says why.
+    std::fs::write(&files[0], format!("{INTERNAL}{SECRET}")).expect("rules");
+    std::fs::write(
+        &files[1],
+        "SecRule NO_SUCH_VARIABLE \"@rx x\" \"id:10002,deny\"\n",
+    )
+    .expect("rules");
+    let (status, answer) = a.admin_call("POST", "/v1/waf/reload", None);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(get(a, "/secret/plans", "").status, 403);
+    eventually(
+        Duration::from_secs(10),
+        "the refused reload on the other router",
+        || b.metric("switchyard_waf_reloads_total{origin=\"fleet\",result=\"refused\"}") == 1.0,
+    );
+    assert_eq!(get(b, "/internal/debug", "").status, 403);
+    assert_eq!(get(b, "/secret/plans", "").status, 200);
+    assert!(
+        b.logs()
+            .contains("the WAF reload announced to the fleet does not load here"),
+        "{}",
+        b.logs()
+    );
 }

@@ -569,7 +569,7 @@ fn note_change(
             apps.insert(name);
             true
         }
-        Ok(Change::Cert { .. } | Change::CachePurge { .. }) => true,
+        Ok(Change::Cert { .. } | Change::CachePurge { .. } | Change::WafReload { .. }) => true,
         Ok(Change::Resync) | Err(_) => false,
     }
 }

@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use switchyard_model::{
     parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, AppName, CacheStore,
-    Domain, ValidationError,
+    Change, Domain, ValidationError,
 };
 
 use crate::{AdminState, ApiError};
@@ -166,6 +166,7 @@ pub(crate) async fn purge_cache(
 
 /// `POST /v1/waf/reload`: loads the WAF's rule files again and swaps them in; on an error
 /// (400 naming `rules`, with libmodsecurity's file, line and reason) the rules in use stay.
+/// Once loaded here, every router sharing the store is told to load its own again.
 pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<Value>, ApiError> {
     let Some(waf) = state.waf.clone() else {
         return Err(ApiError::Conflict {
@@ -176,10 +177,18 @@ pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<V
     let reloaded = tokio::task::spawn_blocking(move || waf.reload())
         .await
         .map_err(|e| ApiError::Unavailable(format!("the reload did not finish: {e}")))?;
-    match reloaded {
-        Ok(count) => Ok(Json(json!({"rules": count}))),
-        Err(reason) => Err(ValidationError::new("rules", reason).into()),
-    }
+    let (count, reload) = reloaded.map_err(|reason| ValidationError::new("rules", reason))?;
+    state
+        .store
+        .tell_every_router(Change::WafReload { reload })
+        .await
+        .map_err(|e| {
+            ApiError::Unavailable(format!(
+                "the rules are loaded on this router ({count} rules), but the other routers \
+                 sharing the store could not be told to load theirs: {e}"
+            ))
+        })?;
+    Ok(Json(json!({"rules": count})))
 }
 
 #[derive(Deserialize)]

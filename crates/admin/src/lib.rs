@@ -36,8 +36,9 @@ pub trait SharedCache: Send + Sync {
 /// The router's WAF, for reloading its rules without a restart.
 pub trait WafControl: Send + Sync {
     /// Loads the rule files again and swaps them in; blocking. Returns how many rules were
-    /// loaded, or why they did not load (the rules in use stay).
-    fn reload(&self) -> Result<usize, String>;
+    /// loaded and the reload's id for the fleet's announcement, or why they did not load
+    /// (the rules in use stay).
+    fn reload(&self) -> Result<(usize, u64), String>;
 }
 
 /// The caches of the router serving this API. A write answers once they have applied it, so

@@ -29,6 +29,14 @@ pub enum Change {
         /// Whether `path` is a prefix.
         prefix: bool,
     },
+    /// The WAF's rule files were loaded again on one router (its admin API's reload): every
+    /// router sharing the store loads its own again, so a fleet inspects with the same
+    /// rules. Not a stored change: it only travels.
+    WafReload {
+        /// Which reload this is: the router that made it has loaded already, and one that
+        /// hears it twice (its own announcement, a resubscription) loads once.
+        reload: u64,
+    },
     /// Changes may have been missed (a lagging subscriber, a reconnect): every cached entry
     /// must be revalidated against the store.
     Resync,

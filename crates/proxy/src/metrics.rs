@@ -398,6 +398,14 @@ switchyard_metrics::declare_metrics! {
         &["app", "result"]
     ));
 
+    pub(crate) static WAF_RELOADS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_waf_reloads_total",
+        "Loads of the WAF's rule files without a restart, by origin (api: this router's \
+         admin API; fleet: another router's, announced through the store) and result \
+         (loaded, refused: the rules in use stay).",
+        &["origin", "result"]
+    ));
+
     pub(crate) static WAF_SPOOL_BYTES: IntGauge = registered(register_int_gauge!(
         "switchyard_waf_spool_bytes",
         "Bytes of request bodies spooled to disk, waiting for the WAF."

@@ -411,12 +411,9 @@ impl Store for EmbeddedStore {
         Ok(info)
     }
 
-    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
-        self.announce(Change::CachePurge {
-            app: app.to_string(),
-            path: path.to_string(),
-            prefix,
-        });
+    async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
+        // One router to a store: this one.
+        self.announce(change);
         Ok(())
     }
 

@@ -22,7 +22,7 @@ pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
 pub use redis_target::RedisTarget;
 
-use switchyard_model::{App, Backend, CertificateInfo, StoredCertificate};
+use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -173,9 +173,22 @@ pub trait Store: Send + Sync {
     /// Deletes the certificate of `domain`; `false` when there was none.
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
 
+    /// Tells every router sharing this store, this one included, of a change that is not
+    /// stored and only travels ([`Change::CachePurge`](switchyard_model::Change::CachePurge),
+    /// [`Change::WafReload`](switchyard_model::Change::WafReload)): it reaches them on the
+    /// path every stored change takes.
+    async fn tell_every_router(&self, change: Change) -> Result<(), StoreError>;
+
     /// Tells every router sharing this store to drop cached responses of `app` under `path`
     /// (a [`Change::CachePurge`](switchyard_model::Change::CachePurge)); nothing is stored.
-    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError>;
+    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
+        self.tell_every_router(Change::CachePurge {
+            app: app.to_string(),
+            path: path.to_string(),
+            prefix,
+        })
+        .await
+    }
 
     /// One record of the ACME issuer's, as JSON (see [`acme`] for the typed view).
     async fn acme_get(&self, record: AcmeRecord<'_>) -> Result<Option<String>, StoreError>;

@@ -844,14 +844,9 @@ impl Store for RedisStore {
         Ok(cert.info)
     }
 
-    async fn purge_cache(&self, app: &str, path: &str, prefix: bool) -> Result<(), StoreError> {
-        let change = Change::CachePurge {
-            app: app.to_string(),
-            path: path.to_string(),
-            prefix,
-        };
+    async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
         let event = encode(
-            app,
+            "a change event",
             &ChangeEvent {
                 change: change.clone(),
                 rev: None,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use switchyard_model::{parse_app_spec, parse_certificate_spec};
+use switchyard_model::{parse_app_spec, parse_certificate_spec, Change};
 use switchyard_store::{RedisStore, RedisTimeouts, Store, CHANGES_CHANNEL};
 use switchyard_test_support::pki::Ca;
 use switchyard_test_support::RedisServer;
@@ -96,5 +96,17 @@ async fn every_write_publishes_its_change_and_revision_as_json() {
         next_event(),
         json!({"kind": "cache_purge", "app": "shop", "path": "/news", "prefix": true}),
         "nothing stored, so no revision"
+    );
+
+    store
+        .tell_every_router(Change::WafReload {
+            reload: u64::MAX - 1,
+        })
+        .await
+        .expect("announce a reload");
+    assert_eq!(
+        next_event(),
+        json!({"kind": "waf_reload", "reload": u64::MAX - 1}),
+        "a reload's id travels whole, past the doubles' 53 bits"
     );
 }

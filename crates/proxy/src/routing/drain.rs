@@ -69,7 +69,7 @@ impl ConnectionDrain {
                 .connections
                 .select(|c| c.app() == name || domains.iter().any(|d| domain_covers(d, c.host()))),
             Change::Resync => self.connections.select(|_| true),
-            Change::Cert { .. } | Change::CachePurge { .. } => return,
+            Change::Cert { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => return,
         };
         if selected.is_empty() {
             return;

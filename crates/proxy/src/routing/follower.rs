@@ -16,6 +16,7 @@ use crate::routing::drain::ConnectionDrain;
 use crate::routing::names::BackendNames;
 use crate::routing::recent_changes::RecentChanges;
 use crate::routing::route_cache::RouteCache;
+use crate::stage::waf::Inspector;
 use crate::tls::cert_cache::CertCache;
 
 /// The background service that keeps the caches in step with the store.
@@ -32,6 +33,7 @@ pub struct ChangeFollower {
     // with the store's changes, so a rebuild never overwrites a newer version of an app.
     names: Option<Arc<BackendNames>>,
     recent: Arc<RecentChanges>,
+    waf: Option<Arc<Inspector>>,
 }
 
 impl ChangeFollower {
@@ -51,6 +53,7 @@ impl ChangeFollower {
             applied: watch::Sender::new(changes.position),
             names: None,
             recent: Arc::default(),
+            waf: None,
         }
     }
 
@@ -62,6 +65,12 @@ impl ChangeFollower {
     /// Also rebuilds the routes whose backend names resolve to new addresses.
     pub fn with_backend_names(mut self, names: Arc<BackendNames>) -> Self {
         self.names = Some(names);
+        self
+    }
+
+    /// Also loads the WAF's rules again when another router of the fleet did.
+    pub fn with_waf(mut self, waf: Arc<Inspector>) -> Self {
+        self.waf = Some(waf);
         self
     }
 
@@ -87,6 +96,9 @@ impl ChangeFollower {
     }
 
     async fn apply(&self, change: &Change) {
+        if let (Change::WafReload { reload }, Some(waf)) = (change, &self.waf) {
+            waf.follow_reload(*reload);
+        }
         self.routes.apply(change).await;
         if let Some(certs) = &self.certs {
             certs.apply(change).await;

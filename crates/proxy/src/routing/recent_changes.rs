@@ -76,6 +76,12 @@ impl RecentChanges {
                     format!("{what} {path}"),
                 )
             }
+            Change::WafReload { .. } => (
+                "waf_reload",
+                "",
+                &[][..],
+                "the WAF's rule files loaded again".to_string(),
+            ),
             Change::Resync => {
                 let missed = if missed > 0 {
                     format!("{missed} events missed: ")

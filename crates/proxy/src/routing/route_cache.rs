@@ -256,7 +256,7 @@ impl RouteCache {
                     cache.purge(path, *prefix);
                 }
             }
-            Change::Cert { .. } => {}
+            Change::Cert { .. } | Change::WafReload { .. } => {}
         }
         self.publish_sizes();
     }

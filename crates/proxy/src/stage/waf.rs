@@ -22,6 +22,7 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,8 +57,37 @@ pub struct Inspector {
     /// Swapped whole by a reload; inspections under way keep the set they started with.
     waf: RwLock<Arc<Waf>>,
     files: RuleFiles,
+    reloads: Reloads,
     pool: Arc<WorkerPool>,
     spool: Arc<SpoolBudget>,
+}
+
+/// Which reload the rules in use come from, for the fleet's announcements of reloads.
+#[derive(Debug, Default)]
+struct Reloads {
+    /// The id of the last reload made or followed here (0: none yet).
+    last: AtomicU64,
+    /// A load announced by the fleet is waiting for the one under way.
+    waiting: AtomicBool,
+    /// Held by the load under way.
+    loading: parking_lot::Mutex<()>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ReloadOrigin {
+    /// This router's admin API.
+    Api,
+    /// Another router's, announced through the store.
+    Fleet,
+}
+
+impl ReloadOrigin {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Fleet => "fleet",
+        }
+    }
 }
 
 impl Inspector {
@@ -73,6 +103,7 @@ impl Inspector {
         Ok(Self {
             waf: RwLock::new(Arc::new(waf)),
             files,
+            reloads: Reloads::default(),
             pool,
             spool: Arc::new(SpoolBudget {
                 bytes: ByteBudget::new(spool.budget_bytes, metrics::WAF_SPOOL_BYTES.clone()),
@@ -87,13 +118,52 @@ impl Inspector {
     }
 
     /// Loads the rule files again (a changed exclusion or custom rule) and swaps them in
-    /// without a restart. Blocking: a full load takes about a tenth of a second. On an
-    /// error the rules in use stay.
-    pub fn reload(&self) -> Result<usize, WafError> {
-        let fresh = Arc::new(Waf::load(&self.files)?);
+    /// without a restart, for this router's admin API. Blocking: a full load takes about a
+    /// tenth of a second. On an error the rules in use stay. Returns the rule count and the
+    /// id under which the reload is announced to the fleet ([`Change::WafReload`]), which
+    /// this router then does not load a second time.
+    ///
+    /// [`Change::WafReload`]: switchyard_model::Change::WafReload
+    pub fn reload_here(&self) -> Result<(usize, u64), WafError> {
+        let count = self.load_again(ReloadOrigin::Api)?;
+        let id = rand::random::<u64>();
+        self.reloads.last.store(id, Ordering::Release);
+        Ok((count, id))
+    }
+
+    /// A reload announced to the fleet: loads the rule files again on a blocking thread,
+    /// unless the rules in use come from that very reload (this router made it, or heard
+    /// it already). At most one load waits behind the one under way: it reads the files
+    /// as they are when it starts, which covers every announcement made before.
+    pub fn follow_reload(self: &Arc<Self>, id: u64) {
+        if self.reloads.last.swap(id, Ordering::AcqRel) == id
+            || self.reloads.waiting.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let inspector = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _one_at_a_time = inspector.reloads.loading.lock();
+            inspector.reloads.waiting.store(false, Ordering::Release);
+            if let Err(e) = inspector.load_again(ReloadOrigin::Fleet) {
+                log::error!(
+                    "the WAF reload announced to the fleet does not load here; the rules in \
+                     use stay: {e}"
+                );
+            }
+        });
+    }
+
+    fn load_again(&self, origin: ReloadOrigin) -> Result<usize, WafError> {
+        let loaded = Waf::load(&self.files);
+        let result = if loaded.is_ok() { "loaded" } else { "refused" };
+        metrics::WAF_RELOADS
+            .with_label_values(&[origin.label(), result])
+            .inc();
+        let fresh = Arc::new(loaded?);
         let count = fresh.rule_count();
         *self.waf.write() = fresh;
-        log::info!("WAF rules reloaded: {count} rules");
+        log::info!("WAF rules reloaded ({}): {count} rules", origin.label());
         Ok(count)
     }
 

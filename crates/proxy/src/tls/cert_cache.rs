@@ -191,7 +191,7 @@ impl CertCache {
         match change {
             Change::Cert { domain } => self.invalidate(domain),
             Change::Resync => self.revalidate().await,
-            Change::App { .. } | Change::CachePurge { .. } => {}
+            Change::App { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => {}
         }
         self.publish_size();
     }
