@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader, Cursor, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use image::{DynamicImage, ImageFormat};
 use serde_json::{json, Value};
@@ -469,4 +470,119 @@ fn a_client_that_asks_again_at_once_is_served_when_the_pool_frees_though_its_tim
     );
     assert!(router.metric("switchyard_paced_requests_total") >= 1.0);
     busy.join();
+}
+
+/// A port nothing listens on: connecting is refused.
+fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+#[test]
+fn an_unreachable_backend_is_marked_down_and_the_original_fetched_from_another() {
+    let router = RouterProcess::start();
+    let originals = Originals::start(vec![("/photos/wide.png", png(400, 200))]);
+    router.put_app(
+        "gallery",
+        json!({
+            "domains": ["gallery.test"],
+            "backends": [closed_port().to_string(), originals.addr.to_string()],
+            "retries": 1,
+            "images": {"max_width": 1000, "max_height": 1000},
+        }),
+    );
+    for _ in 0..6 {
+        let resized = router.get("gallery.test", "/_img/100x100/photos/wide.png");
+        assert_eq!(resized.status, 200, "{}", resized.text());
+    }
+    assert_eq!(originals.requests.load(Ordering::Relaxed), 6);
+    // Tried once, then skipped while it is down.
+    assert_eq!(
+        router.metric("switchyard_upstream_errors_total{app=\"gallery\",kind=\"connect_error\"}"),
+        1.0
+    );
+}
+
+/// A backend that sends the head of a PNG's answer and half its body, then holds the rest
+/// for `hold`: an original still arriving.
+fn slow_original(hold: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    std::thread::spawn(move || {
+        let body = png(400, 200);
+        for stream in listener.incoming().flatten() {
+            let (body, counted) = (body.clone(), counted.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                counted.fetch_add(1, Ordering::Relaxed);
+                let mut stream = reader.into_inner();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let (first, rest) = body.split_at(body.len() / 2);
+                let _ = stream
+                    .write_all(head.as_bytes())
+                    .and_then(|()| stream.write_all(first));
+                std::thread::sleep(hold);
+                let _ = stream.write_all(rest);
+            });
+        }
+    });
+    (addr, requests)
+}
+
+#[test]
+fn an_original_fetched_from_a_removed_backend_is_let_go_at_the_apps_deadline() {
+    let router = Arc::new(RouterProcess::start());
+    let (slow, requests) = slow_original(Duration::from_secs(8));
+    let other = Originals::start(vec![("/photos/wide.png", png(400, 200))]);
+    router.put_app(
+        "gallery",
+        json!({
+            "domains": ["gallery.test"],
+            "backends": [slow.to_string()],
+            "images": {"max_width": 1000, "max_height": 1000},
+            "drain": {"removed_backend_s": 1},
+        }),
+    );
+    let asking = {
+        let router = router.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let answer = router.get("gallery.test", "/_img/100x100/photos/wide.png");
+            (answer, started.elapsed())
+        })
+    };
+    support::eventually(Duration::from_secs(5), "the fetch under way", || {
+        requests.load(Ordering::Relaxed) == 1
+    });
+    // The fetch's connection is in the table a drain reads.
+    assert_eq!(router.metric("switchyard_upstream_connections_in_use"), 1.0);
+    let (status, answer) = router.admin_call(
+        "PUT",
+        "/v1/apps/gallery/backends",
+        Some(&json!({"backends": [other.addr.to_string()]}).to_string()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (answer, took) = asking.join().expect("the image request");
+    assert_eq!(answer.status, 502, "{}", answer.text());
+    assert!(
+        took < Duration::from_secs(6),
+        "let go at the deadline, not when the backend finished: {took:?}"
+    );
+    assert_eq!(
+        router.metric("switchyard_drained_connections_total{reason=\"removed_backend_deadline\"}"),
+        1.0
+    );
+    assert_eq!(router.metric("switchyard_upstream_connections_in_use"), 0.0);
+    // New requests go to the backend that stays.
+    let resized = router.get("gallery.test", "/_img/100x100/photos/wide.png");
+    assert_eq!(resized.status, 200, "{}", resized.text());
 }

@@ -442,7 +442,14 @@ async fn proxy(
     // After the cache: a resized image the app lets be cached is made once.
     let stage = shared.images.as_ref();
     let image = if images::wants_resize(ctx, &head) {
-        Box::pin(images::resize_for(stage, ctx, &head, Some(client.ip))).await
+        Box::pin(images::resize_for(
+            stage,
+            &shared.connections,
+            ctx,
+            &head,
+            Some(client.ip),
+        ))
+        .await
     } else {
         None
     };

@@ -1,7 +1,9 @@
 //! Stage images: `GET {prefix}{width}x{height}/{path}` of an app with the `images` option
 //! answers the original at `/{path}` resized. The original comes from the app's static root
 //! when a file is there, else from one of its backends (over a connection pool of its
-//! own); the resize runs on the worker pool under the app's deadline. Query: `fit=contain`
+//! own, with the client's requests' attempts: a backend that cannot be reached is marked
+//! down and another tried within the app's `retries`, and the connection is in the table
+//! a drain reads); the resize runs on the worker pool under the app's deadline. Query: `fit=contain`
 //! (default) or `cover`, `format=jpeg|png|webp` (default: the original's).
 //!
 //! Outcomes: a malformed or over-limit request is 400; an original that is not a usable
@@ -24,8 +26,9 @@ use crate::app_files;
 use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
-use crate::outbound::{SidePool, Target};
+use crate::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
 use crate::routing::attempt;
+use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::stage::thumbnail::{self, Encoding, Fit, Resize};
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
@@ -192,6 +195,7 @@ pub(crate) fn wants_resize(ctx: &RequestCtx, request: &http::request::Parts) -> 
 /// option; `None` for every other request.
 pub(crate) async fn resize_for(
     stage: Option<&ImageStage>,
+    connections: &Arc<ConnectionTable>,
     ctx: &mut RequestCtx,
     request: &http::request::Parts,
     client_ip: Option<IpAddr>,
@@ -223,7 +227,15 @@ pub(crate) async fn resize_for(
         Ok(place) => place,
         Err(refusal) => return Some(refuse_for_now(app, refusal)),
     };
-    let original = match fetch_original(stage, client_ip, ctx, images, &asked.original_path).await {
+    let fetched = fetch_original(
+        stage,
+        connections,
+        client_ip,
+        ctx,
+        images,
+        &asked.original_path,
+    );
+    let original = match fetched.await {
         Ok(original) => original,
         Err(failure) => {
             count(app, failure.label);
@@ -382,6 +394,7 @@ impl FetchFailure {
 
 async fn fetch_original(
     stage: &ImageStage,
+    connections: &Arc<ConnectionTable>,
     client_ip: Option<IpAddr>,
     ctx: &mut RequestCtx,
     images: &Images,
@@ -390,7 +403,7 @@ async fn fetch_original(
     if let Some(original) = from_static_root(ctx, images, path).await? {
         return Ok(original);
     }
-    from_backend(stage, client_ip, ctx, images, path).await
+    from_backend(stage, connections, client_ip, ctx, images, path).await
 }
 
 async fn from_static_root(
@@ -434,18 +447,12 @@ async fn from_static_root(
 
 async fn from_backend(
     stage: &ImageStage,
+    connections: &Arc<ConnectionTable>,
     client_ip: Option<IpAddr>,
     ctx: &mut RequestCtx,
     images: &Images,
     path: &str,
 ) -> Result<Original, FetchFailure> {
-    let address = attempt::begin_attempt(ctx).map_err(|answer| {
-        FetchFailure::new(
-            answer.status(),
-            "the app has no reachable container",
-            "fetch_failed",
-        )
-    })?;
     let (connect_timeout, read_timeout) =
         ctx.route
             .as_ref()
@@ -456,26 +463,76 @@ async fn from_backend(
                     Duration::from_millis(timeouts.read_ms),
                 )
             });
-    let unreachable = |e: &dyn std::fmt::Display| {
-        FetchFailure::new(
+    // As the client's own requests go: a backend that cannot be reached is marked down
+    // and another tried within the app's retries, and the connection is in the table a
+    // drain reads, so a backend removed mid-fetch is let go by its deadline.
+    let mut connection = loop {
+        let address = attempt::begin_attempt(ctx).map_err(|answer| {
+            FetchFailure::new(
+                answer.status(),
+                "the app has no reachable container",
+                "fetch_failed",
+            )
+        })?;
+        let target = Target { address, tls: None };
+        match stage.originals.get(&target, connect_timeout).await {
+            Ok(connection) => break connection,
+            Err(e) => {
+                let kind = match e {
+                    ConnectError::TimedOut => "connect_timeout",
+                    ConnectError::Failed(_) => "connect_error",
+                };
+                if attempt::record_connect_failure(ctx, kind, &e.to_string()) {
+                    continue;
+                }
+                return Err(match e {
+                    ConnectError::TimedOut => late(),
+                    ConnectError::Failed(_) => unreachable(&e),
+                });
+            }
+        }
+    };
+    let shutdown = Arc::new(ShutdownRequest::default());
+    attempt::register_connection(ctx, connections, shutdown.clone());
+    let request = original_request(ctx, client_ip, path);
+    let original = tokio::select! {
+        original = read_original(request, &mut connection, images, read_timeout) => original,
+        () = shutdown.requested() => Err(FetchFailure::new(
             502,
-            format!("the original could not be fetched: {e}"),
+            "the app's container was removed while sending the original",
             "fetch_failed",
-        )
+        )),
     };
-    let late = |_| {
-        FetchFailure::new(
-            504,
-            "the app did not send the original in time",
-            "fetch_failed",
-        )
-    };
-    let target = Target { address, tls: None };
-    let mut connection = stage
-        .originals
-        .get(&target, connect_timeout)
-        .await
-        .map_err(|e| unreachable(&e))?;
+    // The backend is no longer this request's while the image is resized: not counted in
+    // flight for it, not found by a drain.
+    ctx.release_attempt();
+    let original = original?;
+    stage.originals.put(connection);
+    Ok(original)
+}
+
+fn unreachable(e: &dyn std::fmt::Display) -> FetchFailure {
+    FetchFailure::new(
+        502,
+        format!("the original could not be fetched: {e}"),
+        "fetch_failed",
+    )
+}
+
+fn late() -> FetchFailure {
+    FetchFailure::new(
+        504,
+        "the app did not send the original in time",
+        "fetch_failed",
+    )
+}
+
+/// The request for an original, with the forwarding fields the client's own would carry.
+fn original_request(
+    ctx: &RequestCtx,
+    client_ip: Option<IpAddr>,
+    path: &str,
+) -> Result<Request<SideBody>, FetchFailure> {
     let mut request = Request::builder()
         .method(Method::GET)
         .uri(path)
@@ -492,9 +549,20 @@ async fn from_backend(
     }
     headers.insert(http::header::ACCEPT, HeaderValue::from_static("image/*"));
     forwarded::set_forwarded_headers(client_ip, headers, ctx);
-    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request))
+    Ok(request)
+}
+
+/// Sends `request` on `connection` and reads the original whole, within `read_timeout`
+/// for the answer's head and again for its body.
+async fn read_original(
+    request: Result<Request<SideBody>, FetchFailure>,
+    connection: &mut SideConnection,
+    images: &Images,
+    read_timeout: Duration,
+) -> Result<Original, FetchFailure> {
+    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request?))
         .await
-        .map_err(late)?
+        .map_err(|_| late())?
         .map_err(|e| unreachable(&e))?;
     let status = response.status().as_u16();
     if status != 200 {
@@ -535,12 +603,11 @@ async fn from_backend(
     };
     let complete = tokio::time::timeout(read_timeout, reading)
         .await
-        .map_err(late)?
+        .map_err(|_| late())?
         .map_err(|e| unreachable(&e))?;
     if !complete {
         return Err(FetchFailure::too_large(images.max_source_bytes));
     }
-    stage.originals.put(connection);
     Ok(Original {
         pieces,
         cache_control,
