@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use switchyard_give_way::LightRequest;
 
 use crate::metrics;
-use crate::routing::app_requests::REQUEST_COUNTS;
 use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
 use crate::stage::cache::CacheCtx;
 use crate::stage::limits::Places;
+use crate::traffic::app_requests::REQUEST_COUNTS;
 
 /// What the stages know about one request.
 #[derive(Debug)]

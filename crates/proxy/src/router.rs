@@ -7,11 +7,11 @@ use std::sync::Arc;
 use switchyard_model::{ClientTimeouts, IpNet, DEFAULT_LIMIT_CLIENTS};
 
 use crate::access_log::AccessLog;
+use crate::fleet_rate::FleetRates;
 use crate::listener::ResponseBuffers;
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
-use crate::stage::fleet_rate::FleetRates;
 use crate::stage::images::ImageStage;
 use crate::stage::limits::Limiter;
 use crate::stage::waf::Inspector;

@@ -23,7 +23,7 @@ use super::inspection::Held;
 use super::read_ahead::ReadAhead;
 use super::request_body::{PeerError, RequestBody};
 use super::service::Client;
-use super::Worker;
+use super::EventLoop;
 use crate::access_log::Exchange;
 use crate::context::RequestCtx;
 use crate::respond::BODY_PIECE;
@@ -314,7 +314,7 @@ impl Body for ForwardBody {
 /// until the relay ends); recorded when dropped, so a request whose client left midway is
 /// logged too.
 pub(super) struct RequestEnd {
-    pub(super) worker: Rc<Worker>,
+    pub(super) worker: Rc<EventLoop>,
     pub(super) ctx: RequestCtx,
     pub(super) method: Method,
     pub(super) target: Uri,
@@ -369,14 +369,14 @@ enum Source {
 }
 
 /// The answer on its way to the client.
-pub(super) struct ClientBody {
+pub(super) struct AnswerBody {
     source: Source,
     /// Boxed: the body is moved several times per answer (hyper's HTTP/2 server moves it a
     /// dozen times), and the request's state is most of its size.
     end: Option<Box<RequestEnd>>,
 }
 
-impl ClientBody {
+impl AnswerBody {
     /// The backend's answer's fields as read, when no map was made of them: taken once, by
     /// the HTTP/1.x driver writing the client's head.
     pub(super) fn take_answer_fields(&mut self) -> Option<AnswerFields> {
@@ -433,7 +433,7 @@ impl ClientBody {
     }
 }
 
-impl Body for ClientBody {
+impl Body for AnswerBody {
     type Data = Bytes;
     type Error = BodyError;
 
@@ -562,7 +562,7 @@ fn poll_file(
     Poll::Ready(Some(Ok(Frame::data(buffer.split().freeze()))))
 }
 
-impl Drop for ClientBody {
+impl Drop for AnswerBody {
     fn drop(&mut self) {
         // An empty body (204, 304, a HEAD's answer) is never read: its end is known from
         // the head, and so is the connection's answer over.

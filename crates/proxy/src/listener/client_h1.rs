@@ -29,7 +29,7 @@ use switchyard_h1::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::bodies::ClientBody;
+use super::bodies::AnswerBody;
 use super::clock::Deadline;
 use super::read_buffers;
 use super::relay::{ClientSide, IntoClientSide};
@@ -360,10 +360,10 @@ where
 async fn answer_unless_gone<S, F>(
     mut answer: Pin<Box<F>>,
     inbound: &RefCell<Inbound<S>>,
-) -> Option<Response<ClientBody>>
+) -> Option<Response<AnswerBody>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    F: std::future::Future<Output = Response<ClientBody>>,
+    F: std::future::Future<Output = Response<AnswerBody>>,
 {
     poll_fn(|cx| {
         if let Poll::Ready(response) = answer.as_mut().poll(cx) {
@@ -602,7 +602,7 @@ enum Written {
 /// then the rest as it comes, framed for the client.
 async fn write_answer<S>(
     inbound: &RefCell<Inbound<S>>,
-    response: Response<ClientBody>,
+    response: Response<AnswerBody>,
     facts: &HeadFacts,
     client: &Client,
     out: &mut Vec<u8>,

@@ -47,7 +47,7 @@ pub(super) async fn inspect(
     let Some(inspector) = inspector else {
         return go_on(waf::inspect_now(ctx, None, policy, request).await);
     };
-    let mut body = ClientBody {
+    let mut body = InspectedBody {
         incoming,
         read_deadline,
         bytes_in,
@@ -182,14 +182,14 @@ fn joined(parts: &[Bytes]) -> Bytes {
 }
 
 /// The client's body as the inspection reads it.
-struct ClientBody<'a> {
+struct InspectedBody<'a> {
     incoming: &'a mut RequestBody,
     read_deadline: Duration,
     bytes_in: &'a Cell<usize>,
     trailers: Option<HeaderMap>,
 }
 
-impl ClientBody<'_> {
+impl InspectedBody<'_> {
     /// The next piece of data, `None` at the end; a client that stops sending gets 408, one
     /// whose body breaks (a reset, a malformed chunk) 400.
     async fn next_piece(&mut self, ctx: &RequestCtx) -> Result<Option<Bytes>, Refused> {

@@ -240,8 +240,9 @@ pub(crate) struct Shared {
     pub(crate) response_buffers: Arc<ResponseBuffers>,
 }
 
-/// One thread's state: the shared parts and its own backend pool.
-struct Worker {
+/// One event loop's state (one a listener thread): the shared parts and its own backend
+/// pool. Not the worker pool's CPU threads (`worker_pool`).
+struct EventLoop {
     shared: Shared,
     pool: pool::BackendPool,
     /// This thread's connections to shadow backends.
@@ -268,7 +269,7 @@ fn run_thread(
     let runtime = runtime.build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let worker = Rc::new(Worker {
+        let worker = Rc::new(EventLoop {
             shared,
             pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
             mirrors: Arc::new(MirrorClient::new()),
@@ -313,7 +314,7 @@ fn run_thread(
 async fn accept(
     listener: tokio::net::TcpListener,
     tls: Option<Arc<ListenerTls>>,
-    worker: Rc<Worker>,
+    worker: Rc<EventLoop>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let server_port = listener.local_addr().map_or(0, |a| a.port());
@@ -350,7 +351,7 @@ struct Connection {
     peer: SocketAddr,
     /// The port the client connected to, as the WAF's rules see it.
     server_port: u16,
-    worker: Rc<Worker>,
+    worker: Rc<EventLoop>,
     stopped: watch::Receiver<bool>,
     _open: OpenConnection,
 }
@@ -395,10 +396,10 @@ impl Connection {
 }
 
 /// Counts a client connection open on its thread while it lives.
-struct OpenConnection(Rc<Worker>);
+struct OpenConnection(Rc<EventLoop>);
 
 impl OpenConnection {
-    fn count(worker: &Rc<Worker>) -> Self {
+    fn count(worker: &Rc<EventLoop>) -> Self {
         worker
             .open_connections
             .set(worker.open_connections.get() + 1);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 pub(super) use super::backend_h1::BackendConnection;
-use super::Worker;
+use super::EventLoop;
 use crate::idle_connections::{IdleConnections, Keepable, SWEEP_EVERY};
 use crate::metrics;
 use crate::routing::connections::ShutdownRequest;
@@ -84,7 +84,7 @@ impl BackendPool {
 
 /// Closes expired idle connections of `worker`'s pools (its backends', its mirror copies'
 /// and its image originals') for as long as its thread runs.
-pub(super) async fn sweep_idle(worker: Rc<Worker>) {
+pub(super) async fn sweep_idle(worker: Rc<EventLoop>) {
     // On the thread's clock: a tokio interval would be the one timer on the thread.
     loop {
         worker.clock.sleep(SWEEP_EVERY).await;

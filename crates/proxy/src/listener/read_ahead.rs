@@ -27,7 +27,7 @@ use http_body::Body;
 
 use super::backend_h1::BackendBody;
 use super::bodies::BodyError;
-use super::Worker;
+use super::EventLoop;
 use crate::byte_budget::ByteBudget;
 use crate::metrics;
 
@@ -125,7 +125,7 @@ impl ReadAhead {
     pub(super) fn start(
         body: BackendBody,
         read_deadline: Duration,
-        worker: Rc<Worker>,
+        worker: Rc<EventLoop>,
         buffers: Arc<ResponseBuffers>,
     ) -> Self {
         metrics::RESPONSES_READ_AHEAD.inc();
@@ -234,7 +234,7 @@ async fn fill(
     read_deadline: Duration,
     queue: Rc<RefCell<Queue>>,
     buffers: Arc<ResponseBuffers>,
-    worker: Rc<Worker>,
+    worker: Rc<EventLoop>,
 ) {
     loop {
         let room = std::future::poll_fn(|cx| {

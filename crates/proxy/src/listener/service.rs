@@ -24,13 +24,13 @@ use rand::Rng;
 use switchyard_give_way::LightRequest;
 
 use super::backend_h1::{AnswerForm, BackendBody};
-use super::bodies::{ClientBody, ForwardBody, RequestEnd};
+use super::bodies::{AnswerBody, ForwardBody, RequestEnd};
 use super::inspection;
 use super::pool::ConnectFailure;
 use super::read_ahead::ReadAhead;
 use super::relay::ClientUpgrade;
 use super::request_body::RequestBody;
-use super::{relay, Worker};
+use super::{relay, EventLoop};
 use crate::context::RequestCtx;
 use crate::forwarded::{Forwarding, X_REQUEST_ID};
 use crate::metrics;
@@ -197,9 +197,9 @@ pub(super) async fn handle(
     request: Request<RequestBody>,
     as_read: Option<RequestFields>,
     client: Rc<Client>,
-    worker: Rc<Worker>,
+    worker: Rc<EventLoop>,
     client_upgrade: Option<ClientUpgrade>,
-) -> Response<ClientBody> {
+) -> Response<AnswerBody> {
     let bytes_in = Rc::new(Cell::new(0));
     let mut end = Box::new(RequestEnd {
         worker: worker.clone(),
@@ -292,7 +292,7 @@ const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
 /// connection, and the client could lose the answer. The connection closes after this
 /// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
 /// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
-fn linger(mut incoming: RequestBody, response: &mut Response<ClientBody>) {
+fn linger(mut incoming: RequestBody, response: &mut Response<AnswerBody>) {
     if response.version() == Version::HTTP_2 {
         return;
     }
@@ -320,7 +320,7 @@ async fn proxy(
     unread: &mut Option<RequestBody>,
     client: &Client,
     ctx: &mut RequestCtx,
-    worker: &Worker,
+    worker: &EventLoop,
     bytes_in: Rc<Cell<usize>>,
 ) -> Answer {
     let Some(incoming) = unread.as_mut() else {
@@ -662,7 +662,7 @@ fn backend_response(
     read_deadline: Duration,
     client_upgrade: Option<ClientUpgrade>,
     mut end: Box<RequestEnd>,
-) -> Response<ClientBody> {
+) -> Response<AnswerBody> {
     end.status = response.status().as_u16();
     // The client's connection speaks its own version, whatever the backend's was (the
     // HTTP/1 driver writes an HTTP/1.1 status line to every client, as nginx does).
@@ -691,7 +691,7 @@ fn backend_response(
         };
         let (parts, body) = response.into_parts();
         tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));
-        return Response::from_parts(parts, ClientBody::local(Bytes::new(), None));
+        return Response::from_parts(parts, AnswerBody::local(Bytes::new(), None));
     }
     if end.ctx.cache.is_some() && response.body().is_end_stream() {
         // An empty body is never read: a response the cache keeps is complete now.
@@ -701,10 +701,10 @@ fn backend_response(
         let buffers = end.worker.shared.response_buffers.clone();
         let worker = end.worker.clone();
         return response.map(|body| {
-            ClientBody::read_ahead(ReadAhead::start(body, read_deadline, worker, buffers), end)
+            AnswerBody::read_ahead(ReadAhead::start(body, read_deadline, worker, buffers), end)
         });
     }
-    response.map(|body| ClientBody::from_backend(body, read_deadline, end))
+    response.map(|body| AnswerBody::from_backend(body, read_deadline, end))
 }
 
 /// Whether the backend's answer is read ahead of the client: when the router reads ahead,
@@ -731,7 +731,7 @@ fn local_response(
     body: String,
     location: Option<String>,
     mut end: Box<RequestEnd>,
-) -> Response<ClientBody> {
+) -> Response<AnswerBody> {
     end.ctx.local_status = Some(status);
     end.status = status;
     let mut response = Response::new(());
@@ -752,7 +752,7 @@ fn local_response(
             headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         }
     }
-    response.map(|()| ClientBody::local(Bytes::from(body), Some(end)))
+    response.map(|()| AnswerBody::local(Bytes::from(body), Some(end)))
 }
 
 /// The answer of the images stage; a resized image goes through the cache's decisions as
@@ -794,7 +794,7 @@ fn made_response(
     headers: HeaderMap,
     body: Bytes,
     mut end: Box<RequestEnd>,
-) -> Response<ClientBody> {
+) -> Response<AnswerBody> {
     end.ctx.local_status = Some(status);
     end.status = status;
     let mut response = Response::new(());
@@ -806,10 +806,10 @@ fn made_response(
     } else {
         body
     };
-    response.map(|()| ClientBody::local(body, Some(end)))
+    response.map(|()| AnswerBody::local(body, Some(end)))
 }
 
-fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<ClientBody> {
+fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<AnswerBody> {
     end.ctx.local_status = Some(200);
     end.status = 200;
     let mut response = Response::new(());
@@ -818,9 +818,9 @@ fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<ClientB
     headers.insert(CONTENT_LENGTH, HeaderValue::from(file.length));
     set_router_headers(headers, &end.ctx);
     let body = if file.head_only {
-        ClientBody::local(Bytes::new(), Some(end))
+        AnswerBody::local(Bytes::new(), Some(end))
     } else {
-        ClientBody::file(file.file, file.length, end)
+        AnswerBody::file(file.file, file.length, end)
     };
     response.map(|()| body)
 }

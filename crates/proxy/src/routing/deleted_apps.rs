@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::metrics;
-use crate::routing::app_requests::REQUEST_COUNTS;
+use crate::traffic::app_requests::REQUEST_COUNTS;
 
 /// How often noted deletions are forgotten.
 pub(crate) const FORGET_EVERY: Duration = Duration::from_secs(30);

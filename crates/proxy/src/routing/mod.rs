@@ -4,7 +4,6 @@
 //! applies the store's change events (and remembers the latest), the per-app request counts,
 //! and the explanation of where a host goes.
 
-pub(crate) mod app_requests;
 pub(crate) mod attempt;
 pub(crate) mod balancer;
 pub(crate) mod connections;
@@ -17,4 +16,3 @@ pub(crate) mod mirror_state;
 pub(crate) mod names;
 pub(crate) mod recent_changes;
 pub(crate) mod route_cache;
-pub(crate) mod traffic_history;

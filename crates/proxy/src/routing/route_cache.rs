@@ -19,11 +19,11 @@ use tokio::task::JoinHandle;
 
 use crate::metrics;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
-use crate::routing::app_requests::{AppRequests, REQUEST_COUNTS};
 use crate::routing::balancer::Upstream;
 use crate::routing::deleted_apps::DeletedApps;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
+use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
 
 const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.

@@ -29,7 +29,7 @@ use crate::metrics;
 use crate::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
 use crate::routing::attempt;
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
-use crate::stage::thumbnail::{self, Encoding, Fit, Resize};
+use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.

@@ -23,8 +23,8 @@ use quick_cache::sync::Cache;
 use switchyard_model::{ClientKey, IpNet, LimitMode, LimitScope, Limits, Rate};
 use tokio::sync::Notify;
 
+use crate::fleet_rate::FleetRates;
 use crate::metrics;
-use crate::stage::fleet_rate::FleetRates;
 
 /// Which limit decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! 8. `static_files` — a file under the app's static root answers GET and HEAD;
 //! 9. `cache` — a fresh copy from the app's response cache answers; otherwise the request
 //!    holds what the cache needs to keep the app's answer;
-//! 10. `images` (with `thumbnail`) — `/_img/WxH/…` resized on the worker pool;
+//! 10. `images` — `/_img/WxH/…` resized on the worker pool (the pixels: `crate::thumbnail`);
 //! 11. `mirror` — a copy starts towards the app's shadow backends, never waited for;
 //! 12. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
 //!     backend is picked, attempted, retried, marked down; its connection entered in the
@@ -25,7 +25,6 @@
 
 pub(crate) mod acme_challenge;
 pub(crate) mod cache;
-pub(crate) mod fleet_rate;
 pub(crate) mod framing;
 pub(crate) mod https;
 pub(crate) mod images;
@@ -34,5 +33,4 @@ pub(crate) mod mirror;
 pub(crate) mod request_id;
 pub(crate) mod route;
 pub(crate) mod static_files;
-pub(crate) mod thumbnail;
 pub(crate) mod waf;

@@ -17,10 +17,10 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::metrics;
-use crate::routing::app_requests::{
+use crate::shutdown::ShutdownWatch;
+use crate::traffic::app_requests::{
     AppRequests, RequestCounts, DURATION_BOUNDS_MS, REQUEST_COUNTS,
 };
-use crate::shutdown::ShutdownWatch;
 
 /// Time between samples.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(10);
