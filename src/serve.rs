@@ -5,6 +5,7 @@
 //! what an operator sends once a router started with `--upgrade` has taken the sockets
 //! over); SIGINT stops at once.
 
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,10 +16,10 @@ use switchyard_admin::AdminState;
 use switchyard_config::{AccessLogChoice, Config, PoolSched, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, HealthChecker,
-    InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings, PoolScheduling,
-    ResponseBuffers, RouteCache, RouteCacheLimits, Router, ServedCert, SpoolSettings,
-    TicketKeyRotation, TrafficHistory, WorkerPool,
+    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, FleetLimitSync,
+    HealthChecker, InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings,
+    PoolScheduling, ResponseBuffers, RouteCache, RouteCacheLimits, Router, ServedCert,
+    ShutdownWatch, SpoolSettings, TicketKeyRotation, TrafficHistory, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -78,51 +79,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     // Signals are taken over before anything starts, so an early SIGTERM stops the router
     // cleanly instead of killing it half-started.
     let signals = background.block_on(async { Signals::new() })?;
-    let (handover_wait, mut inherited_sockets) = if config.upgrade {
-        // The new process takes the running one's listening sockets at once, from the offer
-        // the running one keeps open, and says so in its log: the operator's cue for SIGQUIT,
-        // on which the running one stops accepting. Connections queue on the shared sockets
-        // meanwhile.
-        let taken = InheritedSockets::take_over_required(&config.data_dir)
-            .context("cannot take over the running router's sockets (--upgrade)")?;
-        log::info!(
-            "took over {} listening sockets from the running router; it may be sent SIGQUIT",
-            taken.count()
-        );
-        (HANDOVER_WAIT, taken)
-    } else {
-        // Listeners are checked before anything starts, so a taken port is a clear error
-        // at start-up.
-        ensure_bindable(config.http, "http")?;
-        if let Some(https) = config.https {
-            ensure_bindable(https, "https")?;
-        }
-        (Duration::ZERO, InheritedSockets::default())
-    };
-
-    let mut embedded = None;
-    let store: Arc<dyn Store> = match &config.store {
-        StoreChoice::Embedded => {
-            let store = EmbeddedStore::open_when_released(&config.data_dir, handover_wait)
-                .with_context(|| {
-                    format!("cannot open the store in {}", config.data_dir.display())
-                })?;
-            embedded = Some(store.clone());
-            Arc::new(store)
-        }
-        StoreChoice::Redis { url, timeout } => {
-            // Not connected here: a router must come up (and serve what it can) while Redis
-            // is away, and connect when it returns.
-            let redis = RedisStore::new(
-                url,
-                RedisTimeouts {
-                    operation: *timeout,
-                    connect: *timeout,
-                },
-            )?;
-            Arc::new(redis)
-        }
-    };
+    let (handover_wait, mut inherited_sockets) = listening_sockets(&config)?;
+    let (store, embedded) = open_store(&config, handover_wait)?;
     let default_cert = load_default_cert(&config.tls)?;
     let admin_listener = bind_when_released(config.admin, handover_wait)
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
@@ -130,19 +88,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
 
     let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
-    let backend_names = Arc::new(
-        BackendNames::new(NameSettings {
-            min_ttl: config.dns.min_ttl,
-            max_ttl: config.dns.max_ttl,
-            timeout: config.dns.timeout,
-            max_names: config.dns.max_names,
-            resolv_conf: config.dns.resolv_conf.clone(),
-            hosts_file: config.dns.hosts_file.clone(),
-            servers: config.dns.servers.clone(),
-        })
-        .map_err(anyhow::Error::msg)
-        .context("cannot set up the resolver of backend names")?,
-    );
+    let backend_names = Arc::new(backend_names(&config)?);
     let routes = Arc::new(
         RouteCache::new(
             store.clone(),
@@ -160,16 +106,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         routes.clone(),
         config.drain_grace,
     ));
-
     let cache_redis = match &config.cache_redis {
         Some((url, timeout)) => Some(Arc::new(
             CacheRedis::new(url, *timeout).map_err(anyhow::Error::msg)?,
         )),
         None => None,
     };
-    let https_port = config.https.and(config.tls.redirect_port);
     let shutdown_log = access_log.clone();
-    let mut router = Router::new(
+    let https_port = config.https.and(config.tls.redirect_port);
+    let router = Router::new(
         routes.clone(),
         connections,
         access_log,
@@ -178,6 +123,248 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     )
     .with_client_timeouts(config.client_timeouts)
     .with_limits(config.limit_clients, config.trusted_proxies.clone());
+    let (router, fleet_limit_sync, inspector) = with_heavy_stages(router, &config)?;
+
+    let mut tasks = BackgroundTasks::new(&background);
+    let certs = match config.https {
+        Some(_) => Some(start_tls(&config, &store, default_cert, &mut tasks)?),
+        None => None,
+    };
+    // One single-threaded runtime per thread, each with its own SO_REUSEPORT listening
+    // sockets, as nginx's workers: each keeps its own idle backend connections, so a
+    // connection is only ever taken again by the thread whose runtime watches it
+    // (bench/ENGINE.md). Routes, caches, limits and logs are shared.
+    let mut listener = Listener::new(config.threads)
+        .listen_http(config.http, &mut inherited_sockets)
+        .with_context(|| format!("cannot listen for http on {}", config.http))?;
+    if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
+        let tls = ListenerTls::new(certs.clone(), tickets.clone(), store.clone())
+            .map_err(anyhow::Error::msg)?;
+        listener = listener
+            .listen_https(address, tls, &mut inherited_sockets)
+            .with_context(|| format!("cannot listen for https on {address}"))?;
+    }
+    for address in inherited_sockets.unused() {
+        log::warn!("taken over a socket on {address}, where this router does not listen: closed");
+    }
+    let listener = listener
+        .start(&router, &config.data_dir)
+        .context("cannot start the listener")?;
+    let certs = certs.map(|(certs, _)| certs);
+
+    let mut follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
+        .with_backend_names(backend_names.clone());
+    if let Some(inspector) = &inspector {
+        follower = follower.with_waf(inspector.clone());
+    }
+    let follower_progress = FollowerProgress(follower.applied());
+    let recent_changes = follower.recent_changes();
+    tasks.spawn(|watch| async move { follower.run(watch).await });
+    {
+        let (store, stopped) = (store.clone(), tasks.stopped());
+        tasks.spawn(|_| async move { store.follow_changes(Box::pin(stopped)).await });
+    }
+    if let Some(sync) = fleet_limit_sync {
+        let (interval, stopped) = (config.limit_sync, tasks.stopped());
+        tasks.spawn(|_| async move { sync.run(interval, stopped).await });
+    }
+    {
+        let (names, routes) = (backend_names.clone(), routes.clone());
+        tasks.spawn(|watch| async move { names.run(routes, watch).await });
+    }
+    let explainer = RouteExplainer(routes.clone());
+    let history = Arc::new(TrafficHistory::new(config.history_max_apps));
+    {
+        let history = history.clone();
+        tasks.spawn(|watch| async move { history.run(watch).await });
+    }
+    let health = HealthChecker::new(routes);
+    tasks.spawn(|watch| async move { health.run(watch).await });
+    if let Some(settings) = config.acme.clone() {
+        let issuer = switchyard_acme::Issuer::new(settings, store.clone())
+            .map_err(anyhow::Error::msg)
+            .context("cannot start the ACME issuer")?;
+        let stopped = tasks.stopped();
+        tasks.spawn(|_| issuer.run(stopped));
+    }
+    let mut admin_state = AdminState::new(store, config.admin_token.clone())
+        .with_local_caches(Arc::new(follower_progress))
+        .with_backend_names(Arc::new(NamesView(backend_names)))
+        .with_explainer(Arc::new(explainer))
+        .with_traffic(Arc::new(Traffic(history)))
+        .with_change_log(Arc::new(Changes(recent_changes)))
+        .with_ui_writes(config.admin_ui_writes);
+    if let Some(cache_redis) = cache_redis {
+        admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
+    }
+    if let Some(inspector) = inspector {
+        admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
+    }
+    tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
+
+    log::info!(
+        "switchyard serving: http on {}, https on {}, admin on {}, store {:?} in {}",
+        config.http,
+        config
+            .https
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        config.admin,
+        config.store,
+        config.data_dir.display(),
+    );
+    let stop = background.block_on(signals.next());
+    match stop {
+        Stop::Fast => log::info!("SIGINT: stopping now"),
+        Stop::Graceful(name) => {
+            log::info!(
+                "{name}: no longer accepting; requests under way have {:?} to finish",
+                config.shutdown_grace
+            );
+            tasks.tell_to_stop();
+            stop_accepting(&listener, embedded);
+            // The background tasks end on the signal (the admin port is let go of for the
+            // router taking over); then the connections still open get the grace period.
+            tasks.wait();
+            let finished = listener.wait_finished(config.shutdown_grace);
+            if !finished {
+                log::info!("shutdown grace over: closing the connections still open");
+            }
+        }
+    }
+    // Every request has finished: what the access log still holds is delivered or spooled.
+    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
+    background.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The tasks on the background runtime, each told by the same watch to stop.
+struct BackgroundTasks<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    stop: watch::Sender<bool>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<'a> BackgroundTasks<'a> {
+    fn new(runtime: &'a tokio::runtime::Runtime) -> Self {
+        Self {
+            runtime,
+            stop: watch::channel(false).0,
+            handles: Vec::new(),
+        }
+    }
+
+    /// Starts the task `start` makes from the stop watch.
+    fn spawn<F>(&mut self, start: impl FnOnce(ShutdownWatch) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let task = start(self.stop.subscribe());
+        self.handles.push(self.runtime.spawn(task));
+    }
+
+    /// A future that ends once the tasks are told to stop, for tasks that take one.
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut watch = self.stop.subscribe();
+        async move {
+            let _ = watch.changed().await;
+        }
+    }
+
+    fn tell_to_stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits, within [`TASKS_STOP_WAIT`], for every task to end.
+    fn wait(self) {
+        let handles = self.handles;
+        let ended = self.runtime.block_on(async {
+            tokio::time::timeout(TASKS_STOP_WAIT, async {
+                for task in handles {
+                    let _ = task.await;
+                }
+            })
+            .await
+        });
+        if ended.is_err() {
+            log::warn!("background tasks still running {TASKS_STOP_WAIT:?} after the signal");
+        }
+    }
+}
+
+/// How long to wait for a router being replaced to let go of what it holds, and the
+/// sockets taken over from it (`--upgrade`); otherwise no wait, no sockets, and the
+/// addresses checked free so a taken port is a clear error at start-up.
+fn listening_sockets(config: &Config) -> anyhow::Result<(Duration, InheritedSockets)> {
+    if !config.upgrade {
+        ensure_bindable(config.http, "http")?;
+        if let Some(https) = config.https {
+            ensure_bindable(https, "https")?;
+        }
+        return Ok((Duration::ZERO, InheritedSockets::default()));
+    }
+    // The new process takes the running one's listening sockets at once, from the offer
+    // the running one keeps open, and says so in its log: the operator's cue for SIGQUIT,
+    // on which the running one stops accepting. Connections queue on the shared sockets
+    // meanwhile.
+    let taken = InheritedSockets::take_over_required(&config.data_dir)
+        .context("cannot take over the running router's sockets (--upgrade)")?;
+    log::info!(
+        "took over {} listening sockets from the running router; it may be sent SIGQUIT",
+        taken.count()
+    );
+    Ok((HANDOVER_WAIT, taken))
+}
+
+/// The store, and the embedded one again when it is that (it is closed apart, at
+/// shutdown, for a router taking over).
+fn open_store(
+    config: &Config,
+    handover_wait: Duration,
+) -> anyhow::Result<(Arc<dyn Store>, Option<EmbeddedStore>)> {
+    match &config.store {
+        StoreChoice::Embedded => {
+            let store = EmbeddedStore::open_when_released(&config.data_dir, handover_wait)
+                .with_context(|| {
+                    format!("cannot open the store in {}", config.data_dir.display())
+                })?;
+            Ok((Arc::new(store.clone()), Some(store)))
+        }
+        StoreChoice::Redis { url, timeout } => {
+            // Not connected here: a router must come up (and serve what it can) while Redis
+            // is away, and connect when it returns.
+            let redis = RedisStore::new(
+                url,
+                RedisTimeouts {
+                    operation: *timeout,
+                    connect: *timeout,
+                },
+            )?;
+            Ok((Arc::new(redis), None))
+        }
+    }
+}
+
+fn backend_names(config: &Config) -> anyhow::Result<BackendNames> {
+    BackendNames::new(NameSettings {
+        min_ttl: config.dns.min_ttl,
+        max_ttl: config.dns.max_ttl,
+        timeout: config.dns.timeout,
+        max_names: config.dns.max_names,
+        resolv_conf: config.dns.resolv_conf.clone(),
+        hosts_file: config.dns.hosts_file.clone(),
+        servers: config.dns.servers.clone(),
+    })
+    .map_err(anyhow::Error::msg)
+    .context("cannot set up the resolver of backend names")
+}
+
+/// The router with what costs CPU or memory beyond a request's own: fleet-wide rates
+/// (with a Redis store), the worker pool for the WAF and images, response buffering,
+/// and the WAF when it is on.
+fn with_heavy_stages(
+    mut router: Router,
+    config: &Config,
+) -> anyhow::Result<(Router, Option<FleetLimitSync>, Option<Arc<Inspector>>)> {
     // With a Redis store, apps may count their rate across the fleet through it.
     let mut fleet_limit_sync = None;
     if let StoreChoice::Redis { url, .. } = &config.store {
@@ -212,188 +399,62 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.response_spool_bytes,
         response_spool,
     ));
-    let inspector = if config.waf {
-        let started = std::time::Instant::now();
-        let files = RuleFiles {
-            extra: config.waf_rules.clone(),
-            ..RuleFiles::default()
-        };
-        let spool = SpoolSettings {
-            dir: config.data_dir.join("waf-spool"),
-            budget_bytes: config.waf_spool_bytes,
-        };
-        std::fs::create_dir_all(&spool.dir)
-            .with_context(|| format!("cannot make the WAF spool {}", spool.dir.display()))?;
-        let inspector = Inspector::load(files, pool, spool).with_context(|| {
-            "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
-             modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
-        })?;
-        log::info!(
-            "WAF: OWASP Core Rule Set loaded in {:?}, {} rules",
-            started.elapsed(),
-            inspector.rule_count()
-        );
-        let inspector = Arc::new(inspector);
-        router = router.with_waf(inspector.clone());
-        Some(inspector)
-    } else {
-        None
+    if !config.waf {
+        return Ok((router, fleet_limit_sync, None));
+    }
+    let inspector = Arc::new(load_waf(config, pool)?);
+    router = router.with_waf(inspector.clone());
+    Ok((router, fleet_limit_sync, Some(inspector)))
+}
+
+fn load_waf(config: &Config, pool: Arc<WorkerPool>) -> anyhow::Result<Inspector> {
+    let started = std::time::Instant::now();
+    let files = RuleFiles {
+        extra: config.waf_rules.clone(),
+        ..RuleFiles::default()
     };
-
-    let (stop_tasks, shutdown) = watch::channel(false);
-    let mut tasks = Vec::new();
-    let certs = match config.https {
-        Some(_) => {
-            let certs = Arc::new(CertCache::new(
-                store.clone(),
-                CertCacheLimits {
-                    certificates: config.tls.cert_cache_size,
-                    absent_names: config.tls.cert_cache_size.saturating_mul(10),
-                    ..CertCacheLimits::default()
-                },
-                default_cert,
-            ));
-            let tickets = TicketKeys::new(TICKET_KEYS_KEPT)
-                .context("cannot create TLS session-ticket keys")?;
-            let rotation = TicketKeyRotation::new(tickets.clone(), config.tls.ticket_rotation);
-            let expiry = CertExpiryScan::new(store.clone(), config.tls.expiry_scan);
-            let watch = shutdown.clone();
-            tasks.push(background.spawn(async move { rotation.run(watch).await }));
-            let watch = shutdown.clone();
-            tasks.push(background.spawn(async move { expiry.run(watch).await }));
-            Some((certs, tickets))
-        }
-        None => None,
+    let spool = SpoolSettings {
+        dir: config.data_dir.join("waf-spool"),
+        budget_bytes: config.waf_spool_bytes,
     };
-    // One single-threaded runtime per thread, each with its own SO_REUSEPORT listening
-    // sockets, as nginx's workers: each keeps its own idle backend connections, so a
-    // connection is only ever taken again by the thread whose runtime watches it
-    // (bench/ENGINE.md). Routes, caches, limits and logs are shared.
-    let mut listener = Listener::new(config.threads)
-        .listen_http(config.http, &mut inherited_sockets)
-        .with_context(|| format!("cannot listen for http on {}", config.http))?;
-    if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
-        let tls = ListenerTls::new(certs.clone(), tickets.clone(), store.clone())
-            .map_err(anyhow::Error::msg)?;
-        listener = listener
-            .listen_https(address, tls, &mut inherited_sockets)
-            .with_context(|| format!("cannot listen for https on {address}"))?;
-    }
-    for address in inherited_sockets.unused() {
-        log::warn!("taken over a socket on {address}, where this router does not listen: closed");
-    }
-    let listener = listener
-        .start(&router, &config.data_dir)
-        .context("cannot start the listener")?;
-    let certs = certs.map(|(certs, _)| certs);
-
-    let mut follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
-        .with_backend_names(backend_names.clone());
-    if let Some(inspector) = &inspector {
-        follower = follower.with_waf(inspector.clone());
-    }
-    let follower_progress = FollowerProgress(follower.applied());
-    let recent_changes = follower.recent_changes();
-    let watch = shutdown.clone();
-    tasks.push(background.spawn(async move { follower.run(watch).await }));
-    {
-        let (store, mut watch) = (store.clone(), shutdown.clone());
-        tasks.push(background.spawn(async move {
-            let stop = Box::pin(async move {
-                let _ = watch.changed().await;
-            });
-            store.follow_changes(stop).await;
-        }));
-    }
-    if let Some(sync) = fleet_limit_sync {
-        let (interval, mut watch) = (config.limit_sync, shutdown.clone());
-        tasks.push(background.spawn(async move {
-            sync.run(interval, async move {
-                let _ = watch.changed().await;
-            })
-            .await;
-        }));
-    }
-    {
-        let (names, routes, watch) = (backend_names.clone(), routes.clone(), shutdown.clone());
-        tasks.push(background.spawn(async move { names.run(routes, watch).await }));
-    }
-    let explainer = RouteExplainer(routes.clone());
-    let history = Arc::new(TrafficHistory::new(config.history_max_apps));
-    {
-        let (history, watch) = (history.clone(), shutdown.clone());
-        tasks.push(background.spawn(async move { history.run(watch).await }));
-    }
-    let health = HealthChecker::new(routes);
-    let watch = shutdown.clone();
-    tasks.push(background.spawn(async move { health.run(watch).await }));
-    if let Some(settings) = config.acme.clone() {
-        let issuer = switchyard_acme::Issuer::new(settings, store.clone())
-            .map_err(anyhow::Error::msg)
-            .context("cannot start the ACME issuer")?;
-        let mut watch = shutdown.clone();
-        tasks.push(background.spawn(issuer.run(async move {
-            let _ = watch.changed().await;
-        })));
-    }
-    let mut admin_state = AdminState::new(store, config.admin_token.clone())
-        .with_local_caches(Arc::new(follower_progress))
-        .with_backend_names(Arc::new(NamesView(backend_names)))
-        .with_explainer(Arc::new(explainer))
-        .with_traffic(Arc::new(Traffic(history)))
-        .with_change_log(Arc::new(Changes(recent_changes)))
-        .with_ui_writes(config.admin_ui_writes);
-    if let Some(cache_redis) = cache_redis {
-        admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
-    }
-    if let Some(inspector) = inspector {
-        admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
-    }
-    tasks.push(background.spawn(serve_admin(admin_listener, admin_state, shutdown.clone())));
-
+    std::fs::create_dir_all(&spool.dir)
+        .with_context(|| format!("cannot make the WAF spool {}", spool.dir.display()))?;
+    let inspector = Inspector::load(files, pool, spool).with_context(|| {
+        "cannot load the WAF (libmodsecurity with the OWASP Core Rule Set from Debian's \
+         modsecurity-crs, and --waf-rules if given); fix it or start with --waf off"
+    })?;
     log::info!(
-        "switchyard serving: http on {}, https on {}, admin on {}, store {:?} in {}",
-        config.http,
-        config
-            .https
-            .map_or_else(|| "off".to_string(), |a| a.to_string()),
-        config.admin,
-        config.store,
-        config.data_dir.display(),
+        "WAF: OWASP Core Rule Set loaded in {:?}, {} rules",
+        started.elapsed(),
+        inspector.rule_count()
     );
-    let stop = background.block_on(signals.next());
-    match stop {
-        Stop::Fast => log::info!("SIGINT: stopping now"),
-        Stop::Graceful(name) => {
-            log::info!(
-                "{name}: no longer accepting; requests under way have {:?} to finish",
-                config.shutdown_grace
-            );
-            let _ = stop_tasks.send(true);
-            stop_accepting(&listener, embedded);
-            // The background tasks end on the signal (the admin port is let go of for the
-            // router taking over); then the connections still open get the grace period.
-            let ended = background.block_on(async {
-                tokio::time::timeout(TASKS_STOP_WAIT, async {
-                    for task in tasks {
-                        let _ = task.await;
-                    }
-                })
-                .await
-            });
-            if ended.is_err() {
-                log::warn!("background tasks still running {TASKS_STOP_WAIT:?} after the signal");
-            }
-            let finished = listener.wait_finished(config.shutdown_grace);
-            if !finished {
-                log::info!("shutdown grace over: closing the connections still open");
-            }
-        }
-    }
-    // Every request has finished: what the access log still holds is delivered or spooled.
-    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
-    background.shutdown_timeout(Duration::from_secs(1));
-    Ok(())
+    Ok(inspector)
+}
+
+/// The certificate cache and the session-ticket keys of the HTTPS listener, with the
+/// tasks that rotate the keys and scan for expiring certificates.
+fn start_tls(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    default_cert: Option<ServedCert>,
+    tasks: &mut BackgroundTasks<'_>,
+) -> anyhow::Result<(Arc<CertCache>, Arc<TicketKeys>)> {
+    let certs = Arc::new(CertCache::new(
+        store.clone(),
+        CertCacheLimits {
+            certificates: config.tls.cert_cache_size,
+            absent_names: config.tls.cert_cache_size.saturating_mul(10),
+            ..CertCacheLimits::default()
+        },
+        default_cert,
+    ));
+    let tickets =
+        TicketKeys::new(TICKET_KEYS_KEPT).context("cannot create TLS session-ticket keys")?;
+    let rotation = TicketKeyRotation::new(tickets.clone(), config.tls.ticket_rotation);
+    let expiry = CertExpiryScan::new(store.clone(), config.tls.expiry_scan);
+    tasks.spawn(|watch| async move { rotation.run(watch).await });
+    tasks.spawn(|watch| async move { expiry.run(watch).await });
+    Ok((certs, tickets))
 }
 
 /// Stops the listener from accepting, and lets go of the embedded store so a router taking
