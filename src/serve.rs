@@ -170,7 +170,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     }
     {
         let (names, routes) = (backend_names.clone(), routes.clone());
-        tasks.spawn(|watch| async move { names.run(routes, watch).await });
+        let still_uses = move |app: &str, name: &_| routes.uses_backend(app, name);
+        tasks.spawn(|watch| async move { names.run(still_uses, watch).await });
     }
     let explainer = RouteExplainer(routes.clone());
     let history = Arc::new(TrafficHistory::new(config.history_max_apps));

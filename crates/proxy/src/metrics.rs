@@ -189,20 +189,15 @@ switchyard_metrics::declare_metrics! {
         "HTTP/2 connections closed for cancelling too many streams the router had taken on."
     ));
 
-    pub(crate) static DRAINED_CONNECTIONS: IntCounterVec = {
-        let drained = registered(register_int_counter_vec!(
-            "switchyard_drained_connections_total",
-            "Upstream connections the router closed, by reason: removed_backend_deadline (the \
-             app's drain.removed_backend_s passed), app_deleted, domain_moved (after \
-             --drain-grace-s).",
-            &["reason"]
-        ));
-        // Every reason at zero from the start, so the first drain shows in a rate().
-        for reason in crate::routing::connections::CloseReason::ALL {
-            drained.with_label_values(&[reason.label()]);
-        }
-        drained
-    };
+    /// Every reason is at zero from the start (the connection table sets them), so the
+    /// first drain shows in a rate().
+    pub(crate) static DRAINED_CONNECTIONS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_drained_connections_total",
+        "Upstream connections the router closed, by reason: removed_backend_deadline (the \
+         app's drain.removed_backend_s passed), app_deleted, domain_moved (after \
+         --drain-grace-s).",
+        &["reason"]
+    ));
 
     pub(crate) static UPSTREAM_CONNECTIONS_IN_USE: IntGauge = registered(register_int_gauge!(
         "switchyard_upstream_connections_in_use",

@@ -74,6 +74,9 @@ impl ConnectionTable {
     /// An empty table.
     pub fn new() -> Self {
         metrics::register_all();
+        for reason in CloseReason::ALL {
+            metrics::DRAINED_CONNECTIONS.with_label_values(&[reason.label()]);
+        }
         Self {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::default()))

@@ -28,7 +28,6 @@ use switchyard_model::{App, BackendAddress, MAX_WEIGHT};
 use tokio::sync::Notify;
 
 use crate::metrics;
-use crate::routing::route_cache::RouteCache;
 use crate::shutdown::ShutdownWatch;
 use crate::wall_clock::unix_s;
 
@@ -282,15 +281,21 @@ impl BackendNames {
         self.changed.notified().await;
     }
 
-    /// Resolves due names until `shutdown`; forgets names no cached route uses.
-    pub async fn run(self: Arc<Self>, routes: Arc<RouteCache>, mut shutdown: ShutdownWatch) {
+    /// Resolves due names until `shutdown`; forgets names no cached route uses, as
+    /// `still_uses(app, name)` tells (the route cache's answer: whether its route of `app`
+    /// still lists `name`).
+    pub async fn run(
+        self: Arc<Self>,
+        still_uses: impl Fn(&str, &BackendAddress) -> bool,
+        mut shutdown: ShutdownWatch,
+    ) {
         let mut hosts_checked = Instant::now();
         loop {
             if hosts_checked.elapsed() >= HOSTS_CHECK_EVERY {
                 hosts_checked = Instant::now();
                 self.reload_hosts_if_changed();
             }
-            let due = self.take_due(&routes);
+            let due = self.take_due(&still_uses);
             futures_util::stream::iter(due)
                 .for_each_concurrent(CONCURRENT_RESOLUTIONS, |name| self.resolve_and_record(name))
                 .await;
@@ -313,18 +318,14 @@ impl BackendNames {
     }
 
     /// Names whose time has come, marked as being resolved; unused ones are dropped.
-    fn take_due(&self, routes: &RouteCache) -> Vec<BackendAddress> {
+    fn take_due(&self, still_uses: &impl Fn(&str, &BackendAddress) -> bool) -> Vec<BackendAddress> {
         let now = Instant::now();
         let mut entries = self.entries.lock();
         entries.retain(|name, entry| {
             if now.saturating_duration_since(entry.last_used) < UNUSED_NAME_KEPT {
                 return true;
             }
-            entry.apps.retain(|app| {
-                routes
-                    .cached(app)
-                    .is_some_and(|route| route.app.backends.iter().any(|b| b.address == *name))
-            });
+            entry.apps.retain(|app| still_uses(app, name));
             !entry.apps.is_empty()
         });
         entries

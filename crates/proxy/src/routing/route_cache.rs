@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use quick_cache::sync::Cache;
-use switchyard_model::{App, CacheStore, Change};
+use switchyard_model::{App, BackendAddress, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
 use tokio::task::JoinHandle;
 
@@ -130,9 +130,12 @@ impl RouteCache {
         self
     }
 
-    /// The route of `name` if it is cached; never reads the store.
-    pub(crate) fn cached(&self, name: &str) -> Option<Arc<AppRoute>> {
-        self.apps.get(name)
+    /// Whether the cached route of `app` lists the backend `address` (a backend name's
+    /// resolver forgets the names no cached route uses).
+    pub fn uses_backend(&self, app: &str, address: &BackendAddress) -> bool {
+        self.apps
+            .get(app)
+            .is_some_and(|route| route.app.backends.iter().any(|b| b.address == *address))
     }
 
     /// Builds `app`'s route: its backends' names resolved to their current addresses.
