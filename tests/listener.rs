@@ -94,17 +94,13 @@ fn the_listener_routes_by_host_and_answers_for_itself_when_it_must() {
         Duration::from_secs(3),
         "the request in the access log",
         || {
-            std::fs::read_to_string(router.access_log())
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-                .any(|record| {
-                    record["request_id"] == given_id
-                        && record["status"] == 200
-                        && record["app"] == "blog"
-                        && record["path"] == "/path?q=1"
-                        && record["upstream"] == blog.addr.to_string()
-                })
+            router.access_records().iter().any(|record| {
+                record["request_id"] == given_id
+                    && record["status"] == 200
+                    && record["app"] == "blog"
+                    && record["path"] == "/path?q=1"
+                    && record["upstream"] == blog.addr.to_string()
+            })
         },
     );
 }

@@ -94,6 +94,15 @@ impl RouterProcess {
         self.dir.path().join("access.log")
     }
 
+    /// The access log's records so far; a line still being written is left out.
+    pub fn access_records(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.access_log())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     fn spawn(&mut self) {
         self.spawn_process(&[]);
         self.wait_ready();

@@ -463,6 +463,7 @@ async fn from_backend(
                     Duration::from_millis(timeouts.read_ms),
                 )
             });
+    let request = original_request(ctx, client_ip, path)?;
     // As the client's own requests go: a backend that cannot be reached is marked down
     // and another tried within the app's retries, and the connection is in the table a
     // drain reads, so a backend removed mid-fetch is let go by its deadline.
@@ -494,7 +495,6 @@ async fn from_backend(
     };
     let shutdown = Arc::new(ShutdownRequest::default());
     attempt::register_connection(ctx, connections, shutdown.clone());
-    let request = original_request(ctx, client_ip, path);
     let original = tokio::select! {
         original = read_original(request, &mut connection, images, read_timeout) => original,
         () = shutdown.requested() => Err(FetchFailure::new(
@@ -555,12 +555,12 @@ fn original_request(
 /// Sends `request` on `connection` and reads the original whole, within `read_timeout`
 /// for the answer's head and again for its body.
 async fn read_original(
-    request: Result<Request<SideBody>, FetchFailure>,
+    request: Request<SideBody>,
     connection: &mut SideConnection,
     images: &Images,
     read_timeout: Duration,
 ) -> Result<Original, FetchFailure> {
-    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request?))
+    let response = tokio::time::timeout(read_timeout, connection.sender.send_request(request))
         .await
         .map_err(|_| late())?
         .map_err(|e| unreachable(&e))?;
