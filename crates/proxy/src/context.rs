@@ -22,7 +22,7 @@ pub(crate) struct RequestCtx {
     /// When the request was first seen.
     pub(crate) started: Instant,
     /// How long the router held the request before reading it, its connection paced after a
-    /// refusal (listener/service.rs): the client has waited that long already.
+    /// refusal (`crate::pipeline`): the client has waited that long already.
     pub(crate) held: Duration,
     /// Id passed to the backend and written in the access log.
     pub(crate) request_id: String,

@@ -10,8 +10,6 @@ use std::net::IpAddr;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 
-use crate::context::RequestCtx;
-
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -28,12 +26,13 @@ pub(crate) struct Forwarding {
 impl Forwarding {
     /// `previous`: the `X-Forwarded-For` the request carried; `client_address`: the client's
     /// address already made a value, for a request that carried none (a connection makes
-    /// it once for all its requests).
+    /// it once for all its requests); `tls`: whether the client came over TLS.
     pub(crate) fn new(
         previous: Option<&[u8]>,
         client_ip: Option<IpAddr>,
         client_address: Option<&HeaderValue>,
-        ctx: &RequestCtx,
+        tls: bool,
+        request_id: &str,
     ) -> Self {
         let forwarded_for = match (client_ip, previous, client_address) {
             (None, _, _) => None,
@@ -42,8 +41,8 @@ impl Forwarding {
         };
         Self {
             forwarded_for,
-            tls: ctx.tls,
-            request_id: ctx.request_id.clone(),
+            tls,
+            request_id: request_id.to_owned(),
         }
     }
 
@@ -82,10 +81,11 @@ impl Forwarding {
 pub(crate) fn set_forwarded_headers(
     client_ip: Option<IpAddr>,
     headers: &mut HeaderMap,
-    ctx: &RequestCtx,
+    tls: bool,
+    request_id: &str,
 ) {
     let previous = headers.get(X_FORWARDED_FOR).map(HeaderValue::as_bytes);
-    Forwarding::new(previous, client_ip, None, ctx).set_on(headers);
+    Forwarding::new(previous, client_ip, None, tls, request_id).set_on(headers);
 }
 
 /// `X-Forwarded-For` with `client` appended to what the request carried.
@@ -125,9 +125,7 @@ mod tests {
 
     #[test]
     fn the_writer_and_the_map_get_the_same_fields() {
-        let mut ctx = RequestCtx::new();
-        ctx.request_id = "4bf92f3577b34da6".into();
-        ctx.tls = true;
+        let request_id = "4bf92f3577b34da6";
         let client: IpAddr = "192.0.2.7".parse().expect("address");
         let own = HeaderValue::from_static("192.0.2.7");
         for (previous, expected) in [
@@ -135,7 +133,7 @@ mod tests {
             (Some(&b"203.0.113.1"[..]), "203.0.113.1, 192.0.2.7"),
         ] {
             let fields: Vec<(&str, Vec<u8>)> =
-                Forwarding::new(previous, Some(client), Some(&own), &ctx)
+                Forwarding::new(previous, Some(client), Some(&own), true, request_id)
                     .fields()
                     .map(|(name, value)| (name, value.to_vec()))
                     .collect();
@@ -146,7 +144,7 @@ mod tests {
                     HeaderValue::from_bytes(previous).expect("value"),
                 );
             }
-            set_forwarded_headers(Some(client), &mut headers, &ctx);
+            set_forwarded_headers(Some(client), &mut headers, true, request_id);
             let mapped: Vec<(&str, Vec<u8>)> = headers
                 .iter()
                 .map(|(name, value)| (name.as_str(), value.as_bytes().to_vec()))
@@ -165,15 +163,13 @@ mod tests {
 
     #[test]
     fn proto_and_request_id_say_what_the_router_saw() {
-        let mut ctx = RequestCtx::new();
-        ctx.request_id = "0123456789abcdef0123456789abcdef".into();
+        let request_id = "0123456789abcdef0123456789abcdef";
         for (tls, proto) in [(false, "http"), (true, "https")] {
-            ctx.tls = tls;
             let mut headers = HeaderMap::new();
             headers.insert("x-forwarded-proto", HeaderValue::from_static("spoofed"));
-            set_forwarded_headers(None, &mut headers, &ctx);
+            set_forwarded_headers(None, &mut headers, tls, request_id);
             assert_eq!(headers["x-forwarded-proto"], proto);
-            assert_eq!(headers["x-request-id"], ctx.request_id.as_str());
+            assert_eq!(headers["x-request-id"], request_id);
             assert!(
                 !headers.contains_key("x-forwarded-for"),
                 "no client address, no entry"

@@ -1,6 +1,7 @@
 //! Switchyard's request path. [`Listener`] serves HTTP/1.1 and HTTP/2, plain and TLS, on one
 //! single-threaded runtime per thread (`listener`), each request through the stages of
-//! `stage` in the order `listener/service.rs` runs them, with the shared state a [`Router`]
+//! `stage` in the order `pipeline` runs them (the request path, phase by phase; `upstream` talks to
+//! backends), with the shared state a [`Router`]
 //! holds. `routing` is what routing knows: the [`RouteCache`] (the in-process view of the
 //! store the stages read), kept current from the store's change events by the
 //! [`ChangeFollower`]; the [`ConnectionDrain`] that ends the backend connections a deletion
@@ -12,15 +13,18 @@
 
 mod access_log;
 mod app_files;
+mod body_read;
 mod byte_budget;
 mod connection;
 mod context;
+mod event_loop;
 mod fleet_rate;
 mod forwarded;
 mod idle_connections;
 mod listener;
 mod metrics;
 mod outbound;
+mod pipeline;
 mod request_fields;
 mod respond;
 mod response_cache;
@@ -31,11 +35,12 @@ mod stage;
 mod thumbnail;
 mod tls;
 mod traffic;
+mod upstream;
 mod wall_clock;
 mod worker_pool;
 
 pub use access_log::{AccessLog, AccessLogTarget};
-pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls, ResponseBuffers};
+pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
 pub use response_cache::redis::CacheRedis;
 pub use router::{FleetLimitSync, Router};
 pub use routing::connections::ConnectionTable;
@@ -52,4 +57,5 @@ pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use tls::cert_expiry::CertExpiryScan;
 pub use tls::settings::TicketKeyRotation;
 pub use traffic::history::{TrafficHistory, TrafficOrder};
+pub use upstream::response_buffers::ResponseBuffers;
 pub use worker_pool::{PoolScheduling, WorkerPool};

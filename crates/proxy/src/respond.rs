@@ -1,7 +1,67 @@
-//! Every answer the router makes itself, and every proxy error turned into a status code,
-//! in one place. Bodies are short and carry no internal detail, only the request id.
+//! Every answer the router makes itself instead of the app's, and every proxy error turned
+//! into a status code, in one place: each stage that stops a request says so with a
+//! [`Refusal`], and `pipeline::answer` writes it. Bodies are short and carry no internal
+//! detail, only the request id.
 
-/// A response the router sends without asking a backend.
+use std::borrow::Cow;
+
+/// An answer of the router's own instead of the app's: a stage refused the request, or the
+/// app could not be reached. The one type every stage stops a request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) status: u16,
+    /// A short text saying why: the body, with the request id.
+    pub(crate) text: Cow<'static, str>,
+    /// In how many seconds the client is asked to come back (`Retry-After`, the one field
+    /// a refusal adds to those every answer of the router carries); set when the worker
+    /// pool or a limit asks it to wait, and the connection is then paced.
+    pub(crate) retry_after_s: Option<u32>,
+}
+
+impl Refusal {
+    pub(crate) const fn new(status: u16, text: &'static str) -> Self {
+        Self {
+            status,
+            text: Cow::Borrowed(text),
+            retry_after_s: None,
+        }
+    }
+
+    /// A refusal whose text is made for this request (a limit's numbers, an image's size).
+    pub(crate) fn explained(status: u16, text: String) -> Self {
+        Self {
+            text: Cow::Owned(text),
+            ..Self::new(status, "")
+        }
+    }
+
+    /// `status` with the router's usual text for it.
+    pub(crate) fn of_status(status: u16) -> Self {
+        Self::new(status, text_for(status))
+    }
+
+    /// The app gave no usable answer: 504 when it took too long, 502 otherwise.
+    pub(crate) fn upstream_failed(timed_out: bool) -> Self {
+        Self::of_status(if timed_out { 504 } else { 502 })
+    }
+
+    /// The client is asked to come back in `seconds`.
+    pub(crate) const fn come_back_in(mut self, seconds: u32) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+}
+
+impl From<LocalAnswer> for Refusal {
+    fn from(answer: LocalAnswer) -> Self {
+        Self {
+            retry_after_s: answer.retry_after_s(),
+            ..Self::new(answer.status(), answer.text())
+        }
+    }
+}
+
+/// The reasons shared by several stages for a refusal, each with its status and text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LocalAnswer {
     /// No app owns the Host: 404.

@@ -11,7 +11,7 @@
 //! tasks that then ran out of time (bench_images' refusal probe beside 400 connections).
 //! Wall time grows when the loops are busy, and refusals keep loops busy; that loop is
 //! broken elsewhere — a refused HTTP/1 connection waits out (a random half to all of) its
-//! Retry-After before its next request is read (listener/service.rs), a wait taken off that
+//! Retry-After before its next request is read (`crate::pipeline`), a wait taken off that
 //! request's deadline — and a free worker is judged by CPU time alone.
 //! Every task carries a deadline: a task still queued at its deadline is dropped unrun, and
 //! the waiting request stops waiting at the deadline whatever the task is doing. The queue

@@ -1,6 +1,6 @@
 //! HTTP/1.x from clients, on the router's own codec (`crates/h1`), as nginx, HAProxy and
 //! Sozu speak to theirs: one task per connection reads a head into the connection's buffer,
-//! parses it in place, serves the request through the stages (`service::handle`) with its
+//! parses it in place, serves the request through the stages (`pipeline::handle`) with its
 //! body read by the same task from the same buffer, and writes the answer's head and its
 //! first piece in one write. Requests are answered in the order they came (pipelining), one
 //! timer per connection bounds the wait for each head, and the buffers of a connection idle
@@ -29,15 +29,16 @@ use switchyard_h1::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::bodies::AnswerBody;
 use super::clock::Deadline;
+use super::connection::Connection;
 use super::read_buffers;
 use super::relay::{ClientSide, IntoClientSide};
 use super::request_body::{ConnectionBody, PeerError, RequestBody};
 use super::send_deadline::SendDeadline;
-use super::service::{self, Client, RouterFields};
-use super::Connection;
 use crate::metrics;
+use crate::pipeline::answer_body::AnswerBody;
+use crate::pipeline::client::Client;
+use crate::pipeline::{self, RouterFields};
 use crate::request_fields::{KnownFields, RequestFields};
 
 /// Bytes read at once for a head or a body.
@@ -325,7 +326,7 @@ where
         let room = Box::new_uninit();
         let answer = Box::into_pin(Box::write(
             room,
-            service::handle(
+            pipeline::handle(
                 request,
                 as_read,
                 client.clone(),
@@ -477,7 +478,7 @@ fn take_head_into<S>(
     let offset = |piece: &[u8]| piece.as_ptr() as usize - base;
     places.clear();
     // Fields that change how the request is framed or tunnelled, and targets not in origin
-    // form, are rewritten for the backend on a map (`service::prepare_for_backend`); every
+    // form, are rewritten for the backend on a map (`pipeline::prepare_for_backend`); every
     // other request keeps its fields where they were read.
     let needs_map;
     let mut known = KnownFields::default();

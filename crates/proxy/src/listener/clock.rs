@@ -23,7 +23,7 @@ use nix::sys::time::{TimeSpec, TimeValLike};
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 
 /// How often the clock ticks: the precision of every deadline on the thread.
-pub(super) const TICK: Duration = Duration::from_millis(100);
+pub(crate) const TICK: Duration = Duration::from_millis(100);
 const TICK_MS: u64 = TICK.as_millis() as u64;
 
 /// The due time of a deadline that is not set.
@@ -33,7 +33,7 @@ const NEVER: u64 = u64::MAX;
 /// exchange's) and those dropped since the last tick, which each tick forgets: the list
 /// is bounded by the thread's connections and exchanges plus one tick's worth of ended
 /// ones.
-pub(super) struct Clock {
+pub(crate) struct Clock {
     started: Instant,
     /// Milliseconds from `started` to the last tick.
     now_ms: Cell<u64>,
@@ -47,17 +47,17 @@ struct Watch {
 }
 
 /// A deadline on a thread's clock, not set until `set_in`.
-pub(super) struct Deadline {
+pub(crate) struct Deadline {
     watch: Rc<Watch>,
     clock: Rc<Clock>,
 }
 
 /// A future bounded by a [`Deadline`] ran past it.
 #[derive(Debug)]
-pub(super) struct Passed;
+pub(crate) struct Passed;
 
 impl Clock {
-    pub(super) fn new() -> Rc<Self> {
+    pub(crate) fn new() -> Rc<Self> {
         Rc::new(Self {
             started: Instant::now(),
             now_ms: Cell::new(0),
@@ -66,7 +66,7 @@ impl Clock {
     }
 
     /// A deadline on this clock, not set.
-    pub(super) fn deadline(self: &Rc<Self>) -> Deadline {
+    pub(crate) fn deadline(self: &Rc<Self>) -> Deadline {
         let watch = Rc::new(Watch {
             due_ms: Cell::new(NEVER),
             waker: Cell::new(None),
@@ -79,21 +79,21 @@ impl Clock {
     }
 
     /// A deadline set `after` from now.
-    pub(super) fn deadline_in(self: &Rc<Self>, after: Duration) -> Deadline {
+    pub(crate) fn deadline_in(self: &Rc<Self>, after: Duration) -> Deadline {
         let deadline = self.deadline();
         deadline.set_in(after);
         deadline
     }
 
     /// Waits at least `after` (at most two ticks more).
-    pub(super) async fn sleep(self: &Rc<Self>, after: Duration) {
+    pub(crate) async fn sleep(self: &Rc<Self>, after: Duration) {
         self.deadline_in(after).passed().await;
     }
 
     /// Ticks for as long as the thread runs, waking the tasks whose deadlines have passed.
     /// On a timerfd: a tokio interval here would put a timer back on the thread. Should
     /// the timerfd be refused, the interval it is.
-    pub(super) async fn run(self: Rc<Self>) {
+    pub(crate) async fn run(self: Rc<Self>) {
         let timer = match tick_timer() {
             Ok(timer) => timer,
             Err(e) => {
@@ -143,7 +143,7 @@ impl Clock {
 impl Deadline {
     /// Due `after` from now. The clock's time is the last tick's, up to a tick behind, so
     /// a tick is added: the deadline never passes early.
-    pub(super) fn set_in(&self, after: Duration) {
+    pub(crate) fn set_in(&self, after: Duration) {
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(NEVER);
         let due = self
             .clock
@@ -154,12 +154,12 @@ impl Deadline {
         self.watch.due_ms.set(due);
     }
 
-    pub(super) fn has_passed(&self) -> bool {
+    pub(crate) fn has_passed(&self) -> bool {
         self.clock.now_ms.get() >= self.watch.due_ms.get()
     }
 
     /// Ready once the deadline has passed; until then the clock wakes the task that looked.
-    pub(super) fn poll_passed(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_passed(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.has_passed() {
             return Poll::Ready(());
         }
@@ -172,13 +172,13 @@ impl Deadline {
     }
 
     /// Resolves once the deadline has passed.
-    pub(super) fn passed(&self) -> impl Future<Output = ()> + '_ {
+    pub(crate) fn passed(&self) -> impl Future<Output = ()> + '_ {
         poll_fn(|cx| self.poll_passed(cx))
     }
 
     /// `future`'s output, or `Passed` if the deadline passes first. The future is borrowed
     /// pinned where it is, not moved into a wrapper as `tokio::time::timeout` moves it.
-    pub(super) fn bound<'a, F: Future + ?Sized>(
+    pub(crate) fn bound<'a, F: Future + ?Sized>(
         &'a self,
         mut future: Pin<&'a mut F>,
     ) -> impl Future<Output = Result<F::Output, Passed>> + 'a {

@@ -1,6 +1,6 @@
 //! HTTP/2 from clients on the listener: over TLS when ALPN chose `h2`, in clear when
 //! the connection opens with the HTTP/2 preface (prior knowledge, as `--http` takes it).
-//! Each stream is one request through the same `service::handle` as HTTP/1.1, run as a task
+//! Each stream is one request through the same `pipeline::handle` as HTTP/1.1, run as a task
 //! of the connection's thread. Beyond what the h2 crate enforces itself (streams reset
 //! before they are accepted, CVE-2023-44487), a connection is closed when its client
 //! cancels too many streams the router already took on (`h2_resets`), and an idle connection is asked to go away after the client idle timeout.
@@ -16,10 +16,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::connection::{peek_until, Connection};
 use super::request_body::RequestBody;
 use super::send_deadline::SendDeadline;
-use super::{peek_until, service, Connection};
 use crate::connection::h2_resets::{Cancellations, CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
+use crate::pipeline::{self, client::Client};
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -98,7 +99,7 @@ where
     let stream = SendDeadline::new(stream, worker.shared.client_timeouts.send);
     let last_request = Rc::new(Cell::new(Instant::now()));
     let cancellations = Rc::new(Cancellations::new());
-    let client = service::Client::new(peer, server_port, tls);
+    let client = Client::new(peer, server_port, tls);
     let service = {
         let (last_request, cancellations) = (last_request.clone(), cancellations.clone());
         service_fn(move |request| {
@@ -114,7 +115,7 @@ where
             // memmove); a task holding a box is copied for the price of a pointer.
             let answer = Box::into_pin(Box::write(
                 Box::new_uninit(),
-                service::handle(request, None, client.clone(), worker.clone(), None),
+                pipeline::handle(request, None, client.clone(), worker.clone(), None),
             ));
             async move {
                 let response = answer.await;

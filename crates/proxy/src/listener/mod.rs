@@ -4,30 +4,23 @@
 //! own single-threaded runtime, its own SO_REUSEPORT listening sockets and its own pool of
 //! idle backend connections, so no request touches state another thread owns
 //! (bench/ENGINE.md: what a request costs, and why the HTTP/1 path is ours). Each request
-//! goes through the stages in `service.rs`; on `--upgrade` the listening sockets are handed
+//! goes through the phases of `crate::pipeline`; on `--upgrade` the listening sockets are handed
 //! to the new process (`handover`).
 
-mod backend_h1;
-mod bodies;
 mod client_h1;
-mod clock;
+pub(crate) mod clock;
+mod connection;
 mod h2;
 mod handover;
-mod inspection;
-mod pool;
-mod read_ahead;
-mod read_buffers;
-mod relay;
-mod request_body;
+pub(crate) mod read_buffers;
+pub(crate) mod relay;
+pub(crate) mod request_body;
 mod send_deadline;
-mod service;
 mod tls;
 
 pub use handover::InheritedSockets;
-pub use read_ahead::ResponseBuffers;
 pub use tls::ListenerTls;
 
-use std::cell::Cell;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::rc::Rc;
@@ -35,20 +28,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
-use switchyard_model::ClientTimeouts;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::access_log::AccessLog;
+use crate::event_loop::EventLoop;
 use crate::metrics;
-use crate::response_cache::redis::CacheRedis;
-use crate::router::Router;
-use crate::routing::connections::ConnectionTable;
-use crate::routing::route_cache::RouteCache;
-use crate::stage::images::ImageStage;
-use crate::stage::limits::Limiter;
-use crate::stage::mirror::MirrorClient;
-use crate::stage::waf::Inspector;
+use crate::router::{Router, Shared};
+use connection::{Connection, OpenConnection};
 use tls::Accepted;
 
 /// Connections waiting to be accepted, per thread's socket.
@@ -61,9 +47,6 @@ const IDLE_BACKEND_CONNECTIONS_PER_THREAD: usize = 2048;
 
 /// How often a stopping router looks whether its connections have all closed.
 const FINISHED_POLL: Duration = Duration::from_millis(20);
-
-/// While a client's first bytes have come in part, how long to wait before looking again.
-const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
 
 /// When accept fails (out of descriptors), how long a thread waits before trying again, so
 /// that it does not spin while the process is at its limit.
@@ -220,38 +203,6 @@ impl Listener {
     }
 }
 
-/// What every thread of the listener shares.
-pub(crate) struct Shared {
-    pub(crate) routes: Arc<RouteCache>,
-    pub(crate) connections: Arc<ConnectionTable>,
-    pub(crate) access_log: AccessLog,
-    pub(crate) https_port: Option<u16>,
-    pub(crate) client_timeouts: ClientTimeouts,
-    /// The WAF's rules and spool; `None` when the router runs without (`--waf off`).
-    pub(crate) waf: Option<Arc<Inspector>>,
-    /// The cache Redis, for apps whose responses are kept there.
-    pub(crate) cache_redis: Option<Arc<CacheRedis>>,
-    /// This thread's image stage (its own connections for originals); `None` without a
-    /// worker pool.
-    pub(crate) images: Option<ImageStage>,
-    /// Every app's limits and their counters.
-    pub(crate) limiter: Arc<Limiter>,
-    /// The limits of answers read ahead of slow clients.
-    pub(crate) response_buffers: Arc<ResponseBuffers>,
-}
-
-/// One event loop's state (one a listener thread): the shared parts and its own backend
-/// pool. Not the worker pool's CPU threads (`worker_pool`).
-struct EventLoop {
-    shared: Shared,
-    pool: pool::BackendPool,
-    /// This thread's connections to shadow backends.
-    mirrors: Arc<MirrorClient>,
-    open_connections: Cell<usize>,
-    /// The deadlines of this thread's connections and exchanges.
-    clock: Rc<clock::Clock>,
-}
-
 fn run_thread(
     sockets: ThreadSockets,
     shared: Shared,
@@ -269,15 +220,9 @@ fn run_thread(
     let runtime = runtime.build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let worker = Rc::new(EventLoop {
-            shared,
-            pool: pool::BackendPool::new(IDLE_BACKEND_CONNECTIONS_PER_THREAD),
-            mirrors: Arc::new(MirrorClient::new()),
-            open_connections: Cell::new(0),
-            clock: clock::Clock::new(),
-        });
+        let worker = EventLoop::new(shared, IDLE_BACKEND_CONNECTIONS_PER_THREAD);
         tokio::task::spawn_local(worker.clock.clone().run());
-        tokio::task::spawn_local(pool::sweep_idle(worker.clone()));
+        tokio::task::spawn_local(worker.clone().sweep_idle());
         let mut accepting = Vec::new();
         for socket in sockets.http {
             let listener = tokio::net::TcpListener::from_std(socket)?;
@@ -332,8 +277,8 @@ async fn accept(
                         _open: open,
                     };
                     match &tls {
-                        None => tokio::task::spawn_local(connection.serve_plain(stream)),
-                        Some(tls) => tokio::task::spawn_local(connection.handshake(stream, tls.clone())),
+                        None => tokio::task::spawn_local(serve_plain(connection, stream)),
+                        Some(tls) => tokio::task::spawn_local(handshake(connection, stream, tls.clone())),
                     };
                 }
                 Err(e) => {
@@ -346,95 +291,43 @@ async fn accept(
     }
 }
 
-/// One client connection.
-struct Connection {
-    peer: SocketAddr,
-    /// The port the client connected to, as the WAF's rules see it.
-    server_port: u16,
-    worker: Rc<EventLoop>,
-    stopped: watch::Receiver<bool>,
-    _open: OpenConnection,
-}
-
-impl Connection {
-    async fn serve_plain(self, stream: TcpStream) {
-        // The first head is due within the header timeout of the connection's start, the
-        // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
-        let deadline = (self.worker.clock).deadline_in(self.worker.shared.client_timeouts.header);
-        let opened = {
-            let preface = std::pin::pin!(h2::opens_with_preface(&stream));
-            deadline.bound(preface).await
-        };
-        match opened {
-            // Boxed, here and after a handshake: an HTTP/1.x connection's task keeps no room
-            // for an HTTP/2 connection's state.
-            Ok(Ok(true)) => Box::pin(h2::serve(self, stream, false)).await,
-            Ok(Ok(false)) => client_h1::serve(self, stream, false, deadline).await,
-            Ok(Err(_)) => {}
-            Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
-        }
-    }
-
-    async fn handshake(self, stream: TcpStream, tls: Arc<ListenerTls>) {
-        let header_timeout = self.worker.shared.client_timeouts.header;
-        let deadline = self.worker.clock.deadline_in(header_timeout);
-        match tls.accept(stream, &deadline).await {
-            Ok(Accepted::Serve(stream)) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
-                Box::pin(h2::serve(self, stream, true)).await;
-            }
-            Ok(Accepted::AcmeValidation) => {}
-            Ok(Accepted::Serve(stream)) => {
-                deadline.set_in(header_timeout);
-                client_h1::serve(self, stream, true, deadline).await;
-            }
-            Err(failure) => log::debug!(
-                "listener: TLS handshake with {} not completed: {failure}",
-                self.peer
-            ),
-        }
+/// A plain connection: HTTP/2 if it opens with the preface, HTTP/1.x otherwise.
+async fn serve_plain(connection: Connection, stream: TcpStream) {
+    // The first head is due within the header timeout of the connection's start, the
+    // wait for the bytes that tell HTTP/2 from HTTP/1.1 included.
+    let deadline =
+        (connection.worker.clock).deadline_in(connection.worker.shared.client_timeouts.header);
+    let opened = {
+        let preface = std::pin::pin!(h2::opens_with_preface(&stream));
+        deadline.bound(preface).await
+    };
+    match opened {
+        // Boxed, here and after a handshake: an HTTP/1.x connection's task keeps no room
+        // for an HTTP/2 connection's state.
+        Ok(Ok(true)) => Box::pin(h2::serve(connection, stream, false)).await,
+        Ok(Ok(false)) => client_h1::serve(connection, stream, false, deadline).await,
+        Ok(Err(_)) => {}
+        Err(_) => metrics::CLIENT_HEAD_TIMEOUTS.inc(),
     }
 }
 
-/// Counts a client connection open on its thread while it lives.
-struct OpenConnection(Rc<EventLoop>);
-
-impl OpenConnection {
-    fn count(worker: &Rc<EventLoop>) -> Self {
-        worker
-            .open_connections
-            .set(worker.open_connections.get() + 1);
-        Self(worker.clone())
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        let open = &self.0.open_connections;
-        open.set(open.get().saturating_sub(1));
-    }
-}
-
-/// Looks at what a client sent first, leaving it on the socket for whoever reads next,
-/// until `decide` can tell from it (`None` while too little has come). A peek leaves the
-/// socket readable, so between looks this sleeps a moment rather than waiting for
-/// readiness, which would spin.
-async fn peek_until<T>(
-    stream: &TcpStream,
-    buffer: &mut [u8],
-    mut decide: impl FnMut(&[u8]) -> Option<T>,
-) -> std::io::Result<T> {
-    loop {
-        let peeked = stream.peek(buffer).await?;
-        if peeked == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "closed before its first bytes were complete",
-            ));
+/// A TLS connection: the handshake, then HTTP/2 or HTTP/1.1 as ALPN chose.
+async fn handshake(connection: Connection, stream: TcpStream, tls: Arc<ListenerTls>) {
+    let header_timeout = connection.worker.shared.client_timeouts.header;
+    let deadline = connection.worker.clock.deadline_in(header_timeout);
+    match tls.accept(stream, &deadline).await {
+        Ok(Accepted::Serve(stream)) if stream.ssl().selected_alpn_protocol() == Some(b"h2") => {
+            Box::pin(h2::serve(connection, stream, true)).await;
         }
-        if let Some(decided) = decide(&buffer[..peeked]) {
-            return Ok(decided);
+        Ok(Accepted::AcmeValidation) => {}
+        Ok(Accepted::Serve(stream)) => {
+            deadline.set_in(header_timeout);
+            client_h1::serve(connection, stream, true, deadline).await;
         }
-        tokio::time::sleep(PARTIAL_PEEK_PAUSE).await;
+        Err(failure) => log::debug!(
+            "listener: TLS handshake with {} not completed: {failure}",
+            connection.peer
+        ),
     }
 }
 

@@ -24,7 +24,7 @@ thread_local! {
 }
 
 /// A buffer with room for `room` bytes: a spare one when the thread has one.
-pub(super) fn take(room: usize) -> BytesMut {
+pub(crate) fn take(room: usize) -> BytesMut {
     let spare = SPARE.with_borrow_mut(Vec::pop);
     match spare {
         Some(mut buffer) => {
@@ -39,7 +39,7 @@ pub(super) fn take(room: usize) -> BytesMut {
 
 /// Takes `buffer` from a connection going idle (leaving it none), and keeps it for the
 /// next one when nothing else shares it and the thread keeps fewer than it may.
-pub(super) fn give_back(buffer: &mut BytesMut, room: usize) {
+pub(crate) fn give_back(buffer: &mut BytesMut, room: usize) {
     let mut buffer = std::mem::take(buffer);
     // With `room` left already, `try_reclaim` would succeed without asking whether the
     // allocation is shared: such a buffer is freed, so that every one kept was reclaimed

@@ -23,8 +23,8 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_openssl::SslStream;
 
-use super::bodies::RequestEnd;
 use crate::connection::websocket_close::{self, FrameBoundary};
+use crate::pipeline::end::RequestEnd;
 use crate::routing::connections::ShutdownRequest;
 
 /// Most bytes read at once in one direction.
@@ -38,16 +38,16 @@ const HALF_CLOSED_GRACE: Duration = Duration::from_secs(1);
 
 /// The client's connection after its 101 went out, with what it had sent past its
 /// request's head.
-pub(super) type ClientUpgrade = oneshot::Receiver<(ClientSide, Bytes)>;
+pub(crate) type ClientUpgrade = oneshot::Receiver<(ClientSide, Bytes)>;
 
 /// The client's socket, under TLS or not.
-pub(super) enum ClientSide {
+pub(crate) enum ClientSide {
     Plain(TcpStream),
     Tls(SslStream<TcpStream>),
 }
 
 /// A client's stream handed to the relay once the protocol switched.
-pub(super) trait IntoClientSide {
+pub(crate) trait IntoClientSide {
     fn into_client_side(self) -> ClientSide;
 }
 
@@ -65,7 +65,7 @@ impl IntoClientSide for SslStream<TcpStream> {
 
 /// Relays until both sides are done; the request is logged when this returns. `backend`:
 /// the backend's socket and what it sent past its answer's head.
-pub(super) async fn run(
+pub(crate) async fn run(
     client: ClientUpgrade,
     backend: Option<(TcpStream, Bytes)>,
     end: Box<RequestEnd>,

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 
 /// Why a client's body stopped short.
 #[derive(Debug)]
-pub(super) enum PeerError {
+pub(crate) enum PeerError {
     /// An HTTP/2 stream failed (reset, flow control, a malformed frame).
     H2(hyper::Error),
     /// The connection failed while the body was read.
@@ -36,7 +36,7 @@ impl std::fmt::Display for PeerError {
 }
 
 /// The body of an HTTP/1.x request, read from its connection by whoever polls it.
-pub(super) trait ConnectionBody {
+pub(crate) trait ConnectionBody {
     /// The next piece of the body, `None` at its end.
     fn poll_piece(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, PeerError>>>;
     /// Whether the body has been read to its end (or had none).
@@ -46,7 +46,7 @@ pub(super) trait ConnectionBody {
 }
 
 /// A request's body.
-pub(super) enum RequestBody {
+pub(crate) enum RequestBody {
     H2(Incoming),
     H1(Rc<dyn ConnectionBody>),
 }

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use super::clock::Deadline;
-use super::peek_until;
+use super::connection::peek_until;
 use crate::tls::cert_cache::{CertCache, ServedCert};
 use crate::tls::settings::{configure_context, count_completed, use_certificate, CertSelector};
 

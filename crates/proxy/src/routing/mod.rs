@@ -4,7 +4,6 @@
 //! applies the store's change events (and remembers the latest), the per-app request counts,
 //! and the explanation of where a host goes.
 
-pub(crate) mod attempt;
 pub(crate) mod balancer;
 pub(crate) mod connections;
 pub(crate) mod deleted_apps;

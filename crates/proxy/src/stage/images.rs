@@ -27,9 +27,10 @@ use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
 use crate::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
-use crate::routing::attempt;
+use crate::respond::{Refusal, POOL_BUSY_RETRY_AFTER_S};
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::thumbnail::{self, Encoding, Fit, Resize};
+use crate::upstream::attempt;
 use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.
@@ -171,13 +172,9 @@ pub(crate) enum ImageAnswer {
         /// The original's `Cache-Control`, passed on.
         cache_control: Option<String>,
     },
-    /// A refusal: 400, 422, the app's status for the original, 503.
-    Refused {
-        status: u16,
-        text: String,
-        /// A 503 from an overloaded pool asks the client to come back in a second.
-        retry_after: bool,
-    },
+    /// A refusal: 400, 422, the app's status for the original, 503 (from an overloaded
+    /// pool, with a `Retry-After`).
+    Refused(Refusal),
 }
 
 /// Whether the request asks its app's images option for a resized image.
@@ -206,11 +203,8 @@ pub(crate) async fn resize_for(
     let route = ctx.route.clone()?;
     let images = route.app.images.as_ref()?;
     let app = route.app.name.as_str();
-    let refused = |status: u16, text: String| ImageAnswer::Refused {
-        status,
-        text,
-        retry_after: false,
-    };
+    let refused =
+        |status: u16, text: String| ImageAnswer::Refused(Refusal::explained(status, text));
     let asked = match parse(images, request.uri.path(), request.uri.query()) {
         Ok(asked) => asked,
         Err(reason) => {
@@ -239,7 +233,7 @@ pub(crate) async fn resize_for(
         Ok(original) => original,
         Err(failure) => {
             count(app, failure.label);
-            return Some(refused(failure.status, failure.text));
+            return Some(ImageAnswer::Refused(failure.refusal));
         }
     };
     let resize = asked.resize;
@@ -290,11 +284,7 @@ fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
         }
         PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
     };
-    ImageAnswer::Refused {
-        status: 503,
-        text: why.into(),
-        retry_after: true,
-    }
+    ImageAnswer::Refused(Refusal::new(503, why).come_back_in(POOL_BUSY_RETRY_AFTER_S))
 }
 
 fn count(app: &str, result: &str) {
@@ -368,17 +358,17 @@ fn joined(pieces: Vec<Bytes>) -> Bytes {
     }
 }
 
+/// Why an original could not be had: the refusal the client gets, and the result label
+/// `switchyard_image_requests_total` counts.
 struct FetchFailure {
-    status: u16,
-    text: String,
+    refusal: Refusal,
     label: &'static str,
 }
 
 impl FetchFailure {
     fn new(status: u16, text: impl Into<String>, label: &'static str) -> Self {
         Self {
-            status,
-            text: text.into(),
+            refusal: Refusal::explained(status, text.into()),
             label,
         }
     }
@@ -548,7 +538,7 @@ fn original_request(
         headers.insert(http::header::HOST, host);
     }
     headers.insert(http::header::ACCEPT, HeaderValue::from_static("image/*"));
-    forwarded::set_forwarded_headers(client_ip, headers, ctx);
+    forwarded::set_forwarded_headers(client_ip, headers, ctx.tls, &ctx.request_id);
     Ok(request)
 }
 

@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 
 use crate::fleet_rate::FleetRates;
 use crate::metrics;
+use crate::respond::Refusal;
 
 /// Which limit decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,48 +95,19 @@ impl Decision {
     }
 }
 
-/// Why a request was refused, and the answer it gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Refusal {
-    pub(crate) status: u16,
-    pub(crate) text: &'static str,
-    /// Seconds the client is asked to wait (`Retry-After`).
-    pub(crate) retry_after_s: Option<u32>,
-}
-
-impl Refusal {
-    const fn new(status: u16, text: &'static str) -> Self {
-        Self {
-            status,
-            text,
-            retry_after_s: None,
-        }
-    }
-}
-
 const DENIED: Refusal = Refusal::new(403, "forbidden: this app does not accept your network");
 const URI_TOO_LONG: Refusal = Refusal::new(414, "the request target is too long for this app");
 const HEADERS_TOO_LARGE: Refusal =
     Refusal::new(431, "the request headers are too large for this app");
 const BODY_TOO_LARGE: Refusal = Refusal::new(413, "the request body is too large for this app");
-const BUSY: Refusal = Refusal {
-    status: 503,
-    text: "this app has too many requests in progress",
-    retry_after_s: Some(1),
-};
+const BUSY: Refusal =
+    Refusal::new(503, "this app has too many requests in progress").come_back_in(1);
 
-const TOO_MANY_CONNECTIONS: Refusal = Refusal {
-    status: 429,
-    text: "too many requests in progress from you to this app",
-    retry_after_s: Some(1),
-};
+const TOO_MANY_CONNECTIONS: Refusal =
+    Refusal::new(429, "too many requests in progress from you to this app").come_back_in(1);
 
 fn rate_limited(wait: Duration) -> Refusal {
-    Refusal {
-        status: 429,
-        text: "too many requests",
-        retry_after_s: Some(wait.as_secs_f64().ceil().max(1.0) as u32),
-    }
+    Refusal::new(429, "too many requests").come_back_in(wait.as_secs_f64().ceil().max(1.0) as u32)
 }
 
 /// The limits of every app, shared by the listener threads.

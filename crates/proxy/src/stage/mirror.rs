@@ -289,7 +289,7 @@ fn copy_head(
             HeaderValue::from_static("chunked"),
         );
     }
-    forwarded::set_forwarded_headers(client_ip, &mut copy.headers, ctx);
+    forwarded::set_forwarded_headers(client_ip, &mut copy.headers, ctx.tls, &ctx.request_id);
     copy.headers
         .insert("x-mirrored-by", HeaderValue::from_static("switchyard"));
     Ok(copy)

@@ -1,4 +1,4 @@
-//! The stages of a request, one module each, in the order `listener/service.rs` runs them:
+//! The stages of a request, one module each, in the order `crate::pipeline` runs them:
 //!
 //! 1. `request_id` — the client's id when it looks like one, else a fresh one;
 //! 2. `framing` — a body framing no backend could read unambiguously is refused (400), an
@@ -16,9 +16,8 @@
 //!    holds what the cache needs to keep the app's answer;
 //! 10. `images` — `/_img/WxH/…` resized on the worker pool (the pixels: `crate::thumbnail`);
 //! 11. `mirror` — a copy starts towards the app's shadow backends, never waited for;
-//! 12. upstream — run by `listener/service.rs` itself, through `routing::attempt`: a
-//!     backend is picked, attempted, retried, marked down; its connection entered in the
-//!     connection table so a deletion can drain it.
+//! 12. upstream — `crate::upstream`: a backend is picked, attempted, retried, marked down;
+//!     its connection entered in the connection table so a deletion can drain it.
 //!
 //! A stage reads the request and the [`RequestCtx`](crate::context::RequestCtx) and says
 //! whether the request goes on; the listener writes every answer.

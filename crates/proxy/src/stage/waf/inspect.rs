@@ -1,10 +1,9 @@
-//! Stage waf on the listener: the decisions of `waf.rs`, with the body pulled from the
-//! client here. A body the rules must see is read before anything goes to the backend and
+//! The WAF's body phase: the decisions of `waf`, with the body pulled from the client
+//! here. A body the rules must see is read before anything goes to the backend and
 //! held — in memory when small, in the spool file otherwise, read back whole once it
 //! passes. The backend then gets the held
 //! bytes, and after them the rest of the body (past `max_body_bytes`) as it comes.
 
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::pin::Pin;
 use std::time::Duration;
@@ -13,25 +12,24 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body as _, Frame};
 
-use super::request_body::RequestBody;
-use super::service::Answer;
+use super::{self as waf, BodyInspection, Endpoints, Inspector, OwnedRequest, SpoolRefusal};
 use crate::context::RequestCtx;
-use crate::respond::{self, LocalAnswer};
-use crate::stage::waf::{self, BodyInspection, Endpoints, Inspector, OwnedRequest, SpoolRefusal};
+use crate::listener::request_body::RequestBody;
+use crate::respond::{LocalAnswer, Refusal};
 
 /// The part of a request's body read for its inspection, sent on before the rest.
 #[derive(Clone, Default)]
-pub(super) struct Held {
-    pub(super) data: Bytes,
+pub(crate) struct Held {
+    pub(crate) data: Bytes,
     /// Trailers, when the body was read to its end and had some.
-    pub(super) trailers: Option<HeaderMap>,
+    pub(crate) trailers: Option<HeaderMap>,
 }
 
 /// Inspects a request of an app with a WAF: `Ok` with the body read for it (if any) when it
 /// may go on, `Err` with the answer otherwise. `incoming` is left where the inspection
 /// stopped reading it; each read waits at most `read_deadline`, and is counted in
 /// `bytes_in`.
-pub(super) async fn inspect(
+pub(crate) async fn inspect(
     head: &http::request::Parts,
     incoming: &mut RequestBody,
     endpoints: Endpoints,
@@ -39,7 +37,7 @@ pub(super) async fn inspect(
     inspector: Option<&Inspector>,
     read_deadline: Duration,
     bytes_in: &Cell<usize>,
-) -> Result<Option<Held>, Refused> {
+) -> Result<Option<Held>, Refusal> {
     let Some(policy) = waf::policy_of(ctx) else {
         return Ok(None);
     };
@@ -106,62 +104,19 @@ pub(super) async fn inspect(
     }
 }
 
-fn go_on(refusal: Option<LocalAnswer>) -> Result<Option<Held>, Refused> {
+fn go_on(refusal: Option<LocalAnswer>) -> Result<Option<Held>, Refusal> {
     match refusal {
         Some(answer) => Err(answer.into()),
         None => Ok(None),
     }
 }
 
-fn refused(refusal: SpoolRefusal) -> Refused {
+fn refused(refusal: SpoolRefusal) -> Refusal {
     match refusal {
         SpoolRefusal::Answer(answer) => answer.into(),
         SpoolRefusal::Unreadable(e) => {
             log::error!("the WAF spool could not be read back: {e}");
-            local(500)
-        }
-    }
-}
-
-fn local(status: u16) -> Refused {
-    Refused {
-        status,
-        text: respond::text_for(status),
-        retry_after: None,
-    }
-}
-
-/// The answer to a request the stage stops.
-pub(super) struct Refused {
-    status: u16,
-    text: &'static str,
-    /// Set when the worker pool was too busy to inspect in time.
-    retry_after: Option<u32>,
-}
-
-impl Refused {
-    /// `Retry-After` seconds when the pool was too busy (the client should come back).
-    pub(super) fn retry_after(&self) -> Option<u32> {
-        self.retry_after
-    }
-}
-
-impl From<LocalAnswer> for Refused {
-    fn from(answer: LocalAnswer) -> Self {
-        Self {
-            status: answer.status(),
-            text: answer.text(),
-            retry_after: answer.retry_after_s(),
-        }
-    }
-}
-
-impl From<Refused> for Answer {
-    fn from(refused: Refused) -> Self {
-        Self::Refused {
-            status: refused.status,
-            text: Cow::Borrowed(refused.text),
-            retry_after: refused.retry_after,
+            Refusal::of_status(500)
         }
     }
 }
@@ -192,7 +147,7 @@ struct InspectedBody<'a> {
 impl InspectedBody<'_> {
     /// The next piece of data, `None` at the end; a client that stops sending gets 408, one
     /// whose body breaks (a reset, a malformed chunk) 400.
-    async fn next_piece(&mut self, ctx: &RequestCtx) -> Result<Option<Bytes>, Refused> {
+    async fn next_piece(&mut self, ctx: &RequestCtx) -> Result<Option<Bytes>, Refusal> {
         loop {
             let incoming = &mut *self.incoming;
             let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
@@ -204,7 +159,7 @@ impl InspectedBody<'_> {
                         "request {}: the body for the WAF stopped: {e}",
                         ctx.request_id
                     );
-                    return Err(local(400));
+                    return Err(Refusal::of_status(400));
                 }
                 Err(_) => {
                     log::debug!(
@@ -212,7 +167,7 @@ impl InspectedBody<'_> {
                         ctx.request_id,
                         self.read_deadline
                     );
-                    return Err(local(408));
+                    return Err(Refusal::of_status(408));
                 }
             };
             match Frame::into_data(frame) {

@@ -1,4 +1,4 @@
-//! Attempts at a backend, for the upstream step of a request (`listener/service.rs`) and
+//! Attempts at a backend, for the upstream step of a request (`crate::pipeline`) and
 //! for the originals the images stage fetches: pick a backend the request has not tried,
 //! enter its connection in the connection table, and decide what a failure means — mark
 //! the backend down, retry elsewhere within the app's `retries`, or give up.

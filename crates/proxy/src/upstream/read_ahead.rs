@@ -16,7 +16,6 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -26,46 +25,13 @@ use bytes::{Bytes, BytesMut};
 use http_body::Body;
 
 use super::backend_h1::BackendBody;
-use super::bodies::BodyError;
-use super::EventLoop;
-use crate::byte_budget::ByteBudget;
+use super::response_buffers::ResponseBuffers;
+use crate::body_read::BodyError;
+use crate::event_loop::EventLoop;
 use crate::metrics;
 
 /// Most of one answer held in memory; the rest of its share goes to the spool.
 const MEMORY_PER_ANSWER: u64 = 1 << 20;
-
-/// The limits of read-ahead, shared by every listener thread.
-pub struct ResponseBuffers {
-    /// Most bytes one answer may hold ahead of its client; 0 turns read-ahead off.
-    per_answer: u64,
-    memory: ByteBudget,
-    spool: ByteBudget,
-    spool_dir: PathBuf,
-}
-
-impl ResponseBuffers {
-    /// `per_answer` bytes ahead per answer (0: off), within `memory_limit` bytes of memory
-    /// and `spool_limit` bytes of unlinked files in `spool_dir` for all answers.
-    pub fn new(per_answer: u64, memory_limit: u64, spool_limit: u64, spool_dir: PathBuf) -> Self {
-        metrics::RESPONSE_BUFFER_MEMORY_BUDGET.set(i64::try_from(memory_limit).unwrap_or(i64::MAX));
-        metrics::RESPONSE_SPOOL_BUDGET.set(i64::try_from(spool_limit).unwrap_or(i64::MAX));
-        Self {
-            per_answer,
-            memory: ByteBudget::new(memory_limit, metrics::RESPONSE_BUFFER_MEMORY.clone()),
-            spool: ByteBudget::new(spool_limit, metrics::RESPONSE_SPOOL.clone()),
-            spool_dir,
-        }
-    }
-
-    /// Read-ahead off: every answer streams at its client's pace.
-    pub fn off() -> Self {
-        Self::new(0, 0, 0, PathBuf::new())
-    }
-
-    pub(super) fn enabled(&self) -> bool {
-        self.per_answer > 0
-    }
-}
 
 /// A piece of the answer read ahead, in order.
 enum Piece {
@@ -114,7 +80,7 @@ impl Queue {
 }
 
 /// The client's end of an answer read ahead.
-pub(super) struct ReadAhead {
+pub(crate) struct ReadAhead {
     queue: Rc<RefCell<Queue>>,
     buffers: Arc<ResponseBuffers>,
 }
@@ -122,7 +88,7 @@ pub(super) struct ReadAhead {
 impl ReadAhead {
     /// Starts reading `body` ahead of the client, each piece within `read_deadline`; its
     /// connection goes back to `worker`'s pool once the body is read to its end.
-    pub(super) fn start(
+    pub(crate) fn start(
         body: BackendBody,
         read_deadline: Duration,
         worker: Rc<EventLoop>,
@@ -151,7 +117,7 @@ impl ReadAhead {
     }
 
     /// The next piece for the client, in order; `None` at the end.
-    pub(super) fn poll_piece(
+    pub(crate) fn poll_piece(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, BodyError>>> {
@@ -200,7 +166,7 @@ impl ReadAhead {
         Poll::Ready(Some(Ok(bytes)))
     }
 
-    pub(super) fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         let queue = self.queue.borrow();
         queue.pieces.is_empty() && matches!(queue.end, Some(Ok(())))
     }

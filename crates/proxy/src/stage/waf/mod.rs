@@ -15,8 +15,12 @@
 //! cannot start or finish by `timeout_ms`, or a body the spool has no room for, follows
 //! `on_overload`: pass, or 503.
 //!
-//! This module holds the decisions (what to inspect when, the verdict, the spool); the
-//! listener pulls the body and holds it back (`listener::inspection`).
+//! One module, entered by the pipeline in two phases: `policy_of` in the request phase
+//! (whether the request will wait for the pool), `inspect::inspect` in the body phase (the
+//! body pulled from the client, inspected and held back). This file holds the decisions
+//! (what to inspect when, the verdict, the spool).
+
+pub(crate) mod inspect;
 
 use std::fs::File;
 use std::net::SocketAddr;

@@ -30,9 +30,10 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-use super::bodies::ForwardBody;
-use super::read_buffers;
+use super::failure::BackendFailure;
+use super::forward_body::ForwardBody;
 use crate::forwarded::Forwarding;
+use crate::listener::read_buffers;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::routing::connections::ShutdownRequest;
 
@@ -44,7 +45,7 @@ const READ_PIECE: usize = 16 * 1024;
 const MAX_ANSWER_HEAD: usize = 64 * 1024;
 
 /// A connection to a backend, ready for one request at a time.
-pub(super) struct BackendConnection {
+pub(crate) struct BackendConnection {
     stream: TcpStream,
     /// What was read from the backend and not handed on yet.
     read: BytesMut,
@@ -56,58 +57,12 @@ pub(super) struct BackendConnection {
     /// How the answer of the exchange under way hands its fields over.
     answer_form: AnswerForm,
     /// Watched for as long as the connection lives, for the connection table's drains.
-    pub(super) shutdown: Arc<ShutdownRequest>,
-    pub(super) address: SocketAddr,
+    pub(crate) shutdown: Arc<ShutdownRequest>,
+    pub(crate) address: SocketAddr,
     /// Dropped with the connection: the drain watcher then ends without touching the
     /// descriptor, which another socket may have by then.
     _alive: oneshot::Sender<()>,
 }
-
-/// Why a backend gave no usable answer.
-#[derive(Debug)]
-pub(super) enum BackendFailure {
-    /// The backend closed the connection before the answer was whole: a kept connection
-    /// it had closed meanwhile (then safe to retry where the request is), or a crash.
-    Closed,
-    Io(std::io::Error),
-    /// The answer was not HTTP/1.1 as the router reads it.
-    Protocol(&'static str),
-    /// The client's body failed on its way (the request's failure cell says how).
-    ClientBody(String),
-}
-
-impl BackendFailure {
-    /// The kind, as in `switchyard_upstream_errors_total`.
-    pub(super) fn kind(&self) -> &'static str {
-        match self {
-            Self::Closed => "closed",
-            Self::Io(_) | Self::ClientBody(_) => "io",
-            Self::Protocol(_) => "protocol",
-        }
-    }
-
-    fn from_io(error: std::io::Error) -> Self {
-        match error.kind() {
-            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof => {
-                Self::Closed
-            }
-            _ => Self::Io(error),
-        }
-    }
-}
-
-impl std::fmt::Display for BackendFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Closed => write!(f, "the backend closed the connection"),
-            Self::Io(e) => write!(f, "{e}"),
-            Self::Protocol(why) => write!(f, "{why}"),
-            Self::ClientBody(e) => write!(f, "the client's body: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for BackendFailure {}
 
 /// An answer's head, read out of the read buffer.
 struct AnswerHead {
@@ -122,7 +77,7 @@ struct AnswerHead {
 
 /// How an answer's fields are handed over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum AnswerForm {
+pub(crate) enum AnswerForm {
     /// In the response's `HeaderMap`: for the stages that read the answer's fields (the
     /// cache) and for HTTP/2 clients, whose server takes a map.
     Map,
@@ -198,7 +153,7 @@ impl BackendConnection {
     /// A connection on `stream`, which `shutdown` closes when a drain asks. Boxed for its
     /// whole life: it is moved into each exchange, its answer's body and the pool, and a
     /// pointer moves for less than its bytes did (callgrind: memcpy).
-    pub(super) fn new(
+    pub(crate) fn new(
         stream: TcpStream,
         address: SocketAddr,
         shutdown: Arc<ShutdownRequest>,
@@ -234,7 +189,7 @@ impl BackendConnection {
 
     /// Whether the backend closed the connection (or sent what nobody asked for) while it
     /// was idle: a read event since the last read that waited. Without one, no system call.
-    pub(super) fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         let mut probe = [MaybeUninit::<u8>::uninit(); 1];
         let peeked = self.stream.try_io(Interest::READABLE, || {
             SockRef::from(&self.stream).peek(&mut probe)
@@ -243,7 +198,7 @@ impl BackendConnection {
     }
 
     /// Idle buffers are given back: a pool of idle connections costs their sockets.
-    pub(super) fn release_buffers(&mut self) {
+    pub(crate) fn release_buffers(&mut self) {
         read_buffers::give_back(&mut self.read, READ_PIECE);
         if self.write.capacity() > 4096 {
             self.write = Vec::new();
@@ -256,7 +211,7 @@ impl BackendConnection {
     /// reads the answer's head; its body follows from the returned response's.
     /// `answers_head`: the request is a HEAD, whose answer has no body whatever it
     /// announces.
-    pub(super) async fn exchange(
+    pub(crate) async fn exchange(
         mut self: Box<Self>,
         parts: &http::request::Parts,
         as_read: Option<&RequestFields>,
@@ -513,7 +468,7 @@ async fn write_all(stream: &TcpStream, pieces: &[IoSlice<'_>]) -> std::io::Resul
 
 /// The body of a backend's answer, read from its connection; the connection goes back to
 /// the pool (`take_reusable`) once the body is read to its end.
-pub(super) struct BackendBody {
+pub(crate) struct BackendBody {
     connection: Option<Box<BackendConnection>>,
     framing: Framing,
     /// The connection may carry another request after this answer.
@@ -525,13 +480,13 @@ pub(super) struct BackendBody {
 impl BackendBody {
     /// The answer's fields as read, when they were asked for so: taken once, by whoever
     /// writes the client's head.
-    pub(super) fn take_fields(&mut self) -> Option<AnswerFields> {
+    pub(crate) fn take_fields(&mut self) -> Option<AnswerFields> {
         self.fields.take()
     }
 
     /// The connection, once the answer has been read to its end and the connection may
     /// carry another request; `None` otherwise (dropped, it closes).
-    pub(super) fn take_reusable(&mut self) -> Option<Box<BackendConnection>> {
+    pub(crate) fn take_reusable(&mut self) -> Option<Box<BackendConnection>> {
         let ended = matches!(self.framing, Framing::Done);
         let mut connection = self.connection.take()?;
         // Bytes past the answer are none the router asked for: the connection is not
@@ -545,7 +500,7 @@ impl BackendBody {
 
     /// Whether the whole body came with the head (a small answer): nothing is left to
     /// read from the backend.
-    pub(super) fn all_in_hand(&self) -> bool {
+    pub(crate) fn all_in_hand(&self) -> bool {
         match (&self.framing, &self.connection) {
             (Framing::Done, _) => true,
             (Framing::Length(left), Some(connection)) => connection.read.len() as u64 >= *left,
@@ -555,7 +510,7 @@ impl BackendBody {
 
     /// The backend's socket after a `101 Switching Protocols`, with what it sent past the
     /// head.
-    pub(super) fn into_upgraded(mut self) -> Option<(TcpStream, Bytes)> {
+    pub(crate) fn into_upgraded(mut self) -> Option<(TcpStream, Bytes)> {
         let connection = self.connection.take()?;
         Some((connection.stream, connection.read.freeze()))
     }

@@ -1,0 +1,51 @@
+//! One event loop's state (one per listener thread): what every thread shares (the
+//! router's [`Shared`]) and what is this thread's own: its idle backend connections, its
+//! connections to shadow backends, its clock, its count of open client connections.
+//! Not the worker pool's CPU threads (`worker_pool`).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::idle_connections::SWEEP_EVERY;
+use crate::listener::clock::Clock;
+use crate::router::Shared;
+use crate::stage::mirror::MirrorClient;
+use crate::upstream::pool::BackendPool;
+
+pub(crate) struct EventLoop {
+    pub(crate) shared: Shared,
+    pub(crate) pool: BackendPool,
+    /// This thread's connections to shadow backends.
+    pub(crate) mirrors: Arc<MirrorClient>,
+    pub(crate) open_connections: Cell<usize>,
+    /// The deadlines of this thread's connections and exchanges.
+    pub(crate) clock: Rc<Clock>,
+}
+
+impl EventLoop {
+    /// A thread's loop over `shared`, keeping at most `idle_backend_connections`.
+    pub(crate) fn new(shared: Shared, idle_backend_connections: usize) -> Rc<Self> {
+        Rc::new(Self {
+            shared,
+            pool: BackendPool::new(idle_backend_connections),
+            mirrors: Arc::new(MirrorClient::new()),
+            open_connections: Cell::new(0),
+            clock: Clock::new(),
+        })
+    }
+
+    /// Closes expired idle connections of this thread's pools (its backends', its mirror
+    /// copies' and its image originals') for as long as its thread runs.
+    pub(crate) async fn sweep_idle(self: Rc<Self>) {
+        // On the thread's clock: a tokio interval would be the one timer on the thread.
+        loop {
+            self.clock.sleep(SWEEP_EVERY).await;
+            self.pool.sweep_idle();
+            self.mirrors.sweep_idle();
+            if let Some(images) = &self.shared.images {
+                images.sweep_idle();
+            }
+        }
+    }
+}

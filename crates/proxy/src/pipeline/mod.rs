@@ -1,0 +1,499 @@
+//! The life of one request, the one place that orders the stages (`stage/mod.rs` lists
+//! them), in the phases Pingora's `ProxyHttp` names:
+//!
+//! 1. **request** — the head read whole: request id, framing, route, ACME challenge,
+//!    limits, HTTPS redirect. Each stage answers (a [`Refusal`], a redirect) or lets the
+//!    request go on.
+//! 2. **body** — the WAF reads and inspects the body it must see, and holds it
+//!    (`stage::waf::inspect`).
+//! 3. **answer in place of the app** — a static file, a fresh copy from the cache, a
+//!    resized image.
+//! 4. **upstream** — a copy starts towards the mirror; the request goes to a backend
+//!    (`crate::upstream`: choose, connect, register, retry, mark down, map failures).
+//! 5. **response** — the cache decides on the app's answer (kept, or a stale copy in its
+//!    place); `answer::write` writes every answer, the app's or the router's own.
+//! 6. **logging** — when the answer is done or the client leaves, the request is logged and
+//!    counted (`end::RequestEnd`, dropped with the answer's body).
+
+mod answer;
+pub(crate) mod answer_body;
+pub(crate) mod client;
+pub(crate) mod end;
+
+use std::cell::Cell;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::routing::route_cache::AppRoute;
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
+use http_body::Body as _;
+use switchyard_give_way::LightRequest;
+
+pub(crate) use answer::RouterFields;
+use answer::{Answer, X_CACHE};
+use answer_body::AnswerBody;
+use client::Client;
+use end::RequestEnd;
+
+use crate::context::RequestCtx;
+use crate::event_loop::EventLoop;
+use crate::forwarded::Forwarding;
+use crate::listener::relay::ClientUpgrade;
+use crate::listener::request_body::RequestBody;
+use crate::request_fields::{Fields, Known, RequestFields};
+use crate::respond::{LocalAnswer, Refusal};
+use crate::stage::acme_challenge;
+use crate::stage::cache::{self, AppAnswer, CacheStatus};
+use crate::stage::framing;
+use crate::stage::https;
+use crate::stage::images::{self, ImageAnswer};
+use crate::stage::limits;
+use crate::stage::mirror;
+use crate::stage::request_id::request_id;
+use crate::stage::route;
+use crate::stage::static_files;
+use crate::stage::waf::{self, inspect::Held};
+use crate::upstream::backend_h1::AnswerForm;
+use crate::upstream::forward_body::ForwardBody;
+use crate::upstream::{self, Outgoing};
+
+/// Serves one request. `client_upgrade`: where the client's connection comes once a 101
+/// has gone out, for a request that asks for an upgrade.
+pub(crate) async fn handle(
+    request: Request<RequestBody>,
+    as_read: Option<RequestFields>,
+    client: Rc<Client>,
+    worker: Rc<EventLoop>,
+    client_upgrade: Option<ClientUpgrade>,
+) -> Response<AnswerBody> {
+    let bytes_in = Rc::new(Cell::new(0));
+    let mut end = Box::new(RequestEnd {
+        worker: worker.clone(),
+        // Made in place: a named local, though moved from, would keep its 416 bytes in
+        // this future's state for the whole request (rustc -Zprint-type-sizes).
+        ctx: {
+            let mut ctx = RequestCtx::new();
+            ctx.tls = client.tls;
+            ctx.request_id = request_id(Fields::of(request.headers(), as_read.as_ref()));
+            ctx
+        },
+        method: request.method().clone(),
+        target: request.uri().clone(),
+        version: request.version(),
+        connection: client.clone(),
+        bytes_in: bytes_in.clone(),
+        status: 0,
+        bytes_out: 0,
+        answer_fields: None,
+    });
+    let (head, incoming) = request.into_parts();
+    let mut unread = Some(incoming);
+    let mut answer = proxy(
+        head,
+        as_read,
+        &mut unread,
+        &client,
+        &mut end.ctx,
+        &worker,
+        bytes_in,
+    )
+    .await;
+    // Its answer is ready: the workers go on giving way a moment (crates/give-way) while
+    // the loop sends it and the client reads it. A WebSocket or a long download stops
+    // counting here, or the workers would give way for as long as one stays open.
+    end.ctx.light = None;
+    if let Answer::Refused(Refusal {
+        status: 500..,
+        retry_after_s: None,
+        ..
+    }) = answer
+    {
+        // The app failed or could not be reached: a stale copy stands in if one may.
+        if let Some(stale) = cache::take_stale(&mut end.ctx) {
+            answer = Answer::Cached(stale, CacheStatus::Stale);
+        }
+    }
+    let mut response = answer::write(answer, client_upgrade, end);
+    if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
+        linger(incoming, &mut response);
+    }
+    response
+}
+
+/// How long the rest of a body the router answered without reading may take to come in
+/// before the connection is closed anyway (nginx's `lingering_timeout`).
+const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
+
+/// An HTTP/1 client may still be sending the body of a request the router has answered (a
+/// refused upload, an unknown host): closing with its bytes unread would reset the
+/// connection, and the client could lose the answer. The connection closes after this
+/// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
+/// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
+fn linger(mut incoming: RequestBody, response: &mut Response<AnswerBody>) {
+    if response.version() == Version::HTTP_2 {
+        return;
+    }
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    tokio::task::spawn_local(async move {
+        let drained = async {
+            while let Some(Ok(_)) =
+                std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await
+            {
+            }
+        };
+        let _ = tokio::time::timeout(REFUSED_BODY_LINGER, drained).await;
+    });
+}
+
+/// The answer to a request, phase after phase; its body is taken from `unread` once it
+/// goes to a backend, and left there otherwise. `as_read`: an HTTP/1.x client's fields
+/// where they were read, when `head`'s map is empty; they are made a map for the stages
+/// that read a request whole.
+async fn proxy(
+    mut head: http::request::Parts,
+    mut as_read: Option<RequestFields>,
+    unread: &mut Option<RequestBody>,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+    bytes_in: Rc<Cell<usize>>,
+) -> Answer {
+    let Some(incoming) = unread.as_mut() else {
+        return Refusal::upstream_failed(false).into();
+    };
+    let route = match request_phase(&mut head, &mut as_read, incoming, client, ctx, worker).await {
+        Ok(route) => route,
+        Err(answer) => return answer,
+    };
+    let held = match body_phase(&head, incoming, client, ctx, worker, &bytes_in).await {
+        Ok(held) => held,
+        Err(refusal) => return refusal.into(),
+    };
+    if let Some(answer) = answer_in_place_of_app(&head, client, ctx, worker).await {
+        return answer;
+    }
+    let Some(incoming) = unread.take() else {
+        return Refusal::upstream_failed(false).into();
+    };
+    upstream_phase(
+        head, as_read, incoming, held, &route, client, ctx, worker, bytes_in,
+    )
+    .await
+}
+
+/// The request phase: the stages that read the head answer, or let the request go on to
+/// the route's app.
+async fn request_phase(
+    head: &mut http::request::Parts,
+    as_read: &mut Option<RequestFields>,
+    incoming: &mut RequestBody,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Result<Arc<AppRoute>, Answer> {
+    ctx.held = client.wait_out_refusal(head.version).await;
+    match as_read {
+        // Fields as read have neither Transfer-Encoding nor Upgrade (`client_h1`), and the
+        // codec checked their lengths: the length declared is what is left to read.
+        Some(fields) => {
+            ctx.declared_length =
+                framing::declared_length(Fields::AsRead(fields).get(Known::ContentLength));
+        }
+        None => ctx.declared_length = framing::check_request(&mut head.headers)?,
+    }
+    let shared = &worker.shared;
+    let fields = Fields::of(&head.headers, as_read.as_ref());
+    route::route(&head.uri, fields, ctx, &shared.routes).await?;
+    if let Some(key_authorization) =
+        acme_challenge::answer(&head.method, head.uri.path(), ctx, shared.routes.store()).await
+    {
+        let mut headers = HeaderMap::with_capacity(2);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(key_authorization.len()));
+        return Err(Answer::Made {
+            headers,
+            body: Bytes::from(key_authorization),
+        });
+    }
+    let Some(route) = ctx.route.clone() else {
+        return Err(LocalAnswer::UnknownHost.into());
+    };
+    if as_read.is_some() && reads_whole_request(&route.app) {
+        match as_read.take().map(|fields| fields.to_map()) {
+            Some(Ok(map)) => head.headers = map,
+            _ => return Err(Refusal::of_status(400).into()),
+        }
+    }
+    // A request that will wait for no worker is what the workers give way for; one that
+    // will (an inspection, a resize) is the heavy work itself.
+    let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
+    let resized = shared.images.is_some() && images::wants_resize(ctx, head);
+    if !inspected && !resized {
+        ctx.light = Some(LightRequest::start());
+    }
+    if let Some(limits) = route.app.limits.as_deref() {
+        let request = limits::Request {
+            app: route.app.name.as_str(),
+            limits,
+            peer: client.ip(),
+            headers: &head.headers,
+            target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
+            declared_length: ctx.declared_length,
+        };
+        ctx.limit_places = shared.limiter.admit(request).await?;
+    }
+    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
+        return Err(Answer::Redirect(location));
+    }
+    let body_deadline = shared.client_timeouts.body;
+    if head.version == Version::HTTP_2
+        && ctx.declared_length == Some(0)
+        && !incoming.is_end_stream()
+        && !empty_body_ends(incoming, body_deadline).await
+    {
+        return Err(LocalAnswer::AmbiguousFraming.into());
+    }
+    Ok(route)
+}
+
+/// The body phase: the part of the body the app's WAF must see, read, inspected and held
+/// to be sent on; `None` when nothing was held.
+async fn body_phase(
+    head: &http::request::Parts,
+    incoming: &mut RequestBody,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+    bytes_in: &Cell<usize>,
+) -> Result<Option<Held>, Refusal> {
+    if waf::policy_of(ctx).is_none() {
+        return Ok(None);
+    }
+    // The WAF, the cache and the images are awaited boxed, and only on the routes that
+    // have them: their states (2.1, 4.4 and 1.5 KiB) would otherwise size this future,
+    // which every request builds and moves whole (callgrind: memcpy, 4k instructions a
+    // request before).
+    let shared = &worker.shared;
+    let inspected = Box::pin(waf::inspect::inspect(
+        head,
+        incoming,
+        client.endpoints(),
+        ctx,
+        shared.waf.as_deref(),
+        shared.client_timeouts.body,
+        bytes_in,
+    ));
+    inspected.await.inspect_err(|refusal| {
+        if let Some(seconds) = refusal.retry_after_s {
+            client.pace_after_refusal(seconds);
+        }
+    })
+}
+
+/// The answers the router makes in place of the app's: a file under the app's static root,
+/// a fresh copy from its cache, a resized image.
+async fn answer_in_place_of_app(
+    head: &http::request::Parts,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Option<Answer> {
+    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
+        return Some(Answer::File(file));
+    }
+    let shared = &worker.shared;
+    if cache::may_answer(ctx) {
+        let redis = shared.cache_redis.as_ref();
+        if let Some(fresh) = Box::pin(cache::look_up_request(ctx, head, redis)).await {
+            return Some(Answer::Cached(fresh, CacheStatus::Hit));
+        }
+    }
+    // After the cache: a resized image the app lets be cached is made once.
+    if !images::wants_resize(ctx, head) {
+        return None;
+    }
+    let resized = Box::pin(images::resize_for(
+        shared.images.as_ref(),
+        &shared.connections,
+        ctx,
+        head,
+        Some(client.ip()),
+    ));
+    let answer = image_answer(resized.await?, &head.headers, ctx);
+    if let Answer::Refused(Refusal {
+        retry_after_s: Some(seconds),
+        ..
+    }) = answer
+    {
+        client.pace_after_refusal(seconds);
+    }
+    Some(answer)
+}
+
+/// The upstream phase: a copy to the mirror, the request to a backend, and the response
+/// phase's first decision (the cache's, on the app's answer head).
+#[allow(clippy::too_many_arguments)]
+async fn upstream_phase(
+    mut head: http::request::Parts,
+    as_read: Option<RequestFields>,
+    incoming: RequestBody,
+    held: Option<Held>,
+    route: &AppRoute,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+    bytes_in: Rc<Cell<usize>>,
+) -> Answer {
+    let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(Known::Upgrade);
+    let body_ended = incoming.is_end_stream();
+    let mirror_feed = if upgrade {
+        None
+    } else {
+        let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
+        mirror::start_copy(&worker.mirrors, &head, Some(client.ip()), has_body, ctx)
+    };
+    let answer_form = if head.version != Version::HTTP_2 && !cache::may_answer(ctx) {
+        AnswerForm::AsRead
+    } else {
+        AnswerForm::Map
+    };
+    if as_read.is_some() {
+        // In origin form, with no framing to rewrite and no cookies to join (`client_h1`).
+        head.version = Version::HTTP_11;
+    } else {
+        prepare_for_backend(&mut head);
+    }
+    let forwarding = Forwarding::new(
+        Fields::of(&head.headers, as_read.as_ref()).get(Known::ForwardedFor),
+        Some(client.ip()),
+        client.forwarded_for.as_ref(),
+        ctx.tls,
+        &ctx.request_id,
+    );
+    let repeatable = head.method.is_idempotent() && body_ended && !upgrade;
+    let replay = if repeatable { held.clone() } else { None };
+    let body_deadline = worker.shared.client_timeouts.body;
+    let body = ForwardBody::new(incoming, body_deadline, bytes_in)
+        .limited_to(route.app.limits.as_deref().and_then(|l| l.max_body_bytes))
+        .after(held)
+        .mirrored_into(mirror_feed);
+    let outgoing = Outgoing {
+        head: &head,
+        as_read: as_read.as_ref(),
+        forwarding: &forwarding,
+        answer_form,
+        body,
+        repeatable,
+        replay,
+    };
+    let response = match upstream::forward(worker, ctx, outgoing).await {
+        Ok(response) => response,
+        Err(refusal) => return refusal.into(),
+    };
+    // A route with a cache has its request's map (`reads_whole_request`).
+    let status = response.status().as_u16();
+    if cache::on_app_response(&head.headers, ctx, status, response.headers())
+        == AppAnswer::StaleStandsIn
+    {
+        if let Some(stale) = cache::take_stale(ctx) {
+            return Answer::Cached(stale, CacheStatus::Stale);
+        }
+    }
+    Answer::Backend {
+        response,
+        read_deadline: upstream::read_deadline(ctx),
+    }
+}
+
+/// An HTTP/2 request that declares an empty body but has not ended its stream is held until
+/// it does: DATA that follows would make it malformed (RFC 9113 §8.1.1), and the backend's
+/// answer must not reach the client first as if the request had been well formed. False
+/// when the stream carried data, failed or did not end within `deadline`.
+async fn empty_body_ends(incoming: &mut RequestBody, deadline: Duration) -> bool {
+    loop {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
+        match tokio::time::timeout(deadline, next).await {
+            Ok(None) => return true,
+            Ok(Some(Ok(frame))) if frame.data_ref().is_some_and(Bytes::is_empty) => {}
+            Ok(Some(Ok(frame))) if frame.is_trailers() => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The request head as the backend gets it: origin-form target, the Host routed on, one
+/// framing. Hop-by-hop fields are left out, and the forwarding fields put in place of the
+/// client's, as the head is written (`backend_h1`), not in the map.
+fn prepare_for_backend(head: &mut http::request::Parts) {
+    let headers = &mut head.headers;
+    if let Some(authority) = head.uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            headers.insert(HOST, host);
+        }
+    }
+    head.uri = head
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+    if head.version == Version::HTTP_2 {
+        join_cookies(headers);
+    }
+    head.version = Version::HTTP_11;
+    framing::normalise_for_backend(headers);
+}
+
+/// Whether a stage on `app`'s route reads the request whole (through `http::request::Parts`):
+/// its fields are then made a map first.
+fn reads_whole_request(app: &switchyard_model::App) -> bool {
+    app.limits.is_some()
+        || app.cache.is_some()
+        || app.images.is_some()
+        || app.mirror.is_some()
+        || app.waf.is_some()
+}
+
+/// HTTP/2 clients may split `Cookie` into one field per cookie; an HTTP/1.1 backend gets
+/// them as the one field HTTP/1.1 allows (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut cookies = headers.get_all(COOKIE).iter();
+    let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for cookie in headers.get_all(COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(cookie.as_bytes());
+    }
+    if let Ok(joined) = HeaderValue::from_bytes(&joined) {
+        headers.insert(COOKIE, joined);
+    }
+}
+
+/// The answer of the images stage; a resized image goes through the cache's decisions as
+/// the app's own answers do.
+fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut RequestCtx) -> Answer {
+    let (content_type, body, cache_control) = match image {
+        ImageAnswer::Refused(refusal) => return refusal.into(),
+        ImageAnswer::Resized {
+            content_type,
+            body,
+            cache_control,
+        } => (content_type, body, cache_control),
+    };
+    let mut headers = HeaderMap::with_capacity(4);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Some(value) = cache_control.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(CACHE_CONTROL, value);
+    }
+    if let Some(label) = cache::keep_local_answer(request_headers, ctx, 200, &headers, &body) {
+        headers.insert(X_CACHE, HeaderValue::from_static(label));
+    }
+    Answer::Made { headers, body }
+}

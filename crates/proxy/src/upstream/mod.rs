@@ -1,0 +1,157 @@
+//! The upstream: everything that talks to an app's backends, for the proxied request and
+//! for the images stage's originals alike. A backend is chosen (`attempt`, on the
+//! balancer and the health of `routing`), connected to or taken idle from this thread's
+//! pool (`pool`), entered in the connection table so a drain can find it, spoken to in
+//! HTTP/1.1 (`backend_h1`), retried where the request allows, marked down when it cannot
+//! be reached, and its failures mapped to one status each (`failure`: 504 when too late,
+//! 502 otherwise; a failure of the client's body is the client's: 408, 400, 413). The
+//! answer is read ahead of a slow client within `response_buffers` (`read_ahead`).
+
+pub(crate) mod attempt;
+pub(crate) mod backend_h1;
+pub(crate) mod failure;
+pub(crate) mod forward_body;
+pub(crate) mod pool;
+pub(crate) mod read_ahead;
+pub(crate) mod response_buffers;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use http::{Method, Response};
+
+use crate::context::RequestCtx;
+use crate::event_loop::EventLoop;
+use crate::forwarded::Forwarding;
+use crate::metrics;
+use crate::request_fields::RequestFields;
+use crate::respond::Refusal;
+use crate::stage::waf::inspect::Held;
+use backend_h1::{AnswerForm, BackendBody};
+use failure::ConnectFailure;
+use forward_body::ForwardBody;
+
+/// A request on its way to the app, as the upstream sends it.
+pub(crate) struct Outgoing<'a> {
+    /// The head as the backend gets it (origin form, one framing).
+    pub(crate) head: &'a http::request::Parts,
+    /// An HTTP/1.x client's fields as read, written on as they came, when `head` has no map.
+    pub(crate) as_read: Option<&'a RequestFields>,
+    pub(crate) forwarding: &'a Forwarding,
+    /// Whether the answer's fields are made a map or go on as read.
+    pub(crate) answer_form: AnswerForm,
+    /// The body, on its first attempt.
+    pub(crate) body: ForwardBody,
+    /// Whether the request may be sent again after a failure: idempotent, not an upgrade,
+    /// its body all in hand (none, or read whole for the WAF).
+    pub(crate) repeatable: bool,
+    /// The body in hand, sent again on a retry.
+    pub(crate) replay: Option<Held>,
+}
+
+/// How long a backend of the route's app may take to answer, and between pieces of its
+/// answer.
+pub(crate) fn read_deadline(ctx: &RequestCtx) -> Duration {
+    let read_ms = ctx.route.as_ref().map_or(0, |r| r.app.timeouts.read_ms);
+    Duration::from_millis(read_ms)
+}
+
+/// Sends `outgoing` to a backend of the route's app, retried within the app's `retries`
+/// while it may be: the backend's answer head, or the refusal that stands for it.
+pub(crate) async fn forward(
+    worker: &EventLoop,
+    ctx: &mut RequestCtx,
+    outgoing: Outgoing<'_>,
+) -> Result<Response<BackendBody>, Refusal> {
+    let Outgoing {
+        head,
+        as_read,
+        forwarding,
+        answer_form,
+        body,
+        repeatable,
+        replay,
+    } = outgoing;
+    let Some(timeouts) = ctx.route.as_ref().map(|r| &r.app.timeouts) else {
+        return Err(Refusal::upstream_failed(false));
+    };
+    let connect_timeout = Duration::from_millis(timeouts.connect_ms);
+    let read_deadline = Duration::from_millis(timeouts.read_ms);
+    let client_failure = Rc::new(Cell::new(None));
+    let mut body = Some(body.failures_into(client_failure.clone()));
+    loop {
+        let address = attempt::begin_attempt(ctx)?;
+        let connection = match worker.pool.get(address, connect_timeout).await {
+            Ok(connection) => connection,
+            Err(failure) => {
+                if attempt::record_connect_failure(ctx, failure.kind(), &failure.detail()) {
+                    continue;
+                }
+                let timed_out = matches!(failure, ConnectFailure::TimedOut);
+                return Err(Refusal::upstream_failed(timed_out));
+            }
+        };
+        attempt::register_connection(ctx, &worker.shared.connections, connection.shutdown.clone());
+        let may_retry = repeatable && attempt::attempts_left(ctx);
+        let again = || {
+            replay
+                .clone()
+                .map_or_else(ForwardBody::empty, ForwardBody::replay)
+        };
+        let outgoing = body.take().unwrap_or_else(again);
+        let answers_head = head.method == Method::HEAD;
+        let bound = worker.clock.deadline_in(read_deadline);
+        let exchange = std::pin::pin!(connection.exchange(
+            head,
+            as_read,
+            forwarding,
+            outgoing,
+            answers_head,
+            answer_form
+        ));
+        let error = match bound.bound(exchange).await {
+            Ok(Ok(response)) => {
+                attempt::on_response_header(ctx, response.status().as_u16());
+                return Ok(response);
+            }
+            Ok(Err(e)) => {
+                if let Some(failure) = client_failure.get() {
+                    // The client's body stopped, not the backend: no retry, no 502.
+                    log::debug!(
+                        "request {}: the client's body failed ({failure:?}): {e}",
+                        ctx.request_id
+                    );
+                    return Err(failure.into());
+                }
+                e
+            }
+            Err(_) => {
+                count_upstream_error(ctx, "timeout");
+                log::warn!(
+                    "request {}: app {}: backend {address} sent no answer within {read_deadline:?}",
+                    ctx.request_id,
+                    ctx.app_name()
+                );
+                return Err(Refusal::upstream_failed(true));
+            }
+        };
+        count_upstream_error(ctx, error.kind());
+        if may_retry {
+            metrics::UPSTREAM_RETRIES.inc();
+            continue;
+        }
+        log::warn!(
+            "request {}: app {}: backend {address} failed: {error}",
+            ctx.request_id,
+            ctx.app_name()
+        );
+        return Err(Refusal::upstream_failed(false));
+    }
+}
+
+fn count_upstream_error(ctx: &RequestCtx, kind: &'static str) {
+    metrics::UPSTREAM_ERRORS
+        .with_label_values(&[ctx.app_name(), kind])
+        .inc();
+}
