@@ -281,21 +281,30 @@ def start_switchyard(work, apps, backend, tag):
     return proc, http_port, admin_port
 
 
-def serve_switchyard(work, name, *args, log_level="warn", binary=None):
+def serve_switchyard(work, name, *args, log_level="warn", binary=None, env=None):
     """`switchyard serve` on free ports with its own data directory, no HTTPS listener (it
     would take the default port 8443), no access log and no shutdown grace, plus `args`;
     returns (process, http port, admin port). `binary`: another build (an earlier commit's,
-    measured beside this one)."""
+    measured beside this one); `env`: more environment variables."""
     http_port, admin_port = free_port(), free_port()
     proc = Process(name, [
         str(binary or BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
         "--admin", f"127.0.0.1:{admin_port}",
         "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
         *args,
-    ], work, env={**os.environ, "RUST_LOG": log_level})
+    ], work, env={**os.environ, "RUST_LOG": log_level, **(env or {})})
     wait_port(http_port)
     wait_port(admin_port)
     return proc, http_port, admin_port
+
+
+def benchmark_pool(pool_mode="threads", pool_sched=None):
+    """The environment through which a benchmark asks the router for a comparison of its
+    worker pool (`SWITCHYARD_BENCH_POOL`, outside the router's settings): heavy work inline
+    on the event loops, or the pool's threads scheduled otherwise than by default."""
+    if pool_mode == "inline":
+        return {"SWITCHYARD_BENCH_POOL": "inline"}
+    return {"SWITCHYARD_BENCH_POOL": pool_sched} if pool_sched else {}
 
 
 def put_app(admin_port, name, spec, token=None):

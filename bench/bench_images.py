@@ -10,9 +10,9 @@ keeps 100, 200 and 400 connections asking for `/_img/320x240/photo.jpg` (each a 
 decode, a resize and an encode on the pool of 2 threads). Thumbnails the pool cannot take in
 time are answered 503 with Retry-After (wrk counts them as non-2xx). Four times: on the
 worker pool as configured by default (SCHED_IDLE workers that give way to threads waiting for
-a CPU), on SCHED_IDLE workers alone (`--pool-sched idle-kernel`, the default before), on a pool
-of nice-10 workers (`--pool-sched nice`), and forced inline on the event loops
-(`--pool-mode inline`, what a router without a pool does).
+a CPU), on SCHED_IDLE workers alone (`SWITCHYARD_BENCH_POOL=idle-kernel`, the default before),
+on a pool of nice-10 workers (`nice`), and forced inline on the event loops (`inline`, what a
+router without a pool does).
 
 Thumbnails per second alone (64 connections) are measured for this build and, with
 `SWITCHYARD_BASELINE_BIN=path/to/switchyard` (an earlier commit's release build, named by
@@ -104,11 +104,10 @@ def decode_floor(site, seconds):
 
 
 def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None, binary=None, tag=""):
-    sched = ["--pool-sched", pool_sched] if pool_sched else []
     proc, http_port, admin_port = common.serve_switchyard(
         work, f"switchyard-images-{pool_mode}{tag}", "--threads", str(common.THREADS),
-        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, "--waf", "off", *sched,
-        log_level="error", binary=binary)
+        "--pool-threads", str(common.THREADS), "--waf", "off",
+        log_level="error", binary=binary, env=common.benchmark_pool(pool_mode, pool_sched))
     for name, host, extra in [("gallery", GALLERY_HOST, {"images": {"timeout_ms": 2000}}),
                               ("hurried", HURRIED_HOST, {"images": {"timeout_ms": HURRIED_TIMEOUT_MS}}),
                               ("light", LIGHT_HOST, {})]:

@@ -18,7 +18,7 @@ Part 2, light beside heavy (seed 001): a light GET route (an app without the WAF
 constant 500 req/s (vegeta, 1 s timeout), alone and while wrk keeps 100, 200 and 400
 connections of 50 KB inspected POSTs going; light p50/p99 and timeouts, heavy p50/p99 and
 errors. Twice: inspections on the worker pool, and forced inline on the event loops
-(`--pool-mode inline`, what a router without a pool does). Beside them, the machine's floor:
+(`SWITCHYARD_BENCH_POOL=inline`, what a router without a pool does). Beside them, the machine's floor:
 the light route beside two `SCHED_IDLE` processes burning CPU and no heavy request.
 Results go to bench/results/latest.json under "waf" and to bench/RESULTS.md.
 """
@@ -113,11 +113,10 @@ http {{
 
 
 def start_switchyard(work, origin_port, pool_mode="threads", pool_sched=None):
-    sched = ["--pool-sched", pool_sched] if pool_sched else []
     proc, http_port, admin_port = common.serve_switchyard(
         # Short names: the data directory holds the handover socket, whose path is bounded.
         work, f"switchyard-waf-{pool_mode}{(pool_sched or '').replace('idle-kernel', 'ik')}", "--threads", str(common.THREADS),
-        "--pool-threads", str(common.THREADS), "--pool-mode", pool_mode, *sched, log_level="error")
+        "--pool-threads", str(common.THREADS), log_level="error", env=common.benchmark_pool(pool_mode, pool_sched))
     # Every request inspected (or refused with 503, counted by wrk): no uninspected pass.
     waf = {"mode": "block", "timeout_ms": 5000, "on_overload": "closed"}
     for name, host, extra in [("shop", WAF_HOST, {"waf": waf}), ("light", LIGHT_HOST, {})]:

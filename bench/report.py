@@ -439,7 +439,7 @@ def waf_report(w, date):
     lines += ["", f"Seed 001's question: a light GET route (an app without the WAF) at a constant "
               f"{w['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N connections of "
               "50 KB inspected POSTs going through the same router; inspections on the worker pool, then "
-              "the same with a router forced to inspect inline on its event loops (`--pool-mode inline`, "
+              "the same with a router forced to inspect inline on its event loops (`SWITCHYARD_BENCH_POOL=inline`, before `--pool-mode inline`, "
               "what a router without a pool does). Heavy latency is wrk's time to the whole (small) "
               "answer.", ""]
     lines += isolation_table(w, "heavy", "heavy req/s", lambda r: f"{r['heavy_rps']:.0f}")
@@ -497,7 +497,7 @@ def images_report(m, date):
              f"({'; '.join(m['alone_errors']) or 'no errors'}). Then seed 001's question: a light GET route "
              f"at a constant {m['light_rate']} req/s (vegeta, 1 s timeout), alone and while wrk keeps N "
              "connections asking for thumbnails; resizing on the worker pool, then the same with a "
-             "router forced to resize inline on its event loops (`--pool-mode inline`). wrk is "
+             "router forced to resize inline on its event loops (`SWITCHYARD_BENCH_POOL=inline`, before `--pool-mode inline`). wrk is "
              "closed-loop: a client refused with 503 (Retry-After) asks again at once, so the "
              "refusals are part of the load; the rows 'heavy clients honour Retry-After' hold one "
              "next request back per refusal for Retry-After (1 s, jittered ±50%), as careful "

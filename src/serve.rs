@@ -362,6 +362,37 @@ fn backend_names(config: &Config) -> anyhow::Result<BackendNames> {
 /// The router with what costs CPU or memory beyond a request's own: fleet-wide rates
 /// (with a Redis store), the worker pool for the WAF and images, response buffering,
 /// and the WAF when it is on.
+/// Where a benchmark asks heavy work to run for a comparison.
+enum BenchmarkPool {
+    /// On the event loop that took the request: what a router without a pool does.
+    Inline,
+    /// On the pool's threads, scheduled so.
+    Scheduled(PoolScheduling),
+}
+
+/// The environment variable through which the benchmarks compare the worker pool with what
+/// a router without its CPU isolation would do (bench/bench_waf.py, bench/bench_images.py):
+/// `inline`, or the pool's threads scheduled `idle-kernel` (SCHED_IDLE alone, the default
+/// before), `nice` or `pinned` (nice 10 on the last core). Kept out of the settings: no flag,
+/// file key or help text offers a router that serves the first or the last.
+const BENCHMARK_POOL: &str = "SWITCHYARD_BENCH_POOL";
+
+/// The pool as `--pool-sched` configures it, unless a benchmark asks for a comparison.
+fn benchmark_pool(configured: PoolScheduling) -> anyhow::Result<BenchmarkPool> {
+    let Ok(asked) = std::env::var(BENCHMARK_POOL) else {
+        return Ok(BenchmarkPool::Scheduled(configured));
+    };
+    Ok(match asked.as_str() {
+        "inline" => BenchmarkPool::Inline,
+        "idle-kernel" => BenchmarkPool::Scheduled(PoolScheduling::IdleKernel),
+        "nice" => BenchmarkPool::Scheduled(PoolScheduling::Nice),
+        "pinned" => BenchmarkPool::Scheduled(PoolScheduling::Pinned),
+        other => anyhow::bail!(
+            "{BENCHMARK_POOL}={other:?}: expected `inline`, `idle-kernel`, `nice` or `pinned`"
+        ),
+    })
+}
+
 fn with_heavy_stages(
     mut router: Router,
     config: &Config,
@@ -374,17 +405,16 @@ fn with_heavy_stages(
         fleet_limit_sync = Some(sync);
     }
     // One pool for every CPU-heavy stage (WAF, images): its threads sleep until used.
-    let pool = Arc::new(if config.pool_inline {
-        WorkerPool::inline(config.pool_threads)
-    } else {
-        let scheduling = match config.pool_sched {
-            PoolSched::Idle => PoolScheduling::Idle,
-            PoolSched::IdleKernel => PoolScheduling::IdleKernel,
-            PoolSched::Nice => PoolScheduling::Nice,
-            PoolSched::Pinned => PoolScheduling::Pinned,
-        };
-        WorkerPool::new(config.pool_threads, config.pool_queue, scheduling)
-            .context("cannot start the worker pool")?
+    let configured = match config.pool_sched {
+        PoolSched::Idle => PoolScheduling::Idle,
+        PoolSched::Nice => PoolScheduling::Nice,
+    };
+    let pool = Arc::new(match benchmark_pool(configured)? {
+        BenchmarkPool::Inline => WorkerPool::inline(config.pool_threads),
+        BenchmarkPool::Scheduled(scheduling) => {
+            WorkerPool::new(config.pool_threads, config.pool_queue, scheduling)
+                .context("cannot start the worker pool")?
+        }
     });
     router = router.with_worker_pool(pool.clone());
     let response_spool = config.data_dir.join("response-spool");

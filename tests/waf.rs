@@ -510,8 +510,8 @@ fn custom_rules_reload_without_a_restart_and_a_broken_file_keeps_the_rules_in_us
 
 #[test]
 fn a_router_forced_to_inspect_inline_still_inspects() {
-    // `--pool-mode inline` exists for the benchmarks' comparison; it must inspect the same.
-    let router = RouterProcess::start_with(&["--pool-mode", "inline"]);
+    // Inline exists for the benchmarks' comparison (not a setting); it must inspect the same.
+    let router = RouterProcess::start_with_env(&[], &[("SWITCHYARD_BENCH_POOL", "inline")]);
     let backend = Backend::start("shop");
     protect(&router, &backend, json!({"mode": "block"}));
     assert_eq!(get(&router, "/products?page=2", "").status, 200);

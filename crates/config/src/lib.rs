@@ -197,14 +197,10 @@ settings! {
     pool_threads: usize = "SWITCHYARD_POOL_THREADS";
     /// Most tasks waiting for those threads; more are refused at once.
     pool_queue: usize = "SWITCHYARD_POOL_QUEUE";
-    /// `threads` (default), or `inline`: CPU-heavy stages run on the event loop that took
-    /// the request. Only for measuring what the pool saves (bench/bench_waf.py,
-    /// bench/bench_images.py); never for serving.
-    pool_mode: String = "SWITCHYARD_POOL_MODE";
     /// How pool threads share the CPU with the event loops: `idle` (default: SCHED_IDLE,
-    /// and a worker pauses while other threads wait for a CPU), `idle-kernel` (SCHED_IDLE
-    /// alone), `nice` (nice 10) or `pinned` (nice 10 on the last core); the last three for
-    /// comparison (bench/bench_waf.py, bench/bench_images.py).
+    /// and while light requests are under way a worker pauses whenever other threads wait
+    /// for a CPU) or `nice` (nice 10: workers keep a share of a host that other processes
+    /// keep busy, and may delay light requests).
     pool_sched: String = "SWITCHYARD_POOL_SCHED";
     /// Largest access-log batch in KiB (at most 64).
     log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB";
@@ -351,20 +347,6 @@ pub struct DnsConfig {
     pub servers: Vec<SocketAddr>,
 }
 
-/// How worker-pool threads share the CPU with the event loops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolSched {
-    /// SCHED_IDLE, and while light requests are under way workers give way to threads
-    /// waiting for a CPU.
-    Idle,
-    /// SCHED_IDLE alone.
-    IdleKernel,
-    /// nice 10.
-    Nice,
-    /// nice 10 on the last core.
-    Pinned,
-}
-
 /// Which store holds the routes.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -460,8 +442,6 @@ pub struct Config {
     pub pool_threads: usize,
     /// Most tasks waiting for the pool.
     pub pool_queue: usize,
-    /// Heavy stages run on the event loop instead of the pool (benchmarks only).
-    pub pool_inline: bool,
     /// How pool threads are scheduled.
     pub pool_sched: PoolSched,
     /// Certificates ordered by ACME, when a directory is set.
@@ -731,20 +711,22 @@ impl Config {
             pool_queue: settings.pool_queue.at_least_one(source, 1024)?,
             pool_sched: settings.pool_sched.choice(
                 source,
-                &[
-                    ("idle", PoolSched::Idle),
-                    ("idle-kernel", PoolSched::IdleKernel),
-                    ("nice", PoolSched::Nice),
-                    ("pinned", PoolSched::Pinned),
-                ],
+                &[("idle", PoolSched::Idle), ("nice", PoolSched::Nice)],
             )?,
-            pool_inline: settings
-                .pool_mode
-                .choice(source, &[("threads", false), ("inline", true)])?,
             acme,
             data_dir,
         })
     }
+}
+
+/// How worker-pool threads share the CPU with the event loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSched {
+    /// SCHED_IDLE, and while light requests are under way workers give way to threads
+    /// waiting for a CPU.
+    Idle,
+    /// nice 10.
+    Nice,
 }
 
 /// The ACME settings as given.
@@ -983,8 +965,8 @@ mod tests {
         assert!(err.to_string().contains("unknown field"), "{err}");
         let err = with_file("threads = 0\n").expect_err("zero threads");
         assert!(err.to_string().contains("line 1: threads"), "{err}");
-        let err = with_file("\npool_mode = \"inlined\"\n").expect_err("unknown pool mode");
-        assert!(err.to_string().contains("line 2: pool_mode"), "{err}");
+        let err = with_file("\npool_sched = \"pinned\"\n").expect_err("a benchmark's only");
+        assert!(err.to_string().contains("line 2: pool_sched"), "{err}");
         let err = with_file("waf_spool_mb = 0\n").expect_err("no spool");
         assert!(err.to_string().contains("line 1: waf_spool_mb"), "{err}");
         let err = with_file("\n\nclient_send_timeout_s = 0\n").expect_err("no send deadline");
@@ -1000,8 +982,8 @@ mod tests {
         assert!(err.to_string().contains("`on`, `off`"), "{err}");
         let config = with_file("shutdown_grace_s = 0\n").expect("stopping at once is allowed");
         assert_eq!(config.shutdown_grace, Duration::ZERO);
-        let config = with_file("pool_mode = \"inline\"\nwaf_spool_mb = 2\n").expect("valid");
-        assert!(config.pool_inline);
+        let config = with_file("pool_queue = 8\nwaf_spool_mb = 2\n").expect("valid");
+        assert_eq!(config.pool_queue, 8);
         assert_eq!(config.waf_spool_bytes, 2 << 20);
     }
 

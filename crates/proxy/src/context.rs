@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard_give_way::LightRequest;
-
+use crate::isolation::RequestWeight;
 use crate::metrics;
 use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
@@ -21,9 +20,6 @@ use crate::traffic::app_requests::REQUEST_COUNTS;
 pub(crate) struct RequestCtx {
     /// When the request was first seen.
     pub(crate) started: Instant,
-    /// How long the router held the request before reading it, its connection paced after a
-    /// refusal (`crate::pipeline`): the client has waited that long already.
-    pub(crate) held: Duration,
     /// Id passed to the backend and written in the access log.
     pub(crate) request_id: String,
     /// Whether the client connection is TLS.
@@ -54,9 +50,8 @@ pub(crate) struct RequestCtx {
     /// Its places among the app's and its client's requests in flight, held until the
     /// answer ends (a WebSocket's until it closes).
     pub(crate) limit_places: Places,
-    /// Counted among the light requests the worker pool gives way for, from routing (when
-    /// it will not wait for a worker: no inspection, no resize) until its answer is ready.
-    pub(crate) light: Option<LightRequest>,
+    /// Light or heavy, and how long it was held (`crate::isolation`).
+    pub(crate) weight: RequestWeight,
     /// Counted in the active-requests gauge until dropped.
     _active: ActiveRequest,
 }
@@ -66,7 +61,6 @@ impl RequestCtx {
     pub(crate) fn new() -> Self {
         Self {
             started: Instant::now(),
-            held: Duration::ZERO,
             request_id: String::new(),
             tls: false,
             declared_length: None,
@@ -81,23 +75,9 @@ impl RequestCtx {
             local_status: None,
             cache: None,
             limit_places: Places::default(),
-            light: None,
+            weight: RequestWeight::default(),
             _active: ActiveRequest::start(),
         }
-    }
-
-    /// What a heavy stage's `timeout` leaves this request once the time it was held is taken
-    /// off: the client counts the hold and the wait for a worker together. Held up to a
-    /// second and then admitted for the whole timeout, 20 of 10 s of answers to 400 wrk
-    /// connections of inspected POSTs (5 s timeouts, the app's too) came after wrk had
-    /// given up; none since.
-    ///
-    /// Never less than half the timeout: a hold is half to all of a second, and an app
-    /// whose timeout is shorter would have every request of a client that asks again at
-    /// once refused after its hold, held again for that refusal, and so on for as long as
-    /// the connection lasts, the pool idle or not.
-    pub(crate) fn heavy_allowance(&self, timeout: Duration) -> Duration {
-        timeout.saturating_sub(self.held).max(timeout / 2)
     }
 
     /// The app's name, or "" before routing / for unknown hosts.

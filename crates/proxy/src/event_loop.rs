@@ -1,7 +1,7 @@
 //! One event loop's state (one per listener thread): what every thread shares (the
 //! router's [`Shared`]) and what is this thread's own: its idle backend connections, its
 //! connections to shadow backends, its clock, its count of open client connections.
-//! Not the worker pool's CPU threads (`worker_pool`).
+//! Not the worker pool's CPU threads (`isolation::worker_pool`).
 
 use std::cell::Cell;
 use std::rc::Rc;

@@ -8,6 +8,7 @@ use switchyard_model::{ClientTimeouts, IpNet, DEFAULT_LIMIT_CLIENTS};
 
 use crate::access_log::AccessLog;
 use crate::fleet_rate::FleetRates;
+use crate::isolation::worker_pool::WorkerPool;
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
@@ -15,7 +16,6 @@ use crate::stage::images::ImageStage;
 use crate::stage::limits::Limiter;
 use crate::stage::waf::Inspector;
 use crate::upstream::response_buffers::ResponseBuffers;
-use crate::worker_pool::WorkerPool;
 
 /// Apps whose limit counters are kept (the route cache's default size): past it, the least
 /// used app's counters start again.

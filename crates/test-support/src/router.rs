@@ -16,6 +16,8 @@ pub struct RouterProcess {
     pub admin: SocketAddr,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
+    /// Environment variables beside `RUST_LOG`, kept over restarts and upgrades.
+    extra_env: Vec<(String, String)>,
     token: Option<String>,
     starts: usize,
 }
@@ -31,6 +33,18 @@ impl RouterProcess {
         Self::start_on(free_port(), extra)
     }
 
+    /// Starts a router with extra `serve` flags and environment variables (the benchmarks'
+    /// switches, which are no settings).
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut router = Self::unstarted(free_port(), free_port(), extra);
+        router.extra_env = env
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        router.spawn();
+        router
+    }
+
     /// Starts a router whose plain HTTP listener is on `http_port` (one chosen before, for a
     /// peer that must know it, such as an ACME server validating HTTP-01).
     pub fn start_on(http_port: u16, extra: &[&str]) -> Self {
@@ -39,22 +53,27 @@ impl RouterProcess {
 
     /// Like [`RouterProcess::start_on`], with the HTTPS listener on `https_port` too.
     pub fn start_on_ports(http_port: u16, https_port: u16, extra: &[&str]) -> Self {
-        let mut router = Self {
+        let mut router = Self::unstarted(http_port, https_port, extra);
+        router.spawn();
+        router
+    }
+
+    fn unstarted(http_port: u16, https_port: u16, extra: &[&str]) -> Self {
+        Self {
             child: None,
             http: SocketAddr::from(([127, 0, 0, 1], http_port)),
             https: SocketAddr::from(([127, 0, 0, 1], https_port)),
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir: tempfile::tempdir().expect("tempdir"),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            extra_env: Vec::new(),
             token: extra
                 .iter()
                 .position(|a| *a == "--admin-token")
                 .and_then(|i| extra.get(i + 1))
                 .map(|t| t.to_string()),
             starts: 0,
-        };
-        router.spawn();
-        router
+        }
     }
 
     /// The `switchyard` binary under test: `SWITCHYARD_BIN` when set, otherwise the one
@@ -140,6 +159,7 @@ impl RouterProcess {
             .args(&self.extra_args)
             .args(more_args)
             .env("RUST_LOG", "info")
+            .envs(self.extra_env.iter().map(|(name, value)| (name, value)))
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

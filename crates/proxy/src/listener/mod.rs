@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::event_loop::EventLoop;
+use crate::isolation;
 use crate::metrics;
 use crate::router::{Router, Shared};
 use connection::{Connection, OpenConnection};
@@ -183,13 +184,7 @@ impl Listener {
             let handle = std::thread::Builder::new()
                 .name(format!("hyper-listener-{thread}"))
                 .spawn(move || {
-                    // Pool workers give way to this loop when it waits on their CPU.
-                    let watched = switchyard_give_way::watch_this_thread()
-                        .inspect_err(|e| {
-                            log::warn!("listener thread {thread} not watched by the workers: {e}")
-                        })
-                        .ok();
-                    if let Err(e) = run_thread(sockets, shared, stopped, watched) {
+                    if let Err(e) = run_thread(sockets, shared, stopped, thread) {
                         log::error!("listener thread {thread} stopped: {e}");
                     }
                 })?;
@@ -207,16 +202,11 @@ fn run_thread(
     sockets: ThreadSockets,
     shared: Shared,
     stopped: watch::Receiver<bool>,
-    watched: Option<switchyard_give_way::Watched>,
+    thread: usize,
 ) -> std::io::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_current_thread();
     runtime.enable_all();
-    if let Some(watched) = watched {
-        // The workers look at this loop only while it has work.
-        runtime
-            .on_thread_park(move || watched.parked())
-            .on_thread_unpark(move || watched.working());
-    }
+    isolation::watch_event_loop(&mut runtime, thread);
     let runtime = runtime.build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {

@@ -1,15 +1,13 @@
 //! The client end of a connection, as each of its requests needs it: its address, whether
-//! it is closing, and the pacing of a connection the worker pool refused.
+//! it is closing, and its pacing after a refusal (`crate::isolation`).
 
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
-use std::time::Duration;
 
-use http::{HeaderValue, Version};
-use rand::Rng;
+use http::HeaderValue;
 
-use crate::metrics;
+use crate::isolation::Pacing;
 use crate::stage::waf::Endpoints;
 
 /// The client end of a connection, as each of its requests needs it.
@@ -24,9 +22,8 @@ pub(crate) struct Client {
     pub(super) forwarded_for: Option<HeaderValue>,
     /// The router is stopping: answers close the connection after them.
     closing: Cell<bool>,
-    /// Until when the connection's next request waits: the worker pool refused one of its
-    /// requests and asked the client to come back after `Retry-After`.
-    paced_until: Cell<Option<tokio::time::Instant>>,
+    /// The wait before its next request, after a refusal with `Retry-After`.
+    pub(super) pacing: Pacing,
 }
 
 impl Client {
@@ -38,46 +35,8 @@ impl Client {
             tls,
             forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
             closing: Cell::new(false),
-            paced_until: Cell::new(None),
+            pacing: Pacing::default(),
         })
-    }
-
-    /// The worker pool refused a request of this connection, asking the client to come back
-    /// in `retry_after_s`: a next request on it before then waits until then.
-    ///
-    /// A client that asks again at once on the same connection (wrk does; so does a naive
-    /// retry loop) would otherwise keep the event loops answering refusals, tens of
-    /// thousands a second, and the light requests sharing the loops wait behind them
-    /// (bench/bench_images.py: light p99 11–18 ms beside 400 such connections). Held, each
-    /// such connection costs one refusal per `Retry-After` and a timer. A fresh connection
-    /// is never held: a careful client is refused in microseconds. HTTP/2 streams are not
-    /// held, since one connection carries the light requests of the same page.
-    ///
-    /// Held for a random half to whole `Retry-After`: connections refused together (a burst
-    /// of new ones) and held exactly as long would come back together every `Retry-After`,
-    /// and the light requests arriving in each burst wait behind it (bench_waf beside 400
-    /// connections: light requests of 5–8 ms once a second). Never past `Retry-After`, so a
-    /// client that honours it is not held longer than it waits by itself.
-    pub(super) fn pace_after_refusal(&self, retry_after_s: u32) {
-        let retry_after = Duration::from_secs(u64::from(retry_after_s));
-        let held = retry_after.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
-        self.paced_until
-            .set(Some(tokio::time::Instant::now() + held));
-    }
-
-    /// Waits out the pool's `Retry-After` if this connection was refused and this request
-    /// came too soon (HTTP/1 only); how long it waited.
-    pub(super) async fn wait_out_refusal(&self, version: Version) -> Duration {
-        let Some(until) = self.paced_until.take() else {
-            return Duration::ZERO;
-        };
-        let now = tokio::time::Instant::now();
-        if version >= Version::HTTP_2 || until <= now {
-            return Duration::ZERO;
-        }
-        metrics::PACED_REQUESTS.inc();
-        tokio::time::sleep_until(until).await;
-        until.saturating_duration_since(now)
     }
 
     /// From now on, each answer closes the connection after it.

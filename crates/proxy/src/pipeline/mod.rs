@@ -31,7 +31,6 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST};
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
 use http_body::Body as _;
-use switchyard_give_way::LightRequest;
 
 pub(crate) use answer::RouterFields;
 use answer::{Answer, X_CACHE};
@@ -102,10 +101,7 @@ pub(crate) async fn handle(
         bytes_in,
     )
     .await;
-    // Its answer is ready: the workers go on giving way a moment (crates/give-way) while
-    // the loop sends it and the client reads it. A WebSocket or a long download stops
-    // counting here, or the workers would give way for as long as one stays open.
-    end.ctx.light = None;
+    end.ctx.weight.answer_ready();
     if let Answer::Refused(Refusal {
         status: 500..,
         retry_after_s: None,
@@ -197,7 +193,8 @@ async fn request_phase(
     ctx: &mut RequestCtx,
     worker: &EventLoop,
 ) -> Result<Arc<AppRoute>, Answer> {
-    ctx.held = client.wait_out_refusal(head.version).await;
+    let held = client.pacing.wait_out(head.version).await;
+    ctx.weight.held_for(held);
     match as_read {
         // Fields as read have neither Transfer-Encoding nor Upgrade (`client_h1`), and the
         // codec checked their lengths: the length declared is what is left to read.
@@ -230,13 +227,9 @@ async fn request_phase(
             _ => return Err(Refusal::of_status(400).into()),
         }
     }
-    // A request that will wait for no worker is what the workers give way for; one that
-    // will (an inspection, a resize) is the heavy work itself.
     let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
     let resized = shared.images.is_some() && images::wants_resize(ctx, head);
-    if !inspected && !resized {
-        ctx.light = Some(LightRequest::start());
-    }
+    ctx.weight.start(inspected || resized);
     if let Some(limits) = route.app.limits.as_deref() {
         let request = limits::Request {
             app: route.app.name.as_str(),
@@ -291,7 +284,7 @@ async fn body_phase(
     ));
     inspected.await.inspect_err(|refusal| {
         if let Some(seconds) = refusal.retry_after_s {
-            client.pace_after_refusal(seconds);
+            client.pacing.after_refusal(seconds);
         }
     })
 }
@@ -331,7 +324,7 @@ async fn answer_in_place_of_app(
         ..
     }) = answer
     {
-        client.pace_after_refusal(seconds);
+        client.pacing.after_refusal(seconds);
     }
     Some(answer)
 }

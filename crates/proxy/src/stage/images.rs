@@ -25,13 +25,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::app_files;
 use crate::context::RequestCtx;
 use crate::forwarded;
+use crate::isolation::worker_pool::{PoolRefusal, WorkerPool};
 use crate::metrics;
 use crate::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
 use crate::respond::{Refusal, POOL_BUSY_RETRY_AFTER_S};
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::upstream::attempt;
-use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.
 const FETCH_POOL_SIZE: usize = 256;
@@ -216,7 +216,10 @@ pub(crate) async fn resize_for(
         count(app, "overloaded");
         return Some(refused(503, "image resizing is not available".into()));
     };
-    let deadline = Instant::now() + ctx.heavy_allowance(Duration::from_millis(images.timeout_ms));
+    let deadline = Instant::now()
+        + ctx
+            .weight
+            .heavy_allowance(Duration::from_millis(images.timeout_ms));
     let _place = match stage.admit(deadline).await {
         Ok(place) => place,
         Err(refusal) => return Some(refuse_for_now(app, refusal)),

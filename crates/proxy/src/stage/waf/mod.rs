@@ -38,9 +38,9 @@ use switchyard_waf::{Body, Request, RuleFiles, Verdict, Waf, WafError};
 
 use crate::byte_budget::ByteBudget;
 use crate::context::RequestCtx;
+use crate::isolation::worker_pool::{PoolRefusal, WorkerPool};
 use crate::metrics;
 use crate::respond::LocalAnswer;
-use crate::worker_pool::{PoolRefusal, WorkerPool};
 
 /// Bodies of a declared length up to this are read into memory and inspected before the
 /// request goes on (a small upload in one piece; the WAF of nginx reads as much in memory).
@@ -258,7 +258,9 @@ pub(crate) async fn inspect_now(
         report_no_waf(app);
         return overloaded(app, policy.on_overload);
     };
-    let allowed = ctx.heavy_allowance(Duration::from_millis(policy.timeout_ms));
+    let allowed = ctx
+        .weight
+        .heavy_allowance(Duration::from_millis(policy.timeout_ms));
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
@@ -276,7 +278,9 @@ pub(crate) async fn refuse_on_head(
     if policy.mode != WafMode::Block {
         return None;
     }
-    let allowed = ctx.heavy_allowance(Duration::from_millis(policy.timeout_ms));
+    let allowed = ctx
+        .weight
+        .heavy_allowance(Duration::from_millis(policy.timeout_ms));
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
@@ -442,7 +446,7 @@ impl BodySpool {
                 .inc();
         }
         let pieces = self.written.div_ceil(IN_MEMORY_BODY).max(1);
-        let allowed = ctx.heavy_allowance(Duration::from_millis(
+        let allowed = ctx.weight.heavy_allowance(Duration::from_millis(
             self.policy.timeout_ms.saturating_mul(pieces),
         ));
         let Self {

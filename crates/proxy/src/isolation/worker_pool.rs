@@ -26,10 +26,11 @@
 //! cannot delay a light request (seed 001); with none, nothing waits but heavy work, and
 //! they run as `SCHED_IDLE` lets them. A running task gives way only while its deadline
 //! leaves room: once twice its stage's CPU time is all that is left, it runs to its end.
-//! `SCHED_IDLE` alone (`--pool-sched idle-kernel`) lets a worker run on to the next tick
-//! while a preempted loop waits; nice 10 (the setting before it) still gives the workers a
-//! share and lets a waking worker preempt a loop; `--pool-sched idle-kernel|nice|pinned`
-//! keep them and pinning for comparison (bench/bench_waf.py, bench/bench_images.py).
+//! `SCHED_IDLE` alone lets a worker run on to the next tick while a preempted loop waits;
+//! nice 10 (the setting before it, still `--pool-sched nice` for hosts that other processes
+//! keep busy) gives the workers a share and lets a waking worker preempt a loop. The
+//! benchmarks compare them, and pinning, outside the settings (`SWITCHYARD_BENCH_POOL`:
+//! bench/bench_waf.py, bench/bench_images.py).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -314,7 +315,7 @@ impl WorkerPool {
     pub fn inline(threads: usize) -> Self {
         metrics::register_all();
         log::warn!(
-            "CPU-heavy stages run inline on the event loops (--pool-mode inline): for \
+            "CPU-heavy stages run inline on the event loops (SWITCHYARD_BENCH_POOL=inline): for \
              benchmarks only, light requests wait behind every inspection and resize"
         );
         Self {
