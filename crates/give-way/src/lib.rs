@@ -299,7 +299,13 @@ mod tests {
             used < took / 4,
             "ran {used:?} of {took:?} beside {cpus} busy threads ({paused:?})"
         );
-        assert!(paused.slept >= took / 2, "{paused:?} of {took:?}");
+        // It slept more than it ran. Not "half the wall time": on a host that other
+        // processes keep busy too (a test suite beside it), part of the time it waits
+        // runnable, neither sleeping nor running (100 ms slept of 200 ms, ran under 50).
+        assert!(
+            paused.slept > used && paused.slept >= took / 4,
+            "{paused:?} and ran {used:?} of {took:?}"
+        );
     }
 
     #[test]
