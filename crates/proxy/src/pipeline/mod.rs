@@ -174,11 +174,10 @@ async fn proxy(
     if let Some(answer) = answer_in_place_of_app(&head, client, ctx, worker).await {
         return answer;
     }
-    let Some(incoming) = unread.take() else {
-        return Refusal::upstream_failed(false).into();
-    };
+    // The head, the fields and the body stay in this frame: moved into the phase's, they
+    // would be copied whole on every request.
     upstream_phase(
-        head, as_read, incoming, held, &route, client, ctx, worker, bytes_in,
+        &mut head, &as_read, unread, held, &route, client, ctx, worker, bytes_in,
     )
     .await
 }
@@ -333,9 +332,9 @@ async fn answer_in_place_of_app(
 /// phase's first decision (the cache's, on the app's answer head).
 #[allow(clippy::too_many_arguments)]
 async fn upstream_phase(
-    mut head: http::request::Parts,
-    as_read: Option<RequestFields>,
-    incoming: RequestBody,
+    head: &mut http::request::Parts,
+    as_read: &Option<RequestFields>,
+    unread: &mut Option<RequestBody>,
     held: Option<Held>,
     route: &AppRoute,
     client: &Client,
@@ -343,13 +342,16 @@ async fn upstream_phase(
     worker: &EventLoop,
     bytes_in: Rc<Cell<usize>>,
 ) -> Answer {
+    let Some(incoming) = unread.take() else {
+        return Refusal::upstream_failed(false).into();
+    };
     let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(Known::Upgrade);
     let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
         None
     } else {
         let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
-        mirror::start_copy(&worker.mirrors, &head, Some(client.ip()), has_body, ctx)
+        mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
     };
     let answer_form = if head.version != Version::HTTP_2 && !cache::may_answer(ctx) {
         AnswerForm::AsRead
@@ -360,7 +362,7 @@ async fn upstream_phase(
         // In origin form, with no framing to rewrite and no cookies to join (`client_h1`).
         head.version = Version::HTTP_11;
     } else {
-        prepare_for_backend(&mut head);
+        prepare_for_backend(head);
     }
     let forwarding = Forwarding::new(
         Fields::of(&head.headers, as_read.as_ref()).get(Known::ForwardedFor),
@@ -372,20 +374,24 @@ async fn upstream_phase(
     let repeatable = head.method.is_idempotent() && body_ended && !upgrade;
     let replay = if repeatable { held.clone() } else { None };
     let body_deadline = worker.shared.client_timeouts.body;
-    let body = ForwardBody::new(incoming, body_deadline, bytes_in)
-        .limited_to(route.app.limits.as_deref().and_then(|l| l.max_body_bytes))
-        .after(held)
-        .mirrored_into(mirror_feed);
+    let client_failure = Rc::new(Cell::new(None));
+    let mut body = Some(
+        ForwardBody::new(incoming, body_deadline, bytes_in)
+            .limited_to(route.app.limits.as_deref().and_then(|l| l.max_body_bytes))
+            .after(held)
+            .mirrored_into(mirror_feed)
+            .failures_into(client_failure.clone()),
+    );
     let outgoing = Outgoing {
-        head: &head,
+        head,
         as_read: as_read.as_ref(),
         forwarding: &forwarding,
         answer_form,
-        body,
         repeatable,
-        replay,
+        replay: replay.as_ref(),
+        client_failure: &client_failure,
     };
-    let response = match upstream::forward(worker, ctx, outgoing).await {
+    let response = match upstream::forward(worker, ctx, &outgoing, &mut body).await {
         Ok(response) => response,
         Err(refusal) => return refusal.into(),
     };

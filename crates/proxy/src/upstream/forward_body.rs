@@ -66,6 +66,7 @@ pub(crate) struct ForwardBody {
 
 impl ForwardBody {
     /// `incoming`, each read within `read_deadline`, counted into `bytes_in`.
+    #[inline]
     pub(crate) fn new(
         incoming: RequestBody,
         read_deadline: Duration,
@@ -85,12 +86,14 @@ impl ForwardBody {
 
     /// The body fails with [`ClientBodyFailure::TooLarge`] where it passes `limit` bytes
     /// (those read ahead for the WAF included).
+    #[inline]
     pub(crate) fn limited_to(mut self, limit: Option<u64>) -> Self {
         self.limit = limit;
         self
     }
 
     /// `held` (already read and counted) goes before the rest of the body.
+    #[inline]
     pub(crate) fn after(mut self, held: Option<Held>) -> Self {
         if let Some(held) = held {
             self.held = (!held.data.is_empty()).then_some(held.data);
@@ -105,12 +108,14 @@ impl ForwardBody {
     }
 
     /// A failure of the client's side is told in `failure`.
+    #[inline]
     pub(crate) fn failures_into(mut self, failure: Rc<Cell<Option<ClientBodyFailure>>>) -> Self {
         self.failure = failure;
         self
     }
 
     /// Each piece read is also pushed into `feed`.
+    #[inline]
     pub(crate) fn mirrored_into(mut self, feed: Option<MirrorFeed>) -> Self {
         self.mirror = feed;
         self

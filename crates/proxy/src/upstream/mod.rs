@@ -16,7 +16,6 @@ pub(crate) mod read_ahead;
 pub(crate) mod response_buffers;
 
 use std::cell::Cell;
-use std::rc::Rc;
 use std::time::Duration;
 
 use http::{Method, Response};
@@ -30,7 +29,7 @@ use crate::respond::Refusal;
 use crate::stage::waf::inspect::Held;
 use backend_h1::{AnswerForm, BackendBody};
 use failure::ConnectFailure;
-use forward_body::ForwardBody;
+use forward_body::{ClientBodyFailure, ForwardBody};
 
 /// A request on its way to the app, as the upstream sends it.
 pub(crate) struct Outgoing<'a> {
@@ -41,13 +40,13 @@ pub(crate) struct Outgoing<'a> {
     pub(crate) forwarding: &'a Forwarding,
     /// Whether the answer's fields are made a map or go on as read.
     pub(crate) answer_form: AnswerForm,
-    /// The body, on its first attempt.
-    pub(crate) body: ForwardBody,
     /// Whether the request may be sent again after a failure: idempotent, not an upgrade,
     /// its body all in hand (none, or read whole for the WAF).
     pub(crate) repeatable: bool,
     /// The body in hand, sent again on a retry.
-    pub(crate) replay: Option<Held>,
+    pub(crate) replay: Option<&'a Held>,
+    /// Where the body tells how the client's side of it failed (`ForwardBody::failures_into`).
+    pub(crate) client_failure: &'a Cell<Option<ClientBodyFailure>>,
 }
 
 /// How long a backend of the route's app may take to answer, and between pieces of its
@@ -58,28 +57,28 @@ pub(crate) fn read_deadline(ctx: &RequestCtx) -> Duration {
 }
 
 /// Sends `outgoing` to a backend of the route's app, retried within the app's `retries`
-/// while it may be: the backend's answer head, or the refusal that stands for it.
+/// while it may be: the backend's answer head, or the refusal that stands for it. `body` is
+/// taken by the first attempt; a retry sends the body in hand again.
 pub(crate) async fn forward(
     worker: &EventLoop,
     ctx: &mut RequestCtx,
-    outgoing: Outgoing<'_>,
+    outgoing: &Outgoing<'_>,
+    body: &mut Option<ForwardBody>,
 ) -> Result<Response<BackendBody>, Refusal> {
-    let Outgoing {
+    let &Outgoing {
         head,
         as_read,
         forwarding,
         answer_form,
-        body,
         repeatable,
         replay,
+        client_failure,
     } = outgoing;
     let Some(timeouts) = ctx.route.as_ref().map(|r| &r.app.timeouts) else {
         return Err(Refusal::upstream_failed(false));
     };
     let connect_timeout = Duration::from_millis(timeouts.connect_ms);
     let read_deadline = Duration::from_millis(timeouts.read_ms);
-    let client_failure = Rc::new(Cell::new(None));
-    let mut body = Some(body.failures_into(client_failure.clone()));
     loop {
         let address = attempt::begin_attempt(ctx)?;
         let connection = match worker.pool.get(address, connect_timeout).await {
@@ -94,11 +93,8 @@ pub(crate) async fn forward(
         };
         attempt::register_connection(ctx, &worker.shared.connections, connection.shutdown.clone());
         let may_retry = repeatable && attempt::attempts_left(ctx);
-        let again = || {
-            replay
-                .clone()
-                .map_or_else(ForwardBody::empty, ForwardBody::replay)
-        };
+        let again =
+            || replay.map_or_else(ForwardBody::empty, |held| ForwardBody::replay(held.clone()));
         let outgoing = body.take().unwrap_or_else(again);
         let answers_head = head.method == Method::HEAD;
         let bound = worker.clock.deadline_in(read_deadline);
