@@ -18,14 +18,15 @@ use switchyard_model::{
 use switchyard_store::RedisTarget;
 use toml::Spanned;
 
-/// Declares every setting once: its doc (the `--help` text), name (the flag `--name`, the
-/// file key `name`), type and environment variable. From the one list come the command
-/// line ([`ServeArgs`], with `--config`, `--log-to` and `--upgrade`, which are not ordinary
-/// values), the file format (`FileConfig`: the same keys, each with its place in the file),
-/// and `Settings`: each value merged once — flag or environment over file — and carrying its
-/// key and place, so an error names the flag or the file's line.
+/// Declares every setting once: its doc (the `--help` text, to which its default is added),
+/// name (the flag `--name`, the file key `name`), type, environment variable and default.
+/// From the one list come the command line ([`ServeArgs`], with `--config`, `--log-to` and
+/// `--upgrade`, which are not ordinary values), the file format (`FileConfig`: the same
+/// keys, each with its place in the file), and `Settings`: each value merged once — flag or
+/// environment over file — and carrying its key, place and default, so an error names the
+/// flag or the file's line, and a check (`Setting::seconds`, …) needs no second default.
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $(#[arg($($arg:tt)*)])? $name:ident: $kind:ty = $env:literal; )*) => {
+    ($( $(#[doc = $doc:literal])* $(#[arg($($arg:tt)*)])? $name:ident: $kind:ty = $env:literal $(, default $default:expr)?; )*) => {
         /// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the
         /// file.
         #[derive(Args, Debug, Default)]
@@ -34,8 +35,15 @@ macro_rules! settings {
             #[arg(long, env = "SWITCHYARD_CONFIG")]
             config: Option<PathBuf>,
             $(
-                $(#[doc = $doc])*
-                #[arg(long, env = $env $(, $($arg)*)?)]
+                #[arg(
+                    long,
+                    env = $env,
+                    help = help_text(
+                        concat!($($doc),*),
+                        None $(.or(Some(Shown::shown(&IntoDefault::<$kind>::into_default($default)))))?,
+                    )
+                    $(, $($arg)*)?
+                )]
                 $name: Option<$kind>,
             )*
             /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat
@@ -70,8 +78,13 @@ macro_rules! settings {
                 let log_to = (!args.log_to.is_empty()).then_some(args.log_to);
                 Self {
                     upgrade: args.upgrade,
-                    log_to: Setting::merge("log_to", log_to, file.log_to),
-                    $( $name: Setting::merge(stringify!($name), args.$name, file.$name), )*
+                    log_to: Setting::merge("log_to", log_to, file.log_to, None),
+                    $( $name: Setting::merge(
+                        stringify!($name),
+                        args.$name,
+                        file.$name,
+                        None $(.or(Some(IntoDefault::<$kind>::into_default($default))))?,
+                    ), )*
                 }
             }
         }
@@ -80,9 +93,9 @@ macro_rules! settings {
 
 settings! {
     /// Plain HTTP listener address.
-    http: String = "SWITCHYARD_HTTP";
+    http: String = "SWITCHYARD_HTTP", default "0.0.0.0:8080";
     /// HTTPS listener address, or `off`.
-    https: String = "SWITCHYARD_HTTPS";
+    https: String = "SWITCHYARD_HTTPS", default "0.0.0.0:8443";
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     default_cert: PathBuf = "SWITCHYARD_DEFAULT_CERT";
     /// PEM private key of `--default-cert`.
@@ -90,124 +103,123 @@ settings! {
     /// Port put in HTTP→HTTPS redirects (default: the HTTPS listener's port).
     https_redirect_port: u16 = "SWITCHYARD_HTTPS_REDIRECT_PORT";
     /// Most parsed certificates kept in memory.
-    cert_cache_size: usize = "SWITCHYARD_CERT_CACHE_SIZE";
+    cert_cache_size: usize = "SWITCHYARD_CERT_CACHE_SIZE", default 10_000;
     /// Seconds between rotations of the TLS session-ticket key (two keys are kept).
-    tls_ticket_rotation_s: u64 = "SWITCHYARD_TLS_TICKET_ROTATION_S";
+    tls_ticket_rotation_s: u64 = "SWITCHYARD_TLS_TICKET_ROTATION_S", default 3600;
     /// Seconds between scans counting certificates that expire soon.
-    cert_expiry_scan_s: u64 = "SWITCHYARD_CERT_EXPIRY_SCAN_S";
+    cert_expiry_scan_s: u64 = "SWITCHYARD_CERT_EXPIRY_SCAN_S", default 300;
     /// Admin API address.
-    admin: String = "SWITCHYARD_ADMIN";
+    admin: String = "SWITCHYARD_ADMIN", default "127.0.0.1:8081";
     /// Directory of the embedded store.
-    data_dir: PathBuf = "SWITCHYARD_DATA_DIR";
+    data_dir: PathBuf = "SWITCHYARD_DATA_DIR", default "./switchyard-data";
     /// `embedded`, or for a fleet `redis://HOST:PORT/DB` or
     /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB` (the primary the Sentinels name).
-    store: String = "SWITCHYARD_STORE";
+    store: String = "SWITCHYARD_STORE", default "embedded";
     /// Bearer token required by every admin call but /healthz.
     #[arg(hide_env_values = true)]
     admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
-    /// `off` (default): the dashboard at /ui/ is read-only, and the admin API refuses writes
+    /// `off`: the dashboard at /ui/ is read-only, and the admin API refuses writes
     /// made by a browser (calls carrying `Origin`); `on`: the dashboard may edit apps and
     /// purge caches with the token.
-    admin_ui_writes: String = "SWITCHYARD_ADMIN_UI_WRITES";
+    admin_ui_writes: String = "SWITCHYARD_ADMIN_UI_WRITES", default "off";
     /// Access log: `stdout`, `off`, or a file path.
-    access_log: String = "SWITCHYARD_ACCESS_LOG";
-    /// Worker threads for the proxy (default: number of cores).
-    threads: usize = "SWITCHYARD_THREADS";
+    access_log: String = "SWITCHYARD_ACCESS_LOG", default "stdout";
+    /// Worker threads for the proxy (the number of cores).
+    threads: usize = "SWITCHYARD_THREADS", default cores();
     /// Seconds the connections of a deleted app, or of a domain moved to another app, go on
     /// before they are closed (a backend removed from an app keeps its connections).
-    drain_grace_s: u64 = "SWITCHYARD_DRAIN_GRACE_S";
+    drain_grace_s: u64 = "SWITCHYARD_DRAIN_GRACE_S", default 30;
     /// Seconds in-flight requests get to finish after SIGTERM.
-    shutdown_grace_s: u64 = "SWITCHYARD_SHUTDOWN_GRACE_S";
+    shutdown_grace_s: u64 = "SWITCHYARD_SHUTDOWN_GRACE_S", default 10;
     /// Seconds a client has to send a whole request head (HTTP/1.1) before its connection is
     /// closed.
-    client_header_timeout_s: u64 = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S";
+    client_header_timeout_s: u64 = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
     /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
-    client_idle_timeout_s: u64 = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S";
+    client_idle_timeout_s: u64 = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
     /// Seconds the router waits for each piece of an HTTP/1.1 request body before it closes
     /// the connection (408). Not applied to WebSockets.
-    client_body_timeout_s: u64 = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S";
+    client_body_timeout_s: u64 = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
     /// Seconds a client may take to accept each piece (at most 64 KiB) of a response before the
     /// router closes the connection.
-    client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S";
+    client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
     /// Most apps kept in the in-process route cache.
-    route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS";
+    route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS", default 100_000;
     /// Most busy apps whose last 15 minutes of traffic are kept for `switchyard top` and
-    /// `GET /v1/stats/apps` (default 10000; about 1.2 KB each).
-    history_max_apps: usize = "SWITCHYARD_HISTORY_MAX_APPS";
+    /// `GET /v1/stats/apps` (about 1.2 KB each).
+    history_max_apps: usize = "SWITCHYARD_HISTORY_MAX_APPS", default 10_000;
     /// Proxies in front of the router whose `X-Forwarded-For` is believed for apps' limits
-    /// and IP rules: CIDRs separated by commas (default: none, the peer is the client).
+    /// and IP rules: CIDRs separated by commas (none: the peer is the client).
     trusted_proxies: String = "SWITCHYARD_TRUSTED_PROXIES";
-    /// Most client records kept for per-client limits, all apps together (default 100000,
-    /// about 7 MiB); past it the least used are forgotten.
-    limit_clients: usize = "SWITCHYARD_LIMIT_CLIENTS";
-    /// Milliseconds between two syncs of fleet-wide app rates with the Redis store (default
-    /// 100): the fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than
+    /// Most client records kept for per-client limits, all apps together (about 70 bytes
+    /// each); past it the least used are forgotten.
+    limit_clients: usize = "SWITCHYARD_LIMIT_CLIENTS", default DEFAULT_LIMIT_CLIENTS;
+    /// Milliseconds between two syncs of fleet-wide app rates with the Redis store: the
+    /// fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than
     /// the rate.
-    limit_sync_ms: u64 = "SWITCHYARD_LIMIT_SYNC_MS";
+    limit_sync_ms: u64 = "SWITCHYARD_LIMIT_SYNC_MS", default 100;
     /// Backends given by DNS name are resolved again no sooner than this after an answer,
-    /// whatever its TTL (default 1).
-    dns_min_ttl_s: u64 = "SWITCHYARD_DNS_MIN_TTL_S";
-    /// ... and no later than this (default 60); a failing name is retried from the minimum,
+    /// whatever its TTL.
+    dns_min_ttl_s: u64 = "SWITCHYARD_DNS_MIN_TTL_S", default 1;
+    /// ... and no later than this; a failing name is retried from the minimum,
     /// doubling up to this.
-    dns_max_ttl_s: u64 = "SWITCHYARD_DNS_MAX_TTL_S";
-    /// Deadline of one DNS query, in milliseconds (default 2000).
-    dns_timeout_ms: u64 = "SWITCHYARD_DNS_TIMEOUT_MS";
-    /// Most backend names followed (default 10000).
-    dns_max_names: usize = "SWITCHYARD_DNS_MAX_NAMES";
-    /// Resolver configuration: nameservers, search domains (default /etc/resolv.conf).
-    dns_resolv_conf: PathBuf = "SWITCHYARD_DNS_RESOLV_CONF";
-    /// Static names, read again when the file changes (default /etc/hosts).
-    dns_hosts_file: PathBuf = "SWITCHYARD_DNS_HOSTS_FILE";
+    dns_max_ttl_s: u64 = "SWITCHYARD_DNS_MAX_TTL_S", default 60;
+    /// Deadline of one DNS query, in milliseconds.
+    dns_timeout_ms: u64 = "SWITCHYARD_DNS_TIMEOUT_MS", default 2000;
+    /// Most backend names followed.
+    dns_max_names: usize = "SWITCHYARD_DNS_MAX_NAMES", default 10_000;
+    /// Resolver configuration: nameservers, search domains.
+    dns_resolv_conf: PathBuf = "SWITCHYARD_DNS_RESOLV_CONF", default "/etc/resolv.conf";
+    /// Static names, read again when the file changes.
+    dns_hosts_file: PathBuf = "SWITCHYARD_DNS_HOSTS_FILE", default "/etc/hosts";
     /// Nameservers to ask instead of resolv.conf's, IP:PORT separated by commas (e.g.
     /// Consul's DNS, 127.0.0.1:8600).
     dns_servers: String = "SWITCHYARD_DNS_SERVERS";
     /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
     /// reserved from it).
-    cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB";
+    cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB", default 256;
     /// Redis of the response cache (redis://HOST:PORT/DB or redis+sentinel://…): apps with a
     /// Redis cache store.
     /// Keep it apart from the route store: a cache Redis evicts (allkeys-lru).
     cache_redis: String = "SWITCHYARD_CACHE_REDIS";
     /// Deadline of one cache Redis lookup, in milliseconds; slower is a miss.
-    cache_redis_timeout_ms: u64 = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS";
+    cache_redis_timeout_ms: u64 = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS", default 50;
     /// Deadline of one Redis call (and of connecting), in milliseconds.
-    redis_timeout_ms: u64 = "SWITCHYARD_REDIS_TIMEOUT_MS";
-    /// `on` (default): load the OWASP Core Rule Set for apps with a `waf` option, refusing to
+    redis_timeout_ms: u64 = "SWITCHYARD_REDIS_TIMEOUT_MS", default 500;
+    /// `on`: load the OWASP Core Rule Set for apps with a `waf` option, refusing to
     /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
-    waf: String = "SWITCHYARD_WAF";
+    waf: String = "SWITCHYARD_WAF", default "on";
     /// The platform's own ModSecurity rules and CRS exclusions, included after the CRS
     /// (reloaded with `POST /v1/waf/reload`).
     waf_rules: String = "SWITCHYARD_WAF_RULES";
     /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
     /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
-    waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB";
+    waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB", default 1024;
     /// Most of one backend answer, in MiB, read ahead of a slow client (in memory, then in
     /// DATA_DIR/response-spool) so that the backend's connection is freed at the backend's
     /// speed; 0 turns read-ahead off. `text/event-stream` answers, those sent with
     /// `X-Accel-Buffering: no`, and apps with `"response_buffering": false` are never read
     /// ahead.
-    response_buffer_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MB";
+    response_buffer_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MB", default 64;
     /// Most memory, in MiB, all answers read ahead may hold at once (at most 1 MiB each,
     /// the rest is spooled).
-    response_buffer_memory_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MEMORY_MB";
+    response_buffer_memory_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MEMORY_MB", default 256;
     /// Most disk, in MiB, all answers read ahead may spool at once; past it and the memory
     /// budget, answers go on at their client's pace.
-    response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB";
-    /// Threads for CPU-bound stages such as the WAF (default: number of cores).
-    pool_threads: usize = "SWITCHYARD_POOL_THREADS";
+    response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB", default 1024;
+    /// Threads for CPU-bound stages such as the WAF (the number of cores).
+    pool_threads: usize = "SWITCHYARD_POOL_THREADS", default cores();
     /// Most tasks waiting for those threads; more are refused at once.
-    pool_queue: usize = "SWITCHYARD_POOL_QUEUE";
-    /// How pool threads share the CPU with the event loops: `idle` (default: SCHED_IDLE,
-    /// and while light requests are under way a worker pauses whenever other threads wait
+    pool_queue: usize = "SWITCHYARD_POOL_QUEUE", default 1024;
+    /// How pool threads share the CPU with the event loops: `idle` (SCHED_IDLE, and while light requests are under way a worker pauses whenever other threads wait
     /// for a CPU) or `nice` (nice 10: workers keep a share of a host that other processes
     /// keep busy, and may delay light requests).
-    pool_sched: String = "SWITCHYARD_POOL_SCHED";
+    pool_sched: String = "SWITCHYARD_POOL_SCHED", default "idle";
     /// Largest access-log batch in KiB (at most 64).
-    log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB";
+    log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB", default 64;
     /// Longest a record waits for its batch to fill, in milliseconds.
-    log_batch_delay_ms: u64 = "SWITCHYARD_LOG_BATCH_DELAY_MS";
+    log_batch_delay_ms: u64 = "SWITCHYARD_LOG_BATCH_DELAY_MS", default 200;
     /// Memory for batches waiting for the log service, in MiB; past it they spool to disk.
-    log_buffer_mb: usize = "SWITCHYARD_LOG_BUFFER_MB";
+    log_buffer_mb: usize = "SWITCHYARD_LOG_BUFFER_MB", default 16;
     /// ACME directory URL (https://…): certificates are ordered for the domains of apps
     /// with `"tls": {"acme": true}`. Without it, no router of this one's store orders, but
     /// every router still answers the HTTP-01 challenges stored by one that does.
@@ -221,32 +233,39 @@ settings! {
     /// PEM of a CA to trust for the ACME directory (a private ACME server).
     acme_ca_file: PathBuf = "SWITCHYARD_ACME_CA_FILE";
     /// Seconds between the issuer's rounds when no app changes (renewals, retries).
-    acme_check_interval_s: u64 = "SWITCHYARD_ACME_CHECK_INTERVAL_S";
-    /// Most new ACME orders per three hours, the CA's limit per account (default 300, Let's
-    /// Encrypt's); past it, domains wait their turn.
-    acme_orders_per_3h: usize = "SWITCHYARD_ACME_ORDERS_PER_3H";
-    /// `http-01` (default): the CA checks the plain HTTP listener (port 80);
+    acme_check_interval_s: u64 = "SWITCHYARD_ACME_CHECK_INTERVAL_S", default 3600;
+    /// Most new ACME orders per three hours, the CA's limit per account (Let's Encrypt's by
+    /// default); past it, domains wait their turn.
+    acme_orders_per_3h: usize = "SWITCHYARD_ACME_ORDERS_PER_3H", default switchyard_acme::LETS_ENCRYPT_ORDERS_PER_3H;
+    /// `http-01`: the CA checks the plain HTTP listener (port 80);
     /// `tls-alpn-01`: the HTTPS listener (port 443), for fleets whose port 80 is closed.
-    acme_challenge: String = "SWITCHYARD_ACME_CHALLENGE";
+    acme_challenge: String = "SWITCHYARD_ACME_CHALLENGE", default "http-01";
     /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
     log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
     /// Most disk the spool may use, in MiB; past it records are dropped and counted.
-    log_spool_mb: u64 = "SWITCHYARD_LOG_SPOOL_MB";
+    log_spool_mb: u64 = "SWITCHYARD_LOG_SPOOL_MB", default 1024;
 }
 
 /// A place in the config file's text.
 type Span = std::ops::Range<usize>;
 
 /// One setting after merging: the flag or environment value if given, else the file's (with
-/// its place, for errors), else none.
+/// its place, for errors), else none; and its default, from the list.
 struct Setting<T> {
     key: &'static str,
+    /// The value given, if any.
     value: Option<T>,
     span: Option<Span>,
+    default: Option<T>,
 }
 
 impl<T> Setting<T> {
-    fn merge(key: &'static str, flag: Option<T>, file: Option<Spanned<T>>) -> Self {
+    fn merge(
+        key: &'static str,
+        flag: Option<T>,
+        file: Option<Spanned<T>>,
+        default: Option<T>,
+    ) -> Self {
         let (value, span) = match (flag, file) {
             (Some(value), _) => (Some(value), None),
             (None, Some(spanned)) => {
@@ -255,7 +274,12 @@ impl<T> Setting<T> {
             }
             (None, None) => (None, None),
         };
-        Self { key, value, span }
+        Self {
+            key,
+            value,
+            span,
+            default,
+        }
     }
 
     /// Where the value was given, for an error: the flag, or the file's line.
@@ -263,69 +287,131 @@ impl<T> Setting<T> {
         source.at(self.span.clone(), self.key)
     }
 
-    fn or(self, default: T) -> T {
-        self.value.unwrap_or(default)
+    /// The value given, else the list's default (a setting without one is refused, naming
+    /// it, rather than read as anything).
+    fn resolved(self) -> anyhow::Result<T> {
+        match self.value.or(self.default) {
+            Some(value) => Ok(value),
+            None => bail!("{}: has no value and no default", self.key),
+        }
     }
 }
 
 impl<T: PartialEq + From<u8>> Setting<T> {
-    /// The value, refused when zero; `default` when not given.
-    fn at_least_one(self, source: &Source<'_>, default: T) -> anyhow::Result<T> {
+    /// The value, refused when zero.
+    fn at_least_one(self, source: &Source<'_>) -> anyhow::Result<T> {
         match &self.value {
             Some(n) if *n == T::from(0) => bail!("{}: must be at least 1", self.at(source)),
-            _ => Ok(self.or(default)),
+            _ => self.resolved(),
         }
     }
 }
 
 impl Setting<u64> {
     /// A size given in MiB (at least one), in bytes.
-    fn mebibytes(self, source: &Source<'_>, default_mib: u64) -> anyhow::Result<u64> {
-        Ok(self
-            .at_least_one(source, default_mib)?
-            .saturating_mul(1 << 20))
+    fn mebibytes(self, source: &Source<'_>) -> anyhow::Result<u64> {
+        Ok(self.at_least_one(source)?.saturating_mul(1 << 20))
     }
 
     /// A duration given in whole seconds, at least one.
-    fn seconds(self, source: &Source<'_>, default: u64) -> anyhow::Result<Duration> {
-        Ok(Duration::from_secs(self.at_least_one(source, default)?))
+    fn seconds(self, source: &Source<'_>) -> anyhow::Result<Duration> {
+        Ok(Duration::from_secs(self.at_least_one(source)?))
     }
 
     /// A duration given in milliseconds, at least one.
-    fn millis(self, source: &Source<'_>, default: u64) -> anyhow::Result<Duration> {
-        Ok(Duration::from_millis(self.at_least_one(source, default)?))
+    fn millis(self, source: &Source<'_>) -> anyhow::Result<Duration> {
+        Ok(Duration::from_millis(self.at_least_one(source)?))
     }
 }
 
 impl Setting<String> {
-    /// An `ip:port` address, `default` when not given.
-    fn address(self, source: &Source<'_>, default: &str) -> anyhow::Result<SocketAddr> {
-        let text = self.value.as_deref().unwrap_or(default);
+    /// An `ip:port` address.
+    fn address(self, source: &Source<'_>) -> anyhow::Result<SocketAddr> {
+        let at = self.at(source);
+        let text = self.resolved()?;
         text.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "{}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)",
-                self.at(source)
-            )
+            anyhow::anyhow!("{at}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)")
         })
     }
 
-    /// Which of `choices` (text, meaning) the value names; the first when not given.
+    /// Which of `choices` (text, meaning) the value names.
     fn choice<C: Copy>(self, source: &Source<'_>, choices: &[(&str, C)]) -> anyhow::Result<C> {
-        let Some(text) = self.value.as_deref() else {
-            return Ok(choices[0].1);
-        };
+        let at = self.at(source);
+        let text = self.resolved()?;
         match choices.iter().find(|(name, _)| *name == text) {
             Some((_, meaning)) => Ok(*meaning),
             None => {
                 let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
-                bail!(
-                    "{}: '{text}' is not one of {}",
-                    self.at(source),
-                    names.join(", ")
-                )
+                bail!("{at}: '{text}' is not one of {}", names.join(", "))
             }
         }
     }
+}
+
+/// A default as written in the settings list, made the setting's type.
+trait IntoDefault<T> {
+    fn into_default(self) -> T;
+}
+
+impl<T> IntoDefault<T> for T {
+    fn into_default(self) -> T {
+        self
+    }
+}
+
+impl IntoDefault<String> for &str {
+    fn into_default(self) -> String {
+        self.to_string()
+    }
+}
+
+impl IntoDefault<PathBuf> for &str {
+    fn into_default(self) -> PathBuf {
+        PathBuf::from(self)
+    }
+}
+
+/// A default as `--help` shows it.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+impl Shown for String {
+    fn shown(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Shown for PathBuf {
+    fn shown(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+macro_rules! shown_as_displayed {
+    ($($kind:ty),*) => {
+        $(impl Shown for $kind {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+
+shown_as_displayed!(u16, u64, usize);
+
+/// A setting's `--help`: its doc, and its default when it has one.
+fn help_text(doc: &str, default: Option<String>) -> String {
+    let doc = doc.trim();
+    match default {
+        Some(default) => format!("{doc} [default: {default}]"),
+        None => doc.to_string(),
+    }
+}
+
+/// The number of cores, the default of the thread counts.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
 }
 
 /// How backends given by DNS name are resolved.
@@ -518,15 +604,15 @@ impl Config {
         )
     }
 
-    /// Every default and every check, in one place.
+    /// Every setting checked and made the type it is used as (the defaults are the list's),
+    /// with the rules that span several settings.
     fn resolve_settings(settings: Settings, source: &Source<'_>) -> anyhow::Result<Self> {
-        let cores = std::thread::available_parallelism().map_or(2, usize::from);
-        let data_dir = settings.data_dir.or(PathBuf::from("./switchyard-data"));
-        let http = settings.http.address(source, "0.0.0.0:8080")?;
-        let admin = settings.admin.address(source, "127.0.0.1:8081")?;
+        let data_dir = settings.data_dir.resolved()?;
+        let http = settings.http.address(source)?;
+        let admin = settings.admin.address(source)?;
         let https = match settings.https.value.as_deref() {
             Some("off") => None,
-            _ => Some(settings.https.address(source, "0.0.0.0:8443")?),
+            _ => Some(settings.https.address(source)?),
         };
         let tls = TlsConfig {
             default_cert: match (settings.default_cert.value, settings.default_key.value) {
@@ -538,28 +624,11 @@ impl Config {
                 .https_redirect_port
                 .value
                 .or(https.map(|a| a.port())),
-            cert_cache_size: settings.cert_cache_size.at_least_one(source, 10_000)?,
-            ticket_rotation: settings.tls_ticket_rotation_s.seconds(source, 3600)?,
-            expiry_scan: settings.cert_expiry_scan_s.seconds(source, 300)?,
+            cert_cache_size: settings.cert_cache_size.at_least_one(source)?,
+            ticket_rotation: settings.tls_ticket_rotation_s.seconds(source)?,
+            expiry_scan: settings.cert_expiry_scan_s.seconds(source)?,
         };
-        let redis_timeout = settings.redis_timeout_ms.millis(source, 500)?;
-        let store = match settings.store.value.as_deref() {
-            None | Some("embedded") => StoreChoice::Embedded,
-            Some(url) if url.starts_with("redis") => {
-                if let Err(reason) = RedisTarget::parse(url) {
-                    bail!("{}: {reason}", settings.store.at(source));
-                }
-                StoreChoice::Redis {
-                    url: with_password(url, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
-                    timeout: redis_timeout,
-                }
-            }
-            Some(other) => bail!(
-                "{}: '{other}' is not a store; use `embedded`, `redis://HOST:PORT/DB` or \
-                 `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB`",
-                settings.store.at(source)
-            ),
-        };
+        let store = store_choice(source, settings.store, settings.redis_timeout_ms)?;
         let admin_token = settings.admin_token.value.filter(|t| !t.is_empty());
         if admin_token.is_none() && !admin.ip().is_loopback() {
             bail!(
@@ -567,7 +636,7 @@ impl Config {
                  set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
             );
         }
-        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis(source, 50)?;
+        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis(source)?;
         let cache_redis = match settings.cache_redis.value.as_deref() {
             Some(url) => {
                 if let Err(reason) = RedisTarget::parse(url) {
@@ -587,48 +656,18 @@ impl Config {
                 .collect::<Result<_, _>>()
                 .map_err(|e| anyhow::anyhow!("{}: {e}", settings.trusted_proxies.at(source)))?,
         };
-        let dns_min_ttl = settings.dns_min_ttl_s.seconds(source, 1)?;
-        let dns_max_ttl_at = settings.dns_max_ttl_s.at(source);
-        let dns_max_ttl = settings.dns_max_ttl_s.seconds(source, 60)?;
-        if dns_max_ttl < dns_min_ttl {
-            bail!(
-                "{dns_max_ttl_at}: must be at least dns_min_ttl_s ({}s)",
-                dns_min_ttl.as_secs()
-            );
-        }
-        let dns = DnsConfig {
-            min_ttl: dns_min_ttl,
-            max_ttl: dns_max_ttl,
-            timeout: settings.dns_timeout_ms.millis(source, 2000)?,
-            max_names: settings.dns_max_names.at_least_one(source, 10_000)?,
-            resolv_conf: settings
-                .dns_resolv_conf
-                .value
-                .unwrap_or_else(|| PathBuf::from("/etc/resolv.conf")),
-            hosts_file: settings
-                .dns_hosts_file
-                .value
-                .unwrap_or_else(|| PathBuf::from("/etc/hosts")),
-            servers: {
-                let at = settings.dns_servers.at(source);
-                settings
-                    .dns_servers
-                    .value
-                    .as_deref()
-                    .unwrap_or("")
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| {
-                        s.parse::<SocketAddr>().map_err(|_| {
-                            anyhow::anyhow!(
-                                "{at}: '{s}' is not an ip:port address (e.g. 127.0.0.1:8600)"
-                            )
-                        })
-                    })
-                    .collect::<anyhow::Result<_>>()?
+        let dns = dns_config(
+            source,
+            DnsSources {
+                min_ttl_s: settings.dns_min_ttl_s,
+                max_ttl_s: settings.dns_max_ttl_s,
+                timeout_ms: settings.dns_timeout_ms,
+                max_names: settings.dns_max_names,
+                resolv_conf: settings.dns_resolv_conf,
+                hosts_file: settings.dns_hosts_file,
+                servers: settings.dns_servers,
             },
-        };
+        )?;
         let acme = acme_settings(
             source,
             AcmeSources {
@@ -667,48 +706,39 @@ impl Config {
                 .admin_ui_writes
                 .choice(source, &[("off", false), ("on", true)])?,
             access_log,
-            threads: settings.threads.at_least_one(source, cores)?,
-            drain_grace: settings.drain_grace_s.seconds(source, 30)?,
+            threads: settings.threads.at_least_one(source)?,
+            drain_grace: settings.drain_grace_s.seconds(source)?,
             // Zero is allowed: a router asked to stop at once (a benchmark's).
-            shutdown_grace: Duration::from_secs(settings.shutdown_grace_s.or(10)),
+            shutdown_grace: Duration::from_secs(settings.shutdown_grace_s.resolved()?),
             client_timeouts: ClientTimeouts {
-                header: settings
-                    .client_header_timeout_s
-                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
-                idle: settings
-                    .client_idle_timeout_s
-                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
-                body: settings
-                    .client_body_timeout_s
-                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
-                send: settings
-                    .client_send_timeout_s
-                    .seconds(source, DEFAULT_CLIENT_TIMEOUT_S)?,
+                header: settings.client_header_timeout_s.seconds(source)?,
+                idle: settings.client_idle_timeout_s.seconds(source)?,
+                body: settings.client_body_timeout_s.seconds(source)?,
+                send: settings.client_send_timeout_s.seconds(source)?,
             },
             upgrade: settings.upgrade,
-            route_cache_apps: settings.route_cache_apps.at_least_one(source, 100_000)?,
-            history_max_apps: settings.history_max_apps.at_least_one(source, 10_000)?,
+            route_cache_apps: settings.route_cache_apps.at_least_one(source)?,
+            history_max_apps: settings.history_max_apps.at_least_one(source)?,
             trusted_proxies,
-            limit_sync: settings.limit_sync_ms.millis(source, 100)?,
+            limit_sync: settings.limit_sync_ms.millis(source)?,
             dns,
-            limit_clients: settings
-                .limit_clients
-                .at_least_one(source, DEFAULT_LIMIT_CLIENTS)?,
-            cache_memory_bytes: settings.cache_memory_mb.mebibytes(source, 256)?,
+            limit_clients: settings.limit_clients.at_least_one(source)?,
+            cache_memory_bytes: settings.cache_memory_mb.mebibytes(source)?,
             cache_redis,
             waf: settings
                 .waf
                 .choice(source, &[("on", true), ("off", false)])?,
             waf_rules: settings.waf_rules.value,
-            waf_spool_bytes: settings.waf_spool_mb.mebibytes(source, 1024)?,
+            waf_spool_bytes: settings.waf_spool_mb.mebibytes(source)?,
             // Zero is a choice here (read-ahead off), not a mistake.
-            response_buffer_bytes: settings.response_buffer_mb.or(64).saturating_mul(1 << 20),
-            response_buffer_memory_bytes: settings
-                .response_buffer_memory_mb
-                .mebibytes(source, 256)?,
-            response_spool_bytes: settings.response_spool_mb.mebibytes(source, 1024)?,
-            pool_threads: settings.pool_threads.at_least_one(source, cores)?,
-            pool_queue: settings.pool_queue.at_least_one(source, 1024)?,
+            response_buffer_bytes: settings
+                .response_buffer_mb
+                .resolved()?
+                .saturating_mul(1 << 20),
+            response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes(source)?,
+            response_spool_bytes: settings.response_spool_mb.mebibytes(source)?,
+            pool_threads: settings.pool_threads.at_least_one(source)?,
+            pool_queue: settings.pool_queue.at_least_one(source)?,
             pool_sched: settings.pool_sched.choice(
                 source,
                 &[("idle", PoolSched::Idle), ("nice", PoolSched::Nice)],
@@ -717,6 +747,82 @@ impl Config {
             data_dir,
         })
     }
+}
+
+/// The route store: embedded, or a Redis (or Sentinel-watched Redis) URL, its password
+/// from the environment.
+fn store_choice(
+    source: &Source<'_>,
+    store: Setting<String>,
+    redis_timeout_ms: Setting<u64>,
+) -> anyhow::Result<StoreChoice> {
+    let at = store.at(source);
+    let redis_timeout = redis_timeout_ms.millis(source)?;
+    Ok(match store.resolved()?.as_str() {
+        "embedded" => StoreChoice::Embedded,
+        url if url.starts_with("redis") => {
+            if let Err(reason) = RedisTarget::parse(url) {
+                bail!("{at}: {reason}");
+            }
+            StoreChoice::Redis {
+                url: with_password(url, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
+                timeout: redis_timeout,
+            }
+        }
+        other => bail!(
+            "{at}: '{other}' is not a store; use `embedded`, `redis://HOST:PORT/DB` or \
+             `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB`"
+        ),
+    })
+}
+
+/// The DNS settings as given.
+struct DnsSources {
+    min_ttl_s: Setting<u64>,
+    max_ttl_s: Setting<u64>,
+    timeout_ms: Setting<u64>,
+    max_names: Setting<usize>,
+    resolv_conf: Setting<PathBuf>,
+    hosts_file: Setting<PathBuf>,
+    servers: Setting<String>,
+}
+
+fn dns_config(source: &Source<'_>, given: DnsSources) -> anyhow::Result<DnsConfig> {
+    let min_ttl = given.min_ttl_s.seconds(source)?;
+    let max_ttl_at = given.max_ttl_s.at(source);
+    let max_ttl = given.max_ttl_s.seconds(source)?;
+    if max_ttl < min_ttl {
+        bail!(
+            "{max_ttl_at}: must be at least dns_min_ttl_s ({}s)",
+            min_ttl.as_secs()
+        );
+    }
+    let servers_at = given.servers.at(source);
+    let servers = given
+        .servers
+        .value
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<SocketAddr>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{servers_at}: '{s}' is not an ip:port address (e.g. 127.0.0.1:8600)"
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(DnsConfig {
+        min_ttl,
+        max_ttl,
+        timeout: given.timeout_ms.millis(source)?,
+        max_names: given.max_names.at_least_one(source)?,
+        resolv_conf: given.resolv_conf.resolved()?,
+        hosts_file: given.hosts_file.resolved()?,
+        servers,
+    })
 }
 
 /// How worker-pool threads share the CPU with the event loops.
@@ -804,10 +910,8 @@ fn acme_settings(
         email: given.email.value.filter(|e| !e.is_empty()),
         eab,
         ca_file: given.ca_file.value,
-        check_interval: given.check_interval_s.seconds(source, 3600)?,
-        orders_per_3h: given
-            .orders_per_3h
-            .at_least_one(source, switchyard_acme::LETS_ENCRYPT_ORDERS_PER_3H)?,
+        check_interval: given.check_interval_s.seconds(source)?,
+        orders_per_3h: given.orders_per_3h.at_least_one(source)?,
     }))
 }
 
@@ -848,7 +952,7 @@ fn access_log_choice(
 ) -> anyhow::Result<AccessLogChoice> {
     let services = match log_to.value.as_deref() {
         Some(services) if !services.is_empty() => services.to_vec(),
-        _ => return Ok(AccessLogChoice::Local(local.or("stdout".into()))),
+        _ => return Ok(AccessLogChoice::Local(local.resolved()?)),
     };
     if local.value.is_some() {
         bail!(
@@ -863,20 +967,20 @@ fn access_log_choice(
         }
     }
     let batch_kb_at = ship.batch_kb.at(source);
-    let batch_kb = ship.batch_kb.at_least_one(source, 64)?;
+    let batch_kb = ship.batch_kb.at_least_one(source)?;
     if batch_kb > 64 {
         bail!("{batch_kb_at}: at most 64 (KiB per batch)");
     }
     Ok(AccessLogChoice::Ship(ShipConfig {
         services,
         batch_bytes: batch_kb * 1024,
-        batch_delay: ship.batch_delay_ms.millis(source, 200)?,
-        buffer_bytes: ship
-            .buffer_mb
-            .at_least_one(source, 16)?
-            .saturating_mul(1 << 20),
-        spool_dir: ship.spool_dir.or(data_dir.join("log-spool")),
-        spool_bytes: ship.spool_mb.mebibytes(source, 1024)?,
+        batch_delay: ship.batch_delay_ms.millis(source)?,
+        buffer_bytes: ship.buffer_mb.at_least_one(source)?.saturating_mul(1 << 20),
+        spool_dir: ship
+            .spool_dir
+            .value
+            .unwrap_or_else(|| data_dir.join("log-spool")),
+        spool_bytes: ship.spool_mb.mebibytes(source)?,
     }))
 }
 
@@ -934,6 +1038,32 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("./switchyard-data"));
         assert_eq!(config.store, StoreChoice::Embedded);
         assert_eq!(config.client_timeouts, ClientTimeouts::default());
+    }
+
+    #[test]
+    fn help_shows_each_default_from_the_list_that_applies_it() {
+        let mut command = ServeArgs::augment_args(clap::Command::new("serve"));
+        let help = command.render_long_help().to_string();
+        let line_of = |flag: &str| {
+            let at = help
+                .find(flag)
+                .unwrap_or_else(|| panic!("{flag} in --help"));
+            help[at..].split("[env:").next().unwrap_or("").to_string()
+        };
+        assert!(
+            line_of("--drain-grace-s").contains("[default: 30]"),
+            "{help}"
+        );
+        assert!(line_of("--store").contains("[default: embedded]"), "{help}");
+        assert!(
+            line_of("--dns-hosts-file").contains("[default: /etc/hosts]"),
+            "{help}"
+        );
+        // A setting without a default says so in its doc, and shows none.
+        assert!(!line_of("--admin-token").contains("[default:"), "{help}");
+        let config = Config::resolve(ServeArgs::default()).expect("defaults are valid");
+        assert_eq!(config.drain_grace, Duration::from_secs(30));
+        assert_eq!(config.dns.hosts_file, PathBuf::from("/etc/hosts"));
     }
 
     #[test]
