@@ -11,7 +11,6 @@ use tokio::sync::broadcast::{error::RecvError, Receiver};
 use tokio::sync::{watch, Mutex};
 
 use crate::metrics;
-use crate::routing::deleted_apps::FORGET_EVERY;
 use crate::routing::drain::ConnectionDrain;
 use crate::routing::names::BackendNames;
 use crate::routing::recent_changes::RecentChanges;
@@ -109,8 +108,6 @@ impl ChangeFollower {
     /// Runs until `shutdown` changes.
     pub async fn run(&self, mut shutdown: ShutdownWatch) {
         let mut changes = self.changes.lock().await;
-        let mut forget_deleted = tokio::time::interval(FORGET_EVERY);
-        forget_deleted.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let names_changed = async {
                 match &self.names {
@@ -124,11 +121,6 @@ impl ChangeFollower {
                     if let Some(names) = &self.names {
                         self.apply_new_addresses(names);
                     }
-                    continue;
-                }
-                _ = forget_deleted.tick() => {
-                    // Not waited for: changes go on being applied meanwhile.
-                    let _batch = self.routes.forget_deleted_apps();
                     continue;
                 }
                 _ = shutdown.changed() => return,

@@ -6,7 +6,6 @@
 
 pub(crate) mod balancer;
 pub(crate) mod connections;
-pub(crate) mod deleted_apps;
 pub(crate) mod drain;
 pub(crate) mod explain;
 pub(crate) mod follower;

@@ -15,12 +15,11 @@ use parking_lot::Mutex;
 use quick_cache::sync::Cache;
 use switchyard_model::{App, BackendAddress, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
-use tokio::task::JoinHandle;
 
 use crate::metrics;
+use crate::metrics::deleted_apps::DeletedApps;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::balancer::Upstream;
-use crate::routing::deleted_apps::DeletedApps;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
 use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
@@ -98,7 +97,7 @@ pub struct RouteCache {
     response_budget: Arc<CacheBudget>,
     /// Addresses of backends given by name; without it, named backends get no address.
     names: Option<Arc<BackendNames>>,
-    /// Apps deleted since their metric series were last forgotten.
+    /// Where deletions (and apps routed again) are told, for their metric series.
     deleted: DeletedApps,
 }
 
@@ -140,6 +139,7 @@ impl RouteCache {
 
     /// Builds `app`'s route: its backends' names resolved to their current addresses.
     fn build(&self, app: App, previous: Option<&AppRoute>) -> AppRoute {
+        self.deleted.routed_again(app.name.as_str());
         let endpoints = match &self.names {
             Some(names) => names.endpoints(&app),
             None => ip_endpoints(&app),
@@ -313,22 +313,8 @@ impl RouteCache {
             Stored::Unknown => matches!(self.store.get_app(name).await, Ok(None)),
         };
         if gone {
-            self.note_deleted(name);
+            self.deleted.note(name);
         }
-    }
-
-    /// Notes `name` as deleted; a full set has its batch forgotten at once.
-    fn note_deleted(&self, name: &str) {
-        if self.deleted.note(name) {
-            // Not waited for: the batch runs beside the change follower.
-            let _batch = self.forget_deleted_apps();
-        }
-    }
-
-    /// Forgets the metric series of the apps deleted since the last call, on the blocking
-    /// pool; the batch, if there is one, for a caller that waits for it.
-    pub(crate) fn forget_deleted_apps(&self) -> Option<JoinHandle<()>> {
-        self.deleted.forget_noted(|app| self.apps.contains_key(app))
     }
 
     /// Revalidates every cached entry after events may have been missed. Entries are checked
@@ -367,7 +353,7 @@ impl RouteCache {
         });
         for name in uncached {
             match self.store.get_app(&name).await {
-                Ok(None) => self.note_deleted(&name),
+                Ok(None) => self.deleted.note(&name),
                 Ok(Some(_)) => {}
                 Err(e) => return log_interrupted_resync(&e),
             }
@@ -606,7 +592,7 @@ mod tests {
     }
 
     async fn forget_batch(cache: &RouteCache) {
-        let batch = cache.forget_deleted_apps().expect("a batch to forget");
+        let batch = cache.deleted.forget_noted().expect("a batch to forget");
         batch.await.expect("the batch ran");
     }
 

@@ -2,9 +2,12 @@
 //! `/metrics` exposes. Labels are bounded: `app` only ever holds a stored app's name (unknown
 //! hosts count under `app=""`), and `class`/`kind`/`result` are small fixed sets.
 //! `switchyard_requests_total` is the exception to "registered here": `app_requests.rs` keeps it
-//! as a slot per app.
+//! as a slot per app. A deleted app's series, that slot included, leave with it
+//! (`deleted_apps`): the route cache only tells what it sees.
 
 #![allow(missing_docs)]
+
+pub(crate) mod deleted_apps;
 
 use std::collections::{HashMap, HashSet};
 
