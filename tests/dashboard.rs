@@ -103,7 +103,18 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     let router = RouterProcess::start();
     let steady = Backend::start("steady");
     let doomed = Backend::start("doomed");
-    // 1,000 apps through the bulk import, then the ones the views are checked on.
+    seed_tenants_shop_and_wild(&router, &steady, &doomed);
+    let browser = Browser::new(&router);
+    the_overview_shows_live_figures(&router, &browser);
+    search_finds_apps_by_domain_and_name(&browser);
+    the_app_page_follows_health(&router, &browser, doomed);
+    explain_shows_the_rule_that_routes_a_host(&browser);
+    certificates_are_listed_soonest_first(&router, &browser);
+}
+
+/// 1,000 apps through the bulk import, then the ones the views are checked on (shop, with
+/// traffic in the history; wild, written last), and shop asked for 40 times.
+fn seed_tenants_shop_and_wild(router: &RouterProcess, steady: &Backend, doomed: &Backend) {
     let lines: Vec<String> = (0..1000)
         .map(|i| {
             json!({"name": format!("tenant-{i:04}"), "domains": [format!("tenant-{i:04}.ui.test")],
@@ -144,8 +155,9 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
                 .is_some_and(|apps| !apps.is_empty())
         },
     );
+}
 
-    let browser = Browser::new(&router);
+fn the_overview_shows_live_figures(router: &RouterProcess, browser: &Browser) {
     // Traffic while the overview renders, so its figures move between two refreshes.
     let stop = Arc::new(AtomicBool::new(false));
     let traffic = {
@@ -184,8 +196,9 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
         changes[newest..].find("*.wild.ui.test").is_some(),
         "{changes}"
     );
+}
 
-    // Search: by a domain, by a name prefix.
+fn search_finds_apps_by_domain_and_name(browser: &Browser) {
     let by_domain = browser.dom("/apps?q=www.shop.ui.test");
     assert!(
         by_domain.contains("href=\"#/app/shop\"") && by_domain.contains("exact"),
@@ -197,8 +210,10 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
         !by_prefix.contains("tenant-0989"),
         "only names with the prefix"
     );
+}
 
-    // The app page: both backends healthy, then one killed and shown down.
+/// The app page: both backends healthy, then one killed and shown down.
+fn the_app_page_follows_health(router: &RouterProcess, browser: &Browser, doomed: Backend) {
     let healthy = browser.dom("/app/shop");
     assert_eq!(healthy.matches(">healthy<").count(), 2, "{healthy}");
     let classes = text_of(&healthy, "app-classes").unwrap_or_default();
@@ -235,8 +250,10 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     );
     assert!(degraded.contains(&doomed.addr.to_string()));
     browser.screenshot("/app/shop", "dashboard-app.png");
+}
 
-    // Explain a host: the wildcard rule that routes it.
+/// Explain a host: the wildcard rule that routes it.
+fn explain_shows_the_rule_that_routes_a_host(browser: &Browser) {
     let explained = browser.dom("/explain?host=eu.api.wild.ui.test&path=/x");
     let verdict = text_of(&explained, "verdict")
         .map(str::to_string)
@@ -249,8 +266,10 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
         "/explain?host=eu.api.wild.ui.test&path=/x",
         "dashboard-explain.png",
     );
+}
 
-    // Certificates: the store's expiry index, soonest first.
+/// Certificates: the store's expiry index, soonest first.
+fn certificates_are_listed_soonest_first(router: &RouterProcess, browser: &Browser) {
     let ca = Ca::root("Dashboard Root");
     for (domain, days) in [
         ("later.ui.test", 80),

@@ -84,6 +84,193 @@ struct Write {
     body: serde_json::Value,
 }
 
+/// Clients asking each router for the known hosts in turn, until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(routers: [Arc<RouterProcess>; 2]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+        let threads = routers
+            .into_iter()
+            .map(|router| {
+                let (stop, served, failures) = (stop.clone(), served.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let host = format!("shop{}.test", n % 5);
+                        n += 1;
+                        match support::get(router.http, &host, "/") {
+                            Ok(response) if response.status == 200 => {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(response) => failures.lock().expect("lock").push(format!(
+                                "{host}: {} {}",
+                                response.status,
+                                response.text()
+                            )),
+                            Err(e) => failures.lock().expect("lock").push(format!("{host}: {e}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            served,
+            failures,
+            threads,
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// Stops the clients: how many requests were served, and the failures.
+    fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            thread.join().expect("load thread");
+        }
+        let failures = self.failures.lock().expect("lock").clone();
+        (self.served.load(Ordering::Relaxed), failures)
+    }
+}
+
+/// An operator's tool writing every 100 ms through one router, each write noted with when
+/// it was sent relative to the primary's death.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    writes: Arc<Mutex<Vec<Write>>>,
+    killed_at: Arc<Mutex<Option<Instant>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(router: Arc<RouterProcess>, backends: [String; 2]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
+        let killed_at = Arc::new(Mutex::new(None::<Instant>));
+        let thread = {
+            let (stop, writes, killed_at) = (stop.clone(), writes.clone(), killed_at.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({"backends": [backends[n % 2].clone()]}).to_string();
+                    n += 1;
+                    let sent = Instant::now();
+                    let sent_after_kill = killed_at.lock().expect("lock").map(|k| sent - k);
+                    let (status, answer) =
+                        router.admin_call("PUT", "/v1/apps/probe/backends", Some(&body));
+                    writes.lock().expect("lock").push(Write {
+                        sent_after_kill,
+                        status,
+                        took: sent.elapsed(),
+                        body: answer,
+                    });
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Self {
+            stop,
+            writes,
+            killed_at,
+            thread,
+        }
+    }
+
+    /// Writes that succeeded, before the kill or after it.
+    fn succeeded(&self, after_kill: bool) -> usize {
+        let writes = self.writes.lock().expect("lock");
+        writes
+            .iter()
+            .filter(|w| w.status == 200 && w.sent_after_kill.is_some() == after_kill)
+            .count()
+    }
+
+    fn primary_killed(&self, at: Instant) {
+        *self.killed_at.lock().expect("lock") = Some(at);
+    }
+
+    fn stop(self) -> Vec<Write> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("writer thread");
+        std::mem::take(&mut *self.writes.lock().expect("lock"))
+    }
+}
+
+/// Some writes were refused during the failover, each fast and with a JSON error; the
+/// number refused.
+fn assert_writes_refused_fast(writes: &[Write]) -> usize {
+    let refused = writes.iter().filter(|w| w.status != 200).count();
+    assert!(
+        refused > 0,
+        "no write was refused while the Sentinels failed over: {writes:?}"
+    );
+    for write in writes {
+        assert!(
+            write.status == 200 || write.status == 503,
+            "a write answered neither 200 nor 503: {write:?}"
+        );
+        if write.status == 503 {
+            assert!(
+                write.body["error"].is_string(),
+                "503 without a JSON error: {write:?}"
+            );
+        }
+        assert!(
+            write.took < Duration::from_millis(1500),
+            "a write waited instead of failing fast: {write:?}"
+        );
+    }
+    refused
+}
+
+/// Both routers agree with the store on the app written through the failover, and show
+/// the promoted replica as their primary.
+fn assert_routers_agree_with_the_store(
+    routers: [&RouterProcess; 2],
+    first: &Backend,
+    promoted: &str,
+) {
+    let (_, stored) = routers[0].admin_call("GET", "/v1/apps/probe", None);
+    let stored_backend = stored["backends"][0]["address"]
+        .as_str()
+        .or(stored["backends"][0].as_str())
+        .unwrap_or("?")
+        .to_string();
+    let expected = if stored_backend.starts_with(&first.addr.to_string()) {
+        "first"
+    } else {
+        "second"
+    };
+    for router in routers {
+        eventually(
+            Duration::from_secs(2),
+            "the routers to agree with the store",
+            || backend_name(router, "probe.test").as_deref() == Some(expected),
+        );
+        let (status, shown) = router.admin_call("GET", "/v1/store", None);
+        assert_eq!(status, 200);
+        assert_eq!(shown["kind"], "redis+sentinel", "{shown}");
+        assert_eq!(shown["primary"], promoted, "{shown}");
+        assert_eq!(shown["subscribed"], true, "{shown}");
+        assert!(
+            router.metric("switchyard_redis_primary_moves_total{role=\"route store\"}") >= 1.0,
+            "{}",
+            router.logs()
+        );
+    }
+}
+
 #[test]
 fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replica() {
     let mut set = SentinelSet::start();
@@ -110,141 +297,45 @@ fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replic
     }
     set.wait_replicated();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let served = Arc::new(AtomicUsize::new(0));
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let killed_at = Arc::new(Mutex::new(None::<Instant>));
-    let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
-
-    // Two clients, one per router, each asking for the known hosts in turn.
-    let mut load = Vec::new();
-    for router in [a.clone(), b.clone()] {
-        let (stop, served, failures) = (stop.clone(), served.clone(), failures.clone());
-        load.push(std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let host = format!("shop{}.test", n % 5);
-                n += 1;
-                match support::get(router.http, &host, "/") {
-                    Ok(response) if response.status == 200 => {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(response) => failures.lock().expect("lock").push(format!(
-                        "{host}: {} {}",
-                        response.status,
-                        response.text()
-                    )),
-                    Err(e) => failures.lock().expect("lock").push(format!("{host}: {e}")),
-                }
-            }
-        }));
-    }
-    // An operator's tool writing every 100 ms through router A.
-    let writer = {
-        let (stop, writes, killed_at, a) =
-            (stop.clone(), writes.clone(), killed_at.clone(), a.clone());
-        let backends = [first.addr.to_string(), second.addr.to_string()];
-        std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let body = json!({"backends": [backends[n % 2].clone()]}).to_string();
-                n += 1;
-                let sent = Instant::now();
-                let sent_after_kill = killed_at.lock().expect("lock").map(|k| sent - k);
-                let (status, answer) = a.admin_call("PUT", "/v1/apps/probe/backends", Some(&body));
-                writes.lock().expect("lock").push(Write {
-                    sent_after_kill,
-                    status,
-                    took: sent.elapsed(),
-                    body: answer,
-                });
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
-
+    let load = Load::start([a.clone(), b.clone()]);
+    let writer = Writer::start(a.clone(), [first.addr.to_string(), second.addr.to_string()]);
     eventually(
         Duration::from_secs(10),
         "the load and the writes under way",
-        || {
-            served.load(Ordering::Relaxed) >= 50
-                && writes
-                    .lock()
-                    .expect("lock")
-                    .iter()
-                    .filter(|w| w.status == 200)
-                    .count()
-                    >= 3
-        },
+        || load.served() >= 50 && writer.succeeded(false) >= 3,
     );
     let kill = Instant::now();
-    *killed_at.lock().expect("lock") = Some(kill);
+    writer.primary_killed(kill);
     set.primary.stop();
-
     let first_write = eventually(
         Duration::from_secs(30),
         "an admin write to succeed after the failover",
-        || {
-            writes
-                .lock()
-                .expect("lock")
-                .iter()
-                .any(|w| w.sent_after_kill.is_some() && w.status == 200)
-        },
+        || writer.succeeded(true) > 0,
     );
     // Load goes on after the failover until a share of it is served by the routers as
     // they resync: that must not fail requests either.
-    let served_at_first_write = served.load(Ordering::Relaxed);
+    let served_at_first_write = load.served();
     eventually(
         Duration::from_secs(10),
         "load served after the failover",
-        || served.load(Ordering::Relaxed) >= served_at_first_write + 100,
+        || load.served() >= served_at_first_write + 100,
     );
-    stop.store(true, Ordering::Relaxed);
-    for thread in load {
-        thread.join().expect("load thread");
-    }
-    writer.join().expect("writer thread");
+    let (served, failures) = load.stop();
+    let writes = writer.stop();
 
-    let failures = failures.lock().expect("lock");
     assert!(
         failures.is_empty(),
-        "{} requests for known hosts failed during the failover (of {} served): {:?}",
+        "{} requests for known hosts failed during the failover (of {served} served): {:?}",
         failures.len(),
-        served.load(Ordering::Relaxed),
         &failures[..failures.len().min(10)]
     );
-    let writes = writes.lock().expect("lock");
-    let refused: Vec<&Write> = writes.iter().filter(|w| w.status != 200).collect();
-    assert!(
-        !refused.is_empty(),
-        "no write was refused while the Sentinels failed over: {writes:?}"
-    );
-    for write in &writes[..] {
-        assert!(
-            write.status == 200 || write.status == 503,
-            "a write answered neither 200 nor 503: {write:?}"
-        );
-        if write.status == 503 {
-            assert!(
-                write.body["error"].is_string(),
-                "503 without a JSON error: {write:?}"
-            );
-        }
-        assert!(
-            write.took < Duration::from_millis(1500),
-            "a write waited instead of failing fast: {write:?}"
-        );
-    }
+    let refused = assert_writes_refused_fast(&writes);
     eprintln!(
-        "primary killed -> first successful write: {first_write:?}; {} writes refused; {} \
-         requests served, none failed",
-        refused.len(),
-        served.load(Ordering::Relaxed)
+        "primary killed -> first successful write: {first_write:?}; {refused} writes refused; \
+         {served} requests served, none failed"
     );
 
     // A change written after the failover reaches both routers, whichever one took it.
-    let replica = set.replica.addr.to_string();
     a.scale("shop0", &[second.addr]);
     let seen = eventually(Duration::from_secs(2), "router B to see A's change", || {
         backend_name(&b, "shop0.test").as_deref() == Some("second")
@@ -258,36 +349,8 @@ fn killing_the_primary_fails_no_request_and_writes_resume_on_the_promoted_replic
     eventually(Duration::from_secs(2), "router A to see B's change", || {
         backend_name(&a, "shop1.test").as_deref() == Some("second")
     });
-    // No router keeps a route the store no longer has: both agree with the store on the
-    // app written through the failover.
-    let (_, stored) = a.admin_call("GET", "/v1/apps/probe", None);
-    let stored_backend = stored["backends"][0]["address"]
-        .as_str()
-        .or(stored["backends"][0].as_str())
-        .unwrap_or("?")
-        .to_string();
-    let expected = if stored_backend.starts_with(&first.addr.to_string()) {
-        "first"
-    } else {
-        "second"
-    };
-    for router in [&a, &b] {
-        eventually(
-            Duration::from_secs(2),
-            "the routers to agree with the store",
-            || backend_name(router, "probe.test").as_deref() == Some(expected),
-        );
-        let (status, shown) = router.admin_call("GET", "/v1/store", None);
-        assert_eq!(status, 200);
-        assert_eq!(shown["kind"], "redis+sentinel", "{shown}");
-        assert_eq!(shown["primary"], replica.as_str(), "{shown}");
-        assert_eq!(shown["subscribed"], true, "{shown}");
-        assert!(
-            router.metric("switchyard_redis_primary_moves_total{role=\"route store\"}") >= 1.0,
-            "{}",
-            router.logs()
-        );
-    }
+    // No router keeps a route the store no longer has.
+    assert_routers_agree_with_the_store([&a, &b], &first, &set.replica.addr.to_string());
     assert!(set.replica.info_has("role:master"));
 }
 
