@@ -137,7 +137,7 @@ fn backend_response(
     }
     if end.ctx.cache.is_some() && response.body().is_end_stream() {
         // An empty body is never read: a response the cache keeps is complete now.
-        cache::on_response_body(&mut end.ctx, &None, true);
+        cache::body_phase(&mut end.ctx, &None, true);
     }
     if reads_ahead(&response, &end) {
         let buffers = end.worker.shared.response_buffers.clone();

@@ -196,8 +196,8 @@ fn keep_for_cache(
     ended: bool,
 ) {
     match frame {
-        Some(Ok(piece)) => cache::on_response_body(ctx, &piece.data_ref().cloned(), ended),
-        None => cache::on_response_body(ctx, &None, true),
+        Some(Ok(piece)) => cache::body_phase(ctx, &piece.data_ref().cloned(), ended),
+        None => cache::body_phase(ctx, &None, true),
         Some(Err(_)) => {}
     }
 }

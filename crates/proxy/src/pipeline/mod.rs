@@ -46,7 +46,7 @@ use crate::listener::request_body::RequestBody;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::respond::{LocalAnswer, Refusal};
 use crate::stage::acme_challenge;
-use crate::stage::cache::{self, AppAnswer, CacheStatus};
+use crate::stage::cache::{self, CacheStatus};
 use crate::stage::framing;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
@@ -109,7 +109,7 @@ pub(crate) async fn handle(
     }) = answer
     {
         // The app failed or could not be reached: a stale copy stands in if one may.
-        if let Some(stale) = cache::take_stale(&mut end.ctx) {
+        if let Some(stale) = cache::stand_in_for_failure(&mut end.ctx) {
             answer = Answer::Cached(stale, CacheStatus::Stale);
         }
     }
@@ -300,9 +300,9 @@ async fn answer_in_place_of_app(
         return Some(Answer::File(file));
     }
     let shared = &worker.shared;
-    if cache::may_answer(ctx) {
+    if cache::applies(ctx) {
         let redis = shared.cache_redis.as_ref();
-        if let Some(fresh) = Box::pin(cache::look_up_request(ctx, head, redis)).await {
+        if let Some(fresh) = Box::pin(cache::request_phase(ctx, head, redis)).await {
             return Some(Answer::Cached(fresh, CacheStatus::Hit));
         }
     }
@@ -353,7 +353,7 @@ async fn upstream_phase(
         let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
         mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
     };
-    let answer_form = if head.version != Version::HTTP_2 && !cache::may_answer(ctx) {
+    let answer_form = if head.version != Version::HTTP_2 && !cache::applies(ctx) {
         AnswerForm::AsRead
     } else {
         AnswerForm::Map
@@ -397,12 +397,8 @@ async fn upstream_phase(
     };
     // A route with a cache has its request's map (`reads_whole_request`).
     let status = response.status().as_u16();
-    if cache::on_app_response(&head.headers, ctx, status, response.headers())
-        == AppAnswer::StaleStandsIn
-    {
-        if let Some(stale) = cache::take_stale(ctx) {
-            return Answer::Cached(stale, CacheStatus::Stale);
-        }
+    if let Some(stale) = cache::response_phase(&head.headers, ctx, status, response.headers()) {
+        return Answer::Cached(stale, CacheStatus::Stale);
     }
     Answer::Backend {
         response,
@@ -491,7 +487,7 @@ fn image_answer(image: ImageAnswer, request_headers: &HeaderMap, ctx: &mut Reque
     if let Some(value) = cache_control.and_then(|v| HeaderValue::try_from(v).ok()) {
         headers.insert(CACHE_CONTROL, value);
     }
-    if let Some(label) = cache::keep_local_answer(request_headers, ctx, 200, &headers, &body) {
+    if let Some(label) = cache::keep_made_answer(request_headers, ctx, 200, &headers, &body) {
         headers.insert(X_CACHE, HeaderValue::from_static(label));
     }
     Answer::Made { headers, body }

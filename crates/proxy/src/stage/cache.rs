@@ -10,6 +10,14 @@
 //! With the `redis` store, responses are kept in the cache Redis shared by the fleet (each
 //! router still coalesces its own misses). With `redis-versioned` the app owns the cache
 //! (the versioned layout): the router only reads the current version's body from Redis.
+//!
+//! The pipeline enters the stage through its phases, and its state for the request is in
+//! the context (`CacheCtx`): [`applies`] (whether the route caches at all), then
+//! [`request_phase`] (a fresh copy answers), [`response_phase`] (the app's answer head:
+//! kept, or a stale copy stands in for an error), [`body_phase`] (each piece of a kept
+//! answer), and [`stand_in_for_failure`] (an app that could not be reached). An answer the
+//! router made (a resized image) goes through [`keep_made_answer`]. The answer's writer
+//! reads [`x_cache`] and [`cached_headers`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,9 +106,9 @@ struct PendingResponse {
     fresh_for: Duration,
 }
 
-/// Whether the request's app has a response cache: [`look_up_request`] does nothing
+/// Whether the request's app has a response cache: [`request_phase`] does nothing
 /// otherwise, and is not worth the state its future carries.
-pub(crate) fn may_answer(ctx: &RequestCtx) -> bool {
+pub(crate) fn applies(ctx: &RequestCtx) -> bool {
     ctx.route
         .as_ref()
         .is_some_and(|route| route.app.cache.is_some() && route.response_cache.is_some())
@@ -109,7 +117,7 @@ pub(crate) fn may_answer(ctx: &RequestCtx) -> bool {
 /// Looks the request up: a fresh copy to answer with (counted as a hit), or `None` to go on
 /// to the app, with what the cache needs to keep its response (or stand in for it) left in
 /// `ctx`.
-pub(crate) async fn look_up_request(
+pub(crate) async fn request_phase(
     ctx: &mut RequestCtx,
     request: &http::request::Parts,
     redis: Option<&Arc<CacheRedis>>,
@@ -307,16 +315,30 @@ impl Fill {
 
 /// What becomes of the app's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AppAnswer {
+enum AppAnswer {
     /// It goes to the client (and is kept if the fill decided so).
     GoesOn,
-    /// The app failed and a stale copy is at hand: [`take_stale`] answers instead.
+    /// The app failed and a stale copy is at hand: it answers instead.
     StaleStandsIn,
 }
 
-/// The app answered `status` with `headers` to a request with `request_headers`: decide
-/// whether to keep this response, or whether a stale copy stands in for an app error.
-pub(crate) fn on_app_response(
+/// The app answered `status` with `headers` to a request with `request_headers`: the stale
+/// copy that stands in for an app error, if one may, or `None` for the app's answer to go
+/// on (kept if the request holds the fill and the answer is storable).
+pub(crate) fn response_phase(
+    request_headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    status: u16,
+    headers: &HeaderMap,
+) -> Option<Arc<CachedResponse>> {
+    match on_app_response(request_headers, ctx, status, headers) {
+        AppAnswer::StaleStandsIn => stand_in_for_failure(ctx),
+        AppAnswer::GoesOn => None,
+    }
+}
+
+/// Whether to keep the app's answer, or whether a stale copy stands in for an app error.
+fn on_app_response(
     request_headers: &HeaderMap,
     ctx: &mut RequestCtx,
     status: u16,
@@ -428,7 +450,7 @@ pub(crate) fn x_cache(ctx: &RequestCtx) -> Option<&'static str> {
 }
 
 /// Collects the body of a response being kept, storing it at its end.
-pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stream: bool) {
+pub(crate) fn body_phase(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stream: bool) {
     let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
         return;
     };
@@ -485,7 +507,7 @@ pub(crate) fn on_response_body(ctx: &mut RequestCtx, body: &Option<Bytes>, end_o
 /// A response the router made itself for an app that caches (a resized image) goes through
 /// the same decisions as the app's own: kept when storable (the request held the fill).
 /// Returns its `X-Cache`.
-pub(crate) fn keep_local_answer(
+pub(crate) fn keep_made_answer(
     request_headers: &HeaderMap,
     ctx: &mut RequestCtx,
     status: u16,
@@ -494,13 +516,13 @@ pub(crate) fn keep_local_answer(
 ) -> Option<&'static str> {
     on_app_response(request_headers, ctx, status, headers);
     let label = x_cache(ctx);
-    on_response_body(ctx, &Some(body.clone()), true);
+    body_phase(ctx, &Some(body.clone()), true);
     label
 }
 
 /// The stale copy that stands in for an app that failed or could not be reached, if one is
 /// allowed (counted as stale).
-pub(crate) fn take_stale(ctx: &mut RequestCtx) -> Option<Arc<CachedResponse>> {
+pub(crate) fn stand_in_for_failure(ctx: &mut RequestCtx) -> Option<Arc<CachedResponse>> {
     let state = ctx.cache.as_mut()?;
     let stale = state.stale.take()?;
     state.status = CacheStatus::Stale;
