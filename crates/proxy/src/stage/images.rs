@@ -504,20 +504,22 @@ async fn from_backend(
     Ok(original)
 }
 
+/// The original could not be had from the app: 502, mapped as every upstream failure is
+/// (`Refusal::upstream_failed`), the detail in the log rather than in the client's body.
 fn unreachable(e: &dyn std::fmt::Display) -> FetchFailure {
-    FetchFailure::new(
-        502,
-        format!("the original could not be fetched: {e}"),
-        "fetch_failed",
-    )
+    log::warn!("images: the original could not be fetched: {e}");
+    FetchFailure {
+        refusal: Refusal::upstream_failed(false),
+        label: "fetch_failed",
+    }
 }
 
+/// The app did not send the original in time: 504, as for any upstream.
 fn late() -> FetchFailure {
-    FetchFailure::new(
-        504,
-        "the app did not send the original in time",
-        "fetch_failed",
-    )
+    FetchFailure {
+        refusal: Refusal::upstream_failed(true),
+        label: "fetch_failed",
+    }
 }
 
 /// The request for an original, with the forwarding fields the client's own would carry.
