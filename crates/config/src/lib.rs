@@ -8,411 +8,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Args;
-use serde::Deserialize;
 use switchyard_acme::{AcmeSettings, ChallengeKind};
 use switchyard_logs::ShipConfig;
-use switchyard_model::{
-    parse_cidr, ClientTimeouts, IpNet, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_LIMIT_CLIENTS,
-};
+use switchyard_model::{parse_cidr, ClientTimeouts, IpNet};
 use switchyard_store::RedisTarget;
-use toml::Spanned;
 
-/// Declares every setting once: its doc (the `--help` text, to which its default is added),
-/// name (the flag `--name`, the file key `name`), type, environment variable and default.
-/// From the one list come the command line ([`ServeArgs`], with `--config`, `--log-to` and
-/// `--upgrade`, which are not ordinary values), the file format (`FileConfig`: the same
-/// keys, each with its place in the file), and `Settings`: each value merged once — flag or
-/// environment over file — and carrying its key, place and default, so an error names the
-/// flag or the file's line, and a check (`Setting::seconds`, …) needs no second default.
-macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $(#[arg($($arg:tt)*)])? $name:ident: $kind:ty = $env:literal $(, default $default:expr)?; )*) => {
-        /// Flags of `switchyard serve`. Each may also be set as `SWITCHYARD_<FLAG>` or in the
-        /// file.
-        #[derive(Args, Debug, Default)]
-        pub struct ServeArgs {
-            /// TOML config file.
-            #[arg(long, env = "SWITCHYARD_CONFIG")]
-            config: Option<PathBuf>,
-            $(
-                #[arg(
-                    long,
-                    env = $env,
-                    help = help_text(
-                        concat!($($doc),*),
-                        None $(.or(Some(Shown::shown(&IntoDefault::<$kind>::into_default($default)))))?,
-                    )
-                    $(, $($arg)*)?
-                )]
-                $name: Option<$kind>,
-            )*
-            /// Ship access logs to this log service (`switchyard logd`), HOST:PORT; repeat
-            /// for fallbacks, tried in order. Replaces the local access log.
-            #[arg(long = "log-to", env = "SWITCHYARD_LOG_TO", value_delimiter = ',')]
-            log_to: Vec<String>,
-            /// Take over the listening sockets of the router running with the same data
-            /// directory (send it SIGQUIT once this one has logged that it took them over);
-            /// it finishes its requests and exits.
-            #[arg(long)]
-            upgrade: bool,
-        }
+mod settings;
 
-        /// The settings as read from the TOML file; spans locate bad values.
-        #[derive(Deserialize, Default)]
-        #[serde(deny_unknown_fields)]
-        struct FileConfig {
-            log_to: Option<Spanned<Vec<String>>>,
-            $( $name: Option<Spanned<$kind>>, )*
-        }
-
-        /// Every setting, merged from the flags, the environment and the file.
-        struct Settings {
-            upgrade: bool,
-            log_to: Setting<Vec<String>>,
-            $( $name: Setting<$kind>, )*
-        }
-
-        impl Settings {
-            fn merge(args: ServeArgs, file: FileConfig) -> Self {
-                // An empty `--log-to` list is no flag at all: the file's may stand.
-                let log_to = (!args.log_to.is_empty()).then_some(args.log_to);
-                Self {
-                    upgrade: args.upgrade,
-                    log_to: Setting::merge("log_to", log_to, file.log_to, None),
-                    $( $name: Setting::merge(
-                        stringify!($name),
-                        args.$name,
-                        file.$name,
-                        None $(.or(Some(IntoDefault::<$kind>::into_default($default))))?,
-                    ), )*
-                }
-            }
-        }
-    };
-}
-
-settings! {
-    /// Plain HTTP listener address.
-    http: String = "SWITCHYARD_HTTP", default "0.0.0.0:8080";
-    /// HTTPS listener address, or `off`.
-    https: String = "SWITCHYARD_HTTPS", default "0.0.0.0:8443";
-    /// PEM certificate chain served to TLS clients whose server name has no certificate.
-    default_cert: PathBuf = "SWITCHYARD_DEFAULT_CERT";
-    /// PEM private key of `--default-cert`.
-    default_key: PathBuf = "SWITCHYARD_DEFAULT_KEY";
-    /// Port put in HTTP→HTTPS redirects (default: the HTTPS listener's port).
-    https_redirect_port: u16 = "SWITCHYARD_HTTPS_REDIRECT_PORT";
-    /// Most parsed certificates kept in memory.
-    cert_cache_size: usize = "SWITCHYARD_CERT_CACHE_SIZE", default 10_000;
-    /// Seconds between rotations of the TLS session-ticket key (two keys are kept).
-    tls_ticket_rotation_s: u64 = "SWITCHYARD_TLS_TICKET_ROTATION_S", default 3600;
-    /// Seconds between scans counting certificates that expire soon.
-    cert_expiry_scan_s: u64 = "SWITCHYARD_CERT_EXPIRY_SCAN_S", default 300;
-    /// Admin API address.
-    admin: String = "SWITCHYARD_ADMIN", default "127.0.0.1:8081";
-    /// Directory of the embedded store.
-    data_dir: PathBuf = "SWITCHYARD_DATA_DIR", default "./switchyard-data";
-    /// `embedded`, or for a fleet `redis://HOST:PORT/DB` or
-    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB` (the primary the Sentinels name).
-    store: String = "SWITCHYARD_STORE", default "embedded";
-    /// Bearer token required by every admin call but /healthz.
-    #[arg(hide_env_values = true)]
-    admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
-    /// `off`: the dashboard at /ui/ is read-only, and the admin API refuses writes
-    /// made by a browser (calls carrying `Origin`); `on`: the dashboard may edit apps and
-    /// purge caches with the token.
-    admin_ui_writes: String = "SWITCHYARD_ADMIN_UI_WRITES", default "off";
-    /// Access log: `stdout`, `off`, or a file path.
-    access_log: String = "SWITCHYARD_ACCESS_LOG", default "stdout";
-    /// Worker threads for the proxy (the number of cores).
-    threads: usize = "SWITCHYARD_THREADS", default cores();
-    /// Seconds the connections of a deleted app, or of a domain moved to another app, go on
-    /// before they are closed (a backend removed from an app keeps its connections).
-    drain_grace_s: u64 = "SWITCHYARD_DRAIN_GRACE_S", default 30;
-    /// Seconds in-flight requests get to finish after SIGTERM.
-    shutdown_grace_s: u64 = "SWITCHYARD_SHUTDOWN_GRACE_S", default 10;
-    /// Seconds a client has to send a whole request head (HTTP/1.1) before its connection is
-    /// closed.
-    client_header_timeout_s: u64 = "SWITCHYARD_CLIENT_HEADER_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
-    /// Seconds an HTTP/1.1 client connection may stay idle between requests before it is closed.
-    client_idle_timeout_s: u64 = "SWITCHYARD_CLIENT_IDLE_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
-    /// Seconds the router waits for each piece of an HTTP/1.1 request body before it closes
-    /// the connection (408). Not applied to WebSockets.
-    client_body_timeout_s: u64 = "SWITCHYARD_CLIENT_BODY_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
-    /// Seconds a client may take to accept each piece (at most 64 KiB) of a response before the
-    /// router closes the connection.
-    client_send_timeout_s: u64 = "SWITCHYARD_CLIENT_SEND_TIMEOUT_S", default DEFAULT_CLIENT_TIMEOUT_S;
-    /// Most apps kept in the in-process route cache.
-    route_cache_apps: usize = "SWITCHYARD_ROUTE_CACHE_APPS", default 100_000;
-    /// Most busy apps whose last 15 minutes of traffic are kept for `switchyard top` and
-    /// `GET /v1/stats/apps` (about 1.2 KB each).
-    history_max_apps: usize = "SWITCHYARD_HISTORY_MAX_APPS", default 10_000;
-    /// Proxies in front of the router whose `X-Forwarded-For` is believed for apps' limits
-    /// and IP rules: CIDRs separated by commas (none: the peer is the client).
-    trusted_proxies: String = "SWITCHYARD_TRUSTED_PROXIES";
-    /// Most client records kept for per-client limits, all apps together (about 70 bytes
-    /// each); past it the least used are forgotten.
-    limit_clients: usize = "SWITCHYARD_LIMIT_CLIENTS", default DEFAULT_LIMIT_CLIENTS;
-    /// Milliseconds between two syncs of fleet-wide app rates with the Redis store: the
-    /// fleet may admit up to (routers − 1) × (rate × 2 × this + burst) more than
-    /// the rate.
-    limit_sync_ms: u64 = "SWITCHYARD_LIMIT_SYNC_MS", default 100;
-    /// Backends given by DNS name are resolved again no sooner than this after an answer,
-    /// whatever its TTL.
-    dns_min_ttl_s: u64 = "SWITCHYARD_DNS_MIN_TTL_S", default 1;
-    /// ... and no later than this; a failing name is retried from the minimum,
-    /// doubling up to this.
-    dns_max_ttl_s: u64 = "SWITCHYARD_DNS_MAX_TTL_S", default 60;
-    /// Deadline of one DNS query, in milliseconds.
-    dns_timeout_ms: u64 = "SWITCHYARD_DNS_TIMEOUT_MS", default 2000;
-    /// Most backend names followed.
-    dns_max_names: usize = "SWITCHYARD_DNS_MAX_NAMES", default 10_000;
-    /// Resolver configuration: nameservers, search domains.
-    dns_resolv_conf: PathBuf = "SWITCHYARD_DNS_RESOLV_CONF", default "/etc/resolv.conf";
-    /// Static names, read again when the file changes.
-    dns_hosts_file: PathBuf = "SWITCHYARD_DNS_HOSTS_FILE", default "/etc/hosts";
-    /// Nameservers to ask instead of resolv.conf's, IP:PORT separated by commas (e.g.
-    /// Consul's DNS, 127.0.0.1:8600).
-    dns_servers: String = "SWITCHYARD_DNS_SERVERS";
-    /// Memory for cached responses over all apps, in MiB (each app's `cache.max_bytes` is
-    /// reserved from it).
-    cache_memory_mb: u64 = "SWITCHYARD_CACHE_MEMORY_MB", default 256;
-    /// Redis of the response cache (redis://HOST:PORT/DB or redis+sentinel://…): apps with a
-    /// Redis cache store.
-    /// Keep it apart from the route store: a cache Redis evicts (allkeys-lru).
-    cache_redis: String = "SWITCHYARD_CACHE_REDIS";
-    /// Deadline of one cache Redis lookup, in milliseconds; slower is a miss.
-    cache_redis_timeout_ms: u64 = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS", default 50;
-    /// Deadline of one Redis call (and of connecting), in milliseconds.
-    redis_timeout_ms: u64 = "SWITCHYARD_REDIS_TIMEOUT_MS", default 500;
-    /// `on`: load the OWASP Core Rule Set for apps with a `waf` option, refusing to
-    /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
-    waf: String = "SWITCHYARD_WAF", default "on";
-    /// The platform's own ModSecurity rules and CRS exclusions, included after the CRS
-    /// (reloaded with `POST /v1/waf/reload`).
-    waf_rules: String = "SWITCHYARD_WAF_RULES";
-    /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
-    /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
-    waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB", default 1024;
-    /// Most of one backend answer, in MiB, read ahead of a slow client (in memory, then in
-    /// DATA_DIR/response-spool) so that the backend's connection is freed at the backend's
-    /// speed; 0 turns read-ahead off. `text/event-stream` answers, those sent with
-    /// `X-Accel-Buffering: no`, and apps with `"response_buffering": false` are never read
-    /// ahead.
-    response_buffer_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MB", default 64;
-    /// Most memory, in MiB, all answers read ahead may hold at once (at most 1 MiB each,
-    /// the rest is spooled).
-    response_buffer_memory_mb: u64 = "SWITCHYARD_RESPONSE_BUFFER_MEMORY_MB", default 256;
-    /// Most disk, in MiB, all answers read ahead may spool at once; past it and the memory
-    /// budget, answers go on at their client's pace.
-    response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB", default 1024;
-    /// Threads for CPU-bound stages such as the WAF (the number of cores).
-    pool_threads: usize = "SWITCHYARD_POOL_THREADS", default cores();
-    /// Most tasks waiting for those threads; more are refused at once.
-    pool_queue: usize = "SWITCHYARD_POOL_QUEUE", default 1024;
-    /// How pool threads share the CPU with the event loops: `idle` (SCHED_IDLE, and while light requests are under way a worker pauses whenever other threads wait
-    /// for a CPU) or `nice` (nice 10: workers keep a share of a host that other processes
-    /// keep busy, and may delay light requests).
-    pool_sched: String = "SWITCHYARD_POOL_SCHED", default "idle";
-    /// Largest access-log batch in KiB (at most 64).
-    log_batch_kb: usize = "SWITCHYARD_LOG_BATCH_KB", default 64;
-    /// Longest a record waits for its batch to fill, in milliseconds.
-    log_batch_delay_ms: u64 = "SWITCHYARD_LOG_BATCH_DELAY_MS", default 200;
-    /// Memory for batches waiting for the log service, in MiB; past it they spool to disk.
-    log_buffer_mb: usize = "SWITCHYARD_LOG_BUFFER_MB", default 16;
-    /// ACME directory URL (https://…): certificates are ordered for the domains of apps
-    /// with `"tls": {"acme": true}`. Without it, no router of this one's store orders, but
-    /// every router still answers the HTTP-01 challenges stored by one that does.
-    acme_directory: String = "SWITCHYARD_ACME_DIRECTORY";
-    /// Contact address of the fleet's ACME account.
-    acme_email: String = "SWITCHYARD_ACME_EMAIL";
-    /// External account binding key id (CAs that require one).
-    acme_eab_kid: String = "SWITCHYARD_ACME_EAB_KID";
-    /// External account binding HMAC key, base64url as the CA gives it.
-    acme_eab_hmac: String = "SWITCHYARD_ACME_EAB_HMAC";
-    /// PEM of a CA to trust for the ACME directory (a private ACME server).
-    acme_ca_file: PathBuf = "SWITCHYARD_ACME_CA_FILE";
-    /// Seconds between the issuer's rounds when no app changes (renewals, retries).
-    acme_check_interval_s: u64 = "SWITCHYARD_ACME_CHECK_INTERVAL_S", default 3600;
-    /// Most new ACME orders per three hours, the CA's limit per account (Let's Encrypt's by
-    /// default); past it, domains wait their turn.
-    acme_orders_per_3h: usize = "SWITCHYARD_ACME_ORDERS_PER_3H", default switchyard_acme::LETS_ENCRYPT_ORDERS_PER_3H;
-    /// `http-01`: the CA checks the plain HTTP listener (port 80);
-    /// `tls-alpn-01`: the HTTPS listener (port 443), for fleets whose port 80 is closed.
-    acme_challenge: String = "SWITCHYARD_ACME_CHALLENGE", default "http-01";
-    /// Directory of the on-disk spool (default: DATA_DIR/log-spool).
-    log_spool_dir: PathBuf = "SWITCHYARD_LOG_SPOOL_DIR";
-    /// Most disk the spool may use, in MiB; past it records are dropped and counted.
-    log_spool_mb: u64 = "SWITCHYARD_LOG_SPOOL_MB", default 1024;
-}
-
-/// A place in the config file's text.
-type Span = std::ops::Range<usize>;
-
-/// One setting after merging: the flag or environment value if given, else the file's (with
-/// its place, for errors), else none; and its default, from the list.
-struct Setting<T> {
-    key: &'static str,
-    /// The value given, if any.
-    value: Option<T>,
-    span: Option<Span>,
-    default: Option<T>,
-}
-
-impl<T> Setting<T> {
-    fn merge(
-        key: &'static str,
-        flag: Option<T>,
-        file: Option<Spanned<T>>,
-        default: Option<T>,
-    ) -> Self {
-        let (value, span) = match (flag, file) {
-            (Some(value), _) => (Some(value), None),
-            (None, Some(spanned)) => {
-                let span = spanned.span();
-                (Some(spanned.into_inner()), Some(span))
-            }
-            (None, None) => (None, None),
-        };
-        Self {
-            key,
-            value,
-            span,
-            default,
-        }
-    }
-
-    /// Where the value was given, for an error: the flag, or the file's line.
-    fn at(&self, source: &Source<'_>) -> String {
-        source.at(self.span.clone(), self.key)
-    }
-
-    /// The value given, else the list's default (a setting without one is refused, naming
-    /// it, rather than read as anything).
-    fn resolved(self) -> anyhow::Result<T> {
-        match self.value.or(self.default) {
-            Some(value) => Ok(value),
-            None => bail!("{}: has no value and no default", self.key),
-        }
-    }
-}
-
-impl<T: PartialEq + From<u8>> Setting<T> {
-    /// The value, refused when zero.
-    fn at_least_one(self, source: &Source<'_>) -> anyhow::Result<T> {
-        match &self.value {
-            Some(n) if *n == T::from(0) => bail!("{}: must be at least 1", self.at(source)),
-            _ => self.resolved(),
-        }
-    }
-}
-
-impl Setting<u64> {
-    /// A size given in MiB (at least one), in bytes.
-    fn mebibytes(self, source: &Source<'_>) -> anyhow::Result<u64> {
-        Ok(self.at_least_one(source)?.saturating_mul(1 << 20))
-    }
-
-    /// A duration given in whole seconds, at least one.
-    fn seconds(self, source: &Source<'_>) -> anyhow::Result<Duration> {
-        Ok(Duration::from_secs(self.at_least_one(source)?))
-    }
-
-    /// A duration given in milliseconds, at least one.
-    fn millis(self, source: &Source<'_>) -> anyhow::Result<Duration> {
-        Ok(Duration::from_millis(self.at_least_one(source)?))
-    }
-}
-
-impl Setting<String> {
-    /// An `ip:port` address.
-    fn address(self, source: &Source<'_>) -> anyhow::Result<SocketAddr> {
-        let at = self.at(source);
-        let text = self.resolved()?;
-        text.parse().map_err(|_| {
-            anyhow::anyhow!("{at}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)")
-        })
-    }
-
-    /// Which of `choices` (text, meaning) the value names.
-    fn choice<C: Copy>(self, source: &Source<'_>, choices: &[(&str, C)]) -> anyhow::Result<C> {
-        let at = self.at(source);
-        let text = self.resolved()?;
-        match choices.iter().find(|(name, _)| *name == text) {
-            Some((_, meaning)) => Ok(*meaning),
-            None => {
-                let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
-                bail!("{at}: '{text}' is not one of {}", names.join(", "))
-            }
-        }
-    }
-}
-
-/// A default as written in the settings list, made the setting's type.
-trait IntoDefault<T> {
-    fn into_default(self) -> T;
-}
-
-impl<T> IntoDefault<T> for T {
-    fn into_default(self) -> T {
-        self
-    }
-}
-
-impl IntoDefault<String> for &str {
-    fn into_default(self) -> String {
-        self.to_string()
-    }
-}
-
-impl IntoDefault<PathBuf> for &str {
-    fn into_default(self) -> PathBuf {
-        PathBuf::from(self)
-    }
-}
-
-/// A default as `--help` shows it.
-trait Shown {
-    fn shown(&self) -> String;
-}
-
-impl Shown for String {
-    fn shown(&self) -> String {
-        self.clone()
-    }
-}
-
-impl Shown for PathBuf {
-    fn shown(&self) -> String {
-        self.display().to_string()
-    }
-}
-
-macro_rules! shown_as_displayed {
-    ($($kind:ty),*) => {
-        $(impl Shown for $kind {
-            fn shown(&self) -> String {
-                self.to_string()
-            }
-        })*
-    };
-}
-
-shown_as_displayed!(u16, u64, usize);
-
-/// A setting's `--help`: its doc, and its default when it has one.
-fn help_text(doc: &str, default: Option<String>) -> String {
-    let doc = doc.trim();
-    match default {
-        Some(default) => format!("{doc} [default: {default}]"),
-        None => doc.to_string(),
-    }
-}
-
-/// The number of cores, the default of the thread counts.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, usize::from)
-}
+pub use settings::ServeArgs;
+use settings::{FileConfig, Setting, Settings};
 
 /// How backends given by DNS name are resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -607,6 +211,7 @@ impl Config {
     /// Every setting checked and made the type it is used as (the defaults are the list's),
     /// with the rules that span several settings.
     fn resolve_settings(settings: Settings, source: &Source<'_>) -> anyhow::Result<Self> {
+        settings.check(source)?;
         let data_dir = settings.data_dir.resolved()?;
         let http = settings.http.address(source)?;
         let admin = settings.admin.address(source)?;
@@ -624,9 +229,9 @@ impl Config {
                 .https_redirect_port
                 .value
                 .or(https.map(|a| a.port())),
-            cert_cache_size: settings.cert_cache_size.at_least_one(source)?,
-            ticket_rotation: settings.tls_ticket_rotation_s.seconds(source)?,
-            expiry_scan: settings.cert_expiry_scan_s.seconds(source)?,
+            cert_cache_size: settings.cert_cache_size.resolved()?,
+            ticket_rotation: settings.tls_ticket_rotation_s.seconds()?,
+            expiry_scan: settings.cert_expiry_scan_s.seconds()?,
         };
         let store = store_choice(source, settings.store, settings.redis_timeout_ms)?;
         let admin_token = settings.admin_token.value.filter(|t| !t.is_empty());
@@ -636,7 +241,7 @@ impl Config {
                  set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
             );
         }
-        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis(source)?;
+        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis()?;
         let cache_redis = match settings.cache_redis.value.as_deref() {
             Some(url) => {
                 if let Err(reason) = RedisTarget::parse(url) {
@@ -706,39 +311,39 @@ impl Config {
                 .admin_ui_writes
                 .choice(source, &[("off", false), ("on", true)])?,
             access_log,
-            threads: settings.threads.at_least_one(source)?,
-            drain_grace: settings.drain_grace_s.seconds(source)?,
+            threads: settings.threads.resolved()?,
+            drain_grace: settings.drain_grace_s.seconds()?,
             // Zero is allowed: a router asked to stop at once (a benchmark's).
             shutdown_grace: Duration::from_secs(settings.shutdown_grace_s.resolved()?),
             client_timeouts: ClientTimeouts {
-                header: settings.client_header_timeout_s.seconds(source)?,
-                idle: settings.client_idle_timeout_s.seconds(source)?,
-                body: settings.client_body_timeout_s.seconds(source)?,
-                send: settings.client_send_timeout_s.seconds(source)?,
+                header: settings.client_header_timeout_s.seconds()?,
+                idle: settings.client_idle_timeout_s.seconds()?,
+                body: settings.client_body_timeout_s.seconds()?,
+                send: settings.client_send_timeout_s.seconds()?,
             },
             upgrade: settings.upgrade,
-            route_cache_apps: settings.route_cache_apps.at_least_one(source)?,
-            history_max_apps: settings.history_max_apps.at_least_one(source)?,
+            route_cache_apps: settings.route_cache_apps.resolved()?,
+            history_max_apps: settings.history_max_apps.resolved()?,
             trusted_proxies,
-            limit_sync: settings.limit_sync_ms.millis(source)?,
+            limit_sync: settings.limit_sync_ms.millis()?,
             dns,
-            limit_clients: settings.limit_clients.at_least_one(source)?,
-            cache_memory_bytes: settings.cache_memory_mb.mebibytes(source)?,
+            limit_clients: settings.limit_clients.resolved()?,
+            cache_memory_bytes: settings.cache_memory_mb.mebibytes()?,
             cache_redis,
             waf: settings
                 .waf
                 .choice(source, &[("on", true), ("off", false)])?,
             waf_rules: settings.waf_rules.value,
-            waf_spool_bytes: settings.waf_spool_mb.mebibytes(source)?,
+            waf_spool_bytes: settings.waf_spool_mb.mebibytes()?,
             // Zero is a choice here (read-ahead off), not a mistake.
             response_buffer_bytes: settings
                 .response_buffer_mb
                 .resolved()?
                 .saturating_mul(1 << 20),
-            response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes(source)?,
-            response_spool_bytes: settings.response_spool_mb.mebibytes(source)?,
-            pool_threads: settings.pool_threads.at_least_one(source)?,
-            pool_queue: settings.pool_queue.at_least_one(source)?,
+            response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes()?,
+            response_spool_bytes: settings.response_spool_mb.mebibytes()?,
+            pool_threads: settings.pool_threads.resolved()?,
+            pool_queue: settings.pool_queue.resolved()?,
             pool_sched: settings.pool_sched.choice(
                 source,
                 &[("idle", PoolSched::Idle), ("nice", PoolSched::Nice)],
@@ -757,7 +362,7 @@ fn store_choice(
     redis_timeout_ms: Setting<u64>,
 ) -> anyhow::Result<StoreChoice> {
     let at = store.at(source);
-    let redis_timeout = redis_timeout_ms.millis(source)?;
+    let redis_timeout = redis_timeout_ms.millis()?;
     Ok(match store.resolved()?.as_str() {
         "embedded" => StoreChoice::Embedded,
         url if url.starts_with("redis") => {
@@ -788,9 +393,9 @@ struct DnsSources {
 }
 
 fn dns_config(source: &Source<'_>, given: DnsSources) -> anyhow::Result<DnsConfig> {
-    let min_ttl = given.min_ttl_s.seconds(source)?;
+    let min_ttl = given.min_ttl_s.seconds()?;
     let max_ttl_at = given.max_ttl_s.at(source);
-    let max_ttl = given.max_ttl_s.seconds(source)?;
+    let max_ttl = given.max_ttl_s.seconds()?;
     if max_ttl < min_ttl {
         bail!(
             "{max_ttl_at}: must be at least dns_min_ttl_s ({}s)",
@@ -817,8 +422,8 @@ fn dns_config(source: &Source<'_>, given: DnsSources) -> anyhow::Result<DnsConfi
     Ok(DnsConfig {
         min_ttl,
         max_ttl,
-        timeout: given.timeout_ms.millis(source)?,
-        max_names: given.max_names.at_least_one(source)?,
+        timeout: given.timeout_ms.millis()?,
+        max_names: given.max_names.resolved()?,
         resolv_conf: given.resolv_conf.resolved()?,
         hosts_file: given.hosts_file.resolved()?,
         servers,
@@ -910,8 +515,8 @@ fn acme_settings(
         email: given.email.value.filter(|e| !e.is_empty()),
         eab,
         ca_file: given.ca_file.value,
-        check_interval: given.check_interval_s.seconds(source)?,
-        orders_per_3h: given.orders_per_3h.at_least_one(source)?,
+        check_interval: given.check_interval_s.seconds()?,
+        orders_per_3h: given.orders_per_3h.resolved()?,
     }))
 }
 
@@ -966,21 +571,17 @@ fn access_log_choice(
             bail!("{}: '{service}' is not HOST:PORT", log_to.at(source));
         }
     }
-    let batch_kb_at = ship.batch_kb.at(source);
-    let batch_kb = ship.batch_kb.at_least_one(source)?;
-    if batch_kb > 64 {
-        bail!("{batch_kb_at}: at most 64 (KiB per batch)");
-    }
+    let batch_kb = ship.batch_kb.resolved()?;
     Ok(AccessLogChoice::Ship(ShipConfig {
         services,
         batch_bytes: batch_kb * 1024,
-        batch_delay: ship.batch_delay_ms.millis(source)?,
-        buffer_bytes: ship.buffer_mb.at_least_one(source)?.saturating_mul(1 << 20),
+        batch_delay: ship.batch_delay_ms.millis()?,
+        buffer_bytes: ship.buffer_mb.resolved()?.saturating_mul(1 << 20),
         spool_dir: ship
             .spool_dir
             .value
             .unwrap_or_else(|| data_dir.join("log-spool")),
-        spool_bytes: ship.spool_mb.mebibytes(source)?,
+        spool_bytes: ship.spool_mb.mebibytes()?,
     }))
 }
 
@@ -1014,6 +615,8 @@ fn with_password(url: &str, password: Option<String>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Args;
+
     use super::*;
 
     fn with_file(contents: &str) -> anyhow::Result<Config> {
@@ -1097,6 +700,10 @@ mod tests {
         assert!(err.to_string().contains("line 1: threads"), "{err}");
         let err = with_file("\npool_sched = \"pinned\"\n").expect_err("a benchmark's only");
         assert!(err.to_string().contains("line 2: pool_sched"), "{err}");
+        // The list's check, whether or not the logs are shipped.
+        let err = with_file("\n\nlog_batch_kb = 65\n").expect_err("past a frame");
+        assert!(err.to_string().contains("line 3: log_batch_kb"), "{err}");
+        assert!(err.to_string().contains("at most 64"), "{err}");
         let err = with_file("waf_spool_mb = 0\n").expect_err("no spool");
         assert!(err.to_string().contains("line 1: waf_spool_mb"), "{err}");
         let err = with_file("\n\nclient_send_timeout_s = 0\n").expect_err("no send deadline");
