@@ -1,15 +1,16 @@
-//! Switchyard's request path. [`Listener`] serves HTTP/1.1 and HTTP/2, plain and TLS, on one
-//! single-threaded runtime per thread (`listener`), each request through the stages of
-//! `stage` in the order `pipeline` runs them (the request path, phase by phase; `upstream` talks to
-//! backends), with the shared state a [`Router`]
-//! holds. `routing` is what routing knows: the [`RouteCache`] (the in-process view of the
-//! store the stages read), kept current from the store's change events by the
-//! [`ChangeFollower`]; the [`ConnectionDrain`] that ends the backend connections a deletion
-//! or a domain transfer leaves behind, found in the [`ConnectionTable`]; the
-//! [`HealthChecker`]. `response_cache` holds the cache's copies, `tls` the certificates
-//! ([`CertCache`]) and ticket keys, `connection` what is watched on a client connection.
-//! The rest is infrastructure: metrics, the access log, the worker pool for CPU-heavy work,
-//! the client for the router's own requests (`outbound`).
+//! Switchyard's request path. [`Listener`] accepts, handshakes and speaks HTTP/1.1 and
+//! HTTP/2, plain and TLS, on one single-threaded runtime per thread (`listener`); each
+//! request goes through the phases of `pipeline`, which runs the stages of `stage` in their
+//! order; `upstream` is everything that talks to a backend, the router's own requests
+//! included; `isolation` keeps CPU-heavy work off the light requests' way; a [`Router`]
+//! holds the state every thread shares. `routing` is what routing knows: the
+//! [`RouteCache`] (the in-process view of the store the stages read), kept current from the
+//! store's change events by the [`ChangeFollower`]; the [`ConnectionDrain`] that ends the
+//! backend connections a deletion or a domain transfer leaves behind, found in the
+//! [`ConnectionTable`]; the [`HealthChecker`]. `response_cache` holds the cache's copies,
+//! `tls` the certificates ([`CertCache`]) and ticket keys, `connection` what is watched on
+//! a client connection. The rest is infrastructure: metrics (and the lifetime of a deleted
+//! app's series), the access log.
 
 mod access_log;
 mod app_files;
@@ -24,7 +25,6 @@ mod idle_connections;
 mod isolation;
 mod listener;
 mod metrics;
-mod outbound;
 mod pipeline;
 mod request_fields;
 mod respond;

@@ -27,11 +27,11 @@ use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::isolation::worker_pool::{PoolRefusal, WorkerPool};
 use crate::metrics;
-use crate::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
 use crate::respond::{Refusal, POOL_BUSY_RETRY_AFTER_S};
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::upstream::attempt;
+use crate::upstream::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.
 const FETCH_POOL_SIZE: usize = 256;

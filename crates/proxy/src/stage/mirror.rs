@@ -25,9 +25,9 @@ use tokio::sync::mpsc;
 use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::metrics;
-use crate::outbound::{ConnectError, SideBody, SidePool, Target, TlsTarget};
 use crate::routing::mirror_state::CopyInFlight;
 use crate::routing::route_cache::AppRoute;
+use crate::upstream::outbound::{ConnectError, SideBody, SidePool, Target, TlsTarget};
 
 /// Idle keep-alive connections kept to shadow backends, per thread, over all apps. A shadow that takes
 /// 1 s at 1,000 req/s holds 1,000 connections; a smaller pool would reconnect for most copies.

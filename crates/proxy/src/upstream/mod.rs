@@ -5,12 +5,17 @@
 //! HTTP/1.1 (`backend_h1`), retried where the request allows, marked down when it cannot
 //! be reached, and its failures mapped to one status each (`failure`: 504 when too late,
 //! 502 otherwise; a failure of the client's body is the client's: 408, 400, 413). The
-//! answer is read ahead of a slow client within `response_buffers` (`read_ahead`).
+//! answer is read ahead of a slow client within `response_buffers` (`read_ahead`). The
+//! router's own requests (mirror copies, image originals) have their own connections
+//! (`outbound`), so a slow shadow never holds a connection a client's request needs; the
+//! image originals still choose, register, retry and map their failures through
+//! `attempt`.
 
 pub(crate) mod attempt;
 pub(crate) mod backend_h1;
 pub(crate) mod failure;
 pub(crate) mod forward_body;
+pub(crate) mod outbound;
 pub(crate) mod pool;
 pub(crate) mod read_ahead;
 pub(crate) mod response_buffers;

@@ -2,8 +2,8 @@
 //! shadow backends (mirror) and originals fetched for image resizing. Plain or TLS (a
 //! shadow may be reached over HTTPS, verified or not), HTTP/1.1, kept idle per target
 //! (`idle_connections`) by the thread that made them. The client's own requests go
-//! through the listener's backend pool (`listener::pool`), which these never touch, so
-//! a slow shadow can never hold a primary's connection.
+//! through the thread's backend pool (`pool`), which these never touch, so a slow shadow
+//! can never hold a primary's connection.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
