@@ -205,12 +205,20 @@ impl FleetRates {
                 if let Err(e) = other {
                     log::debug!("fleet limits: sync failed: {e}");
                 }
-                // Kept locally: the sent counts go on counting here as admitted.
-                for (_, windows, sent, _) in &batch {
+                // Kept locally, and sent again with the next sync: the sent counts go on
+                // counting here as admitted, and the previous window's unsent ones wait
+                // too. Dropped, they would be admissions the fleet never hears of (one
+                // failed sync at each second's turn lost a whole window under load).
+                for (_, windows, sent, unsent) in &batch {
                     let mut w = windows.lock();
                     if w.window == window {
                         w.sending = w.sending.saturating_sub(*sent);
                         w.pending += sent;
+                        w.unsent_previous += unsent;
+                    } else if w.window == window + 1 {
+                        // The window ended while the sync was away: its counts are the
+                        // previous window's now (those of the one before no longer count).
+                        w.unsent_previous += sent;
                     }
                 }
                 if self.synced.swap(false, Ordering::Relaxed) {
@@ -258,5 +266,33 @@ mod tests {
         );
         w.roll(13);
         assert_eq!((w.previous, w.unsent_previous), (0, 0), "a gap forgets");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_sync_keeps_the_counts_it_carried_for_the_next_one() {
+        // Nothing listens on port 1: every sync fails at once.
+        let rates = FleetRates::new("redis://127.0.0.1:1/0", 10).expect("a valid url");
+        for _ in 0..3 {
+            let window = unix_ms() / 1000;
+            rates.apps.lock().insert(
+                "app".into(),
+                Arc::new(Mutex::new(Windows {
+                    window,
+                    last_used: window,
+                    pending: 5,
+                    unsent_previous: 3,
+                    ..Windows::default()
+                })),
+            );
+            rates.sync().await;
+            let windows = rates.apps.lock()["app"].clone();
+            let w = windows.lock();
+            if w.window != window || unix_ms() / 1000 != window {
+                continue; // a second's turn came in the middle: try again within one
+            }
+            assert_eq!((w.pending, w.sending, w.unsent_previous), (5, 0, 3));
+            return;
+        }
+        panic!("three tries each crossed a second's turn");
     }
 }
