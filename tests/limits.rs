@@ -510,29 +510,31 @@ fn a_fleet_rate_is_shared_by_routers_within_the_overshoot_bound_and_fails_open_w
         statuses.iter().all(|s| *s == 200 || *s == 429),
         "{statuses:?}"
     );
+    // A sync whose answer came too late is sent again (erring on the strict side): Redis
+    // may count its admissions twice, at most 10 (100 ms of the rate) per failed sync.
+    let failed_syncs = (a.metric("switchyard_limit_fleet_sync_failures_total")
+        + b.metric("switchyard_limit_fleet_sync_failures_total")) as u64;
+    let counted_twice_at_most = 10 * failed_syncs;
     // Each router alone would admit 100 a second, 1,200 together. Every second holds at
     // most 100 plus the documented overshoot, (routers − 1) × (rate × 2 sync intervals +
     // burst) = 30, and the seconds the load covered whole at least 90.
     let windows = windows.lock().expect("lock").clone();
     assert!(
-        windows.values().all(|n| *n <= 130),
-        "per second: {windows:?}"
+        windows.values().all(|n| *n <= 130 + counted_twice_at_most),
+        "per second, with {failed_syncs} failed syncs: {windows:?}"
     );
     let busy: Vec<u64> = windows.values().copied().filter(|n| *n > 10).collect();
     let whole = &busy[1..busy.len().saturating_sub(1).max(1)];
     assert!(whole.len() >= 4, "{windows:?}");
     assert!(whole.iter().all(|n| *n >= 90), "per second: {windows:?}");
     let total: u64 = windows.values().sum();
-    // Redis counted every admission; one counted twice would be a sync whose answer came
-    // too late, sent again (erring on the strict side).
-    let failed_syncs = a.metric("switchyard_limit_fleet_sync_failures_total")
-        + b.metric("switchyard_limit_fleet_sync_failures_total");
+    // Redis counted every admission, a failed sync's included (sent again).
     assert!(
         total >= admitted_before + admitted,
         "Redis missed admissions: {total} < {admitted_before} + {admitted}: {windows:?}"
     );
     assert!(
-        total - admitted_before - admitted <= 10 * failed_syncs as u64,
+        total - admitted_before - admitted <= counted_twice_at_most,
         "Redis counted {total}, the routers admitted {admitted_before} + {admitted}, with \
          {failed_syncs} failed syncs: {windows:?}"
     );
