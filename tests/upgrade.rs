@@ -115,8 +115,14 @@ fn a_binary_upgrade_under_load_fails_no_request_and_keeps_the_store() {
     );
     assert!(failures.is_empty(), "failed requests: {failures:?}");
     // Answers carry `Connection: close` once the old process stops accepting, so only a
-    // request sent in the instant its one keep-alive connection was closed can meet it.
-    assert!(tally.retried_on_closed_idle.load(Ordering::Relaxed) <= 1);
+    // request sent in the instant its keep-alive connection was closed can meet it: the
+    // connection open then, and at most one made in that same instant that the old
+    // process still took and answered before it stopped (seen 2 times in 14 runs).
+    let retried = tally.retried_on_closed_idle.load(Ordering::Relaxed);
+    assert!(
+        retried <= 2,
+        "{retried} keep-alive requests met a closed connection"
+    );
     assert!(answered > 100, "the load ran throughout: {answered}");
 
     let download = download.join().expect("download thread").expect("download");
