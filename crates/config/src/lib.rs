@@ -313,8 +313,7 @@ impl Config {
             access_log,
             threads: settings.threads.resolved()?,
             drain_grace: settings.drain_grace_s.seconds()?,
-            // Zero is allowed: a router asked to stop at once (a benchmark's).
-            shutdown_grace: Duration::from_secs(settings.shutdown_grace_s.resolved()?),
+            shutdown_grace: settings.shutdown_grace_s.seconds()?,
             client_timeouts: ClientTimeouts {
                 header: settings.client_header_timeout_s.seconds()?,
                 idle: settings.client_idle_timeout_s.seconds()?,
@@ -335,11 +334,7 @@ impl Config {
                 .choice(source, &[("on", true), ("off", false)])?,
             waf_rules: settings.waf_rules.value,
             waf_spool_bytes: settings.waf_spool_mb.mebibytes()?,
-            // Zero is a choice here (read-ahead off), not a mistake.
-            response_buffer_bytes: settings
-                .response_buffer_mb
-                .resolved()?
-                .saturating_mul(1 << 20),
+            response_buffer_bytes: settings.response_buffer_mb.mebibytes()?,
             response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes()?,
             response_spool_bytes: settings.response_spool_mb.mebibytes()?,
             pool_threads: settings.pool_threads.resolved()?,

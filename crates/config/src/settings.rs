@@ -136,6 +136,7 @@ settings! {
     /// Seconds the connections of a deleted app, or of a domain moved to another app, go on
     /// before they are closed (a backend removed from an app keeps its connections).
     drain_grace_s: u64 = "SWITCHYARD_DRAIN_GRACE_S", default 30, check at_least_one;
+    // No check: zero is allowed, a router asked to stop at once (a benchmark's).
     /// Seconds in-flight requests get to finish after SIGTERM.
     shutdown_grace_s: u64 = "SWITCHYARD_SHUTDOWN_GRACE_S", default 10;
     /// Seconds a client has to send a whole request head (HTTP/1.1) before its connection is
@@ -201,6 +202,7 @@ settings! {
     /// Most disk, in MiB, that request bodies waiting for the WAF may use at once (in
     /// DATA_DIR/waf-spool); past it a body follows its app's `on_overload`.
     waf_spool_mb: u64 = "SWITCHYARD_WAF_SPOOL_MB", default 1024, check at_least_one;
+    // No check: zero is a choice (read-ahead off), not a mistake.
     /// Most of one backend answer, in MiB, read ahead of a slow client (in memory, then in
     /// DATA_DIR/response-spool) so that the backend's connection is freed at the backend's
     /// speed; 0 turns read-ahead off. `text/event-stream` answers, those sent with

@@ -8,6 +8,7 @@ use http::Version;
 use rand::Rng;
 
 use crate::metrics;
+use crate::respond::Refusal;
 
 /// Until when a connection's next request waits: the worker pool refused one of its
 /// requests and asked the client to come back after `Retry-After`.
@@ -17,8 +18,9 @@ pub(crate) struct Pacing {
 }
 
 impl Pacing {
-    /// The worker pool refused a request of this connection, asking the client to come back
-    /// in `retry_after_s`: a next request on it before then waits until then.
+    /// The worker pool refused a request of this connection: when the refusal asks the
+    /// client to come back in `Retry-After` seconds, a next request on it before then waits
+    /// until then.
     ///
     /// A client that asks again at once on the same connection (wrk does; so does a naive
     /// retry loop) would otherwise keep the event loops answering refusals, tens of
@@ -33,7 +35,10 @@ impl Pacing {
     /// and the light requests arriving in each burst wait behind it (bench_waf beside 400
     /// connections: light requests of 5–8 ms once a second). Never past `Retry-After`, so a
     /// client that honours it is not held longer than it waits by itself.
-    pub(crate) fn after_refusal(&self, retry_after_s: u32) {
+    pub(crate) fn after(&self, refusal: &Refusal) {
+        let Some(retry_after_s) = refusal.retry_after_s else {
+            return;
+        };
         let retry_after = Duration::from_secs(u64::from(retry_after_s));
         let held = retry_after.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
         self.paced_until

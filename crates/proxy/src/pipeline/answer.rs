@@ -123,7 +123,6 @@ fn backend_response(
     }
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
-            end.ctx.local_status = Some(502);
             log::warn!(
                 "request {}: app {}: the backend switched protocols unasked",
                 end.ctx.request_id,

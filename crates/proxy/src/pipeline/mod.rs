@@ -281,11 +281,9 @@ async fn body_phase(
         shared.client_timeouts.body,
         bytes_in,
     ));
-    inspected.await.inspect_err(|refusal| {
-        if let Some(seconds) = refusal.retry_after_s {
-            client.pacing.after_refusal(seconds);
-        }
-    })
+    inspected
+        .await
+        .inspect_err(|refusal| client.pacing.after(refusal))
 }
 
 /// The answers the router makes in place of the app's: a file under the app's static root,
@@ -318,12 +316,8 @@ async fn answer_in_place_of_app(
         Some(client.ip()),
     ));
     let answer = image_answer(resized.await?, &head.headers, ctx);
-    if let Answer::Refused(Refusal {
-        retry_after_s: Some(seconds),
-        ..
-    }) = answer
-    {
-        client.pacing.after_refusal(seconds);
+    if let Answer::Refused(refusal) = &answer {
+        client.pacing.after(refusal);
     }
     Some(answer)
 }

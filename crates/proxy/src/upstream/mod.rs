@@ -79,11 +79,11 @@ pub(crate) async fn forward(
         replay,
         client_failure,
     } = outgoing;
-    let Some(timeouts) = ctx.route.as_ref().map(|r| &r.app.timeouts) else {
+    let Some(connect_ms) = ctx.route.as_ref().map(|r| r.app.timeouts.connect_ms) else {
         return Err(Refusal::upstream_failed(false));
     };
-    let connect_timeout = Duration::from_millis(timeouts.connect_ms);
-    let read_deadline = Duration::from_millis(timeouts.read_ms);
+    let connect_timeout = Duration::from_millis(connect_ms);
+    let answer_within = read_deadline(ctx);
     loop {
         let address = attempt::begin_attempt(ctx)?;
         let connection = match worker.pool.get(address, connect_timeout).await {
@@ -102,7 +102,7 @@ pub(crate) async fn forward(
             || replay.map_or_else(ForwardBody::empty, |held| ForwardBody::replay(held.clone()));
         let outgoing = body.take().unwrap_or_else(again);
         let answers_head = head.method == Method::HEAD;
-        let bound = worker.clock.deadline_in(read_deadline);
+        let bound = worker.clock.deadline_in(answer_within);
         let exchange = std::pin::pin!(connection.exchange(
             head,
             as_read,
@@ -130,7 +130,7 @@ pub(crate) async fn forward(
             Err(_) => {
                 count_upstream_error(ctx, "timeout");
                 log::warn!(
-                    "request {}: app {}: backend {address} sent no answer within {read_deadline:?}",
+                    "request {}: app {}: backend {address} sent no answer within {answer_within:?}",
                     ctx.request_id,
                     ctx.app_name()
                 );
