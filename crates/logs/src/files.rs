@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -138,11 +138,12 @@ impl AppFiles {
     fn open_file(&self, name: &str) -> io::Result<OpenFile> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir)?;
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(dir.join(FILE_NAME))?;
-        let bytes = file.metadata()?.len();
+        let bytes = cut_torn_tail(&mut file)?;
         Ok(OpenFile {
             file,
             bytes,
@@ -221,6 +222,35 @@ pub(crate) fn sync_concurrently(files: Vec<File>) -> io::Result<()> {
                 .unwrap_or_else(|_| Err(io::Error::other("a sync thread panicked")))
         })
     })
+}
+
+/// Cuts a line left unfinished at the end of `file` and returns the file's length after it.
+/// Only a logd killed mid-write leaves one; its batch was not acknowledged, so the router
+/// sends it again, and without the cut the resent first line would be glued to the torn one.
+fn cut_torn_tail(file: &mut File) -> io::Result<u64> {
+    let length = file.metadata()?.len();
+    let mut end = length;
+    let mut chunk = [0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let part = &mut chunk[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(part)?;
+        if let Some(newline) = part.iter().rposition(|&b| b == b'\n') {
+            end = start + newline as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end < length {
+        file.set_len(end)?;
+        metrics::LOGD_TORN_TAILS.inc();
+        log::warn!(
+            "cut {} bytes of an unfinished line left by a crash",
+            length - end
+        );
+    }
+    Ok(end)
 }
 
 /// The directory for `app`: app names are plain already; anything else is kept apart
@@ -321,6 +351,24 @@ mod tests {
         assert_eq!(read(dir.path().join("_invalid/access.log")), "x\n");
         assert_eq!(read(dir.path().join("_unrouted/access.log")), "y\n");
         assert_eq!(read(dir.path().join("a/access.log")), "z\n");
+    }
+
+    #[test]
+    fn an_unfinished_last_line_is_cut_before_the_next_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let app = dir.path().join("shop");
+        std::fs::create_dir_all(&app).expect("app dir");
+        let whole = "x".repeat(5000);
+        let torn = "y".repeat(9000);
+        std::fs::write(app.join("access.log"), format!("{whole}\n{torn}")).expect("write");
+        let mut files = AppFiles::new(dir.path(), policy(1 << 20, 2, false)).expect("files");
+        files.append("shop", b"resent\n").expect("append");
+        assert_eq!(read(app.join("access.log")), format!("{whole}\nresent\n"));
+
+        std::fs::write(dir.path().join("shop/access.log"), "no newline at all").expect("write");
+        files.reopen_all().expect("reopen");
+        files.append("shop", b"first\n").expect("append");
+        assert_eq!(read(app.join("access.log")), "first\n");
     }
 
     #[test]

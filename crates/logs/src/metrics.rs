@@ -106,6 +106,11 @@ switchyard_metrics::declare_metrics! {
         vec![0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
     ));
 
+    pub(crate) static LOGD_TORN_TAILS: IntCounter = registered(register_int_counter!(
+        "switchyard_logd_torn_lines_cut_total",
+        "Unfinished last lines cut from a file when opening it: a crash of logd mid-write."
+    ));
+
     pub(crate) static LOGD_QUEUE: IntGauge = registered(register_int_gauge!(
         "switchyard_logd_queue_batches",
         "Batches received and waiting for the writer."
