@@ -142,8 +142,8 @@ def measure(work, seconds, procs):
     common.wait_port(http_port)
     common.wait_port(admin_port)
     setups = [
-        ("switchyard, memory cache", {"paths": ["/*"], "ttl_s": 60}),
-        ("switchyard, redis (shared)", {"store": "redis", "paths": ["/*"], "ttl_s": 60}),
+        ("switchyard, memory cache", {"paths": ["/*"], "default_ttl_s": 60}),
+        ("switchyard, redis (shared)", {"store": "redis", "paths": ["/*"], "default_ttl_s": 60}),
         ("switchyard, redis-versioned", {"store": "redis-versioned", "paths": ["/*"]}),
     ]
 

@@ -42,7 +42,7 @@ fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
     cached_app(
         &router,
         &backend,
-        json!({"paths": ["/", "/assets/*"], "ttl_s": 60}),
+        json!({"paths": ["/", "/assets/*"], "default_ttl_s": 60}),
     );
 
     let (status, first, body) = fetch(&router, "/assets/app.js");
@@ -88,7 +88,11 @@ fn only_opted_in_paths_are_cached_and_headers_decide_the_rest() {
 fn vary_keeps_one_copy_per_variant() {
     let router = RouterProcess::start();
     let backend = Backend::start("app");
-    cached_app(&router, &backend, json!({"paths": ["/*"]}));
+    cached_app(
+        &router,
+        &backend,
+        json!({"paths": ["/*"], "default_ttl_s": 60}),
+    );
     let path = "/page?vary=Accept-Language";
     let ask = |language: &str| {
         let response = request_with(
@@ -117,7 +121,11 @@ fn vary_keeps_one_copy_per_variant() {
 fn concurrent_misses_send_one_request_to_the_app() {
     let router = Arc::new(RouterProcess::start());
     let backend = Backend::start("app");
-    cached_app(&router, &backend, json!({"paths": ["/slow"]}));
+    cached_app(
+        &router,
+        &backend,
+        json!({"paths": ["/slow"], "default_ttl_s": 60}),
+    );
     let clients: Vec<_> = (0..100)
         .map(|_| {
             let router = router.clone();
@@ -145,7 +153,7 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     cached_app(
         &router,
         &backend,
-        json!({"paths": ["/*"], "ttl_s": 1, "stale_if_error_s": 3}),
+        json!({"paths": ["/*"], "default_ttl_s": 1, "stale_if_error_s": 3}),
     );
     let stored_at = Instant::now();
     let (_, first, body) = fetch(&router, "/news");
@@ -163,7 +171,7 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     });
     assert!(
         stored_at.elapsed() >= Duration::from_secs(1),
-        "not stale before its ttl_s"
+        "not stale before its default_ttl_s"
     );
     assert!(
         verdicts[..verdicts.len() - 1].iter().all(|v| v == "HIT"),
@@ -193,7 +201,7 @@ fn stale_copies_stand_in_while_the_app_fails_then_expire() {
     });
     assert!(
         stored_at.elapsed() >= Duration::from_secs(4),
-        "the stale copy stood in for ttl_s + stale_if_error_s"
+        "the stale copy stood in for default_ttl_s + stale_if_error_s"
     );
     assert!(router.metric("switchyard_cache_requests_total{app=\"site\",result=\"STALE\"}") >= 3.0);
 }
@@ -205,7 +213,7 @@ fn memory_stays_within_the_apps_bound() {
     cached_app(
         &router,
         &backend,
-        json!({"paths": ["/*"], "max_bytes": 32768}),
+        json!({"paths": ["/*"], "max_bytes": 32768, "default_ttl_s": 60}),
     );
     for i in 0..300 {
         assert_eq!(fetch(&router, &format!("/item/{i}")).0, 200);
@@ -223,6 +231,10 @@ fn cache_options_are_validated_field_by_field() {
         (json!({}), "cache.paths"),
         (json!({"paths": ["nope"]}), "cache.paths[0]"),
         (json!({"paths": ["/"], "ttl_s": 0}), "cache.ttl_s"),
+        (
+            json!({"paths": ["/"], "default_ttl_s": 0}),
+            "cache.default_ttl_s",
+        ),
         (json!({"paths": ["/"], "store": "disk"}), "cache.store"),
     ] {
         let body = json!({"domains": ["site.test"], "cache": cache}).to_string();
@@ -246,7 +258,7 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router() {
     };
     let (a, b) = (subscribed(), subscribed());
     let backend = Backend::start("app");
-    cached_app(&a, &backend, json!({"paths": ["/*"]}));
+    cached_app(&a, &backend, json!({"paths": ["/*"], "default_ttl_s": 60}));
     for router in [&a, &b] {
         support::eventually(Duration::from_secs(2), "the app on both routers", || {
             router.get("site.test", "/news?page=1").status == 200
@@ -473,7 +485,7 @@ fn the_shared_redis_store_serves_every_router_and_misses_while_redis_is_away() {
     };
     let (a, b) = (start(), start());
     let backend = Backend::start("app");
-    let policy = json!({"store": "redis", "paths": ["/*"], "ttl_s": 60});
+    let policy = json!({"store": "redis", "paths": ["/*"], "default_ttl_s": 60});
     for router in [&a, &b] {
         cached_app(router, &backend, policy.clone());
     }

@@ -195,7 +195,7 @@ fn a_resized_image_the_app_lets_be_cached_is_made_once() {
         &router,
         &originals,
         json!({}),
-        json!({"cache": {"paths": ["/_img/*"]}}),
+        json!({"cache": {"paths": ["/_img/*"], "default_ttl_s": 60}}),
     );
     let first = router.get("gallery.test", "/_img/100x100/photos/wide.png?format=webp");
     assert_eq!(first.status, 200, "{}", first.text());

@@ -235,7 +235,7 @@ fn explain_names_the_app_the_rule_the_stages_and_the_next_backend() {
         json!({
             "domains": ["shop.test", "*.shop.test"],
             "backends": [up.addr.to_string(), other.addr.to_string()],
-            "cache": {"paths": ["/static/*"], "ttl_s": 60},
+            "cache": {"paths": ["/static/*"], "default_ttl_s": 60},
             "hsts": {"max_age_s": 600},
         }),
     );

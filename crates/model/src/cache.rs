@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, optional_integer, parse_list, refuse_unknown};
+use crate::spec::{as_object, integer_field, optional_integer, parse_list, refuse_unknown, Fields};
 use crate::{PathPattern, ValidationError};
 
 /// Largest per-app cache size.
@@ -36,8 +36,11 @@ pub struct ResponseCache {
     pub store: CacheStore,
     /// Paths whose GET and HEAD responses may be cached (`/exact` or `/prefix*`).
     pub paths: Vec<PathPattern>,
-    /// Freshness when the response does not set `max-age` / `s-maxage`.
-    pub ttl_s: u64,
+    /// Freshness floor for answers that give no explicit freshness (`s-maxage`, `max-age`,
+    /// `Expires`), for apps that want one; off by default, as RFC 9111 has it. Read as
+    /// `ttl_s` too: apps stored before it was renamed keep what they had.
+    #[serde(default, alias = "ttl_s")]
+    pub default_ttl_s: Option<u64>,
     /// How long past freshness a copy may be served when the app fails or is down.
     pub stale_if_error_s: u64,
     /// Most bytes this app's cached responses take in memory (bodies and headers); unused by
@@ -68,6 +71,7 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
         &[
             "store",
             "paths",
+            "default_ttl_s",
             "ttl_s",
             "stale_if_error_s",
             "max_bytes",
@@ -118,13 +122,32 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
     Ok(ResponseCache {
         store,
         paths,
-        ttl_s: optional_integer(fields, "ttl_s", 1, 365 * 86_400, 60)?,
+        default_ttl_s: default_ttl(fields)?,
         stale_if_error_s: optional_integer(fields, "stale_if_error_s", 0, 30 * 86_400, 0)?,
         max_bytes,
         max_object_bytes,
         cache_set_cookie: flag("cache_set_cookie")?,
         cache_authorized: flag("cache_authorized")?,
     })
+}
+
+/// `default_ttl_s`, or `ttl_s` as specs written before the rename name it (not both).
+fn default_ttl(fields: Fields<'_>) -> Result<Option<u64>, ValidationError> {
+    let name = match (
+        fields.contains_key("default_ttl_s"),
+        fields.contains_key("ttl_s"),
+    ) {
+        (false, false) => return Ok(None),
+        (true, true) => {
+            return Err(ValidationError::new(
+                "ttl_s",
+                "is the old name of default_ttl_s: give one of them",
+            ))
+        }
+        (true, false) => "default_ttl_s",
+        (false, true) => "ttl_s",
+    };
+    integer_field(fields, name, 1, 365 * 86_400)
 }
 
 #[cfg(test)]
@@ -136,7 +159,15 @@ mod tests {
     fn defaults_and_round_trip() {
         let cache =
             parse_cache(&json!({"paths": ["/", "/foo*"], "stale_if_error_s": 300})).expect("valid");
-        assert_eq!((cache.ttl_s, cache.stale_if_error_s), (60, 300));
+        assert_eq!((cache.default_ttl_s, cache.stale_if_error_s), (None, 300));
+        for name in ["default_ttl_s", "ttl_s"] {
+            let floor = parse_cache(&json!({"paths": ["/"], name: 30})).expect("valid");
+            assert_eq!(floor.default_ttl_s, Some(30), "{name}");
+        }
+        let before_the_rename = json!({"store": "memory", "paths": ["/"], "ttl_s": 60,
+            "stale_if_error_s": 0, "max_bytes": 65536, "max_object_bytes": 1024});
+        let stored: ResponseCache = serde_json::from_value(before_the_rename).expect("old form");
+        assert_eq!(stored.default_ttl_s, Some(60));
         assert!(cache.covers("/") && cache.covers("/foo/bar") && !cache.covers("/bar"));
         let stored = serde_json::to_string(&cache).expect("serialise");
         assert_eq!(
@@ -153,6 +184,11 @@ mod tests {
             (json!({"paths": ["x"]}), "paths[0]"),
             (json!({"paths": ["/"], "store": "disk"}), "store"),
             (json!({"paths": ["/"], "ttl_s": 0}), "ttl_s"),
+            (json!({"paths": ["/"], "default_ttl_s": 0}), "default_ttl_s"),
+            (
+                json!({"paths": ["/"], "default_ttl_s": 5, "ttl_s": 5}),
+                "ttl_s",
+            ),
             (json!({"paths": ["/"], "max_bytes": 10}), "max_bytes"),
             (
                 json!({"paths": ["/"], "max_bytes": 2048, "max_object_bytes": 4096}),

@@ -2,8 +2,10 @@
 //! WebSocket on Upgrade. They run on a runtime of their own so that tests may block.
 //!
 //! Paths: `/health` answers the configurable health status; `/slow?ms=N` waits first;
-//! `/stream?chunks=N&interval_ms=M` sends a chunked body slowly; anything else answers JSON
-//! describing the request (backend name, method, path, headers, body length).
+//! `/stream?chunks=N&interval_ms=M` sends a chunked body slowly; `/origin…` is a caching
+//! origin that sends exactly the fields its query asks for (see `origin_answer`);
+//! anything else answers JSON describing the request (backend name, method, path, headers,
+//! body length).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -351,6 +353,16 @@ async fn respond(
             }
             stream.write_all(b"0\r\n\r\n").await
         }
+        _ if path.starts_with("/origin") => {
+            let served = shared.requests.load(Ordering::Relaxed);
+            stream
+                .write_all(&origin_answer(
+                    request,
+                    served,
+                    std::time::SystemTime::now(),
+                ))
+                .await
+        }
         _ => {
             let description = serde_json::json!({
                 "backend": shared.name,
@@ -364,6 +376,102 @@ async fn respond(
             write_response_with(stream, 200, "application/json", &extra, &body).await
         }
     }
+}
+
+/// The answer of the caching origin, the `served`th request of the backend, at `now`. Its
+/// query names the answer: `status=N` (200), `h=Name:Value` for each field as sent
+/// (percent-encoded), and fields made at `now`: `date=S` (a `Date` S seconds from now,
+/// negative for the past), `expires=S`, `last_modified=S` (seconds ago). The body is
+/// `origin N`, and `X-Served: N` tells which request made a copy. A request whose
+/// `If-None-Match` holds the answer's `ETag`, or whose `If-Modified-Since` is its
+/// `Last-Modified`, gets a 304 with the same fields.
+fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -> Vec<u8> {
+    let query = request.target.split_once('?').map_or("", |(_, q)| q);
+    let at = |offset: &str| -> Option<String> {
+        let seconds: i64 = offset.parse().ok()?;
+        let when = if seconds >= 0 {
+            now + Duration::from_secs(seconds.unsigned_abs())
+        } else {
+            now - Duration::from_secs(seconds.unsigned_abs())
+        };
+        Some(httpdate::fmt_http_date(when))
+    };
+    let mut status = 200;
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        let value = percent_decoded(value);
+        let made = match key {
+            "status" => {
+                status = value.parse().unwrap_or(200);
+                None
+            }
+            "h" => value
+                .split_once(':')
+                .map(|(n, v)| (n.to_string(), v.trim().to_string())),
+            "date" => at(&value).map(|d| ("Date".to_string(), d)),
+            "expires" => at(&value).map(|d| ("Expires".to_string(), d)),
+            "last_modified" => at(&format!("-{value}")).map(|d| ("Last-Modified".to_string(), d)),
+            _ => None,
+        };
+        fields.extend(made);
+    }
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let unchanged = match request.headers.get("if-none-match") {
+        Some(asked) => field("etag").is_some_and(|tag| asked.split(',').any(|t| t.trim() == tag)),
+        None => request
+            .headers
+            .get("if-modified-since")
+            .is_some_and(|since| field("last-modified") == Some(since.as_str())),
+    };
+    let body = format!("origin {served}");
+    let (status, body) = if unchanged && status == 200 {
+        (304, "")
+    } else {
+        (status, body.as_str())
+    };
+    let mut head = format!("HTTP/1.1 {status} X\r\nX-Served: {served}\r\n");
+    for (name, value) in &fields {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if status != 304 {
+        head.push_str(&format!(
+            "Content-Type: text/plain\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    let mut answer = head.into_bytes();
+    answer.extend_from_slice(body.as_bytes());
+    answer
+}
+
+/// `%XX` escapes decoded (the query's own separators and spaces are sent escaped).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// Response headers a request asks for in its query: `cc=` (Cache-Control), `vary=`,

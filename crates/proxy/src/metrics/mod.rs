@@ -293,7 +293,8 @@ switchyard_metrics::declare_metrics! {
 
     pub(crate) static CACHE_REQUESTS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_cache_requests_total",
-        "Requests of apps that cache, by app and X-Cache result (HIT, MISS, STALE, BYPASS).",
+        "Requests of apps that cache, by app and X-Cache result (HIT, MISS, REVALIDATED: a \
+         stale copy the app confirmed with a 304, STALE, BYPASS).",
         &["app", "result"]
     ));
 
@@ -306,6 +307,12 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static CACHE_STORES: IntCounter = registered(register_int_counter!(
         "switchyard_cache_stores_total",
         "Responses stored in the response cache."
+    ));
+
+    pub(crate) static CACHE_INVALIDATIONS: IntCounter = registered(register_int_counter!(
+        "switchyard_cache_invalidations_total",
+        "URLs invalidated by an unsafe request's answer (RFC 9111 §4.4): its own, Location's \
+         and Content-Location's."
     ));
 
     pub(crate) static CACHE_EVICTIONS: IntCounter = registered(register_int_counter!(
@@ -322,8 +329,8 @@ switchyard_metrics::declare_metrics! {
 
     pub(crate) static CACHE_REDIS_WRITES: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_cache_redis_writes_total",
-        "Responses written to the shared cache Redis, by result (stored, failed, shed: \
-         dropped because too many writes were in flight).",
+        "Writes to the shared cache Redis, by result (stored, invalidated: deleted after an \
+         unsafe request, failed, shed: dropped because too many writes were in flight).",
         &["result"]
     ));
 

@@ -1,7 +1,6 @@
 //! The response phase's one writer: every answer, the app's or the router's own, becomes
 //! the client's response here, with the fields every answer of the router carries.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,8 +16,7 @@ use crate::context::RequestCtx;
 use crate::forwarded::X_REQUEST_ID;
 use crate::listener::relay::{self, ClientUpgrade};
 use crate::respond::{self, LocalAnswer, Refusal};
-use crate::response_cache::memory::CachedResponse;
-use crate::stage::cache::{self, CacheStatus};
+use crate::stage::cache::{self, FromCache};
 use crate::stage::https;
 use crate::stage::static_files::StaticFile;
 use crate::upstream::backend_h1::BackendBody;
@@ -40,8 +38,9 @@ pub(crate) enum Answer {
     Redirect(String),
     /// A file under the app's static root.
     File(StaticFile),
-    /// A copy from the app's response cache: fresh, or stale standing in for the app.
-    Cached(Arc<CachedResponse>, CacheStatus),
+    /// A copy from the app's response cache: fresh, refreshed by the app's 304, or stale
+    /// standing in for the app.
+    Cached(FromCache),
     /// A 200 the router made (a resized image).
     Made { headers: HeaderMap, body: Bytes },
     /// An answer of the router's own instead of the app's: a stage refused the request,
@@ -78,9 +77,14 @@ pub(super) fn write(
             local_response(308, body, Some(location), end)
         }
         Answer::File(file) => file_response(file, end),
-        Answer::Cached(copy, status) => {
-            let headers = cache::cached_headers(&copy, status);
-            made_response(copy.status, headers, copy.body.clone(), end)
+        Answer::Cached(answer) => {
+            let (status, headers) = cache::cached_headers(&answer);
+            let body = if answer.not_modified {
+                Bytes::new()
+            } else {
+                answer.copy.body.clone()
+            };
+            made_response(status, headers, body, end)
         }
         Answer::Made { headers, body } => made_response(200, headers, body, end),
         Answer::Refused(refusal) => refusal_response(refusal, end),

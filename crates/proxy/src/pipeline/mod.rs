@@ -46,7 +46,7 @@ use crate::listener::request_body::RequestBody;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::respond::{LocalAnswer, Refusal};
 use crate::stage::acme_challenge;
-use crate::stage::cache::{self, CacheStatus};
+use crate::stage::cache;
 use crate::stage::framing;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
@@ -110,7 +110,7 @@ pub(crate) async fn handle(
     {
         // The app failed or could not be reached: a stale copy stands in if one may.
         if let Some(stale) = cache::stand_in_for_failure(&mut end.ctx) {
-            answer = Answer::Cached(stale, CacheStatus::Stale);
+            answer = Answer::Cached(stale);
         }
     }
     let mut response = answer::write(answer, client_upgrade, end);
@@ -301,7 +301,7 @@ async fn answer_in_place_of_app(
     if cache::applies(ctx) {
         let redis = shared.cache_redis.as_ref();
         if let Some(fresh) = Box::pin(cache::request_phase(ctx, head, redis)).await {
-            return Some(Answer::Cached(fresh, CacheStatus::Hit));
+            return Some(Answer::Cached(fresh));
         }
     }
     // After the cache: a resized image the app lets be cached is made once.
@@ -347,6 +347,7 @@ async fn upstream_phase(
         let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
         mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
     };
+    cache::upstream_request_phase(ctx, &mut head.headers);
     let answer_form = if head.version != Version::HTTP_2 && !cache::applies(ctx) {
         AnswerForm::AsRead
     } else {
@@ -385,14 +386,15 @@ async fn upstream_phase(
         replay: replay.as_ref(),
         client_failure: &client_failure,
     };
-    let response = match upstream::forward(worker, ctx, &outgoing, &mut body).await {
+    let mut response = match upstream::forward(worker, ctx, &outgoing, &mut body).await {
         Ok(response) => response,
         Err(refusal) => return refusal.into(),
     };
     // A route with a cache has its request's map (`reads_whole_request`).
     let status = response.status().as_u16();
-    if let Some(stale) = cache::response_phase(&head.headers, ctx, status, response.headers()) {
-        return Answer::Cached(stale, CacheStatus::Stale);
+    let fields = response.headers_mut();
+    if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
+        return Answer::Cached(copy);
     }
     Answer::Backend {
         response,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 use parking_lot::Mutex;
 use prometheus::IntGauge;
 use quick_cache::sync::Cache;
@@ -31,11 +31,16 @@ const ENTRY_OVERHEAD: u64 = 200;
 #[derive(Debug)]
 pub(crate) struct CachedResponse {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
-    pub(crate) stored_at: Instant,
+    /// When the copy's age was zero: its `Age` is the time since (RFC 9111 §4.2.3).
+    pub(crate) age_counts_from: Instant,
     pub(crate) fresh_until: Instant,
+    /// Until when it may stand in for an app that fails.
     pub(crate) stale_until: Instant,
+    /// Until when it is kept: past its freshness, a copy with a validator is kept to be
+    /// revalidated with the app.
+    pub(crate) keep_until: Instant,
 }
 
 impl CachedResponse {
@@ -54,7 +59,12 @@ impl CachedResponse {
 #[derive(Debug, Clone)]
 pub(crate) enum Entry {
     Response(Arc<CachedResponse>),
-    Varies(Arc<[HeaderName]>),
+    /// The variants' keys carry `generation`: once the URL's entry is invalidated, the next
+    /// one gets a new generation and the old variants are never found again.
+    Varies {
+        names: Arc<[HeaderName]>,
+        generation: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -64,7 +74,7 @@ impl Weighter<String, Entry> for EntryWeight {
     fn weight(&self, key: &String, entry: &Entry) -> u64 {
         let value = match entry {
             Entry::Response(response) => response.weight(),
-            Entry::Varies(names) => names.iter().map(|n| n.as_str().len() as u64).sum(),
+            Entry::Varies { names, .. } => names.iter().map(|n| n.as_str().len() as u64).sum(),
         };
         key.len() as u64 + value + ENTRY_OVERHEAD
     }
@@ -276,11 +286,12 @@ mod tests {
         let now = Instant::now();
         Entry::Response(Arc::new(CachedResponse {
             status: 200,
-            headers: Vec::new(),
+            headers: HeaderMap::new(),
             body: Bytes::from_static(body),
-            stored_at: now,
+            age_counts_from: now,
             fresh_until: now + Duration::from_secs(60),
             stale_until: now + Duration::from_secs(60),
+            keep_until: now + Duration::from_secs(60),
         }))
     }
 

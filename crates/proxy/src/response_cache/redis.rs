@@ -2,7 +2,7 @@
 //! Redis runs with `maxmemory` and `allkeys-lru`, which must never evict routes.
 //!
 //! Two layouts live there. `redis`: responses the routers store themselves, shared by the
-//! fleet, under `switchyard:cache:{app}:{url}` with a TTL ending with the stale window.
+//! fleet, under `switchyard:cache:{app}:{url}`, kept until no router may serve or revalidate them.
 //! `redis-versioned`: the versioned layout, written by the app, only read here.
 //!
 //! Every call has a short deadline, and any error or timeout is a cache miss: the app
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use redis::AsyncCommands;
 use switchyard_store::{LinkError, RedisLink, RedisTimeouts};
 
@@ -32,8 +32,9 @@ const PURGE_SCAN_COUNT: usize = 1000;
 /// Longest a purge may scan; a larger keyspace is purged in part and the caller told.
 const PURGE_DEADLINE: Duration = Duration::from_secs(10);
 /// First bytes of a stored value: the format, so a later one can tell old entries apart.
-const FORMAT_RESPONSE: &[u8] = b"SYC1R";
-const FORMAT_VARIES: &[u8] = b"SYC1V";
+/// (Format 1 lacked the keep time and the variants' generation: its entries read as misses.)
+const FORMAT_RESPONSE: &[u8] = b"SYC2R";
+const FORMAT_VARIES: &[u8] = b"SYC2V";
 
 /// A lazily connected client of the cache Redis.
 pub struct CacheRedis {
@@ -161,6 +162,39 @@ impl CacheRedis {
         });
     }
 
+    /// Deletes what `app` stores under `keys` (URLs: a response, or the `Varies` entry that
+    /// leads to the variants), in the background as writes are. Every router reads the
+    /// shared store, so the whole fleet stops serving them at once.
+    pub(crate) fn invalidate_shared(self: &Arc<Self>, app: &str, keys: Vec<String>) {
+        let in_flight = self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        if in_flight >= MAX_WRITES_IN_FLIGHT {
+            self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+            metrics::CACHE_REDIS_WRITES
+                .with_label_values(&["shed"])
+                .inc();
+            return;
+        }
+        let doomed: Vec<String> = keys.iter().map(|key| shared_key(app, key)).collect();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let deleted = this
+                .link
+                .call(|mut c| async move { c.del::<_, ()>(doomed).await })
+                .await;
+            let result = match deleted {
+                Ok(()) => "invalidated",
+                Err(e) => {
+                    count_error(e);
+                    "failed"
+                }
+            };
+            metrics::CACHE_REDIS_WRITES
+                .with_label_values(&[result])
+                .inc();
+            this.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
     /// Deletes the shared responses of `app` stored for `path` (any scheme, host, query or
     /// variant), or under it with `prefix`, scanning the app's keys.
     pub async fn purge_shared(
@@ -250,12 +284,13 @@ fn glob_escape(text: &str) -> String {
 }
 
 /// The stored form of an entry and, for a response, how long Redis should keep it (until
-/// its stale window ends); `None` when the response has already expired. Times travel as Unix milliseconds, since
-/// another router reads them.
+/// it is no longer kept for revalidation nor for standing in); `None` when the response has
+/// already expired. Times travel as Unix milliseconds, since another router reads them.
 ///
-/// Response: `SYC1R`, status (u16), stored, fresh-until and stale-until (u64 ms each), the
-/// header count (u16), each header as name length (u16), name, value length (u32), value,
-/// then the body to the end. Varies: `SYC1V` and the header names joined by `\n`.
+/// Response: `SYC2R`, status (u16), age-counts-from, fresh-until, stale-until and keep-until
+/// (u64 ms each), the header count (u16), each header as name length (u16), name, value
+/// length (u32), value, then the body to the end. Varies: `SYC2V`, the generation (u64),
+/// and the header names joined by `\n`.
 fn encode(
     entry: &Entry,
     now: SystemTime,
@@ -271,18 +306,19 @@ fn encode(
     match entry {
         Entry::Response(response) => {
             let ttl = response
-                .stale_until
+                .keep_until
                 .checked_duration_since(monotonic_now)
                 .filter(|left| !left.is_zero())?;
             let mut value = Vec::with_capacity(
-                FORMAT_RESPONSE.len() + 32 + response.body.len() + 64 * response.headers.len(),
+                FORMAT_RESPONSE.len() + 40 + response.body.len() + 64 * response.headers.len(),
             );
             value.extend_from_slice(FORMAT_RESPONSE);
             value.extend_from_slice(&response.status.to_be_bytes());
             for at in [
-                response.stored_at,
+                response.age_counts_from,
                 response.fresh_until,
                 response.stale_until,
+                response.keep_until,
             ] {
                 value.extend_from_slice(&wall(at).to_be_bytes());
             }
@@ -296,8 +332,9 @@ fn encode(
             value.extend_from_slice(&response.body);
             Some((value, Some(ttl)))
         }
-        Entry::Varies(names) => {
+        Entry::Varies { names, generation } => {
             let mut value = FORMAT_VARIES.to_vec();
+            value.extend_from_slice(&generation.to_be_bytes());
             let joined: Vec<&str> = names.iter().map(HeaderName::as_str).collect();
             value.extend_from_slice(joined.join("\n").as_bytes());
             Some((value, None))
@@ -308,13 +345,18 @@ fn encode(
 /// Reads back what [`encode`] wrote, with times turned into this process's clock; `None` for
 /// anything malformed (treated as a miss).
 fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry> {
-    if let Some(names) = value.strip_prefix(FORMAT_VARIES) {
-        let names: Option<Vec<HeaderName>> = std::str::from_utf8(names)
+    if let Some(varies) = value.strip_prefix(FORMAT_VARIES) {
+        let mut reader = Reader(varies);
+        let generation = u64::from_be_bytes(reader.take_array()?);
+        let names: Option<Vec<HeaderName>> = std::str::from_utf8(reader.0)
             .ok()?
             .split('\n')
             .map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
             .collect();
-        return Some(Entry::Varies(Arc::from(names?)));
+        return Some(Entry::Varies {
+            names: Arc::from(names?),
+            generation,
+        });
     }
     let mut reader = Reader(value.strip_prefix(FORMAT_RESPONSE)?);
     let status = u16::from_be_bytes(reader.take_array()?);
@@ -329,23 +371,25 @@ fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry
                 .unwrap_or(monotonic_now)
         })
     };
-    let (stored_at, fresh_until, stale_until) = (local()?, local()?, local()?);
+    let (age_counts_from, fresh_until, stale_until, keep_until) =
+        (local()?, local()?, local()?, local()?);
     let count = u16::from_be_bytes(reader.take_array()?);
-    let mut headers = Vec::with_capacity(usize::from(count));
+    let mut headers = HeaderMap::with_capacity(usize::from(count));
     for _ in 0..count {
         let name_len = u16::from_be_bytes(reader.take_array()?);
         let name = HeaderName::from_bytes(reader.take(usize::from(name_len))?).ok()?;
         let value_len = u32::from_be_bytes(reader.take_array()?);
         let value = HeaderValue::from_bytes(reader.take(value_len as usize)?).ok()?;
-        headers.push((name, value));
+        headers.append(name, value);
     }
     Some(Entry::Response(Arc::new(CachedResponse {
         status,
         headers,
         body: Bytes::copy_from_slice(reader.0),
-        stored_at,
+        age_counts_from,
         fresh_until,
         stale_until,
+        keep_until,
     })))
 }
 
@@ -380,7 +424,7 @@ mod tests {
         let (now, monotonic) = (SystemTime::now(), Instant::now());
         let response = CachedResponse {
             status: 203,
-            headers: vec![
+            headers: HeaderMap::from_iter([
                 (
                     http::header::CONTENT_TYPE,
                     HeaderValue::from_static("text/html"),
@@ -389,15 +433,16 @@ mod tests {
                     HeaderName::from_static("x-binary"),
                     HeaderValue::from_bytes(b"\xfe\ta").expect("opaque value"),
                 ),
-            ],
+            ]),
             body: Bytes::from_static(b"<h1>hello</h1>\x00\xff"),
-            stored_at: monotonic - Duration::from_secs(5),
+            age_counts_from: monotonic - Duration::from_secs(5),
             fresh_until: monotonic + Duration::from_secs(55),
             stale_until: monotonic + Duration::from_secs(355),
+            keep_until: monotonic + Duration::from_secs(3655),
         };
         let (value, ttl) =
             encode(&Entry::Response(Arc::new(response)), now, monotonic).expect("encodable");
-        assert_eq!(ttl, Some(Duration::from_secs(355)));
+        assert_eq!(ttl, Some(Duration::from_secs(3655)));
         // Read by another router a second later.
         let later = monotonic + Duration::from_secs(1);
         let Some(Entry::Response(back)) = decode(&value, now + Duration::from_secs(1), later)
@@ -406,9 +451,15 @@ mod tests {
         };
         assert_eq!(back.status, 203);
         assert_eq!(back.headers.len(), 2);
-        assert_eq!(back.headers[1].1.as_bytes(), b"\xfe\ta");
+        assert_eq!(
+            back.headers.get("x-binary").map(HeaderValue::as_bytes),
+            Some(&b"\xfe\ta"[..])
+        );
         assert_eq!(&back.body[..], b"<h1>hello</h1>\x00\xff");
-        assert_eq!(later.duration_since(back.stored_at), Duration::from_secs(6));
+        assert_eq!(
+            later.duration_since(back.age_counts_from),
+            Duration::from_secs(6)
+        );
         assert_eq!(
             back.fresh_until.duration_since(later),
             Duration::from_secs(54)
@@ -418,13 +469,28 @@ mod tests {
             HeaderName::from_static("accept-encoding"),
             HeaderName::from_static("accept-language"),
         ]);
-        let (value, _) = encode(&Entry::Varies(names.clone()), now, monotonic).expect("varies");
-        let Some(Entry::Varies(back)) = decode(&value, now, monotonic) else {
+        let varies = Entry::Varies {
+            names: names.clone(),
+            generation: 0xdead_beef_0042,
+        };
+        let (value, _) = encode(&varies, now, monotonic).expect("varies");
+        let Some(Entry::Varies {
+            names: back,
+            generation,
+        }) = decode(&value, now, monotonic)
+        else {
             panic!("the names come back");
         };
-        assert_eq!(back, names);
+        assert_eq!((back, generation), (names, 0xdead_beef_0042));
 
-        for broken in [&b""[..], b"SYC1R", b"SYC1R\x00\xc8", b"other", &value[..3]] {
+        let old_format = b"SYC1R\x00\xc8";
+        for broken in [
+            &b""[..],
+            b"SYC2R",
+            b"SYC2R\x00\xc8",
+            old_format,
+            &value[..3],
+        ] {
             assert!(decode(broken, now, monotonic).is_none(), "{broken:?}");
         }
     }
@@ -434,11 +500,12 @@ mod tests {
         let (now, monotonic) = (SystemTime::now(), Instant::now());
         let response = CachedResponse {
             status: 200,
-            headers: Vec::new(),
+            headers: HeaderMap::new(),
             body: Bytes::new(),
-            stored_at: monotonic,
+            age_counts_from: monotonic,
             fresh_until: monotonic,
             stale_until: monotonic,
+            keep_until: monotonic,
         };
         assert!(encode(&Entry::Response(Arc::new(response)), now, monotonic).is_none());
     }

@@ -147,8 +147,12 @@ fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
             "cache",
             true,
             format!(
-                "{:?} cache, fresh for {} s: a fresh copy answers, else the answer is kept",
-                cache.store, cache.ttl_s
+                "{:?} cache: a fresh copy answers, a stale one is revalidated, else the answer \
+                 is kept as its Cache-Control says{}",
+                cache.store,
+                cache
+                    .default_ttl_s
+                    .map_or(String::new(), |s| format!(" (at least {s} s fresh)"))
             ),
         ),
         None => stage("cache", false, "the app caches nothing".into()),

@@ -1,0 +1,901 @@
+//! Stage cache: answer from the app's response cache, or let the request through and keep
+//! its response when the app allows it; revalidate a stale copy with the app; stand in with
+//! a stale copy when the app fails; forget what an unsafe request changed.
+//!
+//! Only opted-in paths are cached, GET and HEAD only. What is kept and for how long is what
+//! the app's answer says, read as RFC 9111 reads it ([`freshness`]); a stale copy with a
+//! validator is revalidated with a conditional request, and the app's 304 refreshes it
+//! ([`validators`]); a client's own conditional request is answered 304 from a stored copy.
+//! A 2xx or 3xx answer to an unsafe method invalidates its URL and the same-origin URLs in
+//! its `Location` and `Content-Location` (§4.4). Concurrent misses and revalidations of one
+//! URL wait for the first one's answer instead of all reaching the app.
+//!
+//! With the `redis` store, responses are kept in the cache Redis shared by the fleet (each
+//! router still coalesces its own misses), and an invalidation reaches every router. With
+//! `redis-versioned` the app owns the cache (the versioned layout): the router only reads
+//! the current version's body from Redis.
+//!
+//! The pipeline enters the stage through its phases, and its state for the request is in
+//! the context (`CacheCtx`): [`applies`] (whether the route caches at all), then
+//! [`request_phase`] (a fresh copy answers), [`upstream_request_phase`] (the conditional
+//! request that revalidates), [`response_phase`] (the app's answer head: kept, refreshing a
+//! copy, or a stale copy stands in for an error), [`body_phase`] (each piece of a kept
+//! answer), and [`stand_in_for_failure`] (an app that could not be reached). An answer the
+//! router made (a resized image) goes through [`keep_made_answer`]. The answer's writer
+//! reads [`x_cache`] and [`cached_headers`].
+
+mod freshness;
+mod validators;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
+use switchyard_model::{CacheStore, ResponseCache};
+
+use crate::context::RequestCtx;
+use crate::metrics;
+use crate::response_cache::memory::{
+    AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket,
+};
+use crate::response_cache::redis::CacheRedis;
+use crate::routing::route_cache::AppRoute;
+use freshness::{Exchange, Freshness};
+
+/// Longest a miss waits for another request filling the same URL.
+const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
+/// How long past its freshness a copy with a validator is kept to be revalidated (bounded by
+/// the app's bytes in memory, and by Redis's own eviction).
+const KEPT_FOR_REVALIDATION: Duration = Duration::from_secs(3600);
+/// Response fields never stored: they describe one connection (RFC 9110 §7.6.1), one
+/// exchange (`Age` is the cache's own to send, the request id the router's), or are meant
+/// for the cache alone (the targeted fields).
+const NOT_STORED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "age",
+    "x-request-id",
+    "cdn-cache-control",
+    "surrogate-control",
+];
+
+/// The `X-Cache` verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheStatus {
+    Hit,
+    Miss,
+    /// A stale copy the app confirmed with a 304.
+    Revalidated,
+    Stale,
+    Bypass,
+}
+
+impl CacheStatus {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Hit => "HIT",
+            Self::Miss => "MISS",
+            Self::Revalidated => "REVALIDATED",
+            Self::Stale => "STALE",
+            Self::Bypass => "BYPASS",
+        }
+    }
+}
+
+/// What the cache stage knows about one request of an app that caches. The app's policy is
+/// read from the request's route, which is fixed for the request.
+pub(crate) struct CacheCtx {
+    status: CacheStatus,
+    cache: Arc<AppResponseCache>,
+    /// The cache Redis, for apps whose responses are kept there (`redis` store).
+    shared: Option<Arc<CacheRedis>>,
+    key: String,
+    /// The request's method is unsafe: a success invalidates what is stored for the URL.
+    invalidates: bool,
+    /// The generation of the URL's variants when its answers vary (`Entry::Varies`).
+    generation: Option<u64>,
+    /// An expired copy (and its key): revalidated with the app, or standing in if it fails.
+    stale: Option<(Arc<CachedResponse>, String)>,
+    /// Set when this request may store its response.
+    fill: Option<Fill>,
+    /// The request went to the app with the stale copy's validators.
+    revalidating: bool,
+    /// When the request went to the app: the copy's age counts the exchange.
+    sent_at: Option<SystemTime>,
+    /// The client's conditionals, taken out of a request that fills the cache.
+    client_conditionals: Option<HeaderMap>,
+}
+
+impl std::fmt::Debug for CacheCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheCtx")
+            .field("status", &self.status)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Fill {
+    /// Released once the response can be read back, waking the requests waiting for it.
+    guard: Option<FillGuard>,
+    vary: Option<Arc<[HeaderName]>>,
+    stored_key: String,
+    response: Option<PendingResponse>,
+    body: BytesMut,
+}
+
+struct PendingResponse {
+    status: u16,
+    headers: HeaderMap,
+    freshness: Freshness,
+    received: Instant,
+}
+
+/// An answer from the cache: the copy, its `X-Cache`, and whether the client's own
+/// conditional request makes it a 304.
+#[derive(Debug)]
+pub(crate) struct FromCache {
+    pub(crate) copy: Arc<CachedResponse>,
+    pub(crate) status: CacheStatus,
+    pub(crate) not_modified: bool,
+}
+
+impl FromCache {
+    fn for_request(copy: Arc<CachedResponse>, status: CacheStatus, request: &HeaderMap) -> Self {
+        let not_modified = copy.status == 200 && validators::not_modified(request, &copy.headers);
+        Self {
+            copy,
+            status,
+            not_modified,
+        }
+    }
+}
+
+/// Whether the request's app has a response cache: [`request_phase`] does nothing
+/// otherwise, and is not worth the state its future carries.
+pub(crate) fn applies(ctx: &RequestCtx) -> bool {
+    ctx.route
+        .as_ref()
+        .is_some_and(|route| route.app.cache.is_some() && route.response_cache.is_some())
+}
+
+/// Looks the request up: a fresh copy to answer with (counted as a hit), or `None` to go on
+/// to the app, with what the cache needs to keep its response (or revalidate, or stand in
+/// for it) left in `ctx`.
+pub(crate) async fn request_phase(
+    ctx: &mut RequestCtx,
+    request: &http::request::Parts,
+    redis: Option<&Arc<CacheRedis>>,
+) -> Option<FromCache> {
+    let route = ctx.route.clone()?;
+    let (Some(policy), Some(cache)) = (route.app.cache.as_ref(), route.response_cache.as_ref())
+    else {
+        return None;
+    };
+    let method = &request.method;
+    let eligible = (method == Method::GET || method == Method::HEAD)
+        && policy.covers(request.uri.path())
+        && (policy.cache_authorized || request.headers.get(header::AUTHORIZATION).is_none());
+    let mut state = CacheCtx {
+        status: CacheStatus::Bypass,
+        cache: cache.clone(),
+        shared: None,
+        key: url_key(
+            ctx,
+            request.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        ),
+        invalidates: !method.is_safe(),
+        generation: None,
+        stale: None,
+        fill: None,
+        revalidating: false,
+        sent_at: None,
+        client_conditionals: None,
+    };
+    if policy.store == CacheStore::Redis {
+        state.shared = redis.cloned();
+    }
+    if !eligible {
+        count(ctx, CacheStatus::Bypass);
+        ctx.cache = Some(state);
+        return None;
+    }
+    state.status = CacheStatus::Miss;
+    match (policy.store, redis) {
+        (CacheStore::Memory, _) => {}
+        (_, None) => {
+            report_no_cache_redis(ctx.app_name());
+            ctx.cache = Some(state);
+            return None;
+        }
+        (CacheStore::RedisVersioned, Some(redis)) => {
+            return versioned(ctx, state, redis).await;
+        }
+        (CacheStore::Redis, Some(_)) => {}
+    }
+    let app = route.app.name.as_str();
+    let headers = &request.headers;
+    let mut looked = look_up(headers, &mut state, app).await;
+    let needs_fetch = !matches!(looked, Some(Looked::Fresh(_)));
+    if needs_fetch && method == Method::GET {
+        match cache.begin_fill(&state.key) {
+            FillTicket::Leader(guard) => {
+                // Another leader may have stored the response between the look-up above and
+                // taking the lock: look once more before going to the app.
+                looked = look_up(headers, &mut state, app).await.or(looked);
+                if !matches!(looked, Some(Looked::Fresh(_))) {
+                    state.fill = Some(Fill::new(Some(guard), &state.key));
+                }
+            }
+            FillTicket::Uncoordinated => state.fill = Some(Fill::new(None, &state.key)),
+            FillTicket::Follower(done) => {
+                let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
+                let _ = tokio::time::timeout(wait, done).await;
+                looked = look_up(headers, &mut state, app).await.or(looked);
+                if !matches!(looked, Some(Looked::Fresh(_))) {
+                    state.fill = Some(Fill::new(None, &state.key));
+                }
+            }
+        }
+    }
+    match looked {
+        Some(Looked::Fresh(response)) => {
+            count(ctx, CacheStatus::Hit);
+            state.status = CacheStatus::Hit;
+            ctx.cache = Some(state);
+            Some(FromCache::for_request(response, CacheStatus::Hit, headers))
+        }
+        Some(Looked::Stale(response, key)) => {
+            state.stale = Some((response, key));
+            ctx.cache = Some(state);
+            None
+        }
+        None => {
+            ctx.cache = Some(state);
+            None
+        }
+    }
+}
+
+/// The cache key of `path_and_query` on the request's scheme and host.
+fn url_key(ctx: &RequestCtx, path_and_query: &str) -> String {
+    let scheme = if ctx.tls { "https" } else { "http" };
+    format!(
+        "{scheme}://{}{path_and_query}",
+        ctx.host.as_deref().unwrap_or("")
+    )
+}
+
+/// The versioned layout: the app wrote the body of this URL's current version; serve it, or
+/// let the app answer (and write it). The router never writes here.
+async fn versioned(ctx: &mut RequestCtx, state: CacheCtx, redis: &CacheRedis) -> Option<FromCache> {
+    let Some(body) = redis.versioned_body(&state.key).await else {
+        ctx.cache = Some(state);
+        return None;
+    };
+    count(ctx, CacheStatus::Hit);
+    ctx.cache = Some(CacheCtx {
+        status: CacheStatus::Hit,
+        ..state
+    });
+    let now = Instant::now();
+    let mut headers = HeaderMap::with_capacity(1);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Some(FromCache {
+        copy: Arc::new(CachedResponse {
+            status: 200,
+            headers,
+            body,
+            age_counts_from: now,
+            fresh_until: now,
+            stale_until: now,
+            keep_until: now,
+        }),
+        status: CacheStatus::Hit,
+        not_modified: false,
+    })
+}
+
+/// An app's cache lives in Redis but this router has none: its pages come from the app.
+/// Said once per process, not per request.
+fn report_no_cache_redis(app: &str) {
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "app {app}: its cache store is in Redis, which needs --cache-redis; its pages \
+             come from the app"
+        );
+    }
+}
+
+enum Looked {
+    Fresh(Arc<CachedResponse>),
+    /// Expired but kept (to be revalidated, or to stand in): the copy and its key.
+    Stale(Arc<CachedResponse>, String),
+}
+
+async fn look_up(headers: &HeaderMap, state: &mut CacheCtx, app: &str) -> Option<Looked> {
+    let (entry, key) = match entry_at(state, app, &state.key).await? {
+        Entry::Varies { names, generation } => {
+            state.generation = Some(generation);
+            let key = variant_key(&state.key, generation, &names, headers);
+            (entry_at(state, app, &key).await?, key)
+        }
+        entry => (entry, state.key.clone()),
+    };
+    let Entry::Response(response) = entry else {
+        return None;
+    };
+    let now = Instant::now();
+    if now < response.fresh_until {
+        Some(Looked::Fresh(response))
+    } else if now < response.keep_until {
+        Some(Looked::Stale(response, key))
+    } else {
+        // Redis expires its copies by itself.
+        if state.shared.is_none() {
+            state.cache.remove(&key);
+        }
+        None
+    }
+}
+
+async fn entry_at(state: &CacheCtx, app: &str, key: &str) -> Option<Entry> {
+    match &state.shared {
+        Some(redis) => redis.shared_entry(app, key).await,
+        None => state.cache.get(key),
+    }
+}
+
+fn variant_key(key: &str, generation: u64, names: &[HeaderName], headers: &HeaderMap) -> String {
+    let mut variant = format!("{key}\n{generation:x}");
+    for name in names {
+        variant.push('\n');
+        for (i, value) in headers.get_all(name).iter().enumerate() {
+            if i > 0 {
+                variant.push(',');
+            }
+            variant.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        }
+    }
+    variant
+}
+
+impl Fill {
+    fn new(guard: Option<FillGuard>, key: &str) -> Self {
+        Self {
+            guard,
+            vary: None,
+            stored_key: key.to_string(),
+            response: None,
+            body: BytesMut::new(),
+        }
+    }
+}
+
+/// The request is about to go to the app: when it fills the cache, it asks for the whole
+/// answer, or — with a stale copy that has a validator — whether that copy still holds.
+pub(crate) fn upstream_request_phase(ctx: &mut RequestCtx, request: &mut HeaderMap) {
+    let Some(state) = ctx.cache.as_mut() else {
+        return;
+    };
+    state.sent_at = Some(SystemTime::now());
+    if state.fill.is_none() {
+        return;
+    }
+    state.client_conditionals = Some(validators::take_conditionals(request));
+    if let Some((copy, _)) = &state.stale {
+        if validators::has_validator(&copy.headers) {
+            validators::ask_if_changed(request, &copy.headers);
+            state.revalidating = true;
+        }
+    }
+}
+
+/// The app answered `status` with `headers` to a request with `request_headers`: the copy
+/// that answers instead — refreshed by the app's 304, or stale standing in for its error —
+/// or `None` for the app's answer to go on (kept if the request holds the fill and the
+/// answer is storable). The fields meant for the cache alone are taken out of `headers`.
+pub(crate) fn response_phase(
+    request_headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    status: u16,
+    headers: &mut HeaderMap,
+) -> Option<FromCache> {
+    let answer = on_app_response(request_headers, ctx, status, headers);
+    for targeted in &freshness::TARGETED {
+        headers.remove(targeted);
+    }
+    match answer? {
+        AppAnswer::Refreshed(copy) => {
+            let asked = ctx.cache.as_mut()?.client_conditionals.take();
+            let asked = asked.as_ref().unwrap_or(request_headers);
+            Some(FromCache::for_request(
+                copy,
+                CacheStatus::Revalidated,
+                asked,
+            ))
+        }
+        AppAnswer::StaleStandsIn => stand_in_for_failure(ctx),
+    }
+}
+
+/// What answers instead of the app's answer.
+enum AppAnswer {
+    /// The app confirmed the stale copy with a 304: the copy, refreshed.
+    Refreshed(Arc<CachedResponse>),
+    /// The app failed and a stale copy may stand in.
+    StaleStandsIn,
+}
+
+/// Whether to keep the app's answer, refresh the copy it validated, or let a stale copy
+/// stand in for an app error; invalidates what an unsafe request changed.
+fn on_app_response(
+    request_headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    status: u16,
+    headers: &HeaderMap,
+) -> Option<AppAnswer> {
+    let policy = cache_policy(&ctx.route)?;
+    let state = ctx.cache.as_ref()?;
+    if state.invalidates {
+        if (200..400).contains(&status) {
+            invalidate(ctx, headers);
+        }
+        return None;
+    }
+    let state = ctx.cache.as_mut()?;
+    if status == 304 && state.revalidating {
+        return refresh(ctx, headers).map(AppAnswer::Refreshed);
+    }
+    let state = ctx.cache.as_mut()?;
+    if status >= 500 && state.stale.is_some() {
+        state.fill = None;
+        return Some(AppAnswer::StaleStandsIn);
+    }
+    let fill = state.fill.as_mut()?;
+    let received = Instant::now();
+    match storable(policy, status, headers, state.sent_at) {
+        Some((freshness, vary)) => {
+            if let Some(names) = &vary {
+                let generation = *state.generation.get_or_insert_with(rand::random);
+                fill.stored_key = variant_key(&state.key, generation, names, request_headers);
+            }
+            fill.vary = vary;
+            fill.response = Some(PendingResponse {
+                status,
+                headers: stored_fields(headers, policy.cache_set_cookie),
+                freshness,
+                received,
+            });
+        }
+        None => state.fill = None,
+    }
+    None
+}
+
+/// The stale copy the app's 304 confirmed, with the 304's fields and a new freshness; stored
+/// again when it still may be (§4.3.4), forgotten when not.
+fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedResponse>> {
+    let policy = cache_policy(&ctx.route)?;
+    let app = ctx.app_name().to_string();
+    let state = ctx.cache.as_mut()?;
+    let (stale, key) = state.stale.take()?;
+    let headers = validators::refreshed(&stale.headers, not_modified, |name| {
+        !kept_field(name, policy.cache_set_cookie)
+    });
+    let received = Instant::now();
+    let freshness = storable(policy, stale.status, &headers, state.sent_at).map(|(f, _)| f);
+    let refreshed = Arc::new(match freshness {
+        Some(freshness) => copy_of(
+            stale.status,
+            headers,
+            stale.body.clone(),
+            &freshness,
+            received,
+        ),
+        None => CachedResponse {
+            status: stale.status,
+            headers,
+            body: stale.body.clone(),
+            age_counts_from: received,
+            fresh_until: received,
+            stale_until: received,
+            keep_until: received,
+        },
+    });
+    state.status = CacheStatus::Revalidated;
+    count(ctx, CacheStatus::Revalidated);
+    let state = ctx.cache.as_mut()?;
+    let guard = state.fill.take().and_then(|fill| fill.guard);
+    if refreshed.keep_until > received {
+        metrics::CACHE_STORES.inc();
+        store(
+            state,
+            &app,
+            vec![(key, Entry::Response(refreshed.clone()))],
+            guard,
+        );
+    } else {
+        forget(state, &app, vec![key]);
+    }
+    Some(refreshed)
+}
+
+/// The app's answer fields as a copy keeps them.
+fn stored_fields(headers: &HeaderMap, keeps_cookies: bool) -> HeaderMap {
+    let mut stored = HeaderMap::with_capacity(headers.len());
+    let named_in_connection: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    for (name, value) in headers {
+        if kept_field(name, keeps_cookies)
+            && !named_in_connection.iter().any(|n| n == name.as_str())
+        {
+            stored.append(name.clone(), value.clone());
+        }
+    }
+    stored
+}
+
+fn kept_field(name: &HeaderName, keeps_cookies: bool) -> bool {
+    !NOT_STORED.contains(&name.as_str()) && (keeps_cookies || *name != header::SET_COOKIE)
+}
+
+/// A copy of an answer that arrived at `received` and stays fresh as `freshness` says.
+fn copy_of(
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+    freshness: &Freshness,
+    received: Instant,
+) -> CachedResponse {
+    let fresh_until = received + freshness.lifetime.saturating_sub(freshness.initial_age);
+    let stale_until = fresh_until + freshness.stale_if_error;
+    let kept_for_revalidation = if freshness.has_validator {
+        fresh_until + KEPT_FOR_REVALIDATION
+    } else {
+        fresh_until
+    };
+    CachedResponse {
+        status,
+        headers,
+        body,
+        age_counts_from: received
+            .checked_sub(freshness.initial_age)
+            .unwrap_or(received),
+        fresh_until,
+        stale_until,
+        keep_until: stale_until.max(kept_for_revalidation),
+    }
+}
+
+/// How long `response` may be served, and the headers it varies by; `None` if it must not
+/// be kept.
+fn storable(
+    policy: &ResponseCache,
+    status: u16,
+    headers: &HeaderMap,
+    sent_at: Option<SystemTime>,
+) -> Option<(Freshness, Option<Arc<[HeaderName]>>)> {
+    if headers.get(header::SET_COOKIE).is_some() && !policy.cache_set_cookie {
+        return None;
+    }
+    let declared_length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > policy.max_object_bytes) {
+        return None;
+    }
+    let received_at = SystemTime::now();
+    let freshness = freshness::decide(&Exchange {
+        status,
+        headers,
+        sent_at: sent_at.unwrap_or(received_at),
+        received_at,
+        default_ttl: policy.default_ttl_s.map(Duration::from_secs),
+        stale_if_error: Duration::from_secs(policy.stale_if_error_s),
+    })
+    .ok()?;
+    let mut vary = Vec::new();
+    for name in headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    {
+        if name == "*" {
+            return None;
+        }
+        vary.push(HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).ok()?);
+    }
+    vary.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    vary.dedup();
+    let vary = (!vary.is_empty()).then(|| Arc::from(vary));
+    Some((freshness, vary))
+}
+
+/// §4.4: a success answer to an unsafe request invalidates its URL and the same-origin URLs
+/// its `Location` and `Content-Location` name, in this router's memory or in the Redis the
+/// fleet shares. (The versioned layout is the app's own to change.)
+fn invalidate(ctx: &RequestCtx, headers: &HeaderMap) {
+    let (Some(state), Some(policy)) = (ctx.cache.as_ref(), cache_policy(&ctx.route)) else {
+        return;
+    };
+    if policy.store == CacheStore::RedisVersioned {
+        return;
+    }
+    let mut keys = vec![state.key.clone()];
+    for name in [header::LOCATION, header::CONTENT_LOCATION] {
+        let Some(target) = headers.get(name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        if let Some(key) = same_origin_key(ctx, target) {
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    metrics::CACHE_INVALIDATIONS.inc_by(keys.len() as u64);
+    forget(state, ctx.app_name(), keys);
+}
+
+/// The cache key of a `Location` or `Content-Location` value, if it names a URL of the
+/// request's own origin (a path, or an absolute URL with the same scheme and host).
+fn same_origin_key(ctx: &RequestCtx, target: &str) -> Option<String> {
+    if target.starts_with('/') && !target.starts_with("//") {
+        return Some(url_key(ctx, target));
+    }
+    let uri: http::Uri = target.parse().ok()?;
+    let scheme = if ctx.tls { "https" } else { "http" };
+    let same = uri.scheme_str() == Some(scheme)
+        && uri
+            .authority()
+            .zip(ctx.host.as_deref())
+            .is_some_and(|(authority, host)| authority.as_str().eq_ignore_ascii_case(host));
+    same.then(|| url_key(ctx, uri.path_and_query().map_or("/", |pq| pq.as_str())))
+}
+
+fn store<T: Send + 'static>(
+    state: &CacheCtx,
+    app: &str,
+    entries: Vec<(String, Entry)>,
+    done: Option<T>,
+) {
+    match &state.shared {
+        Some(redis) => redis.store_shared(app, entries, done),
+        None => {
+            for (key, entry) in entries {
+                state.cache.insert(key, entry);
+            }
+        }
+    }
+}
+
+fn forget(state: &CacheCtx, app: &str, keys: Vec<String>) {
+    match &state.shared {
+        Some(redis) => redis.invalidate_shared(app, keys),
+        None => {
+            for key in keys {
+                state.cache.remove(&key);
+            }
+        }
+    }
+}
+
+/// The `X-Cache` of a response from the app, for an app that caches (a miss is counted
+/// here, once its answer is known to go out).
+pub(crate) fn x_cache(ctx: &RequestCtx) -> Option<&'static str> {
+    let state = ctx.cache.as_ref()?;
+    if state.status == CacheStatus::Miss {
+        count(ctx, CacheStatus::Miss);
+    }
+    Some(state.status.label())
+}
+
+/// Collects the body of a response being kept, storing it at its end.
+pub(crate) fn body_phase(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stream: bool) {
+    let (Some(state), Some(policy)) = (ctx.cache.as_mut(), cache_policy(&ctx.route)) else {
+        return;
+    };
+    let Some(fill) = state.fill.as_mut() else {
+        return;
+    };
+    if fill.response.is_none() {
+        return;
+    }
+    if let Some(chunk) = body.as_ref() {
+        if (fill.body.len() + chunk.len()) as u64 > policy.max_object_bytes {
+            state.fill = None;
+            return;
+        }
+        fill.body.extend_from_slice(chunk);
+    }
+    if !end_of_stream {
+        return;
+    }
+    let Some(fill) = state.fill.take() else {
+        return;
+    };
+    let Some(pending) = fill.response else {
+        return;
+    };
+    let stored = copy_of(
+        pending.status,
+        pending.headers,
+        fill.body.freeze(),
+        &pending.freshness,
+        pending.received,
+    );
+    let mut entries = Vec::with_capacity(2);
+    if let (Some(names), Some(generation)) = (fill.vary, state.generation) {
+        entries.push((state.key.clone(), Entry::Varies { names, generation }));
+    }
+    entries.push((fill.stored_key, Entry::Response(Arc::new(stored))));
+    metrics::CACHE_STORES.inc();
+    let app = ctx
+        .route
+        .as_ref()
+        .map_or("", |route| route.app.name.as_str());
+    store(state, app, entries, fill.guard);
+}
+
+/// A response the router made itself for an app that caches (a resized image) goes through
+/// the same decisions as the app's own: kept when storable (the request held the fill).
+/// Returns its `X-Cache`.
+pub(crate) fn keep_made_answer(
+    request_headers: &HeaderMap,
+    ctx: &mut RequestCtx,
+    status: u16,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Option<&'static str> {
+    if let Some(state) = ctx.cache.as_mut() {
+        // Made here: no conditional request went anywhere.
+        state.revalidating = false;
+    }
+    on_app_response(request_headers, ctx, status, headers);
+    let label = x_cache(ctx);
+    body_phase(ctx, &Some(body.clone()), true);
+    label
+}
+
+/// The stale copy that stands in for an app that failed or could not be reached, if one is
+/// allowed (counted as stale).
+pub(crate) fn stand_in_for_failure(ctx: &mut RequestCtx) -> Option<FromCache> {
+    let state = ctx.cache.as_mut()?;
+    let may_stand_in = state
+        .stale
+        .as_ref()
+        .is_some_and(|(copy, _)| Instant::now() < copy.stale_until);
+    if !may_stand_in {
+        return None;
+    }
+    let (stale, _) = state.stale.take()?;
+    state.status = CacheStatus::Stale;
+    state.fill = None;
+    count(ctx, CacheStatus::Stale);
+    Some(FromCache {
+        copy: stale,
+        status: CacheStatus::Stale,
+        not_modified: false,
+    })
+}
+
+/// The status and head of an answer from the cache: the stored fields (those a 304 keeps,
+/// when it is one), its length, age and `X-Cache`.
+pub(crate) fn cached_headers(answer: &FromCache) -> (u16, HeaderMap) {
+    let copy = &answer.copy;
+    let (status, mut headers) = if answer.not_modified {
+        (304, validators::not_modified_fields(&copy.headers))
+    } else {
+        let mut headers = copy.headers.clone();
+        headers.insert(header::CONTENT_LENGTH, copy.body.len().into());
+        (copy.status, headers)
+    };
+    headers.insert(header::AGE, copy.age_counts_from.elapsed().as_secs().into());
+    headers.insert(
+        HeaderName::from_static("x-cache"),
+        HeaderValue::from_static(answer.status.label()),
+    );
+    (status, headers)
+}
+
+fn count(ctx: &RequestCtx, status: CacheStatus) {
+    metrics::CACHE_REQUESTS
+        .with_label_values(&[ctx.app_name(), status.label()])
+        .inc();
+}
+
+fn cache_policy(route: &Option<Arc<AppRoute>>) -> Option<&ResponseCache> {
+    route.as_ref()?.app.cache.as_deref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy() -> ResponseCache {
+        let app = switchyard_model::parse_app_spec(
+            "a",
+            &json!({"cache": {"paths": ["/"], "ttl_s": 60, "max_object_bytes": 100}}),
+        )
+        .expect("valid");
+        *app.cache.expect("cache")
+    }
+
+    fn response_headers(headers: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_str(value).expect("value"),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn cache_control_set_cookie_and_vary_decide_what_is_kept() {
+        let p = policy();
+        let kept =
+            |status: u16, h: &[(&str, &str)]| storable(&p, status, &response_headers(h), None);
+        let fresh = |h: &[(&str, &str)]| kept(200, h).map(|(f, _)| f.lifetime.as_secs());
+        assert_eq!(fresh(&[]), Some(60));
+        assert_eq!(fresh(&[("cache-control", "public, max-age=5")]), Some(5));
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=5, s-maxage=9")]),
+            Some(9)
+        );
+        assert_eq!(fresh(&[("cache-control", "max-age=0")]), None);
+        for refused in ["no-store", "private", "no-cache", "private, max-age=60"] {
+            assert_eq!(fresh(&[("cache-control", refused)]), None, "{refused}");
+        }
+        assert_eq!(fresh(&[("set-cookie", "sid=1")]), None);
+        assert_eq!(fresh(&[("vary", "*")]), None);
+        assert_eq!(fresh(&[("content-length", "101")]), None);
+        assert_eq!(kept(500, &[]).map(|_| ()), None);
+        let (_, vary) = kept(200, &[("vary", "Accept-Encoding, accept-language")]).expect("kept");
+        let names: Vec<&str> = vary
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["accept-encoding", "accept-language"]);
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_not_stored() {
+        let answer = response_headers(&[
+            ("connection", "x-trace, Keep-Alive"),
+            ("keep-alive", "timeout=5"),
+            ("x-trace", "1"),
+            ("age", "3"),
+            ("cdn-cache-control", "max-age=60"),
+            ("set-cookie", "a=1"),
+            ("etag", "\"v\""),
+        ]);
+        let names = |stored: HeaderMap| -> Vec<String> {
+            stored.keys().map(|n| n.as_str().to_string()).collect()
+        };
+        assert_eq!(names(stored_fields(&answer, false)), ["etag"]);
+        assert_eq!(names(stored_fields(&answer, true)), ["set-cookie", "etag"]);
+    }
+}
