@@ -73,7 +73,11 @@ impl BackendNamesView for NamesView {
 }
 
 /// `GET /v1/explain` from the routing view this router's requests use.
-pub(crate) struct RouteExplainer(pub(crate) Arc<RouteCache>);
+pub(crate) struct RouteExplainer {
+    pub(crate) routes: Arc<RouteCache>,
+    /// Where apps with the shared cache store keep their copies.
+    pub(crate) cache_redis: Option<Arc<CacheRedis>>,
+}
 
 #[async_trait]
 impl HostExplainer for RouteExplainer {
@@ -83,7 +87,8 @@ impl HostExplainer for RouteExplainer {
         path: &str,
         method: &str,
     ) -> Result<serde_json::Value, StoreError> {
-        switchyard_proxy::explain_host(&self.0, host, path, method).await
+        let redis = self.cache_redis.as_deref();
+        switchyard_proxy::explain_host(&self.routes, redis, host, path, method).await
     }
 }
 

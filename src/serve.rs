@@ -173,7 +173,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let still_uses = move |app: &str, name: &_| routes.uses_backend(app, name);
         tasks.spawn(|watch| async move { names.run(still_uses, watch).await });
     }
-    let explainer = RouteExplainer(routes.clone());
+    let explainer = RouteExplainer {
+        routes: routes.clone(),
+        cache_redis: cache_redis.clone(),
+    };
     let history = Arc::new(TrafficHistory::new(config.history_max_apps));
     {
         let history = history.clone();

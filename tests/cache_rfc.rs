@@ -5,6 +5,7 @@
 
 use switchyard_test_support as support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -494,5 +495,146 @@ fn hop_by_hop_fields_are_not_stored_and_set_cookie_is_kept_when_the_app_says() {
             ["MISS", "MISS"],
             "{store}"
         );
+    }
+}
+
+#[test]
+fn explain_shows_a_stored_copys_age_lifetime_and_what_decided_it() {
+    let rig = Rig::start(json!({}));
+    let path = "/origin/explained?date=0&expires=100&h=Age:7";
+    let encoded: String = path
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    for (host, store) in STORES {
+        let explain = || {
+            let query = format!("/v1/explain?host={host}&path={encoded}");
+            let (status, answer) = rig.router.admin_call("GET", &query, None);
+            assert_eq!(status, 200, "{answer}");
+            answer
+        };
+        assert_eq!(explain()["stored"], json!([]), "{store}: nothing yet");
+        assert_eq!(rig.get(host, path).1, "MISS");
+        let answer = explain();
+        let copy = &answer["stored"][0];
+        assert_eq!(
+            copy["url"],
+            json!(format!("http://{host}{path}")),
+            "{answer}"
+        );
+        assert_eq!(
+            copy["decided_by"],
+            json!("Expires - Date"),
+            "{store}: {answer}"
+        );
+        let lifetime = copy["freshness_lifetime_s"].as_u64().expect("lifetime");
+        assert!((99..=100).contains(&lifetime), "{store}: {answer}");
+        let age = copy["age_s"].as_u64().expect("age");
+        assert!(
+            (7..10).contains(&age),
+            "{store}: the upstream Age counts: {answer}"
+        );
+        assert_eq!(copy["state"], json!("fresh"));
+    }
+    // The same, as the CLI prints it.
+    let admin = rig.router.admin.to_string();
+    let output = std::process::Command::new(RouterProcess::binary())
+        .args(["explain", "mem.test", path, "--admin", &admin])
+        .output()
+        .expect("run the CLI");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains("cached:") && printed.contains("(Expires - Date), fresh"),
+        "{printed}"
+    );
+}
+
+#[test]
+fn a_range_of_a_stored_answer_is_answered_206() {
+    let rig = Rig::start(json!({}));
+    let path = "/origin/ranged?h=Cache-Control:max-age%3D60&h=ETag:%22r%22";
+    for (host, store) in STORES {
+        let whole = rig.get_with(host, path, "");
+        assert_eq!(whole.header("x-cache"), Some("MISS"));
+        let body = whole.body.clone();
+        let ranged = |extra: &str| {
+            let answer = rig.get_with(host, path, extra);
+            assert_eq!(answer.header("x-cache"), Some("HIT"), "{store} {extra}");
+            answer
+        };
+        // §3.4 and RFC 9110 §14: one range of the stored body.
+        let part = ranged("Range: bytes=2-4\r\n");
+        assert_eq!(part.status, 206, "{store}");
+        assert_eq!(part.body, body[2..5].to_vec());
+        let total = body.len();
+        assert_eq!(
+            part.header("content-range").map(str::to_string),
+            Some(format!("bytes 2-4/{total}"))
+        );
+        let suffix = ranged("Range: bytes=-3\r\n");
+        assert_eq!(
+            (suffix.status, suffix.body.clone()),
+            (206, body[total - 3..].to_vec())
+        );
+        let past = ranged(&format!("Range: bytes={total}-\r\n"));
+        assert_eq!(past.status, 416, "{store}");
+        assert_eq!(
+            past.header("content-range").map(str::to_string),
+            Some(format!("bytes */{total}"))
+        );
+        // Several ranges, or an If-Range the copy does not match: the whole answer.
+        assert_eq!(ranged("Range: bytes=0-1,3-4\r\n").status, 200);
+        assert_eq!(
+            ranged("Range: bytes=0-1\r\nIf-Range: \"other\"\r\n").status,
+            200
+        );
+        assert_eq!(
+            ranged("Range: bytes=0-1\r\nIf-Range: \"r\"\r\n").status,
+            206
+        );
+        let head = rig.send(host, "HEAD", path, "Range: bytes=0-1\r\n");
+        assert_eq!(head.status, 200, "{store}: ranges are a GET's");
+    }
+}
+
+#[test]
+fn while_one_request_revalidates_stale_while_revalidate_answers_the_others() {
+    let rig = Arc::new(Rig::start(json!({})));
+    // The revalidation's second counts in the refreshed copy's age (§4.2.3): a max-age of 2
+    // leaves it fresh for the request that waited for it.
+    let path = "/origin/swr?h=Cache-Control:max-age%3D2%2C%20stale-while-revalidate%3D30&h=ETag:%22s%22&revalidate_ms=1000";
+    let strict = "/origin/strict?h=Cache-Control:max-age%3D2%2C%20stale-while-revalidate%3D30%2C%20must-revalidate&h=ETag:%22s%22&revalidate_ms=1000";
+    for (host, _) in STORES {
+        for path in [path, strict] {
+            assert_eq!(rig.get(host, path).1, "MISS");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(2100));
+    for (host, store) in STORES {
+        for (path, others_wait) in [(path, false), (strict, true)] {
+            let revalidating = {
+                let rig = rig.clone();
+                std::thread::spawn(move || rig.get(host, path).1)
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            let started = std::time::Instant::now();
+            let (status, verdict, _) = rig.get(host, path);
+            let waited = started.elapsed();
+            assert_eq!(status, 200);
+            if others_wait {
+                // must-revalidate: never stale, so it waits for the revalidation.
+                assert!(waited >= Duration::from_millis(500), "{store}: {waited:?}");
+                assert_eq!(verdict, "HIT", "{store}");
+            } else {
+                assert_eq!(verdict, "STALE", "{store}");
+                assert!(waited < Duration::from_millis(500), "{store}: {waited:?}");
+            }
+            assert_eq!(revalidating.join().expect("revalidation"), "REVALIDATED");
+        }
     }
 }

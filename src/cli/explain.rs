@@ -66,6 +66,9 @@ fn render(answer: &Value) -> String {
             stage["why"].as_str().unwrap_or("")
         ));
     }
+    if let Some(stored) = answer["stored"].as_array() {
+        text.push_str(&stored_copies(stored));
+    }
     let backend = &answer["backend"];
     text.push_str(&format!(
         "  next backend: {} ({})\n",
@@ -90,6 +93,32 @@ fn render(answer: &Value) -> String {
         ));
     }
     text.trim_end().to_string()
+}
+
+/// The response cache's copies of the path: age, lifetime and the field that decided it.
+fn stored_copies(stored: &[Value]) -> String {
+    if stored.is_empty() {
+        return "  cached:   nothing stored for this path\n".to_string();
+    }
+    let mut text = String::from("  cached:\n");
+    for copy in stored {
+        let url = copy["url"].as_str().unwrap_or("?");
+        match copy["varies_by"].as_array() {
+            Some(names) => {
+                let names: Vec<&str> = names.iter().filter_map(Value::as_str).collect();
+                text.push_str(&format!("    {url}: one copy per {}\n", names.join(", ")));
+            }
+            None => text.push_str(&format!(
+                "    {url}: age {} s, fresh for {} s of {} s ({}), {}\n",
+                copy["age_s"],
+                copy["fresh_for_s"],
+                copy["freshness_lifetime_s"],
+                copy["decided_by"].as_str().unwrap_or("?"),
+                copy["state"].as_str().unwrap_or("?")
+            )),
+        }
+    }
+    text
 }
 
 fn tried(answer: &Value) -> String {

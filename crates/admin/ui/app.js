@@ -333,7 +333,17 @@ async function explain(params) {
     <a href="#/app/${encodeURIComponent(a.app)}">${escape(a.app)}</a> by the <strong>${escape(a.rule)}</strong> rule
     <code>${escape(a.domain)}</code> <span class="muted">(looked up: ${a.tried.map(escape).join(", ")})</span></p>
     <h2>Stages</h2><table>${a.stages.map((s) => `<tr><td>${escape(s.stage)}</td><td class="${s.applies ? "ok" : "muted"}">${s.applies ? "applies" : "skipped"}</td><td>${escape(s.why)}</td></tr>`).join("")}</table>
+    ${storedCopies(a.stored)}
     <h2>Next backend</h2><p><code>${escape(a.backend.next || "none")}</code> — ${escape(a.backend.why)}</p>`;
+}
+
+// The response cache's copies of the explained path: age, freshness and what decided it.
+function storedCopies(stored) {
+  if (!stored) return "";
+  if (!stored.length) return `<h2>Cached copies</h2><p class="muted">none stored for this path</p>`;
+  return `<h2>Cached copies</h2><table id="stored"><tr><th>URL</th><th>age</th><th>lifetime</th><th>decided by</th><th>state</th></tr>${stored.map((c) => c.varies_by
+    ? `<tr><td>${escape(c.url)}</td><td colspan="4">${escape(c.why)}: ${c.varies_by.map(escape).join(", ")}</td></tr>`
+    : `<tr><td>${escape(c.url)}</td><td>${c.age_s} s</td><td>${c.freshness_lifetime_s} s</td><td>${escape(c.decided_by)}</td><td>${escape(c.state)}</td></tr>`).join("")}</table>`;
 }
 
 // Certificates by expiry, soonest first, a page at a time from the store's expiry index;

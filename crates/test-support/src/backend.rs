@@ -355,6 +355,12 @@ async fn respond(
         }
         _ if path.starts_with("/origin") => {
             let served = shared.requests.load(Ordering::Relaxed);
+            let conditional = request.headers.contains_key("if-none-match")
+                || request.headers.contains_key("if-modified-since");
+            if let Some(ms) = query_param(&request.target, "revalidate_ms").filter(|_| conditional)
+            {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             stream
                 .write_all(&origin_answer(
                     request,
@@ -381,7 +387,8 @@ async fn respond(
 /// The answer of the caching origin, the `served`th request of the backend, at `now`. Its
 /// query names the answer: `status=N` (200), `h=Name:Value` for each field as sent
 /// (percent-encoded), and fields made at `now`: `date=S` (a `Date` S seconds from now,
-/// negative for the past), `expires=S`, `last_modified=S` (seconds ago). The body is
+/// negative for the past), `expires=S`, `last_modified=S` (seconds ago); a conditional
+/// request waits `revalidate_ms=N` first (the caller does that wait). The body is
 /// `origin N`, and `X-Served: N` tells which request made a copy. A request whose
 /// `If-None-Match` holds the answer's `ETag`, or whose `If-Modified-Since` is its
 /// `Last-Modified`, gets a 304 with the same fields.

@@ -78,12 +78,7 @@ pub(super) fn write(
         }
         Answer::File(file) => file_response(file, end),
         Answer::Cached(answer) => {
-            let (status, headers) = cache::cached_headers(&answer);
-            let body = if answer.not_modified {
-                Bytes::new()
-            } else {
-                answer.copy.body.clone()
-            };
+            let (status, headers, body) = cache::cached_answer(&answer);
             made_response(status, headers, body, end)
         }
         Answer::Made { headers, body } => made_response(200, headers, body, end),

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
@@ -35,9 +35,14 @@ pub(crate) struct CachedResponse {
     pub(crate) body: Bytes,
     /// When the copy's age was zero: its `Age` is the time since (RFC 9111 §4.2.3).
     pub(crate) age_counts_from: Instant,
+    /// Its freshness lifetime, and the field that decided it (for `explain`).
+    pub(crate) lifetime: Duration,
+    pub(crate) decided_by: &'static str,
     pub(crate) fresh_until: Instant,
     /// Until when it may stand in for an app that fails.
     pub(crate) stale_until: Instant,
+    /// Until when it may answer while another request revalidates it.
+    pub(crate) revalidating_until: Instant,
     /// Until when it is kept: past its freshness, a copy with a validator is kept to be
     /// revalidated with the app.
     pub(crate) keep_until: Instant,
@@ -280,7 +285,6 @@ impl Drop for AppResponseCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn response(body: &'static [u8]) -> Entry {
         let now = Instant::now();
@@ -289,8 +293,11 @@ mod tests {
             headers: HeaderMap::new(),
             body: Bytes::from_static(body),
             age_counts_from: now,
+            lifetime: Duration::from_secs(60),
+            decided_by: "max-age",
             fresh_until: now + Duration::from_secs(60),
             stale_until: now + Duration::from_secs(60),
+            revalidating_until: now + Duration::from_secs(60),
             keep_until: now + Duration::from_secs(60),
         }))
     }

@@ -287,9 +287,10 @@ fn glob_escape(text: &str) -> String {
 /// it is no longer kept for revalidation nor for standing in); `None` when the response has
 /// already expired. Times travel as Unix milliseconds, since another router reads them.
 ///
-/// Response: `SYC2R`, status (u16), age-counts-from, fresh-until, stale-until and keep-until
-/// (u64 ms each), the header count (u16), each header as name length (u16), name, value
-/// length (u32), value, then the body to the end. Varies: `SYC2V`, the generation (u64),
+/// Response: `SYC2R`, status (u16), age-counts-from, fresh-until, stale-until,
+/// revalidating-until and keep-until (u64 ms each), the lifetime (u64 ms), what decided it (u8 length, text), the header count
+/// (u16), each header as name length (u16), name, value length (u32), value, then the body
+/// to the end. Varies: `SYC2V`, the generation (u64),
 /// and the header names joined by `\n`.
 fn encode(
     entry: &Entry,
@@ -318,10 +319,16 @@ fn encode(
                 response.age_counts_from,
                 response.fresh_until,
                 response.stale_until,
+                response.revalidating_until,
                 response.keep_until,
             ] {
                 value.extend_from_slice(&wall(at).to_be_bytes());
             }
+            let lifetime_ms = u64::try_from(response.lifetime.as_millis()).unwrap_or(u64::MAX);
+            value.extend_from_slice(&lifetime_ms.to_be_bytes());
+            let decided_by = response.decided_by.as_bytes();
+            value.push(u8::try_from(decided_by.len()).ok()?);
+            value.extend_from_slice(decided_by);
             value.extend_from_slice(&u16::try_from(response.headers.len()).ok()?.to_be_bytes());
             for (name, header_value) in &response.headers {
                 value.extend_from_slice(&u16::try_from(name.as_str().len()).ok()?.to_be_bytes());
@@ -371,8 +378,11 @@ fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry
                 .unwrap_or(monotonic_now)
         })
     };
-    let (age_counts_from, fresh_until, stale_until, keep_until) =
-        (local()?, local()?, local()?, local()?);
+    let (age_counts_from, fresh_until, stale_until, revalidating_until, keep_until) =
+        (local()?, local()?, local()?, local()?, local()?);
+    let lifetime = Duration::from_millis(u64::from_be_bytes(reader.take_array()?));
+    let [decided_by_len] = reader.take_array()?;
+    let decided_by = freshness_decider(reader.take(usize::from(decided_by_len))?);
     let count = u16::from_be_bytes(reader.take_array()?);
     let mut headers = HeaderMap::with_capacity(usize::from(count));
     for _ in 0..count {
@@ -387,10 +397,23 @@ fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry
         headers,
         body: Bytes::copy_from_slice(reader.0),
         age_counts_from,
+        lifetime,
+        decided_by,
         fresh_until,
         stale_until,
+        revalidating_until,
         keep_until,
     })))
+}
+
+/// The field that decided a copy's freshness, as another router wrote it: one of the
+/// cache's own names (it is shown, never trusted), or "unknown".
+fn freshness_decider(written: &[u8]) -> &'static str {
+    crate::stage::cache::FRESHNESS_DECIDERS
+        .iter()
+        .find(|name| name.as_bytes() == written)
+        .copied()
+        .unwrap_or("unknown")
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -436,8 +459,11 @@ mod tests {
             ]),
             body: Bytes::from_static(b"<h1>hello</h1>\x00\xff"),
             age_counts_from: monotonic - Duration::from_secs(5),
+            lifetime: Duration::from_secs(60),
+            decided_by: "Expires - Date",
             fresh_until: monotonic + Duration::from_secs(55),
             stale_until: monotonic + Duration::from_secs(355),
+            revalidating_until: monotonic + Duration::from_secs(85),
             keep_until: monotonic + Duration::from_secs(3655),
         };
         let (value, ttl) =
@@ -457,12 +483,20 @@ mod tests {
         );
         assert_eq!(&back.body[..], b"<h1>hello</h1>\x00\xff");
         assert_eq!(
+            (back.lifetime, back.decided_by),
+            (Duration::from_secs(60), "Expires - Date")
+        );
+        assert_eq!(
             later.duration_since(back.age_counts_from),
             Duration::from_secs(6)
         );
         assert_eq!(
             back.fresh_until.duration_since(later),
             Duration::from_secs(54)
+        );
+        assert_eq!(
+            back.revalidating_until.duration_since(later),
+            Duration::from_secs(84)
         );
 
         let names: Arc<[HeaderName]> = Arc::from(vec![
@@ -503,8 +537,11 @@ mod tests {
             headers: HeaderMap::new(),
             body: Bytes::new(),
             age_counts_from: monotonic,
+            lifetime: Duration::ZERO,
+            decided_by: "max-age",
             fresh_until: monotonic,
             stale_until: monotonic,
+            revalidating_until: monotonic,
             keep_until: monotonic,
         };
         assert!(encode(&Entry::Response(Arc::new(response)), now, monotonic).is_none());

@@ -7,12 +7,16 @@ use serde_json::{json, Value};
 use switchyard_model::{normalize_host, App, Balancer};
 use switchyard_store::StoreError;
 
+use crate::response_cache::redis::CacheRedis;
 use crate::routing::balancer::{BackendState, Upstream};
 use crate::routing::route_cache::{wildcard_parents, DomainMatch, RouteCache};
+use crate::stage::cache;
 
-/// Explains `host` (as a client would send it, port allowed) and `path` for `method`.
+/// Explains `host` (as a client would send it, port allowed) and `path` for `method`;
+/// `cache_redis`: where apps with the shared store keep their copies.
 pub async fn explain(
     routes: &RouteCache,
+    cache_redis: Option<&CacheRedis>,
     host: &str,
     path: &str,
     method: &str,
@@ -53,6 +57,7 @@ pub async fn explain(
         "domain": domain,
         "tried": tried_domains(&normalized, Some(&domain)),
         "stages": stages(&route.app, method, path),
+        "stored": cache::stored_copies(&route, cache_redis, &normalized, path).await,
         "backend": next_backend(&route.upstream, &route.app),
     }))
 }

@@ -29,6 +29,23 @@ pub(crate) const TARGETED: [HeaderName; 2] = [
     HeaderName::from_static("surrogate-control"),
 ];
 
+/// Every name of what decided a copy's lifetime: those [`decide`] gives, and the two the
+/// stage gives copies it did not decide for. A copy read from the shared Redis names one of
+/// them.
+pub(crate) const DECIDERS: [&str; 11] = [
+    "s-maxage",
+    "s-maxage (invalid)",
+    "max-age",
+    "max-age (invalid)",
+    "Expires - Date",
+    "Expires (invalid)",
+    "no-cache",
+    "default_ttl_s",
+    "heuristic (Last-Modified)",
+    "the app's version in Redis",
+    "not storable any more",
+];
+
 /// A directive's delta-seconds argument.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Delta {
@@ -49,6 +66,7 @@ struct Directives {
     max_age: Delta,
     s_maxage: Delta,
     stale_if_error: Delta,
+    stale_while_revalidate: Delta,
 }
 
 /// What the app's answer allows, once it may be kept.
@@ -64,6 +82,9 @@ pub(crate) struct Freshness {
     /// the app forbids serving it stale (`must-revalidate`, `proxy-revalidate`,
     /// `s-maxage`, `no-cache`).
     pub(crate) stale_if_error: Duration,
+    /// How long past its freshness the copy may answer while another request revalidates
+    /// it (RFC 5861 `stale-while-revalidate`); zero when it may not be served stale.
+    pub(crate) stale_while_revalidate: Duration,
     /// Whether it carries a validator (`ETag`, `Last-Modified`) to revalidate with.
     pub(crate) has_validator: bool,
 }
@@ -136,18 +157,18 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
             }
         }
     };
-    let serves_stale = !directives.must_revalidate
-        && !directives.no_cache
-        && directives.s_maxage == Delta::Absent;
+    let serves_stale =
+        !directives.must_revalidate && !directives.no_cache && directives.s_maxage == Delta::Absent;
+    let granted = |delta: Delta| match delta {
+        Delta::Seconds(s) if serves_stale => Duration::from_secs(s.min(LARGEST_DELTA)),
+        _ => Duration::ZERO,
+    };
     let stale_if_error = if serves_stale {
-        let origin = match directives.stale_if_error {
-            Delta::Seconds(s) => Duration::from_secs(s.min(LARGEST_DELTA)),
-            _ => Duration::ZERO,
-        };
-        origin.max(exchange.stale_if_error)
+        granted(directives.stale_if_error).max(exchange.stale_if_error)
     } else {
         Duration::ZERO
     };
+    let stale_while_revalidate = granted(directives.stale_while_revalidate);
     let initial_age = initial_age(exchange, date);
     if lifetime <= initial_age && !has_validator && stale_if_error.is_zero() {
         return Err("stale on arrival, without a validator");
@@ -157,6 +178,7 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
         decided_by,
         initial_age,
         stale_if_error,
+        stale_while_revalidate,
         has_validator,
     })
 }
@@ -189,6 +211,7 @@ fn parse_directives(headers: &HeaderMap, name: &HeaderName) -> Directives {
                 "max-age" => first(&mut found.max_age),
                 "s-maxage" => first(&mut found.s_maxage),
                 "stale-if-error" => first(&mut found.stale_if_error),
+                "stale-while-revalidate" => first(&mut found.stale_while_revalidate),
                 _ => {}
             }
         }
@@ -305,9 +328,13 @@ mod tests {
     }
 
     fn lifetime(fields: &[(&str, &str)]) -> Option<(u64, &'static str)> {
-        decided(200, fields)
-            .ok()
-            .map(|f| (f.lifetime.as_secs(), f.decided_by))
+        let decided = decided(200, fields).ok()?;
+        assert!(
+            DECIDERS.contains(&decided.decided_by),
+            "{}",
+            decided.decided_by
+        );
+        Some((decided.lifetime.as_secs(), decided.decided_by))
     }
 
     const NOW: &str = "Fri, 15 Jan 2027 08:00:00 GMT";
@@ -424,6 +451,17 @@ mod tests {
         assert_eq!(with_window("max-age=10"), Ok((10, 100)));
         assert_eq!(with_window("max-age=10, stale-if-error=500"), Ok((10, 500)));
         assert_eq!(with_window("max-age=10, must-revalidate"), Ok((10, 0)));
+        let while_revalidating = |cc: &str| {
+            decided(200, &[("cache-control", cc)]).map(|f| f.stale_while_revalidate.as_secs())
+        };
+        assert_eq!(
+            while_revalidating("max-age=10, stale-while-revalidate=30"),
+            Ok(30)
+        );
+        assert_eq!(
+            while_revalidating("max-age=10, stale-while-revalidate=30, must-revalidate"),
+            Ok(0)
+        );
         assert_eq!(with_window("s-maxage=10, stale-if-error=500"), Ok((10, 0)));
         assert_eq!(
             with_window("no-cache=\"set-cookie, x\", max-age=10"),

@@ -5,7 +5,8 @@
 //! Only opted-in paths are cached, GET and HEAD only. What is kept and for how long is what
 //! the app's answer says, read as RFC 9111 reads it ([`freshness`]); a stale copy with a
 //! validator is revalidated with a conditional request, and the app's 304 refreshes it
-//! ([`validators`]); a client's own conditional request is answered 304 from a stored copy.
+//! ([`validators`]); a client's own conditional request is answered 304 from a stored copy,
+//! and a range of a stored answer 206 ([`ranges`]).
 //! A 2xx or 3xx answer to an unsafe method invalidates its URL and the same-origin URLs in
 //! its `Location` and `Content-Location` (§4.4). Concurrent misses and revalidations of one
 //! URL wait for the first one's answer instead of all reaching the app.
@@ -22,10 +23,13 @@
 //! copy, or a stale copy stands in for an error), [`body_phase`] (each piece of a kept
 //! answer), and [`stand_in_for_failure`] (an app that could not be reached). An answer the
 //! router made (a resized image) goes through [`keep_made_answer`]. The answer's writer
-//! reads [`x_cache`] and [`cached_headers`].
+//! reads [`x_cache`] and [`cached_answer`].
 
 mod freshness;
+mod ranges;
 mod validators;
+
+pub(crate) use freshness::DECIDERS as FRESHNESS_DECIDERS;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -137,22 +141,58 @@ struct PendingResponse {
     received: Instant,
 }
 
-/// An answer from the cache: the copy, its `X-Cache`, and whether the client's own
-/// conditional request makes it a 304.
+/// An answer from the cache: the copy, its `X-Cache`, and the part of it the client's own
+/// request asks for (a 304 for its conditional, a range).
 #[derive(Debug)]
 pub(crate) struct FromCache {
     pub(crate) copy: Arc<CachedResponse>,
     pub(crate) status: CacheStatus,
-    pub(crate) not_modified: bool,
+    served: Served,
+}
+
+/// What of a copy goes to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Served {
+    Whole,
+    /// The client's copy is current: a 304.
+    NotModified,
+    /// One range of the body: a 206, or a 416 for none of it.
+    Part(ranges::Part),
 }
 
 impl FromCache {
-    fn for_request(copy: Arc<CachedResponse>, status: CacheStatus, request: &HeaderMap) -> Self {
-        let not_modified = copy.status == 200 && validators::not_modified(request, &copy.headers);
+    /// The copy as a GET (`is_get`) or HEAD with `request`'s fields gets it: conditionals
+    /// and ranges apply to stored 200s.
+    fn for_request(
+        copy: Arc<CachedResponse>,
+        status: CacheStatus,
+        request: &HeaderMap,
+        is_get: bool,
+    ) -> Self {
+        let served = if copy.status != 200 {
+            Served::Whole
+        } else if validators::not_modified(request, &copy.headers) {
+            Served::NotModified
+        } else if is_get {
+            match ranges::asked(request, &copy.headers, copy.body.len()) {
+                ranges::Part::Whole => Served::Whole,
+                part => Served::Part(part),
+            }
+        } else {
+            Served::Whole
+        };
         Self {
             copy,
             status,
-            not_modified,
+            served,
+        }
+    }
+
+    fn whole(copy: Arc<CachedResponse>, status: CacheStatus) -> Self {
+        Self {
+            copy,
+            status,
+            served: Served::Whole,
         }
     }
 }
@@ -235,6 +275,22 @@ pub(crate) async fn request_phase(
             }
             FillTicket::Uncoordinated => state.fill = Some(Fill::new(None, &state.key)),
             FillTicket::Follower(done) => {
+                // RFC 5861: while the first request revalidates, the stale copy answers.
+                if let Some(Looked::Stale(copy, _)) = &looked {
+                    if Instant::now() < copy.revalidating_until {
+                        count(ctx, CacheStatus::Stale);
+                        state.status = CacheStatus::Stale;
+                        let copy = copy.clone();
+                        ctx.cache = Some(state);
+                        let is_get = method == Method::GET;
+                        return Some(FromCache::for_request(
+                            copy,
+                            CacheStatus::Stale,
+                            headers,
+                            is_get,
+                        ));
+                    }
+                }
                 let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
                 let _ = tokio::time::timeout(wait, done).await;
                 looked = look_up(headers, &mut state, app).await.or(looked);
@@ -249,7 +305,13 @@ pub(crate) async fn request_phase(
             count(ctx, CacheStatus::Hit);
             state.status = CacheStatus::Hit;
             ctx.cache = Some(state);
-            Some(FromCache::for_request(response, CacheStatus::Hit, headers))
+            let is_get = method == Method::GET;
+            Some(FromCache::for_request(
+                response,
+                CacheStatus::Hit,
+                headers,
+                is_get,
+            ))
         }
         Some(Looked::Stale(response, key)) => {
             state.stale = Some((response, key));
@@ -290,19 +352,21 @@ async fn versioned(ctx: &mut RequestCtx, state: CacheCtx, redis: &CacheRedis) ->
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
-    Some(FromCache {
-        copy: Arc::new(CachedResponse {
+    Some(FromCache::whole(
+        Arc::new(CachedResponse {
             status: 200,
             headers,
             body,
             age_counts_from: now,
+            lifetime: Duration::ZERO,
+            decided_by: "the app's version in Redis",
             fresh_until: now,
             stale_until: now,
+            revalidating_until: now,
             keep_until: now,
         }),
-        status: CacheStatus::Hit,
-        not_modified: false,
-    })
+        CacheStatus::Hit,
+    ))
 }
 
 /// An app's cache lives in Redis but this router has none: its pages come from the app.
@@ -417,12 +481,20 @@ pub(crate) fn response_phase(
     }
     match answer? {
         AppAnswer::Refreshed(copy) => {
-            let asked = ctx.cache.as_mut()?.client_conditionals.take();
-            let asked = asked.as_ref().unwrap_or(request_headers);
+            // The client's own conditionals (the request went with the copy's), and its range.
+            let state = ctx.cache.as_mut()?;
+            let mut asked = state.client_conditionals.take().unwrap_or_default();
+            for name in [header::RANGE, header::IF_RANGE] {
+                if let Some(value) = request_headers.get(&name) {
+                    asked.insert(name, value.clone());
+                }
+            }
+            // Only a GET fills, and so revalidates.
             Some(FromCache::for_request(
                 copy,
                 CacheStatus::Revalidated,
-                asked,
+                &asked,
+                true,
             ))
         }
         AppAnswer::StaleStandsIn => stand_in_for_failure(ctx),
@@ -508,8 +580,11 @@ fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedR
             headers,
             body: stale.body.clone(),
             age_counts_from: received,
+            lifetime: Duration::ZERO,
+            decided_by: "not storable any more",
             fresh_until: received,
             stale_until: received,
+            revalidating_until: received,
             keep_until: received,
         },
     });
@@ -565,6 +640,7 @@ fn copy_of(
 ) -> CachedResponse {
     let fresh_until = received + freshness.lifetime.saturating_sub(freshness.initial_age);
     let stale_until = fresh_until + freshness.stale_if_error;
+    let revalidating_until = fresh_until + freshness.stale_while_revalidate;
     let kept_for_revalidation = if freshness.has_validator {
         fresh_until + KEPT_FOR_REVALIDATION
     } else {
@@ -577,9 +653,14 @@ fn copy_of(
         age_counts_from: received
             .checked_sub(freshness.initial_age)
             .unwrap_or(received),
+        lifetime: freshness.lifetime,
+        decided_by: freshness.decided_by,
         fresh_until,
         stale_until,
-        keep_until: stale_until.max(kept_for_revalidation),
+        revalidating_until,
+        keep_until: stale_until
+            .max(revalidating_until)
+            .max(kept_for_revalidation),
     }
 }
 
@@ -791,30 +872,105 @@ pub(crate) fn stand_in_for_failure(ctx: &mut RequestCtx) -> Option<FromCache> {
     state.status = CacheStatus::Stale;
     state.fill = None;
     count(ctx, CacheStatus::Stale);
-    Some(FromCache {
-        copy: stale,
-        status: CacheStatus::Stale,
-        not_modified: false,
-    })
+    Some(FromCache::whole(stale, CacheStatus::Stale))
 }
 
-/// The status and head of an answer from the cache: the stored fields (those a 304 keeps,
-/// when it is one), its length, age and `X-Cache`.
-pub(crate) fn cached_headers(answer: &FromCache) -> (u16, HeaderMap) {
+/// An answer from the cache as it goes out: its status, head — the stored fields (those a
+/// 304 keeps, when it is one), its length or range, age and `X-Cache` — and body.
+pub(crate) fn cached_answer(answer: &FromCache) -> (u16, HeaderMap, Bytes) {
     let copy = &answer.copy;
-    let (status, mut headers) = if answer.not_modified {
-        (304, validators::not_modified_fields(&copy.headers))
-    } else {
-        let mut headers = copy.headers.clone();
-        headers.insert(header::CONTENT_LENGTH, copy.body.len().into());
-        (copy.status, headers)
+    let length = copy.body.len();
+    let (status, mut headers, body) = match &answer.served {
+        Served::NotModified => (
+            304,
+            validators::not_modified_fields(&copy.headers),
+            Bytes::new(),
+        ),
+        Served::Whole => (copy.status, copy.headers.clone(), copy.body.clone()),
+        Served::Part(ranges::Part::Bytes(range)) => {
+            let mut headers = copy.headers.clone();
+            let content_range = format!("bytes {}-{}/{length}", range.start, range.end - 1);
+            if let Ok(value) = HeaderValue::try_from(content_range) {
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            (206, headers, copy.body.slice(range.clone()))
+        }
+        Served::Part(_) => {
+            let mut headers = HeaderMap::with_capacity(4);
+            if let Ok(value) = HeaderValue::try_from(format!("bytes */{length}")) {
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            (416, headers, Bytes::new())
+        }
     };
+    if status != 304 {
+        headers.insert(header::CONTENT_LENGTH, body.len().into());
+    }
     headers.insert(header::AGE, copy.age_counts_from.elapsed().as_secs().into());
     headers.insert(
         HeaderName::from_static("x-cache"),
         HeaderValue::from_static(answer.status.label()),
     );
-    (status, headers)
+    (status, headers, body)
+}
+
+/// What the app's cache holds for `path` on `host` (over HTTP and HTTPS), for `explain`:
+/// each copy's age, freshness lifetime and the field that decided it, or the headers its
+/// variants are kept by. `null` for an app without a cache of its own copies.
+pub(crate) async fn stored_copies(
+    route: &AppRoute,
+    redis: Option<&CacheRedis>,
+    host: &str,
+    path: &str,
+) -> serde_json::Value {
+    let (Some(policy), Some(cache)) = (route.app.cache.as_deref(), route.response_cache.as_ref())
+    else {
+        return serde_json::Value::Null;
+    };
+    let mut copies = Vec::new();
+    for scheme in ["http", "https"] {
+        let key = format!("{scheme}://{host}{path}");
+        let entry = match (policy.store, redis) {
+            (CacheStore::Memory, _) => cache.get(&key),
+            (CacheStore::Redis, Some(redis)) => {
+                redis.shared_entry(route.app.name.as_str(), &key).await
+            }
+            _ => None,
+        };
+        let described = match entry {
+            None => continue,
+            Some(Entry::Varies { names, .. }) => serde_json::json!({
+                "url": key,
+                "varies_by": names.iter().map(HeaderName::as_str).collect::<Vec<_>>(),
+                "why": "one copy per variant of these request headers",
+            }),
+            Some(Entry::Response(copy)) => describe_copy(&key, &copy),
+        };
+        copies.push(described);
+    }
+    serde_json::Value::Array(copies)
+}
+
+fn describe_copy(key: &str, copy: &CachedResponse) -> serde_json::Value {
+    let now = Instant::now();
+    let state = if now < copy.fresh_until {
+        "fresh"
+    } else if validators::has_validator(&copy.headers) {
+        "stale: revalidated with the app on the next request"
+    } else {
+        "stale: the app is asked on the next request"
+    };
+    serde_json::json!({
+        "url": key,
+        "status": copy.status,
+        "age_s": copy.age_counts_from.elapsed().as_secs(),
+        "freshness_lifetime_s": copy.lifetime.as_secs(),
+        "decided_by": copy.decided_by,
+        "fresh_for_s": copy.fresh_until.saturating_duration_since(now).as_secs(),
+        "may_stand_in_for_errors_s": copy.stale_until.saturating_duration_since(now).as_secs(),
+        "state": state,
+        "bytes": copy.body.len(),
+    })
 }
 
 fn count(ctx: &RequestCtx, status: CacheStatus) {
