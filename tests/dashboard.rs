@@ -109,6 +109,7 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     search_finds_apps_by_domain_and_name(&browser);
     the_app_page_follows_health(&router, &browser, doomed);
     explain_shows_the_rule_that_routes_a_host(&browser);
+    explain_shows_a_stored_copy(&router, &browser);
     certificates_are_listed_soonest_first(&router, &browser);
 }
 
@@ -265,6 +266,27 @@ fn explain_shows_the_rule_that_routes_a_host(browser: &Browser) {
     browser.screenshot(
         "/explain?host=eu.api.wild.ui.test&path=/x",
         "dashboard-explain.png",
+    );
+}
+
+/// A cached path: the explain page lists the stored copy, its lifetime and what decided it.
+fn explain_shows_a_stored_copy(router: &RouterProcess, browser: &Browser) {
+    let path = "/assets/app.js?cc=max-age=600";
+    assert_eq!(router.get("shop.ui.test", path).status, 200);
+    let explained =
+        browser.dom("/explain?host=shop.ui.test&path=%2Fassets%2Fapp.js%3Fcc%3Dmax-age%3D600");
+    let table = explained
+        .find("id=\"stored\"")
+        .map(|start| &explained[start..]);
+    let copies = table
+        .and_then(|t| t.find("</table>").map(|end| &t[..end]))
+        .unwrap_or_default();
+    assert!(
+        copies.contains("http://shop.ui.test/assets/app.js?cc=max-age=600")
+            && copies.contains("600 s")
+            && copies.contains("max-age")
+            && copies.contains("fresh"),
+        "{copies} / {explained}"
     );
 }
 
