@@ -39,7 +39,7 @@ pub struct ResponseCache {
     /// Freshness floor for answers that give no explicit freshness (`s-maxage`, `max-age`,
     /// `Expires`), for apps that want one; off by default, as RFC 9111 has it. Read as
     /// `ttl_s` too: apps stored before it was renamed keep what they had.
-    #[serde(default, alias = "ttl_s")]
+    #[serde(default, alias = "ttl_s", skip_serializing_if = "Option::is_none")]
     pub default_ttl_s: Option<u64>,
     /// How long past freshness a copy may be served when the app fails or is down.
     pub stale_if_error_s: u64,
@@ -133,10 +133,9 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
 
 /// `default_ttl_s`, or `ttl_s` as specs written before the rename name it (not both).
 fn default_ttl(fields: Fields<'_>) -> Result<Option<u64>, ValidationError> {
-    let name = match (
-        fields.contains_key("default_ttl_s"),
-        fields.contains_key("ttl_s"),
-    ) {
+    // `null` is "none", as a spec read back from the API and sent again may say.
+    let given = |name: &str| fields.get(name).is_some_and(|v| !v.is_null());
+    let name = match (given("default_ttl_s"), given("ttl_s")) {
         (false, false) => return Ok(None),
         (true, true) => {
             return Err(ValidationError::new(
@@ -163,7 +162,14 @@ mod tests {
         for name in ["default_ttl_s", "ttl_s"] {
             let floor = parse_cache(&json!({"paths": ["/"], name: 30})).expect("valid");
             assert_eq!(floor.default_ttl_s, Some(30), "{name}");
+            let none = parse_cache(&json!({"paths": ["/"], name: null})).expect("valid");
+            assert_eq!(none.default_ttl_s, None, "{name}: null is none");
         }
+        let shown = serde_json::to_value(&cache).expect("serialise");
+        assert!(
+            shown.get("default_ttl_s").is_none(),
+            "none is not shown: {shown}"
+        );
         let before_the_rename = json!({"store": "memory", "paths": ["/"], "ttl_s": 60,
             "stale_if_error_s": 0, "max_bytes": 65536, "max_object_bytes": 1024});
         let stored: ResponseCache = serde_json::from_value(before_the_rename).expect("old form");

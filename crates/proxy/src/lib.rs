@@ -21,6 +21,7 @@ mod context;
 mod event_loop;
 mod fleet_rate;
 mod forwarded;
+mod hop_by_hop;
 mod idle_connections;
 mod isolation;
 mod listener;

@@ -27,6 +27,23 @@ const MAX_FILLS_IN_PROGRESS: usize = 10_000;
 /// Bookkeeping per entry beyond its key and bytes, so tiny responses are not free.
 const ENTRY_OVERHEAD: u64 = 200;
 
+/// Every name of what decided a copy's lifetime (`decided_by`): those the cache stage's
+/// freshness rules give, and the two it gives copies it did not decide for. A copy read
+/// from the shared Redis names one of them.
+pub(crate) const FRESHNESS_DECIDERS: [&str; 11] = [
+    "s-maxage",
+    "s-maxage (invalid)",
+    "max-age",
+    "max-age (invalid)",
+    "Expires - Date",
+    "Expires (invalid)",
+    "no-cache",
+    "default_ttl_s",
+    "heuristic (Last-Modified)",
+    "the app's version in Redis",
+    "not storable any more",
+];
+
 /// A stored response, ready to be written to a client.
 #[derive(Debug)]
 pub(crate) struct CachedResponse {

@@ -111,12 +111,7 @@ impl CacheRedis {
         entries: Vec<(String, Entry)>,
         done: T,
     ) {
-        let in_flight = self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
-        if in_flight >= MAX_WRITES_IN_FLIGHT {
-            self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
-            metrics::CACHE_REDIS_WRITES
-                .with_label_values(&["shed"])
-                .inc();
+        if !self.reserve_write() {
             return;
         }
         let (now, monotonic_now) = (SystemTime::now(), Instant::now());
@@ -147,17 +142,7 @@ impl CacheRedis {
                 .link
                 .call(|mut c| async move { pipe.query_async::<()>(&mut c).await })
                 .await;
-            let result = match written {
-                Ok(()) => "stored",
-                Err(e) => {
-                    count_error(e);
-                    "failed"
-                }
-            };
-            metrics::CACHE_REDIS_WRITES
-                .with_label_values(&[result])
-                .inc();
-            this.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+            this.write_ended(written, "stored");
             drop(done);
         });
     }
@@ -166,12 +151,7 @@ impl CacheRedis {
     /// leads to the variants), in the background as writes are. Every router reads the
     /// shared store, so the whole fleet stops serving them at once.
     pub(crate) fn invalidate_shared(self: &Arc<Self>, app: &str, keys: Vec<String>) {
-        let in_flight = self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
-        if in_flight >= MAX_WRITES_IN_FLIGHT {
-            self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
-            metrics::CACHE_REDIS_WRITES
-                .with_label_values(&["shed"])
-                .inc();
+        if !self.reserve_write() {
             return;
         }
         let doomed: Vec<String> = keys.iter().map(|key| shared_key(app, key)).collect();
@@ -181,18 +161,37 @@ impl CacheRedis {
                 .link
                 .call(|mut c| async move { c.del::<_, ()>(doomed).await })
                 .await;
-            let result = match deleted {
-                Ok(()) => "invalidated",
-                Err(e) => {
-                    count_error(e);
-                    "failed"
-                }
-            };
-            metrics::CACHE_REDIS_WRITES
-                .with_label_values(&[result])
-                .inc();
-            this.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+            this.write_ended(deleted, "invalidated");
         });
+    }
+
+    /// Takes a place among the writes in flight; false (counted as shed) when they are all
+    /// taken.
+    fn reserve_write(&self) -> bool {
+        let in_flight = self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        if in_flight >= MAX_WRITES_IN_FLIGHT {
+            self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+            metrics::CACHE_REDIS_WRITES
+                .with_label_values(&["shed"])
+                .inc();
+            return false;
+        }
+        true
+    }
+
+    /// Counts a write that ended (as `done` when it succeeded) and gives its place back.
+    fn write_ended(&self, result: Result<(), LinkError>, done: &'static str) {
+        let label = match result {
+            Ok(()) => done,
+            Err(e) => {
+                count_error(e);
+                "failed"
+            }
+        };
+        metrics::CACHE_REDIS_WRITES
+            .with_label_values(&[label])
+            .inc();
+        self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Deletes the shared responses of `app` stored for `path` (any scheme, host, query or
@@ -409,7 +408,7 @@ fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry
 /// The field that decided a copy's freshness, as another router wrote it: one of the
 /// cache's own names (it is shown, never trusted), or "unknown".
 fn freshness_decider(written: &[u8]) -> &'static str {
-    crate::stage::cache::FRESHNESS_DECIDERS
+    crate::response_cache::memory::FRESHNESS_DECIDERS
         .iter()
         .find(|name| name.as_bytes() == written)
         .copied()

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::context::RequestCtx;
 use crate::forwarded;
+use crate::hop_by_hop;
 use crate::metrics;
 use crate::routing::mirror_state::CopyInFlight;
 use crate::routing::route_cache::AppRoute;
@@ -35,17 +36,8 @@ const MIRROR_POOL_SIZE: usize = 2048;
 /// A shadow's response body is read (and discarded) up to this size so its connection can
 /// be reused; beyond it the connection is closed instead.
 const MAX_DRAINED_RESPONSE: usize = 1024 * 1024;
-/// Headers that describe one hop, not the request: never copied to a shadow.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "expect",
-];
+/// `Expect` asks the next hop for a 100 the client waits for: a shadow's would go nowhere.
+const NOT_MIRRORED: &str = "expect";
 
 /// One thread's connections to shadow backends, shared by every app and separate from the
 /// primary backends' pool so shadows can never take a primary's connection.
@@ -257,20 +249,10 @@ fn copy_head(
         .version(Version::HTTP_11)
         .body(())?
         .into_parts();
-    let nominated: Vec<String> = request
-        .headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|token| token.trim().to_ascii_lowercase())
-        .collect();
-    for (name, value) in request.headers.iter() {
-        let name_text = name.as_str();
-        if HOP_BY_HOP.contains(&name_text) || nominated.iter().any(|n| n == name_text) {
-            continue;
+    for (name, value) in hop_by_hop::end_to_end(&request.headers) {
+        if name != NOT_MIRRORED {
+            copy.headers.append(name.clone(), value.clone());
         }
-        copy.headers.append(name.clone(), value.clone());
     }
     if !copy.headers.contains_key(header::HOST) {
         if let Some(host) = request

@@ -29,23 +29,6 @@ pub(crate) const TARGETED: [HeaderName; 2] = [
     HeaderName::from_static("surrogate-control"),
 ];
 
-/// Every name of what decided a copy's lifetime: those [`decide`] gives, and the two the
-/// stage gives copies it did not decide for. A copy read from the shared Redis names one of
-/// them.
-pub(crate) const DECIDERS: [&str; 11] = [
-    "s-maxage",
-    "s-maxage (invalid)",
-    "max-age",
-    "max-age (invalid)",
-    "Expires - Date",
-    "Expires (invalid)",
-    "no-cache",
-    "default_ttl_s",
-    "heuristic (Last-Modified)",
-    "the app's version in Redis",
-    "not storable any more",
-];
-
 /// A directive's delta-seconds argument.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Delta {
@@ -302,24 +285,14 @@ fn httpdate_of(value: &[u8]) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).expect("name"),
-                HeaderValue::from_str(value).expect("value"),
-            );
-        }
-        map
-    }
+    use crate::response_cache::memory::FRESHNESS_DECIDERS;
+    use crate::stage::cache::test_fields;
 
     fn decided(status: u16, fields: &[(&str, &str)]) -> Result<Freshness, &'static str> {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         decide(&Exchange {
             status,
-            headers: &headers(fields),
+            headers: &test_fields(fields),
             sent_at: now,
             received_at: now,
             default_ttl: None,
@@ -330,7 +303,7 @@ mod tests {
     fn lifetime(fields: &[(&str, &str)]) -> Option<(u64, &'static str)> {
         let decided = decided(200, fields).ok()?;
         assert!(
-            DECIDERS.contains(&decided.decided_by),
+            FRESHNESS_DECIDERS.contains(&decided.decided_by),
             "{}",
             decided.decided_by
         );
@@ -414,7 +387,7 @@ mod tests {
             let now = SystemTime::now();
             decide(&Exchange {
                 status: 200,
-                headers: &headers(fields),
+                headers: &test_fields(fields),
                 sent_at: now,
                 received_at: now,
                 default_ttl: Some(Duration::from_secs(30)),
@@ -440,7 +413,7 @@ mod tests {
             let now = SystemTime::now();
             decide(&Exchange {
                 status: 200,
-                headers: &headers(&[("cache-control", cc), ("etag", "\"a\"")]),
+                headers: &test_fields(&[("cache-control", cc), ("etag", "\"a\"")]),
                 sent_at: now,
                 received_at: now,
                 default_ttl: None,
@@ -500,7 +473,7 @@ mod tests {
         let age = |fields: &[(&str, &str)], took: u64| {
             decide(&Exchange {
                 status: 200,
-                headers: &headers(fields),
+                headers: &test_fields(fields),
                 sent_at: sent,
                 received_at: sent + Duration::from_secs(took),
                 default_ttl: None,

@@ -29,8 +29,6 @@ mod freshness;
 mod ranges;
 mod validators;
 
-pub(crate) use freshness::DECIDERS as FRESHNESS_DECIDERS;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -39,6 +37,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use switchyard_model::{CacheStore, ResponseCache};
 
 use crate::context::RequestCtx;
+use crate::hop_by_hop;
 use crate::metrics;
 use crate::response_cache::memory::{
     AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket,
@@ -52,17 +51,10 @@ const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
 /// How long past its freshness a copy with a validator is kept to be revalidated (bounded by
 /// the app's bytes in memory, and by Redis's own eviction).
 const KEPT_FOR_REVALIDATION: Duration = Duration::from_secs(3600);
-/// Response fields never stored: they describe one connection (RFC 9110 §7.6.1), one
-/// exchange (`Age` is the cache's own to send, the request id the router's), or are meant
-/// for the cache alone (the targeted fields).
+/// Response fields never stored beside the hop-by-hop ones: they describe one exchange
+/// (`Age` is the cache's own to send, the request id the router's), or are meant for the
+/// cache alone (the targeted fields).
 const NOT_STORED: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
     "age",
     "x-request-id",
     "cdn-cache-control",
@@ -562,9 +554,8 @@ fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedR
     let app = ctx.app_name().to_string();
     let state = ctx.cache.as_mut()?;
     let (stale, key) = state.stale.take()?;
-    let headers = validators::refreshed(&stale.headers, not_modified, |name| {
-        !kept_field(name, policy.cache_set_cookie)
-    });
+    let kept = stored_fields(not_modified, policy.cache_set_cookie);
+    let headers = validators::refreshed(&stale.headers, &kept);
     let received = Instant::now();
     let freshness = storable(policy, stale.status, &headers, state.sent_at).map(|(f, _)| f);
     let refreshed = Arc::new(match freshness {
@@ -609,17 +600,8 @@ fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedR
 /// The app's answer fields as a copy keeps them.
 fn stored_fields(headers: &HeaderMap, keeps_cookies: bool) -> HeaderMap {
     let mut stored = HeaderMap::with_capacity(headers.len());
-    let named_in_connection: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .collect();
-    for (name, value) in headers {
-        if kept_field(name, keeps_cookies)
-            && !named_in_connection.iter().any(|n| n == name.as_str())
-        {
+    for (name, value) in hop_by_hop::end_to_end(headers) {
+        if kept_field(name, keeps_cookies) {
             stored.append(name.clone(), value.clone());
         }
     }
@@ -983,6 +965,19 @@ fn cache_policy(route: &Option<Arc<AppRoute>>) -> Option<&ResponseCache> {
     route.as_ref()?.app.cache.as_deref()
 }
 
+/// A field map from name-value pairs, for the tests of this stage's modules.
+#[cfg(test)]
+fn test_fields(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(
+            HeaderName::from_bytes(name.as_bytes()).expect("name"),
+            HeaderValue::from_str(value).expect("value"),
+        );
+    }
+    map
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -997,22 +992,10 @@ mod tests {
         *app.cache.expect("cache")
     }
 
-    fn response_headers(headers: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).expect("name"),
-                HeaderValue::from_str(value).expect("value"),
-            );
-        }
-        map
-    }
-
     #[test]
     fn cache_control_set_cookie_and_vary_decide_what_is_kept() {
         let p = policy();
-        let kept =
-            |status: u16, h: &[(&str, &str)]| storable(&p, status, &response_headers(h), None);
+        let kept = |status: u16, h: &[(&str, &str)]| storable(&p, status, &test_fields(h), None);
         let fresh = |h: &[(&str, &str)]| kept(200, h).map(|(f, _)| f.lifetime.as_secs());
         assert_eq!(fresh(&[]), Some(60));
         assert_eq!(fresh(&[("cache-control", "public, max-age=5")]), Some(5));
@@ -1039,7 +1022,7 @@ mod tests {
 
     #[test]
     fn hop_by_hop_fields_and_those_connection_names_are_not_stored() {
-        let answer = response_headers(&[
+        let answer = test_fields(&[
             ("connection", "x-trace, Keep-Alive"),
             ("keep-alive", "timeout=5"),
             ("x-trace", "1"),

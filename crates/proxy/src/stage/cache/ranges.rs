@@ -87,27 +87,15 @@ fn if_range_holds(request: &HeaderMap, stored: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderName, HeaderValue};
-
-    fn fields(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(n, v)| {
-                (
-                    HeaderName::from_bytes(n.as_bytes()).expect("name"),
-                    HeaderValue::from_str(v).expect("value"),
-                )
-            })
-            .collect()
-    }
+    use crate::stage::cache::test_fields;
 
     #[test]
     fn one_byte_range_is_a_part_and_the_rest_is_the_whole() {
-        let stored = fields(&[
+        let stored = test_fields(&[
             ("etag", "\"s\""),
             ("last-modified", "Fri, 15 Jan 2027 07:00:00 GMT"),
         ]);
-        let part = |range: &str| asked(&fields(&[("range", range)]), &stored, 100);
+        let part = |range: &str| asked(&test_fields(&[("range", range)]), &stored, 100);
         assert_eq!(part("bytes=0-9"), Part::Bytes(0..10));
         assert_eq!(part("bytes=90-"), Part::Bytes(90..100));
         assert_eq!(part("bytes=95-200"), Part::Bytes(95..100));
@@ -126,7 +114,7 @@ mod tests {
         }
         let with = |condition: &str| {
             asked(
-                &fields(&[("range", "bytes=0-0"), ("if-range", condition)]),
+                &test_fields(&[("range", "bytes=0-0"), ("if-range", condition)]),
                 &stored,
                 100,
             )
