@@ -429,10 +429,10 @@ def main():
         "Reading nginx's row: its `Age: 40` is the origin's field replayed (it sends no `Age` of "
         "its own, see §5.1); it answers ranges from its cache only when the origin sends "
         "`Accept-Ranges` (or with `proxy_force_ranges on`), which this origin does not; it keeps "
-        "a revalidated copy's old fields. Not in the table: `stale-while-revalidate` (a request "
-        "arriving while another revalidates gets the stale copy), checked by "
-        "tests/cache_rfc.rs, and nginx's `proxy_cache_background_update`, which needs "
-        "`proxy_cache_use_stale updating` set by hand.",
+        "a revalidated copy's old fields. Not in the table: `stale-while-revalidate` (the stale "
+        "copy answers at once and is revalidated in the background), checked by "
+        "tests/cache_rfc.rs; nginx's equivalent, `proxy_cache_background_update`, is off "
+        "unless set by hand with `proxy_cache_use_stale updating`.",
     ]
     report.replace_section(TITLE, lines)
     report.set_summary_row("HTTP caching, RFC 9111 / 5861 / 9213 cases (section below)", [

@@ -1,6 +1,7 @@
 //! One event loop's state (one per listener thread): what every thread shares (the
 //! router's [`Shared`]) and what is this thread's own: its idle backend connections, its
-//! connections to shadow backends, its clock, its count of open client connections.
+//! connections to shadow backends and for the cache's revalidations, its clock, its count
+//! of open client connections.
 //! Not the worker pool's CPU threads (`isolation::worker_pool`).
 
 use std::cell::Cell;
@@ -9,15 +10,23 @@ use std::sync::Arc;
 
 use crate::idle_connections::SWEEP_EVERY;
 use crate::listener::clock::Clock;
+use crate::metrics;
 use crate::router::Shared;
 use crate::stage::mirror::MirrorClient;
+use crate::upstream::outbound::SidePool;
 use crate::upstream::pool::BackendPool;
+
+/// Idle connections kept per thread for the cache's background revalidations.
+const CACHE_REFRESH_IDLE: usize = 64;
 
 pub(crate) struct EventLoop {
     pub(crate) shared: Shared,
     pub(crate) pool: BackendPool,
     /// This thread's connections to shadow backends.
     pub(crate) mirrors: Arc<MirrorClient>,
+    /// This thread's connections for the cache's background revalidations, apart from the
+    /// client's own backend pool.
+    pub(crate) cache_refreshes: Arc<SidePool>,
     pub(crate) open_connections: Cell<usize>,
     /// The deadlines of this thread's connections and exchanges.
     pub(crate) clock: Rc<Clock>,
@@ -30,6 +39,10 @@ impl EventLoop {
             shared,
             pool: BackendPool::new(idle_backend_connections),
             mirrors: Arc::new(MirrorClient::new()),
+            cache_refreshes: Arc::new(SidePool::new(
+                CACHE_REFRESH_IDLE,
+                metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["cache"]),
+            )),
             open_connections: Cell::new(0),
             clock: Clock::new(),
         })
@@ -43,6 +56,7 @@ impl EventLoop {
             self.clock.sleep(SWEEP_EVERY).await;
             self.pool.sweep_idle();
             self.mirrors.sweep_idle();
+            self.cache_refreshes.sweep();
             if let Some(images) = &self.shared.images {
                 images.sweep_idle();
             }

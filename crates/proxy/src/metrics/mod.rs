@@ -309,6 +309,16 @@ switchyard_metrics::declare_metrics! {
         "Responses stored in the response cache."
     ));
 
+    pub(crate) static CACHE_BACKGROUND_REVALIDATIONS: IntCounterVec = registered(
+        register_int_counter_vec!(
+            "switchyard_cache_background_revalidations_total",
+            "Stale copies revalidated in the background while they answered \
+             (stale-while-revalidate), by result (not_modified, replaced, kept: an answer the \
+             cache does not keep, failed: no answer).",
+            &["result"]
+        )
+    );
+
     pub(crate) static CACHE_INVALIDATIONS: IntCounter = registered(register_int_counter!(
         "switchyard_cache_invalidations_total",
         "URLs invalidated by an unsafe request's answer (RFC 9111 §4.4): its own, Location's \
@@ -443,9 +453,10 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static SIDE_IDLE_CONNECTIONS: IntGaugeVec = registered(register_int_gauge_vec!(
         "switchyard_side_idle_connections",
         "Idle connections kept for requests the router makes itself, by use: copies to \
-         shadow backends (mirror, at most 2,048 per thread) and originals for image \
-         resizing (images, at most 256 per thread); one finished when the pool is full is \
-         closed.",
+         shadow backends (mirror, at most 2,048 per thread), originals for image \
+         resizing (images, at most 256 per thread) and the cache's background \
+         revalidations (cache, at most 64 per thread); one finished when the pool is full \
+         is closed.",
         &["use"]
     ));
 

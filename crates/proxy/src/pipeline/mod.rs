@@ -301,6 +301,11 @@ async fn answer_in_place_of_app(
     if cache::applies(ctx) {
         let redis = shared.cache_redis.as_ref();
         if let Some(fresh) = Box::pin(cache::request_phase(ctx, head, redis)).await {
+            if let Some(refresh) = cache::take_background_refresh(ctx) {
+                let pool = worker.cache_refreshes.clone();
+                let connections = shared.connections.clone();
+                tokio::task::spawn_local(cache::background::run(refresh, pool, connections));
+            }
             return Some(Answer::Cached(fresh));
         }
     }

@@ -25,9 +25,13 @@
 //! router made (a resized image) goes through [`keep_made_answer`]. The answer's writer
 //! reads [`x_cache`] and [`cached_answer`].
 
+pub(crate) mod background;
+mod copies;
 mod freshness;
 mod ranges;
 mod validators;
+
+use copies::{copy_of, forget, refreshed_copy, storable, store, stored_fields, Refresh};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -37,30 +41,16 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use switchyard_model::{CacheStore, ResponseCache};
 
 use crate::context::RequestCtx;
-use crate::hop_by_hop;
 use crate::metrics;
 use crate::response_cache::memory::{
     AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket,
 };
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::route_cache::AppRoute;
-use freshness::{Exchange, Freshness};
+use freshness::Freshness;
 
 /// Longest a miss waits for another request filling the same URL.
 const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
-/// How long past its freshness a copy with a validator is kept to be revalidated (bounded by
-/// the app's bytes in memory, and by Redis's own eviction).
-const KEPT_FOR_REVALIDATION: Duration = Duration::from_secs(3600);
-/// Response fields never stored beside the hop-by-hop ones: they describe one exchange
-/// (`Age` is the cache's own to send, the request id the router's), or are meant for the
-/// cache alone (the targeted fields).
-const NOT_STORED: &[&str] = &[
-    "age",
-    "x-request-id",
-    "cdn-cache-control",
-    "surrogate-control",
-];
-
 /// The `X-Cache` verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CacheStatus {
@@ -106,6 +96,8 @@ pub(crate) struct CacheCtx {
     sent_at: Option<SystemTime>,
     /// The client's conditionals, taken out of a request that fills the cache.
     client_conditionals: Option<HeaderMap>,
+    /// A stale copy answered at once, to be revalidated in the background.
+    background: Option<Refresh>,
 }
 
 impl std::fmt::Debug for CacheCtx {
@@ -229,6 +221,7 @@ pub(crate) async fn request_phase(
         revalidating: false,
         sent_at: None,
         client_conditionals: None,
+        background: None,
     };
     if policy.store == CacheStore::Redis {
         state.shared = redis.cloned();
@@ -261,8 +254,29 @@ pub(crate) async fn request_phase(
                 // Another leader may have stored the response between the look-up above and
                 // taking the lock: look once more before going to the app.
                 looked = look_up(headers, &mut state, app).await.or(looked);
-                if !matches!(looked, Some(Looked::Fresh(_))) {
-                    state.fill = Some(Fill::new(Some(guard), &state.key));
+                match &looked {
+                    Some(Looked::Fresh(_)) => {}
+                    Some(Looked::Stale(copy, key)) if refreshes_in_background(copy) => {
+                        let copy = copy.clone();
+                        state.background = Some(Refresh {
+                            route: route.clone(),
+                            host: ctx.host.clone(),
+                            tls: ctx.tls,
+                            path_and_query: request
+                                .uri
+                                .path_and_query()
+                                .map_or("/", |pq| pq.as_str())
+                                .to_string(),
+                            request_headers: varied_fields(headers, &copy.headers),
+                            stale: copy.clone(),
+                            key: key.clone(),
+                            guard,
+                            cache: cache.clone(),
+                            shared: state.shared.clone(),
+                        });
+                        return Some(answer_stale(ctx, state, copy, headers));
+                    }
+                    _ => state.fill = Some(Fill::new(Some(guard), &state.key)),
                 }
             }
             FillTicket::Uncoordinated => state.fill = Some(Fill::new(None, &state.key)),
@@ -270,17 +284,8 @@ pub(crate) async fn request_phase(
                 // RFC 5861: while the first request revalidates, the stale copy answers.
                 if let Some(Looked::Stale(copy, _)) = &looked {
                     if Instant::now() < copy.revalidating_until {
-                        count(ctx, CacheStatus::Stale);
-                        state.status = CacheStatus::Stale;
                         let copy = copy.clone();
-                        ctx.cache = Some(state);
-                        let is_get = method == Method::GET;
-                        return Some(FromCache::for_request(
-                            copy,
-                            CacheStatus::Stale,
-                            headers,
-                            is_get,
-                        ));
+                        return Some(answer_stale(ctx, state, copy, headers));
                     }
                 }
                 let wait = Duration::from_millis(route.app.timeouts.read_ms).min(FILL_WAIT_CEILING);
@@ -315,6 +320,48 @@ pub(crate) async fn request_phase(
             None
         }
     }
+}
+
+/// Whether a stale copy is answered at once and revalidated in the background: within the
+/// answer's `stale-while-revalidate`, with a validator to revalidate with.
+fn refreshes_in_background(copy: &CachedResponse) -> bool {
+    Instant::now() < copy.revalidating_until && validators::has_validator(&copy.headers)
+}
+
+/// A stale copy answering a GET while it is revalidated (counted as stale).
+fn answer_stale(
+    ctx: &mut RequestCtx,
+    mut state: CacheCtx,
+    copy: Arc<CachedResponse>,
+    request: &HeaderMap,
+) -> FromCache {
+    count(ctx, CacheStatus::Stale);
+    state.status = CacheStatus::Stale;
+    ctx.cache = Some(state);
+    FromCache::for_request(copy, CacheStatus::Stale, request, true)
+}
+
+/// The request's fields a copy's answer varies by: a background revalidation sends them
+/// again, so the app answers for the same variant.
+fn varied_fields(request: &HeaderMap, stored: &HeaderMap) -> HeaderMap {
+    let mut fields = HeaderMap::new();
+    let names = stored
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
+    for name in names {
+        for value in request.get_all(&name) {
+            fields.append(name.clone(), value.clone());
+        }
+    }
+    fields
+}
+
+/// The background revalidation the request's answer leaves behind, if any.
+pub(crate) fn take_background_refresh(ctx: &mut RequestCtx) -> Option<Refresh> {
+    ctx.cache.as_mut()?.background.take()
 }
 
 /// The cache key of `path_and_query` on the request's scheme and host.
@@ -554,144 +601,19 @@ fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedR
     let app = ctx.app_name().to_string();
     let state = ctx.cache.as_mut()?;
     let (stale, key) = state.stale.take()?;
-    let kept = stored_fields(not_modified, policy.cache_set_cookie);
-    let headers = validators::refreshed(&stale.headers, &kept);
-    let received = Instant::now();
-    let freshness = storable(policy, stale.status, &headers, state.sent_at).map(|(f, _)| f);
-    let refreshed = Arc::new(match freshness {
-        Some(freshness) => copy_of(
-            stale.status,
-            headers,
-            stale.body.clone(),
-            &freshness,
-            received,
-        ),
-        None => CachedResponse {
-            status: stale.status,
-            headers,
-            body: stale.body.clone(),
-            age_counts_from: received,
-            lifetime: Duration::ZERO,
-            decided_by: "not storable any more",
-            fresh_until: received,
-            stale_until: received,
-            revalidating_until: received,
-            keep_until: received,
-        },
-    });
+    let refreshed = refreshed_copy(policy, &stale, not_modified, state.sent_at);
     state.status = CacheStatus::Revalidated;
     count(ctx, CacheStatus::Revalidated);
     let state = ctx.cache.as_mut()?;
     let guard = state.fill.take().and_then(|fill| fill.guard);
-    if refreshed.keep_until > received {
+    if refreshed.keep_until > Instant::now() {
         metrics::CACHE_STORES.inc();
-        store(
-            state,
-            &app,
-            vec![(key, Entry::Response(refreshed.clone()))],
-            guard,
-        );
+        let entries = vec![(key, Entry::Response(refreshed.clone()))];
+        store(&state.cache, state.shared.as_ref(), &app, entries, guard);
     } else {
-        forget(state, &app, vec![key]);
+        forget(&state.cache, state.shared.as_ref(), &app, vec![key]);
     }
     Some(refreshed)
-}
-
-/// The app's answer fields as a copy keeps them.
-fn stored_fields(headers: &HeaderMap, keeps_cookies: bool) -> HeaderMap {
-    let mut stored = HeaderMap::with_capacity(headers.len());
-    for (name, value) in hop_by_hop::end_to_end(headers) {
-        if kept_field(name, keeps_cookies) {
-            stored.append(name.clone(), value.clone());
-        }
-    }
-    stored
-}
-
-fn kept_field(name: &HeaderName, keeps_cookies: bool) -> bool {
-    !NOT_STORED.contains(&name.as_str()) && (keeps_cookies || *name != header::SET_COOKIE)
-}
-
-/// A copy of an answer that arrived at `received` and stays fresh as `freshness` says.
-fn copy_of(
-    status: u16,
-    headers: HeaderMap,
-    body: Bytes,
-    freshness: &Freshness,
-    received: Instant,
-) -> CachedResponse {
-    let fresh_until = received + freshness.lifetime.saturating_sub(freshness.initial_age);
-    let stale_until = fresh_until + freshness.stale_if_error;
-    let revalidating_until = fresh_until + freshness.stale_while_revalidate;
-    let kept_for_revalidation = if freshness.has_validator {
-        fresh_until + KEPT_FOR_REVALIDATION
-    } else {
-        fresh_until
-    };
-    CachedResponse {
-        status,
-        headers,
-        body,
-        age_counts_from: received
-            .checked_sub(freshness.initial_age)
-            .unwrap_or(received),
-        lifetime: freshness.lifetime,
-        decided_by: freshness.decided_by,
-        fresh_until,
-        stale_until,
-        revalidating_until,
-        keep_until: stale_until
-            .max(revalidating_until)
-            .max(kept_for_revalidation),
-    }
-}
-
-/// How long `response` may be served, and the headers it varies by; `None` if it must not
-/// be kept.
-fn storable(
-    policy: &ResponseCache,
-    status: u16,
-    headers: &HeaderMap,
-    sent_at: Option<SystemTime>,
-) -> Option<(Freshness, Option<Arc<[HeaderName]>>)> {
-    if headers.get(header::SET_COOKIE).is_some() && !policy.cache_set_cookie {
-        return None;
-    }
-    let declared_length = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > policy.max_object_bytes) {
-        return None;
-    }
-    let received_at = SystemTime::now();
-    let freshness = freshness::decide(&Exchange {
-        status,
-        headers,
-        sent_at: sent_at.unwrap_or(received_at),
-        received_at,
-        default_ttl: policy.default_ttl_s.map(Duration::from_secs),
-        stale_if_error: Duration::from_secs(policy.stale_if_error_s),
-    })
-    .ok()?;
-    let mut vary = Vec::new();
-    for name in headers
-        .get_all(header::VARY)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-    {
-        if name == "*" {
-            return None;
-        }
-        vary.push(HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).ok()?);
-    }
-    vary.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    vary.dedup();
-    let vary = (!vary.is_empty()).then(|| Arc::from(vary));
-    Some((freshness, vary))
 }
 
 /// §4.4: a success answer to an unsafe request invalidates its URL and the same-origin URLs
@@ -716,7 +638,7 @@ fn invalidate(ctx: &RequestCtx, headers: &HeaderMap) {
         }
     }
     metrics::CACHE_INVALIDATIONS.inc_by(keys.len() as u64);
-    forget(state, ctx.app_name(), keys);
+    forget(&state.cache, state.shared.as_ref(), ctx.app_name(), keys);
 }
 
 /// The cache key of a `Location` or `Content-Location` value, if it names a URL of the
@@ -733,33 +655,6 @@ fn same_origin_key(ctx: &RequestCtx, target: &str) -> Option<String> {
             .zip(ctx.host.as_deref())
             .is_some_and(|(authority, host)| authority.as_str().eq_ignore_ascii_case(host));
     same.then(|| url_key(ctx, uri.path_and_query().map_or("/", |pq| pq.as_str())))
-}
-
-fn store<T: Send + 'static>(
-    state: &CacheCtx,
-    app: &str,
-    entries: Vec<(String, Entry)>,
-    done: Option<T>,
-) {
-    match &state.shared {
-        Some(redis) => redis.store_shared(app, entries, done),
-        None => {
-            for (key, entry) in entries {
-                state.cache.insert(key, entry);
-            }
-        }
-    }
-}
-
-fn forget(state: &CacheCtx, app: &str, keys: Vec<String>) {
-    match &state.shared {
-        Some(redis) => redis.invalidate_shared(app, keys),
-        None => {
-            for key in keys {
-                state.cache.remove(&key);
-            }
-        }
-    }
 }
 
 /// The `X-Cache` of a response from the app, for an app that caches (a miss is counted
@@ -816,7 +711,13 @@ pub(crate) fn body_phase(ctx: &mut RequestCtx, body: &Option<Bytes>, end_of_stre
         .route
         .as_ref()
         .map_or("", |route| route.app.name.as_str());
-    store(state, app, entries, fill.guard);
+    store(
+        &state.cache,
+        state.shared.as_ref(),
+        app,
+        entries,
+        fill.guard,
+    );
 }
 
 /// A response the router made itself for an app that caches (a resized image) goes through
@@ -1018,23 +919,5 @@ mod tests {
             .map(|n| n.as_str())
             .collect();
         assert_eq!(names, ["accept-encoding", "accept-language"]);
-    }
-
-    #[test]
-    fn hop_by_hop_fields_and_those_connection_names_are_not_stored() {
-        let answer = test_fields(&[
-            ("connection", "x-trace, Keep-Alive"),
-            ("keep-alive", "timeout=5"),
-            ("x-trace", "1"),
-            ("age", "3"),
-            ("cdn-cache-control", "max-age=60"),
-            ("set-cookie", "a=1"),
-            ("etag", "\"v\""),
-        ]);
-        let names = |stored: HeaderMap| -> Vec<String> {
-            stored.keys().map(|n| n.as_str().to_string()).collect()
-        };
-        assert_eq!(names(stored_fields(&answer, false)), ["etag"]);
-        assert_eq!(names(stored_fields(&answer, true)), ["set-cookie", "etag"]);
     }
 }
