@@ -108,8 +108,10 @@ def replace_section(lines):
         end = text.find("\n## ", start + len(TITLE))
         old = text[start:end if end != -1 else len(text)].rstrip("\n").split("\n")
         earlier = [l for l in old[1:] if l.startswith("- ")]
+        measured = next((l.split(",")[0].replace("Measured on ", "") for l in old
+                         if l.startswith("Measured on ")), "an earlier run")
         tables = [l for l in old if l.startswith("| ") and not l.startswith("| front")]
-        earlier += [f"- earlier: {l}" for l in tables]
+        earlier += [f"- {measured}: {l}" for l in tables]
         text = text[:start] + text[end + 1:] if end != -1 else text[:start]
     body = lines + ([""] + earlier[:20] if earlier else [])
     RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n")
