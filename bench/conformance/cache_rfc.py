@@ -192,18 +192,18 @@ def reached(front, target):
 # Each case: (section, what the RFC asks, query, check(front, target) -> (passed, observed)).
 # `wait` cases need the copy to age first: they run in two steps around one shared sleep.
 
-def twice_from_origin(front, target):
-    front.send("GET", target)
-    front.send("GET", target)
-    n = reached(front, target)
-    return n == 2, f"{n} of 2 requests reached the app"
+def two_gets_reaching(expected):
+    """A check: two GETs in a row, of which `expected` reach the app."""
+    def check(front, target):
+        front.send("GET", target)
+        front.send("GET", target)
+        n = reached(front, target)
+        return n == expected, f"{n} of 2 requests reached the app"
+    return check
 
 
-def second_from_cache(front, target):
-    front.send("GET", target)
-    front.send("GET", target)
-    n = reached(front, target)
-    return n == 1, f"{n} of 2 requests reached the app"
+twice_from_origin = two_gets_reaching(2)
+second_from_cache = two_gets_reaching(1)
 
 
 def age_is_sent(front, target):

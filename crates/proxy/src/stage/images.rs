@@ -30,8 +30,8 @@ use crate::metrics;
 use crate::respond::{Refusal, POOL_BUSY_RETRY_AFTER_S};
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::thumbnail::{self, Encoding, Fit, Resize};
-use crate::upstream::attempt;
-use crate::upstream::outbound::{ConnectError, SideBody, SideConnection, SidePool, Target};
+use crate::upstream::attempt::{self, SideConnectFailure};
+use crate::upstream::outbound::{ConnectError, SideBody, SideConnection, SidePool};
 
 /// Idle connections kept to backends for fetching originals, per thread, all apps together.
 const FETCH_POOL_SIZE: usize = 256;
@@ -460,32 +460,17 @@ async fn from_backend(
     // As the client's own requests go: a backend that cannot be reached is marked down
     // and another tried within the app's retries, and the connection is in the table a
     // drain reads, so a backend removed mid-fetch is let go by its deadline.
-    let mut connection = loop {
-        let address = attempt::begin_attempt(ctx).map_err(|answer| {
-            FetchFailure::new(
+    let mut connection = attempt::connect_side(ctx, &stage.originals, connect_timeout)
+        .await
+        .map_err(|failure| match failure {
+            SideConnectFailure::NoBackend(answer) => FetchFailure::new(
                 answer.status(),
                 "the app has no reachable container",
                 "fetch_failed",
-            )
+            ),
+            SideConnectFailure::Connect(ConnectError::TimedOut) => late(),
+            SideConnectFailure::Connect(e) => unreachable(&e),
         })?;
-        let target = Target { address, tls: None };
-        match stage.originals.get(&target, connect_timeout).await {
-            Ok(connection) => break connection,
-            Err(e) => {
-                let kind = match e {
-                    ConnectError::TimedOut => "connect_timeout",
-                    ConnectError::Failed(_) => "connect_error",
-                };
-                if attempt::record_connect_failure(ctx, kind, &e.to_string()) {
-                    continue;
-                }
-                return Err(match e {
-                    ConnectError::TimedOut => late(),
-                    ConnectError::Failed(_) => unreachable(&e),
-                });
-            }
-        }
-    };
     let shutdown = Arc::new(ShutdownRequest::default());
     attempt::register_connection(ctx, connections, shutdown.clone());
     let original = tokio::select! {

@@ -5,13 +5,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::context::RequestCtx;
 use crate::metrics;
 use crate::respond::LocalAnswer;
 use crate::routing::balancer::Pick;
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
+use crate::upstream::outbound::{ConnectError, SideConnection, SidePool, Target};
 
 /// Starts the next attempt: picks a backend the request has not tried, counts it in
 /// flight and returns its address; or says why none can be used.
@@ -30,6 +31,41 @@ pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAns
     ctx.backend = Some(guard);
     ctx.attempt_started = Some(Instant::now());
     Ok(address)
+}
+
+/// Why a request the router makes itself found no connection to the app.
+#[derive(Debug)]
+pub(crate) enum SideConnectFailure {
+    /// No backend could be tried (none, none healthy, or every one tried).
+    NoBackend(LocalAnswer),
+    /// The last backend tried could not be reached, and no retry was left.
+    Connect(ConnectError),
+}
+
+/// A connection from `pool` to one of the request's app's backends (in cleartext), for a
+/// request the router makes itself (an image's original, a background revalidation): as
+/// the client's own requests go, a backend that cannot be reached within `timeout` is
+/// marked down and another tried within the app's retries.
+pub(crate) async fn connect_side(
+    ctx: &mut RequestCtx,
+    pool: &SidePool,
+    timeout: Duration,
+) -> Result<SideConnection, SideConnectFailure> {
+    loop {
+        let address = begin_attempt(ctx).map_err(SideConnectFailure::NoBackend)?;
+        match pool.get(&Target { address, tls: None }, timeout).await {
+            Ok(connection) => return Ok(connection),
+            Err(e) => {
+                let kind = match e {
+                    ConnectError::TimedOut => "connect_timeout",
+                    ConnectError::Failed(_) => "connect_error",
+                };
+                if !record_connect_failure(ctx, kind, &e.to_string()) {
+                    return Err(SideConnectFailure::Connect(e));
+                }
+            }
+        }
+    }
 }
 
 /// Enters the current attempt's connection to its backend, whose owner watches `shutdown`,

@@ -14,14 +14,14 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Version};
 use http_body_util::{BodyExt, Empty};
 use switchyard_model::ResponseCache;
 
-use super::copies::{copy_of, forget, refreshed_copy, storable, store, stored_fields, Refresh};
+use super::copies::{copy_of, refreshed_copy, replace, storable, stored_fields, Refresh};
 use super::validators;
 use crate::context::RequestCtx;
 use crate::metrics;
-use crate::response_cache::memory::{CachedResponse, Entry};
+use crate::response_cache::memory::CachedResponse;
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
-use crate::upstream::attempt;
-use crate::upstream::outbound::{ConnectError, SidePool, Target};
+use crate::upstream::attempt::{self, SideConnectFailure};
+use crate::upstream::outbound::SidePool;
 
 /// How a background refresh ended, for `switchyard_cache_background_revalidations_total`.
 #[derive(Debug, Clone, Copy)]
@@ -86,25 +86,12 @@ async fn exchange(
     ctx.route = Some(refresh.route.clone());
     ctx.host = refresh.host.clone();
     ctx.tls = refresh.tls;
-    let mut connection = loop {
-        let address = attempt::begin_attempt(&mut ctx)
-            .map_err(|_| "the app has no reachable container".to_string())?;
-        match pool
-            .get(&Target { address, tls: None }, connect_timeout)
-            .await
-        {
-            Ok(connection) => break connection,
-            Err(e) => {
-                let kind = match e {
-                    ConnectError::TimedOut => "connect_timeout",
-                    ConnectError::Failed(_) => "connect_error",
-                };
-                if !attempt::record_connect_failure(&mut ctx, kind, &e.to_string()) {
-                    return Err(e.to_string());
-                }
-            }
-        }
-    };
+    let mut connection = attempt::connect_side(&mut ctx, pool, connect_timeout)
+        .await
+        .map_err(|failure| match failure {
+            SideConnectFailure::NoBackend(_) => "the app has no reachable container".to_string(),
+            SideConnectFailure::Connect(e) => e.to_string(),
+        })?;
     let shutdown = Arc::new(ShutdownRequest::default());
     attempt::register_connection(&mut ctx, connections, shutdown.clone());
     let sent_at = SystemTime::now();
@@ -137,19 +124,15 @@ async fn exchange(
 /// or forgets the stale one when the refreshed answer may not be kept any more.
 fn keep(refresh: Refresh, copy: Arc<CachedResponse>) {
     let app = refresh.route.app.name.as_str();
-    if copy.keep_until > std::time::Instant::now() {
-        metrics::CACHE_STORES.inc();
-        let entries = vec![(refresh.key.clone(), Entry::Response(copy))];
-        let shared = refresh.shared.as_ref();
-        store(&refresh.cache, shared, app, entries, Some(refresh.guard));
-    } else {
-        forget(
-            &refresh.cache,
-            refresh.shared.as_ref(),
-            app,
-            vec![refresh.key.clone()],
-        );
-    }
+    let shared = refresh.shared.as_ref();
+    replace(
+        &refresh.cache,
+        shared,
+        app,
+        refresh.key.clone(),
+        copy,
+        Some(refresh.guard),
+    );
 }
 
 /// Sends the conditional GET and reads the answer: its status, fields, for a 2xx its body

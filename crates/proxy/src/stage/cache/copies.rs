@@ -195,6 +195,24 @@ pub(super) fn forget(
     }
 }
 
+/// Puts `copy` in place under `key` — `done` goes once it can be read back — or, when it may
+/// not be kept any more, forgets what `key` held.
+pub(super) fn replace<T: Send + 'static>(
+    cache: &AppResponseCache,
+    shared: Option<&Arc<CacheRedis>>,
+    app: &str,
+    key: String,
+    copy: Arc<CachedResponse>,
+    done: Option<T>,
+) {
+    if copy.keep_until > Instant::now() {
+        crate::metrics::CACHE_STORES.inc();
+        store(cache, shared, app, vec![(key, Entry::Response(copy))], done);
+    } else {
+        forget(cache, shared, app, vec![key]);
+    }
+}
+
 /// A stale copy to refresh, with what the request that found it knew.
 pub(crate) struct Refresh {
     pub(crate) route: Arc<AppRoute>,

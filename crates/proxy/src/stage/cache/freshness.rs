@@ -121,8 +121,7 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
         }
         (Delta::Absent, Delta::Absent) => None,
     };
-    let has_validator =
-        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
+    let has_validator = has_validator(headers);
     let (lifetime, decided_by) = match explicit {
         // Kept to be revalidated before every use (§5.2.2.4), whatever else it says.
         _ if directives.no_cache => (Duration::ZERO, "no-cache"),
@@ -272,6 +271,11 @@ fn initial_age(exchange: &Exchange<'_>, date: Option<SystemTime>) -> Duration {
         .duration_since(exchange.sent_at)
         .unwrap_or_default();
     apparent.max(Duration::from_secs(age_value) + delay)
+}
+
+/// Whether an answer carries a validator (`ETag`, `Last-Modified`) to be revalidated with.
+pub(crate) fn has_validator(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
 }
 
 pub(crate) fn date_field(headers: &HeaderMap, name: HeaderName) -> Option<SystemTime> {

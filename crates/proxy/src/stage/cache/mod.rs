@@ -31,7 +31,7 @@ mod freshness;
 mod ranges;
 mod validators;
 
-use copies::{copy_of, forget, refreshed_copy, storable, store, stored_fields, Refresh};
+use copies::{copy_of, forget, refreshed_copy, replace, storable, store, stored_fields, Refresh};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -325,7 +325,7 @@ pub(crate) async fn request_phase(
 /// Whether a stale copy is answered at once and revalidated in the background: within the
 /// answer's `stale-while-revalidate`, with a validator to revalidate with.
 fn refreshes_in_background(copy: &CachedResponse) -> bool {
-    Instant::now() < copy.revalidating_until && validators::has_validator(&copy.headers)
+    Instant::now() < copy.revalidating_until && freshness::has_validator(&copy.headers)
 }
 
 /// A stale copy answering a GET while it is revalidated (counted as stale).
@@ -366,11 +366,13 @@ pub(crate) fn take_background_refresh(ctx: &mut RequestCtx) -> Option<Refresh> {
 
 /// The cache key of `path_and_query` on the request's scheme and host.
 fn url_key(ctx: &RequestCtx, path_and_query: &str) -> String {
-    let scheme = if ctx.tls { "https" } else { "http" };
-    format!(
-        "{scheme}://{}{path_and_query}",
-        ctx.host.as_deref().unwrap_or("")
-    )
+    cache_key(ctx.tls, ctx.host.as_deref().unwrap_or(""), path_and_query)
+}
+
+/// The cache key layout: `scheme://host/path?query`.
+fn cache_key(tls: bool, host: &str, path_and_query: &str) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{host}{path_and_query}")
 }
 
 /// The versioned layout: the app wrote the body of this URL's current version; serve it, or
@@ -491,13 +493,13 @@ pub(crate) fn upstream_request_phase(ctx: &mut RequestCtx, request: &mut HeaderM
     let Some(state) = ctx.cache.as_mut() else {
         return;
     };
-    state.sent_at = Some(SystemTime::now());
     if state.fill.is_none() {
         return;
     }
+    state.sent_at = Some(SystemTime::now());
     state.client_conditionals = Some(validators::take_conditionals(request));
     if let Some((copy, _)) = &state.stale {
-        if validators::has_validator(&copy.headers) {
+        if freshness::has_validator(&copy.headers) {
             validators::ask_if_changed(request, &copy.headers);
             state.revalidating = true;
         }
@@ -564,7 +566,6 @@ fn on_app_response(
         }
         return None;
     }
-    let state = ctx.cache.as_mut()?;
     if status == 304 && state.revalidating {
         return refresh(ctx, headers).map(AppAnswer::Refreshed);
     }
@@ -606,13 +607,8 @@ fn refresh(ctx: &mut RequestCtx, not_modified: &HeaderMap) -> Option<Arc<CachedR
     count(ctx, CacheStatus::Revalidated);
     let state = ctx.cache.as_mut()?;
     let guard = state.fill.take().and_then(|fill| fill.guard);
-    if refreshed.keep_until > Instant::now() {
-        metrics::CACHE_STORES.inc();
-        let entries = vec![(key, Entry::Response(refreshed.clone()))];
-        store(&state.cache, state.shared.as_ref(), &app, entries, guard);
-    } else {
-        forget(&state.cache, state.shared.as_ref(), &app, vec![key]);
-    }
+    let shared = state.shared.as_ref();
+    replace(&state.cache, shared, &app, key, refreshed.clone(), guard);
     Some(refreshed)
 }
 
@@ -811,8 +807,8 @@ pub(crate) async fn stored_copies(
         return serde_json::Value::Null;
     };
     let mut copies = Vec::new();
-    for scheme in ["http", "https"] {
-        let key = format!("{scheme}://{host}{path}");
+    for tls in [false, true] {
+        let key = cache_key(tls, host, path);
         let entry = match (policy.store, redis) {
             (CacheStore::Memory, _) => cache.get(&key),
             (CacheStore::Redis, Some(redis)) => {
@@ -838,7 +834,7 @@ fn describe_copy(key: &str, copy: &CachedResponse) -> serde_json::Value {
     let now = Instant::now();
     let state = if now < copy.fresh_until {
         "fresh"
-    } else if validators::has_validator(&copy.headers) {
+    } else if freshness::has_validator(&copy.headers) {
         "stale: revalidated with the app on the next request"
     } else {
         "stale: the app is asked on the next request"

@@ -118,11 +118,6 @@ fn opaque(tag: &[u8]) -> &[u8] {
     tag.strip_prefix(b"W/").unwrap_or(tag)
 }
 
-/// A stored copy's validator fields, as a request of its own would send them.
-pub(crate) fn has_validator(stored: &HeaderMap) -> bool {
-    stored.contains_key(header::ETAG) || stored.contains_key(header::LAST_MODIFIED)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -258,13 +258,25 @@ pub(crate) async fn inspect_now(
         report_no_waf(app);
         return overloaded(app, policy.on_overload);
     };
+    let (allowed, verdict) = run_within_allowance(ctx, inspector, &policy, request).await;
+    judge(ctx, app, &policy, allowed, verdict)
+}
+
+/// Runs the inspection within what the app's `timeout_ms` leaves the request once the time
+/// it was held is taken off (`heavy_allowance`): that time, and the verdict.
+async fn run_within_allowance(
+    ctx: &RequestCtx,
+    inspector: &Inspector,
+    policy: &WafPolicy,
+    request: OwnedRequest,
+) -> (Duration, Result<Verdict, PoolRefusal>) {
     let allowed = ctx
         .weight
         .heavy_allowance(Duration::from_millis(policy.timeout_ms));
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
-    judge(ctx, app, &policy, allowed, verdict)
+    (allowed, verdict)
 }
 
 /// Before a large body is read: the head alone, when a match could refuse the request.
@@ -278,12 +290,7 @@ pub(crate) async fn refuse_on_head(
     if policy.mode != WafMode::Block {
         return None;
     }
-    let allowed = ctx
-        .weight
-        .heavy_allowance(Duration::from_millis(policy.timeout_ms));
-    let verdict = inspector
-        .run(request, policy.paranoia, Instant::now() + allowed)
-        .await;
+    let (allowed, verdict) = run_within_allowance(ctx, inspector, &policy, request).await;
     match verdict {
         Ok(verdict) if verdict.block_status.is_some() => {
             judge(ctx, ctx.app_name(), &policy, allowed, Ok(verdict))
