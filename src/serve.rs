@@ -164,6 +164,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let (store, stopped) = (store.clone(), tasks.stopped());
         tasks.spawn(|_| async move { store.follow_changes(Box::pin(stopped)).await });
     }
+    {
+        let (store, stopped) = (store.clone(), tasks.stopped());
+        tasks.spawn(|_| async move {
+            tokio::select! {
+                () = load_affinity_key(store) => {}
+                () = stopped => {}
+            }
+        });
+    }
     if let Some(sync) = fleet_limit_sync {
         let (interval, stopped) = (config.limit_sync, tasks.stopped());
         tasks.spawn(|_| async move { sync.run(interval, stopped).await });
@@ -321,6 +330,30 @@ fn listening_sockets(config: &Config) -> anyhow::Result<(Duration, InheritedSock
 
 /// The store, and the embedded one again when it is that (it is closed apart, at
 /// shutdown, for a router taking over).
+/// Reads the fleet's sticky-session key from the store (the first router of a fleet makes
+/// it), retrying while the store is away: until it comes, apps with affinity are balanced
+/// and set no cookie.
+async fn load_affinity_key(store: Arc<dyn Store>) {
+    let mut candidate = [0u8; 32];
+    if let Err(e) = openssl::rand::rand_bytes(&mut candidate) {
+        log::error!("no random bytes for the affinity key ({e}): sticky sessions stay off");
+        return;
+    }
+    let candidate: String = candidate.iter().map(|b| format!("{b:02x}")).collect();
+    loop {
+        match store.fleet_secret("affinity", candidate.clone()).await {
+            Ok(secret) => {
+                switchyard_proxy::set_affinity_key(&secret);
+                return;
+            }
+            Err(e) => {
+                log::warn!("cannot read the affinity key from the store ({e}); retrying in 2 s");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
 fn open_store(
     config: &Config,
     handover_wait: Duration,

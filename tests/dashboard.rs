@@ -110,6 +110,7 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     the_app_page_follows_health(&router, &browser, doomed);
     explain_shows_the_rule_that_routes_a_host(&browser);
     explain_shows_a_stored_copy(&router, &browser);
+    the_app_page_shows_its_switches_but_no_password_hash(&browser);
     certificates_are_listed_soonest_first(&router, &browser);
 }
 
@@ -136,6 +137,17 @@ fn seed_tenants_shop_and_wild(router: &RouterProcess, steady: &Backend, doomed: 
             "backends": [steady.addr.to_string(), doomed.addr.to_string()],
             "health_check": {"path": "/health", "interval_ms": 200, "timeout_ms": 150, "unhealthy_threshold": 1},
             "cache": {"paths": ["/assets/*"]},
+        }),
+    );
+    router.put_app(
+        "review",
+        json!({
+            "domains": ["review.ui.test", "www.review.ui.test"],
+            "backends": [steady.addr.to_string()],
+            "redirects": [{"host": "www.review.ui.test", "to": "https://review.ui.test"}],
+            "maintenance": {"enabled": true, "retry_after_s": 120, "page_html": "<h1>soon</h1>"},
+            "basic_auth": {"realm": "Review", "users": {"alice": REVIEW_HASH}},
+            "affinity": {"cookie": "route"}
         }),
     );
     router.put_app(
@@ -251,6 +263,40 @@ fn the_app_page_follows_health(router: &RouterProcess, browser: &Browser, doomed
     );
     assert!(degraded.contains(&doomed.addr.to_string()));
     browser.screenshot("/app/shop", "dashboard-app.png");
+}
+
+/// A bcrypt hash in htpasswd's format; its password is never asked here.
+const REVIEW_HASH: &str = "$2y$05$abcdefghijklmnopqrstuu5Fq0CPVNy2eUQx3oVbD3hrvP5lOa1Xq";
+
+/// The app page lists the app's switches, the users of its password without their hashes;
+/// explain says the maintenance answers before the password is asked.
+fn the_app_page_shows_its_switches_but_no_password_hash(browser: &Browser) {
+    let page = browser.dom("/app/review");
+    let switches = page
+        .find("id=\"switches\"")
+        .and_then(|start| Some(&page[start..start + page[start..].find("</table>")?]))
+        .unwrap_or_default();
+    for shown in [
+        "maintenance",
+        "(503, Retry-After 120 s",
+        "alice",
+        "Review",
+        "route",
+        "https://review.ui.test",
+    ] {
+        assert!(switches.contains(shown), "{shown} in {switches}");
+    }
+    assert!(
+        !page.contains("$2y$"),
+        "a password hash on the page: {page}"
+    );
+    let explained = browser.dom("/explain?host=review.ui.test&path=/");
+    for stage in ["maintenance", "basic_auth", "affinity", "redirects"] {
+        assert!(
+            explained.contains(&format!("<td>{stage}</td>")),
+            "{stage}: {explained}"
+        );
+    }
 }
 
 /// Explain a host: the wildcard rule that routes it.

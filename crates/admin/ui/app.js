@@ -251,6 +251,7 @@ async function appPage(name) {
       <h2>Features</h2><table>${["waf", "cache", "mirror", "images", "limits", "health_check", "static_root", "hsts"].map((k) =>
         `<tr><td>${k}</td><td>${app[k] ? "<code>" + escape(JSON.stringify(app[k])) + "</code>" : '<span class="muted">off</span>'}</td></tr>`).join("")}
         <tr><td>https_redirect</td><td>${app.https_redirect ? "on" : '<span class="muted">off</span>'}</td></tr></table>
+      <h2>Switches</h2><table id="switches">${switchRows(app)}</table>
       <h2>Counters</h2><table>${Object.entries(counters).map(([series, value]) =>
         `<tr><td><code>${escape(series.replace(`app="${name}",`, "").replace(`,app="${name}"`, "").replace(`app="${name}"`, ""))}</code></td><td>${value}</td></tr>`).join("")}</table>
       <h2>Certificates</h2><table><tr><th>domain</th><th>expires</th><th>issuer</th><th>ACME</th></tr>${(app.domains || []).map((d, i) => {
@@ -306,6 +307,30 @@ function acmeState(acme) {
   if (acme.next_try_unix) parts.push("next try " + date(acme.next_try_unix));
   if (acme.renew_at_unix && acme.status === "issued") parts.push("renews " + date(acme.renew_at_unix));
   return `<span class="${acme.status === "failed" ? "bad" : acme.status === "issued" ? "ok" : ""}">${escape(parts.join(" · "))}</span>`;
+}
+
+/** The app's per-app switches, one row each; password hashes are never shown. */
+function switchRows(app) {
+  const shown = (value) => "<code>" + escape(JSON.stringify(value)) + "</code>";
+  const off = '<span class="muted">off</span>';
+  const auth = app.basic_auth && {
+    realm: app.basic_auth.realm,
+    users: Object.keys(app.basic_auth.users || {}),
+    open_paths: app.basic_auth.open_paths || [],
+  };
+  const maintenance = app.maintenance && (app.maintenance.enabled
+    ? `<span class="bad">on</span> (503${app.maintenance.retry_after_s ? ", Retry-After " + app.maintenance.retry_after_s + " s" : ""}${app.maintenance.page_html ? ", the app's page" : ""})`
+    : "ready, off");
+  const rows = [
+    ["redirects", app.redirects && app.redirects.length ? shown(app.redirects) : off],
+    ["maintenance", maintenance || off],
+    ["error_pages", app.error_pages ? escape(Object.keys(app.error_pages).join(", ")) : off],
+    ["headers", app.headers ? shown(app.headers) : off],
+    ["basic_auth", auth ? shown(auth) : off],
+    ["affinity", app.affinity ? shown(app.affinity) : off],
+    ["x_forwarded_host", app.forwarding && app.forwarding.x_forwarded_host ? "on" : off],
+  ];
+  return rows.map(([name, value]) => `<tr><td>${name}</td><td>${value}</td></tr>`).join("");
 }
 
 function backendState(b) {

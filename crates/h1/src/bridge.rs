@@ -14,7 +14,9 @@ use crate::write::{write_codings_of, write_decimal, write_field, write_framing};
 
 /// Writes the head of `parts` for an HTTP/1.1 backend into `out` (appending): origin-form
 /// target, the fields less hop-by-hop ones (and those `Connection` names) and less those
-/// `extra` names (lower-case: the router's own forwarding fields replace the client's),
+/// `extra` names (lower-case: the router's own forwarding fields replace the client's; but
+/// `Via`, a list each hop adds to (RFC 9110 §7.6.3): the client's lines stay, the router's
+/// follows them),
 /// `body`'s framing, then `extra`. The caller decides `body` from what it knows of the stream (a
 /// `content-length` it checked against the DATA frames, or chunked when it does not
 /// know); an HTTP/2 request's `:authority` is written as Host when the fields have none.
@@ -72,9 +74,9 @@ pub fn write_request_fields<'f, I>(
     let mut host_written = false;
     for (name, value) in fields() {
         if !fields::forwarded(name, &connection, connection_values())
-            || extra
-                .iter()
-                .any(|(replaced, _)| replaced.as_bytes().eq_ignore_ascii_case(name))
+            || extra.iter().any(|(replaced, _)| {
+                replaced.as_bytes().eq_ignore_ascii_case(name) && !name.eq_ignore_ascii_case(b"via")
+            })
         {
             continue;
         }
@@ -306,6 +308,30 @@ mod tests {
         assert_eq!((head.method, head.path()), ("POST", "/a?b"));
         assert_eq!(head.authority, Some(&b"app.test"[..]));
         assert_eq!(head.body, RequestBody::Length(5));
+    }
+
+    #[test]
+    fn the_routers_via_follows_the_clients_rather_than_replacing_it() {
+        let fields: [(&[u8], &[u8]); 3] = [
+            (b"Host", b"app.test"),
+            (b"Via", b"1.0 cdn-a"),
+            (b"via", b"1.1 cdn-b"),
+        ];
+        let mut out = Vec::new();
+        write_request_fields(
+            &mut out,
+            b"GET",
+            b"/",
+            None,
+            || fields.iter().copied(),
+            RequestBody::Empty,
+            &[("via", b"1.1 switchyard")],
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "GET / HTTP/1.1\r\nHost: app.test\r\nVia: 1.0 cdn-a\r\nvia: 1.1 cdn-b\r\n\
+             via: 1.1 switchyard\r\n\r\n"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ impl Connection {
     }
 
     /// What the values of a message's `Connection` fields say, wherever they were read.
+    #[inline]
     pub(crate) fn from_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Self {
         let mut connection = Connection::default();
         // Two plain loops, not a flat_map: this runs for every head, and flat_map's state

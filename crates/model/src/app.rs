@@ -303,6 +303,43 @@ pub struct App {
     /// backend's connection; false for apps that stream (long polls, progressive pages).
     #[serde(default = "reads_ahead", skip_serializing_if = "is_true")]
     pub response_buffering: bool,
+    /// Moves answered before the app: hosts and path prefixes sent elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redirects: Vec<crate::Redirect>,
+    /// Switched off: 503 with the app's page, its backends left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Box<crate::Maintenance>>,
+    /// The app's pages for the router's own 502, 503 and 504.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_pages: Option<Box<crate::ErrorPages>>,
+    /// Fields set, appended or removed on requests and answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Box<crate::HeaderRules>>,
+    /// HTTP Basic authentication in front of the app.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<Box<crate::BasicAuth>>,
+    /// Sticky sessions: a client's requests go to the backend that served its first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<crate::Affinity>,
+    /// What the app is told beyond the fields every backend gets.
+    #[serde(default, skip_serializing_if = "AppForwarding::is_default")]
+    pub forwarding: AppForwarding,
+}
+
+/// The forwarding fields an app asks for beyond those every request to a backend carries
+/// (`X-Forwarded-For`, `-Proto`, `-Port`, `X-Request-Id`, `X-Request-Start`, `Via`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AppForwarding {
+    /// `X-Forwarded-Host`: the Host the client asked for (frameworks that build absolute
+    /// URLs read it).
+    #[serde(default)]
+    pub x_forwarded_host: bool,
+}
+
+impl AppForwarding {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 fn reads_ahead() -> bool {

@@ -4,16 +4,21 @@
 //! validates input with them — and it does no IO, so validation lives here once.
 
 mod acme;
+mod affinity;
 mod app;
+mod basic_auth;
 mod cache;
 mod certificate;
 mod change;
 mod client;
 mod domain;
 mod error;
+mod header_rules;
 mod images;
 mod limits;
 mod mirror;
+mod pages;
+mod redirects;
 mod spec;
 mod waf;
 
@@ -21,16 +26,21 @@ pub use acme::{
     backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, AcmeTlsAlpnAnswer,
     DUPLICATES_PER_WEEK, FAILURES_PER_HOUR,
 };
+pub use affinity::{Affinity, DEFAULT_AFFINITY_COOKIE};
 pub use app::{
-    App, AppName, AppTls, Backend, BackendAddress, Balancer, Drain, HealthCheck, Hsts, Timeouts,
-    MAX_WEIGHT, SRV_PREFIX,
+    App, AppForwarding, AppName, AppTls, Backend, BackendAddress, Balancer, Drain, HealthCheck,
+    Hsts, Timeouts, MAX_WEIGHT, SRV_PREFIX,
 };
+pub use basic_auth::{BasicAuth, MAX_BCRYPT_COST};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;
 pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
+pub use header_rules::{
+    HeaderEdits, HeaderRules, PROTECTED_REQUEST_FIELDS, PROTECTED_RESPONSE_FIELDS,
+};
 pub use images::{Images, DEFAULT_MAX_SOURCE_BYTES};
 pub use ipnet::IpNet;
 pub use limits::{
@@ -38,5 +48,7 @@ pub use limits::{
     MAX_CIDRS,
 };
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
+pub use pages::{ErrorPages, Maintenance, ERROR_PAGE_STATUSES, MAX_PAGE_BYTES};
+pub use redirects::{Redirect, MAX_REDIRECTS};
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

@@ -46,6 +46,13 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "tls",
             "limits",
             "response_buffering",
+            "redirects",
+            "maintenance",
+            "error_pages",
+            "headers",
+            "basic_auth",
+            "forwarding",
+            "affinity",
             // What GET shows of the named backends' addresses: read-only, ignored here, so
             // an app read and written back is accepted.
             "resolved_backends",
@@ -153,8 +160,54 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             crate::limits::parse_limits(v).map_err(|e| e.under("limits"))?,
         )),
     };
+    let redirects = match fields.get("redirects") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => {
+            crate::redirects::parse_redirects(v, &domains).map_err(|e| e.under("redirects"))?
+        }
+    };
+    let maintenance = match fields.get("maintenance") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Box::new(
+            crate::pages::parse_maintenance(v).map_err(|e| e.under("maintenance"))?,
+        )),
+    };
+    let error_pages = match fields.get("error_pages") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Box::new(
+            crate::pages::parse_error_pages(v).map_err(|e| e.under("error_pages"))?,
+        )),
+    };
+    let headers = match fields.get("headers") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Box::new(
+            crate::header_rules::parse_header_rules(v).map_err(|e| e.under("headers"))?,
+        ))
+        .filter(|rules| !rules.request.is_empty() || !rules.response.is_empty()),
+    };
+    let basic_auth = match fields.get("basic_auth") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Box::new(
+            crate::basic_auth::parse_basic_auth(v).map_err(|e| e.under("basic_auth"))?,
+        )),
+    };
+    let forwarding = match fields.get("forwarding") {
+        None | Some(Value::Null) => crate::AppForwarding::default(),
+        Some(v) => parse_forwarding(v).map_err(|e| e.under("forwarding"))?,
+    };
+    let affinity = match fields.get("affinity") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(crate::affinity::parse_affinity(v).map_err(|e| e.under("affinity"))?),
+    };
     Ok(App {
         name,
+        affinity,
+        redirects,
+        maintenance,
+        error_pages,
+        headers,
+        basic_auth,
+        forwarding,
         limits,
         domains,
         backends,
@@ -346,6 +399,22 @@ fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
         unhealthy_threshold: optional_integer(fields, "unhealthy_threshold", 1, 100, 2)? as u32,
         healthy_threshold: optional_integer(fields, "healthy_threshold", 1, 100, 2)? as u32,
     })
+}
+
+fn parse_forwarding(value: &Value) -> Result<crate::AppForwarding, ValidationError> {
+    let fields = as_object(value, "")?;
+    refuse_unknown(fields, &["x_forwarded_host"], "")?;
+    let x_forwarded_host = match fields.get("x_forwarded_host") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ValidationError::new(
+                "x_forwarded_host",
+                "must be true or false",
+            ))
+        }
+    };
+    Ok(crate::AppForwarding { x_forwarded_host })
 }
 
 fn parse_tls(value: &Value) -> Result<AppTls, ValidationError> {

@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::forwarded::Hop;
 use crate::isolation::RequestWeight;
 use crate::metrics;
+use crate::routing::affinity_tokens::Sticky;
 use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
@@ -24,6 +26,12 @@ pub(crate) struct RequestCtx {
     pub(crate) request_id: String,
     /// Whether the client connection is TLS.
     pub(crate) tls: bool,
+    /// The port the client connected to.
+    pub(crate) server_port: u16,
+    /// What the client's sticky-session cookie says (`stage::affinity`).
+    pub(crate) sticky: Option<Box<Sticky>>,
+    /// Whether the client takes the app's HTML pages (`stage::app_pages`).
+    pub(crate) wants_html: bool,
     /// The body length the request's Content-Length declares, as the framing stage read it;
     /// `None` for a chunked body or none.
     pub(crate) declared_length: Option<u64>,
@@ -63,6 +71,9 @@ impl RequestCtx {
             started: Instant::now(),
             request_id: String::new(),
             tls: false,
+            server_port: 0,
+            wants_html: false,
+            sticky: None,
             declared_length: None,
             host: None,
             route: None,
@@ -77,6 +88,26 @@ impl RequestCtx {
             limit_places: Places::default(),
             weight: RequestWeight::default(),
             _active: ActiveRequest::start(),
+        }
+    }
+
+    /// What the forwarding fields of this request, which came in `version`, are made of.
+    pub(crate) fn hop(&self, version: http::Version) -> Hop<'_> {
+        let wants_host = self
+            .route
+            .as_ref()
+            .is_some_and(|route| route.app.forwarding.x_forwarded_host);
+        Hop {
+            tls: self.tls,
+            request_id: &self.request_id,
+            server_port: self.server_port,
+            started: self.started,
+            version,
+            forwarded_host: self
+                .host
+                .as_deref()
+                .filter(|_| wants_host)
+                .map(str::as_bytes),
         }
     }
 

@@ -45,6 +45,7 @@ pub use isolation::worker_pool::{PoolScheduling, WorkerPool};
 pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
 pub use response_cache::redis::CacheRedis;
 pub use router::{FleetLimitSync, Router};
+pub use routing::affinity_tokens::set_key as set_affinity_key;
 pub use routing::connections::ConnectionTable;
 pub use routing::drain::ConnectionDrain;
 pub use routing::explain::explain as explain_host;

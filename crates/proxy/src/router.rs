@@ -47,6 +47,9 @@ pub(crate) struct Shared {
     pub(crate) limiter: Arc<Limiter>,
     /// The limits of answers read ahead of slow clients.
     pub(crate) response_buffers: Arc<ResponseBuffers>,
+    /// Where CPU-heavy checks run off the event loops (passwords); `None` without a pool
+    /// (they then run inline).
+    pub(crate) pool: Option<Arc<WorkerPool>>,
 }
 
 impl Shared {
@@ -63,6 +66,7 @@ impl Shared {
             images: self.images.as_ref().map(ImageStage::for_another_thread),
             limiter: self.limiter.clone(),
             response_buffers: self.response_buffers.clone(),
+            pool: self.pool.clone(),
         }
     }
 }
@@ -93,6 +97,7 @@ impl Router {
                 Vec::new(),
             )),
             response_buffers: Arc::new(ResponseBuffers::off()),
+            pool: None,
         };
         Self { shared }
     }
@@ -133,9 +138,10 @@ impl Router {
         self
     }
 
-    /// CPU-heavy stages other than the WAF (image resizing) run on `pool`; without one,
-    /// resize requests are answered 503.
+    /// CPU-heavy stages other than the WAF (image resizing, password checks) run on
+    /// `pool`; without one, resize requests are answered 503 and passwords checked inline.
     pub fn with_worker_pool(mut self, pool: Arc<WorkerPool>) -> Self {
+        self.shared.pool = Some(pool.clone());
         self.shared.images = Some(ImageStage::new(pool));
         self
     }

@@ -35,6 +35,8 @@ const CERT_EXPIRY: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_exp
 /// `challenge:{token}`; each value is its expiry (seconds since the epoch, big-endian, 0 for
 /// never) followed by its JSON.
 const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
+/// The fleet's secrets by name (`Store::fleet_secret`), written once.
+const SECRETS: TableDefinition<&str, &str> = TableDefinition::new("secrets");
 /// The key ranges of the ACME records written with an expiry: the answers of open orders.
 const EXPIRING_RECORDS: [(&str, &str); 2] =
     [("challenge:", "challenge;"), ("tls-alpn:", "tls-alpn;")];
@@ -115,6 +117,7 @@ impl EmbeddedStore {
         txn.open_table(CERT_INFO).map_err(unavailable)?;
         index_expiries(&txn)?;
         txn.open_table(ACME).map_err(unavailable)?;
+        txn.open_table(SECRETS).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
             db: Arc::new(RwLock::new(Some(Arc::new(db)))),
@@ -552,6 +555,32 @@ impl Store for EmbeddedStore {
         Ok(())
     }
 
+    async fn fleet_secret(&self, name: &str, candidate: String) -> Result<String, StoreError> {
+        let name = name.to_string();
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            let kept = {
+                let mut table = txn.open_table(SECRETS).map_err(unavailable)?;
+                let kept = table
+                    .get(name.as_str())
+                    .map_err(unavailable)?
+                    .map(|v| v.value().to_string());
+                match kept {
+                    Some(kept) => kept,
+                    None => {
+                        table
+                            .insert(name.as_str(), candidate.as_str())
+                            .map_err(unavailable)?;
+                        candidate
+                    }
+                }
+            };
+            txn.commit().map_err(unavailable)?;
+            Ok(kept)
+        })
+        .await
+    }
+
     async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
         let lease = self.lease.lock();
         Ok(lease
@@ -759,6 +788,35 @@ mod tests {
             Some("one")
         );
         assert!(store.get_app("one").await.expect("read").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_fleet_secret_is_made_once_and_survives_a_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = EmbeddedStore::open(dir.path()).expect("open");
+            let first = store
+                .fleet_secret("affinity", "aaaa".into())
+                .await
+                .expect("secret");
+            assert_eq!(first, "aaaa", "the first candidate is kept");
+            let second = store
+                .fleet_secret("affinity", "bbbb".into())
+                .await
+                .expect("secret");
+            assert_eq!(second, "aaaa", "later candidates are not");
+            let other = store
+                .fleet_secret("other", "cccc".into())
+                .await
+                .expect("secret");
+            assert_eq!(other, "cccc", "one secret per name");
+        }
+        let reopened = EmbeddedStore::open(dir.path()).expect("reopen");
+        let kept = reopened
+            .fleet_secret("affinity", "dddd".into())
+            .await
+            .expect("secret");
+        assert_eq!(kept, "aaaa");
     }
 
     #[tokio::test]

@@ -228,6 +228,11 @@ pub trait Store: Send + Sync {
     /// Who holds the issuing lease now, if anyone: `holder` and its fencing token.
     async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError>;
 
+    /// The fleet's secret named `name`: `candidate` if none was kept yet (it is kept then),
+    /// else the one kept — the same for every router of the fleet (e.g. the key that signs
+    /// sticky-session cookies, so that any router honours another's).
+    async fn fleet_secret(&self, name: &str, candidate: String) -> Result<String, StoreError>;
+
     /// Whether the store answered its last call. Caches use it to count what they serve
     /// while the store is away; a store that cannot fail is always available.
     fn available(&self) -> bool {

@@ -786,6 +786,26 @@ impl Store for RedisStore {
             .map(drop)
     }
 
+    async fn fleet_secret(&self, name: &str, candidate: String) -> Result<String, StoreError> {
+        let key = format!("{KEY_PREFIX}secret:{name}");
+        // SET NX then GET in one transaction: the first router's candidate is kept, and
+        // every router reads the kept one.
+        let (_, kept): (Option<String>, String) = self
+            .call(|mut c| async move {
+                redis::pipe()
+                    .atomic()
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(candidate)
+                    .arg("NX")
+                    .get(&key)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(kept)
+    }
+
     async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
         let key = format!("{KEY_PREFIX}acme:lease");
         let value: Option<String> = self

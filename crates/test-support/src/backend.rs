@@ -79,6 +79,11 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// The name it answers with (`backend` in its JSON, before the text a WebSocket echoes).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
     /// Starts a backend named `name` on a free port.
     pub fn start(name: &str) -> Self {
         Self::start_on("127.0.0.1:0".parse().expect("address"), name)

@@ -319,6 +319,30 @@ switchyard_metrics::declare_metrics! {
         )
     );
 
+    pub(crate) static AFFINITY: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_affinity_total",
+        "Requests to apps with sticky sessions, by result: kept (the cookie's backend served \
+         it), assigned (no cookie, or one naming no backend of the app: a new one set), moved \
+         (the cookie's backend was down, drained or failed: a new one set), no_key (the \
+         fleet's key is not loaded yet: balanced, no cookie).",
+        &["result"]
+    ));
+
+    pub(crate) static BASIC_AUTH_CHECKS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_basic_auth_checks_total",
+        "Requests to password-protected apps, by result: open (an open path), cached (the \
+         credentials passed a check in the last 10 minutes), verified (bcrypt on the worker \
+         pool), refused (401: none, unknown user or wrong password), locked_out (429: too many \
+         failures from the client), overloaded (503: the pool could not check in time).",
+        &["result"]
+    ));
+
+    pub(crate) static BASIC_AUTH_FAILING_CLIENTS: IntGauge = registered(register_int_gauge!(
+        "switchyard_basic_auth_failing_clients",
+        "Clients whose failed passwords are counted (per app; at most 65,536, the least recent \
+         forgotten first)."
+    ));
+
     pub(crate) static CACHE_INVALIDATIONS: IntCounter = registered(register_int_counter!(
         "switchyard_cache_invalidations_total",
         "URLs invalidated by an unsafe request's answer (RFC 9111 §4.4): its own, Location's \

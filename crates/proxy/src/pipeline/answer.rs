@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER, STRICT_TRANSPORT_SECURITY,
+    WWW_AUTHENTICATE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body::Body as _;
@@ -19,6 +20,7 @@ use crate::respond::{self, LocalAnswer, Refusal};
 use crate::stage::cache::{self, FromCache};
 use crate::stage::https;
 use crate::stage::static_files::StaticFile;
+use crate::stage::{app_pages, basic_auth, header_rules};
 use crate::upstream::backend_h1::BackendBody;
 use crate::upstream::read_ahead::ReadAhead;
 
@@ -34,8 +36,12 @@ pub(crate) enum Answer {
         response: Response<BackendBody>,
         read_deadline: Duration,
     },
-    /// A 308 to HTTPS.
-    Redirect(String),
+    /// A redirect: the app's own (`stage::redirects`), or 308 to HTTPS.
+    Redirect { status: u16, location: String },
+    /// The app is in maintenance: 503 with its page.
+    Maintenance { retry_after_s: Option<u32> },
+    /// The app's password protection asks for credentials: 401.
+    Unauthorized { realm: String },
     /// A file under the app's static root.
     File(StaticFile),
     /// A copy from the app's response cache: fresh, refreshed by the app's 304, or stale
@@ -67,14 +73,37 @@ pub(super) fn write(
     client_upgrade: Option<ClientUpgrade>,
     end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
-    match answer {
+    // Only the routes of apps with answer rules pay for the route's count.
+    let edits = (end.ctx.route.as_ref())
+        .filter(|route| header_rules::edits_answers(&route.app))
+        .cloned();
+    let mut response = match answer {
         Answer::Backend {
             response,
             read_deadline,
         } => backend_response(response, read_deadline, client_upgrade, end),
-        Answer::Redirect(location) => {
-            let body = format!("308 moved to {location}\n");
-            local_response(308, body, Some(location), end)
+        Answer::Redirect { status, location } => {
+            let body = format!("{status} moved to {location}\n");
+            local_response(status, Bytes::from(body), Some(location), end)
+        }
+        Answer::Maintenance { retry_after_s } => {
+            let refusal = Refusal::new(503, app_pages::MAINTENANCE_TEXT);
+            let page = app_pages::html_for(&end.ctx, 503, true);
+            let mut response = refusal_with_page(refusal, page, end);
+            if let Some(seconds) = retry_after_s {
+                response
+                    .headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            response
+        }
+        Answer::Unauthorized { realm } => {
+            let refusal = Refusal::new(401, "this app asks for a user name and password");
+            let mut response = refusal_response(refusal, end);
+            if let Ok(challenge) = HeaderValue::try_from(basic_auth::challenge(&realm)) {
+                response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+            }
+            response
         }
         Answer::File(file) => file_response(file, end),
         Answer::Cached(answer) => {
@@ -83,14 +112,42 @@ pub(super) fn write(
         }
         Answer::Made { headers, body } => made_response(200, headers, body, end),
         Answer::Refused(refusal) => refusal_response(refusal, end),
+    };
+    if let Some(route) = edits {
+        header_rules::edit_answer(&route.app, response.headers_mut());
     }
+    response
 }
 
 /// The router's own answer instead of the app's: the status, the text with the request id,
 /// and `Retry-After`.
 fn refusal_response(refusal: Refusal, end: Box<RequestEnd>) -> Response<AnswerBody> {
-    let body = respond::error_body(refusal.status, &refusal.text, &end.ctx.request_id);
+    let page = app_pages::html_for(&end.ctx, refusal.status, false);
+    refusal_with_page(refusal, page, end)
+}
+
+/// A refusal's answer, with the app's HTML `page` in place of the router's text when there
+/// is one for this client.
+fn refusal_with_page(
+    refusal: Refusal,
+    page: Option<Bytes>,
+    end: Box<RequestEnd>,
+) -> Response<AnswerBody> {
+    let html = page.is_some();
+    let body = page.unwrap_or_else(|| {
+        Bytes::from(respond::error_body(
+            refusal.status,
+            &refusal.text,
+            &end.ctx.request_id,
+        ))
+    });
     let mut response = local_response(refusal.status, body, None, end);
+    if html {
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+    }
     if let Some(seconds) = refusal.retry_after_s {
         response
             .headers_mut()
@@ -168,7 +225,7 @@ fn reads_ahead(response: &Response<BackendBody>, end: &RequestEnd) -> bool {
 
 fn local_response(
     status: u16,
-    body: String,
+    body: Bytes,
     location: Option<String>,
     mut end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
@@ -192,7 +249,7 @@ fn local_response(
             headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         }
     }
-    response.map(|()| AnswerBody::local(Bytes::from(body), Some(end)))
+    response.map(|()| AnswerBody::local(body, Some(end)))
 }
 
 /// An answer the router has whole: from the cache, or made here. A HEAD gets its head.

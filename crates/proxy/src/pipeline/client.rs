@@ -49,6 +49,11 @@ impl Client {
         self.closing.get()
     }
 
+    /// The port the client connected to.
+    pub(crate) fn server_port(&self) -> u16 {
+        self.server_port
+    }
+
     pub(crate) fn ip(&self) -> IpAddr {
         self.ip
     }

@@ -46,12 +46,17 @@ use crate::listener::request_body::RequestBody;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::respond::{LocalAnswer, Refusal};
 use crate::stage::acme_challenge;
+use crate::stage::affinity;
+use crate::stage::app_pages;
+use crate::stage::basic_auth;
 use crate::stage::cache;
 use crate::stage::framing;
+use crate::stage::header_rules;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
 use crate::stage::limits;
 use crate::stage::mirror;
+use crate::stage::redirects;
 use crate::stage::request_id::request_id;
 use crate::stage::route;
 use crate::stage::static_files;
@@ -77,6 +82,7 @@ pub(crate) async fn handle(
         ctx: {
             let mut ctx = RequestCtx::new();
             ctx.tls = client.tls;
+            ctx.server_port = client.server_port();
             ctx.request_id = request_id(Fields::of(request.headers(), as_read.as_ref()));
             ctx
         },
@@ -220,10 +226,22 @@ async fn request_phase(
     let Some(route) = ctx.route.clone() else {
         return Err(LocalAnswer::UnknownHost.into());
     };
+    if let Some((status, location)) = redirects::redirect(&head.uri, ctx) {
+        return Err(Answer::Redirect { status, location });
+    }
     if as_read.is_some() && reads_whole_request(&route.app) {
         match as_read.take().map(|fields| fields.to_map()) {
             Some(Ok(map)) => head.headers = map,
             _ => return Err(Refusal::of_status(400).into()),
+        }
+    }
+    if route.app.affinity.is_some() {
+        affinity::note_cookie(ctx, &head.headers);
+    }
+    if app_pages::has_pages(&route.app) {
+        app_pages::note_html_client(ctx, &head.method, &head.headers);
+        if let Some(retry_after_s) = app_pages::in_maintenance(ctx) {
+            return Err(Answer::Maintenance { retry_after_s });
         }
     }
     let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
@@ -241,7 +259,17 @@ async fn request_phase(
         ctx.limit_places = shared.limiter.admit(request).await?;
     }
     if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
-        return Err(Answer::Redirect(location));
+        return Err(Answer::Redirect {
+            status: 308,
+            location,
+        });
+    }
+    if route.app.basic_auth.is_some() {
+        let pool = shared.pool.as_deref();
+        let checked = basic_auth::check(ctx, head.uri.path(), &head.headers, client.ip(), pool);
+        if let Err(denied) = Box::pin(checked).await {
+            return Err(denied_answer(denied, client));
+        }
     }
     let body_deadline = shared.client_timeouts.body;
     if head.version == Version::HTTP_2
@@ -344,6 +372,7 @@ async fn upstream_phase(
     let Some(incoming) = unread.take() else {
         return Refusal::upstream_failed(false).into();
     };
+    let client_version = head.version;
     let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(Known::Upgrade);
     let body_ended = incoming.is_end_stream();
     let mirror_feed = if upgrade {
@@ -353,7 +382,11 @@ async fn upstream_phase(
         mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
     };
     cache::upstream_request_phase(ctx, &mut head.headers);
-    let answer_form = if head.version != Version::HTTP_2 && !cache::applies(ctx) {
+    let answer_form = if head.version != Version::HTTP_2
+        && !cache::applies(ctx)
+        && !header_rules::edits_answers(&route.app)
+        && route.app.affinity.is_none()
+    {
         AnswerForm::AsRead
     } else {
         AnswerForm::Map
@@ -363,13 +396,13 @@ async fn upstream_phase(
         head.version = Version::HTTP_11;
     } else {
         prepare_for_backend(head);
+        header_rules::edit_request(&route.app, &mut head.headers);
     }
     let forwarding = Forwarding::new(
         Fields::of(&head.headers, as_read.as_ref()).get(Known::ForwardedFor),
         Some(client.ip()),
         client.forwarded_for.as_ref(),
-        ctx.tls,
-        &ctx.request_id,
+        &ctx.hop(client_version),
     );
     let repeatable = head.method.is_idempotent() && body_ended && !upgrade;
     let replay = if repeatable { held.clone() } else { None };
@@ -400,6 +433,10 @@ async fn upstream_phase(
     let fields = response.headers_mut();
     if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
         return Answer::Cached(copy);
+    }
+    // After the cache's decision: a client's cookie is never kept in a shared copy.
+    if route.app.affinity.is_some() {
+        affinity::add_cookie(ctx, response.headers_mut());
     }
     Answer::Backend {
         response,
@@ -452,6 +489,29 @@ fn reads_whole_request(app: &switchyard_model::App) -> bool {
         || app.images.is_some()
         || app.mirror.is_some()
         || app.waf.is_some()
+        || app.basic_auth.is_some()
+        || app_pages::has_pages(app)
+        || header_rules::edits_requests(app)
+        || app.affinity.is_some()
+}
+
+/// The answer to a request the app's password protection did not let through.
+fn denied_answer(denied: basic_auth::Denied, client: &Client) -> Answer {
+    match denied {
+        basic_auth::Denied::Unauthorized(realm) => Answer::Unauthorized { realm },
+        basic_auth::Denied::LockedOut(seconds) => {
+            let refusal = Refusal::new(429, "too many failed passwords, try again later")
+                .come_back_in(seconds);
+            client.pacing.after(&refusal);
+            refusal.into()
+        }
+        basic_auth::Denied::Overloaded => Refusal::new(
+            503,
+            "the password could not be checked in time, try again shortly",
+        )
+        .come_back_in(crate::respond::POOL_BUSY_RETRY_AFTER_S)
+        .into(),
+    }
 }
 
 /// HTTP/2 clients may split `Cookie` into one field per cookie; an HTTP/1.1 backend gets

@@ -252,6 +252,17 @@ impl Upstream {
         }
     }
 
+    /// [`Upstream::pick`], but `preferred` (a sticky session's backend) when it is one of
+    /// these backends, usable and not tried yet.
+    pub(crate) fn pick_preferring(&self, preferred: SocketAddr, tried: &[SocketAddr]) -> Pick {
+        match self.find(preferred) {
+            Some(state) if state.is_usable() && !tried.contains(&preferred) => {
+                Pick::Backend(InFlight::start(state.clone()))
+            }
+            _ => self.pick(tried),
+        }
+    }
+
     /// The backend [`Upstream::pick`] would choose next, without choosing it, and whether
     /// passive marks had to be ignored to find one. For `least_loaded`, whose pick draws
     /// two at random, the least loaded usable backend now.

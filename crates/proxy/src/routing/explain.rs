@@ -56,7 +56,7 @@ pub async fn explain(
         "rule": rule,
         "domain": domain,
         "tried": tried_domains(&normalized, Some(&domain)),
-        "stages": stages(&route.app, method, path),
+        "stages": stages(&route.app, &normalized, method, path),
         "stored": cache::stored_copies(&route, cache_redis, &normalized, path).await,
         "backend": next_backend(&route.upstream, &route.app),
     }))
@@ -78,12 +78,66 @@ fn tried_domains(host: &str, matched: Option<&str>) -> Vec<String> {
 }
 
 /// Each stage, in the order requests run them, and whether it acts on this request.
-fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
+fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
     let reads = method == "GET" || method == "HEAD";
     let mut stages = Vec::new();
     let mut stage = |name: &str, applies: bool, why: String| {
         stages.push(json!({"stage": name, "applies": applies, "why": why}));
     };
+    let (path_only, query) = path
+        .split_once('?')
+        .map_or((path, None), |(p, q)| (p, Some(q)));
+    let moved = app
+        .redirects
+        .iter()
+        .find_map(|r| Some((r.status, r.location(host, path_only, query)?)));
+    match (app.redirects.len(), moved) {
+        (0, _) => stage("redirects", false, "the app lists no redirects".into()),
+        (_, Some((status, location))) => stage(
+            "redirects",
+            true,
+            format!("answered {status} to {location}"),
+        ),
+        (n, None) => stage(
+            "redirects",
+            false,
+            format!("none of the app's {n} redirects takes this host and path"),
+        ),
+    }
+    match app.maintenance.as_deref() {
+        Some(m) if m.enabled => stage(
+            "maintenance",
+            true,
+            format!(
+                "in maintenance: every request is answered 503 ({}){}, the backends are not asked",
+                if m.page_html.is_some() {
+                    "the app's page to browsers, text to the rest"
+                } else {
+                    "the router's text"
+                },
+                m.retry_after_s
+                    .map(|s| format!(" with Retry-After: {s}"))
+                    .unwrap_or_default()
+            ),
+        ),
+        _ => stage("maintenance", false, "the app is not in maintenance".into()),
+    }
+    match app.error_pages.as_deref() {
+        Some(pages) if !pages.0.is_empty() => stage(
+            "error_pages",
+            true,
+            format!(
+                "the router's own {} for this app carry the app's page (to browsers)",
+                pages
+                    .0
+                    .keys()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        _ => stage("error_pages", false, "the router's own pages".into()),
+    }
     match &app.limits {
         Some(limits) => stage(
             "limits",
@@ -95,6 +149,63 @@ fn stages(app: &App, method: &str, path: &str) -> Vec<Value> {
         ),
         None => stage("limits", false, "the app sets no limits".into()),
     }
+    match app.basic_auth.as_deref() {
+        Some(auth) if auth.is_open(path_only) => stage(
+            "basic_auth",
+            false,
+            "the path is open: no password asked".into(),
+        ),
+        Some(auth) => stage(
+            "basic_auth",
+            true,
+            format!(
+                "a user name and password are asked (realm \"{}\", {} users): 401 without",
+                auth.realm,
+                auth.users.len()
+            ),
+        ),
+        None => stage("basic_auth", false, "the app asks no password".into()),
+    }
+    match app.headers.as_deref() {
+        Some(rules) => stage(
+            "header_rules",
+            true,
+            format!(
+                "request: {}; response: {}",
+                serde_json::to_string(&rules.request).unwrap_or_default(),
+                serde_json::to_string(&rules.response).unwrap_or_default()
+            ),
+        ),
+        None => stage("header_rules", false, "the app edits no fields".into()),
+    }
+    match &app.affinity {
+        Some(affinity) => stage(
+            "affinity",
+            true,
+            format!(
+                "sticky sessions: the backend the cookie {} names is tried first while it is \
+                 in the app and usable; a first request, or one whose backend is gone, gets a \
+                 new cookie ({})",
+                affinity.cookie,
+                affinity
+                    .ttl_s
+                    .map_or("a session cookie".to_string(), |s| format!("Max-Age={s}"))
+            ),
+        ),
+        None => stage("affinity", false, "requests are balanced one by one".into()),
+    }
+    stage(
+        "forwarding",
+        true,
+        format!(
+            "the app gets X-Forwarded-For, -Proto, -Port, X-Request-Id, X-Request-Start and Via{}",
+            if app.forwarding.x_forwarded_host {
+                ", and X-Forwarded-Host"
+            } else {
+                ""
+            }
+        ),
+    );
     stage(
         "https_redirect",
         app.https_redirect,

@@ -2,8 +2,9 @@
 //! change), each app's backends with their balancing and health, the table of connections
 //! to backends (so a deletion or a domain transfer can drain them), the follower that
 //! applies the store's change events (and remembers the latest), the per-app request counts,
-//! and the explanation of where a host goes.
+//! the explanation of where a host goes, and the tokens of sticky sessions.
 
+pub(crate) mod affinity_tokens;
 pub(crate) mod balancer;
 pub(crate) mod connections;
 pub(crate) mod drain;

@@ -62,6 +62,8 @@ pub(crate) struct AppRoute {
     pub(crate) response_cache: Option<Arc<AppResponseCache>>,
     /// Its answered requests, shared by every version of its route.
     pub(crate) requests: Arc<AppRequests>,
+    /// Its backends' sticky-session tokens, when it has affinity (made on first use).
+    pub(crate) affinity: Option<Box<std::sync::OnceLock<crate::routing::affinity_tokens::Tokens>>>,
 }
 
 /// Sizes of the route caches.
@@ -474,12 +476,14 @@ fn build_route(
             })
     });
     let requests = REQUEST_COUNTS.for_app(app.name.as_str());
+    let affinity = app.affinity.as_ref().map(|_| Box::default());
     AppRoute {
         app,
         upstream,
         mirror,
         response_cache,
         requests,
+        affinity,
     }
 }
 

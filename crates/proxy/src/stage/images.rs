@@ -528,7 +528,7 @@ fn original_request(
         headers.insert(http::header::HOST, host);
     }
     headers.insert(http::header::ACCEPT, HeaderValue::from_static("image/*"));
-    forwarded::set_forwarded_headers(client_ip, headers, ctx.tls, &ctx.request_id);
+    forwarded::set_forwarded_headers(client_ip, headers, &ctx.hop(http::Version::HTTP_11));
     Ok(request)
 }
 

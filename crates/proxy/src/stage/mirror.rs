@@ -271,7 +271,8 @@ fn copy_head(
             HeaderValue::from_static("chunked"),
         );
     }
-    forwarded::set_forwarded_headers(client_ip, &mut copy.headers, ctx.tls, &ctx.request_id);
+    let hop = ctx.hop(request.version);
+    forwarded::set_forwarded_headers(client_ip, &mut copy.headers, &hop);
     copy.headers
         .insert("x-mirrored-by", HeaderValue::from_static("switchyard"));
     Ok(copy)

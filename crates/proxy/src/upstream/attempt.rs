@@ -21,7 +21,11 @@ pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAns
     let Some(route) = ctx.route.clone() else {
         return Err(LocalAnswer::UnknownHost);
     };
-    let guard = match route.upstream.pick(&ctx.tried) {
+    let picked = match ctx.sticky.as_deref().and_then(|sticky| sticky.backend()) {
+        Some(sticky) => route.upstream.pick_preferring(sticky, &ctx.tried),
+        None => route.upstream.pick(&ctx.tried),
+    };
+    let guard = match picked {
         Pick::Backend(guard) => guard,
         Pick::NoBackends => return Err(LocalAnswer::NoBackends),
         Pick::NoneHealthy => return Err(LocalAnswer::NoHealthyBackend),

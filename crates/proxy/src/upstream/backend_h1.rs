@@ -234,9 +234,10 @@ impl BackendConnection {
             (None, None) if body.is_end_stream() => (RequestBody::Empty, false),
             (None, None) => (RequestBody::Chunked, true),
         };
-        let mut extra: [(&str, &[u8]); 5] = [("", b""); 5];
+        const MOST: usize = crate::forwarded::MOST_FIELDS + 2;
+        let mut extra: [(&str, &[u8]); MOST] = [("", b""); MOST];
         let mut extras = 0;
-        for (slot, field) in extra[..3].iter_mut().zip(forwarding.fields()) {
+        for (slot, field) in extra[..MOST - 2].iter_mut().zip(forwarding.fields()) {
             *slot = field;
             extras += 1;
         }

@@ -1,0 +1,543 @@
+//! The per-app switches platform teams expect, through the real binary: redirects,
+//! maintenance and error pages, header rules, password protection, and the forwarding
+//! fields every backend gets (queue time, port, Via).
+
+use switchyard_test_support as support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use support::{free_port, Backend, RouterProcess};
+
+fn send(
+    router: &RouterProcess,
+    method: &str,
+    host: &str,
+    path: &str,
+    extra: &str,
+) -> support::Response {
+    support::send(router.http, method, host, path, extra)
+        .unwrap_or_else(|e| panic!("{method} {host}{path}: {e}\n{}", router.logs()))
+}
+
+const HTML: &str = "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n";
+
+#[test]
+fn redirects_move_hosts_and_prefixes_before_the_app_and_leave_challenges_alone() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("site");
+    router.put_app(
+        "site",
+        json!({
+            "domains": ["example.test", "www.example.test"],
+            "backends": [backend.addr.to_string()],
+            "redirects": [
+                {"host": "www.example.test", "to": "https://example.test", "status": 301},
+                {"path_prefix": "/old", "to": "/new", "status": 308},
+                {"path_prefix": "/docs/", "to": "https://docs.example.org/v2/", "status": 302}
+            ]
+        }),
+    );
+    for (host, path, status, location) in [
+        (
+            "www.example.test",
+            "/cart?id=7",
+            301,
+            "https://example.test/cart?id=7",
+        ),
+        ("example.test", "/old/a/b?x=1", 308, "/new/a/b?x=1"),
+        ("example.test", "/old", 308, "/new"),
+        (
+            "example.test",
+            "/docs/api",
+            302,
+            "https://docs.example.org/v2/api",
+        ),
+    ] {
+        let response = send(&router, "GET", host, path, "");
+        assert_eq!(response.status, status, "{host}{path}: {}", response.text());
+        assert_eq!(response.header("location"), Some(location), "{host}{path}");
+    }
+    // A path only starting like the prefix, and the apex, go to the app.
+    assert_eq!(router.get("example.test", "/older").status, 200);
+    assert_eq!(backend.requests(), 1, "redirects never reached the app");
+    // The app (or the fleet's issuer) must be able to answer HTTP-01 for the moved host.
+    let challenge = router.get("www.example.test", "/.well-known/acme-challenge/tok3n");
+    assert_eq!(challenge.status, 200, "{}", challenge.text());
+    assert_eq!(
+        challenge.json()["path"],
+        "/.well-known/acme-challenge/tok3n"
+    );
+    let explained = router
+        .admin_call("GET", "/v1/explain?host=www.example.test&path=/cart", None)
+        .1;
+    let stage = explained["stages"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "redirects"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(stage["applies"], true, "{explained}");
+    assert!(stage["why"]
+        .as_str()
+        .is_some_and(|w| w.contains("https://example.test/cart")));
+}
+
+#[test]
+fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    let page = "<!doctype html><h1>Back in a few minutes</h1>";
+    let spec = |enabled: bool| {
+        json!({
+            "domains": ["shop.test"],
+            "backends": [backend.addr.to_string()],
+            "maintenance": {"enabled": enabled, "page_html": page, "retry_after_s": 300}
+        })
+    };
+    router.put_app("shop", spec(true));
+    let browser = send(&router, "GET", "shop.test", "/", HTML);
+    assert_eq!(browser.status, 503);
+    assert_eq!(browser.text(), page);
+    assert_eq!(
+        browser.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(browser.header("retry-after"), Some("300"));
+    assert_eq!(browser.header("cache-control"), Some("no-store"));
+    let api = send(
+        &router,
+        "POST",
+        "shop.test",
+        "/api/orders",
+        "Accept: application/json\r\n",
+    );
+    assert_eq!(api.status, 503);
+    assert!(api.text().contains("under maintenance"), "{}", api.text());
+    assert!(api
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/plain")));
+    let head = send(&router, "HEAD", "shop.test", "/", HTML);
+    assert_eq!(head.status, 503);
+    assert!(head
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/plain")));
+    assert_eq!(backend.requests(), 0, "the backends are left alone");
+
+    router.put_app("shop", spec(false));
+    assert_eq!(send(&router, "GET", "shop.test", "/", HTML).status, 200);
+    assert_eq!(backend.requests(), 1);
+}
+
+#[test]
+fn error_pages_replace_the_routers_own_answers_never_the_apps() {
+    let router = RouterProcess::start();
+    let failing = Backend::start("failing");
+    failing.set_behaviour(support::Behaviour::Status(502));
+    let page = "<h1>Something broke, we are on it</h1>";
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    for (name, backend) in [("gone", nowhere), ("failing", failing.addr.to_string())] {
+        router.put_app(
+            name,
+            json!({
+                "domains": [format!("{name}.test")],
+                "backends": [backend],
+                "retries": 0,
+                "error_pages": {"502": page, "504": "<h1>slow</h1>"}
+            }),
+        );
+    }
+    let browser = send(&router, "GET", "gone.test", "/", HTML);
+    assert_eq!(browser.status, 502);
+    assert_eq!(browser.text(), page);
+    assert_eq!(
+        browser.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    let api = send(&router, "GET", "gone.test", "/", "");
+    assert_eq!(api.status, 502);
+    assert!(
+        api.text().contains("request id"),
+        "the router's text: {}",
+        api.text()
+    );
+    let apps_own = send(&router, "GET", "failing.test", "/", HTML);
+    assert_eq!(apps_own.status, 502);
+    assert_ne!(apps_own.text(), page, "an answer the app sent is its own");
+}
+
+#[test]
+fn header_rules_edit_requests_and_every_answer_cached_ones_included() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("web");
+    router.put_app(
+        "web",
+        json!({
+            "domains": ["web.test"],
+            "backends": [backend.addr.to_string()],
+            "cache": {"paths": ["/cached/*"]},
+            "limits": {"max_body_bytes": 10},
+            "headers": {
+                "request": {"set": {"X-Tenant": "web"}, "append": {"X-Tags": "edge"}, "remove": ["X-Debug"]},
+                "response": {
+                    "set": {"X-Frame-Options": "DENY", "Strict-Transport-Security-Report-Only": "1"},
+                    "remove": ["Set-Cookie"]
+                }
+            }
+        }),
+    );
+    let response = send(
+        &router,
+        "GET",
+        "web.test",
+        "/plain?cookie=session=1",
+        "X-Debug: 1\r\nX-Tenant: spoofed\r\n",
+    );
+    assert_eq!(response.status, 200);
+    let seen = response.json()["headers"].clone();
+    assert_eq!(seen["x-tenant"], "web", "set replaces the client's");
+    assert_eq!(seen["x-tags"], "edge");
+    assert!(seen.get("x-debug").is_none(), "{seen}");
+    assert!(
+        seen.get("x-request-id").is_some(),
+        "the router's own fields stay"
+    );
+    assert_eq!(response.header("x-frame-options"), Some("DENY"));
+    assert_eq!(response.header("set-cookie"), None);
+    assert!(response.header("x-request-id").is_some());
+
+    let first = router.get("web.test", "/cached/a?cc=max-age=60");
+    let second = router.get("web.test", "/cached/a?cc=max-age=60");
+    assert_eq!(
+        second.header("x-cache"),
+        Some("HIT"),
+        "{:?}",
+        second.headers
+    );
+    for answer in [&first, &second] {
+        assert_eq!(answer.header("x-frame-options"), Some("DENY"));
+    }
+    // The router's own answers for the app carry them too.
+    let too_large = send(
+        &router,
+        "POST",
+        "web.test",
+        "/upload",
+        "Content-Length: 100\r\n",
+    );
+    assert_eq!(too_large.status, 413, "{}", too_large.text());
+    assert_eq!(too_large.header("x-frame-options"), Some("DENY"));
+
+    let (status, error) = router.admin_call(
+        "PUT",
+        "/v1/apps/web",
+        Some(&json!({"headers": {"response": {"remove": ["X-Request-Id"]}}}).to_string()),
+    );
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(error["field"], "headers.response.remove[0]", "{error}");
+}
+
+#[test]
+fn every_backend_is_told_when_the_request_came_on_which_port_and_through_what() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("apm");
+    for (name, host) in [("plain", false), ("hosted", true)] {
+        router.put_app(
+            name,
+            json!({
+                "domains": [format!("{name}.test")],
+                "backends": [backend.addr.to_string()],
+                "forwarding": {"x_forwarded_host": host}
+            }),
+        );
+    }
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_micros();
+    let seen = send(
+        &router,
+        "GET",
+        "plain.test",
+        "/",
+        "Via: 1.0 cdn.example\r\nX-Request-Start: t=1\r\n",
+    )
+    .json()["headers"]
+        .clone();
+    let after = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_micros();
+    let start: u128 = seen["x-request-start"]
+        .as_str()
+        .and_then(|v| v.strip_prefix("t="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("X-Request-Start: {seen}"));
+    assert!(
+        (before..=after).contains(&start),
+        "{before} <= {start} <= {after}"
+    );
+    assert_eq!(seen["x-forwarded-port"], router.http.port().to_string());
+    // The test backend keeps the last of repeated fields: the router's Via follows the CDN's.
+    assert_eq!(seen["via"], "1.1 switchyard");
+    assert!(
+        seen.get("x-forwarded-host").is_none(),
+        "not asked for: {seen}"
+    );
+    let hosted = router.get("hosted.test", "/").json()["headers"].clone();
+    assert_eq!(hosted["x-forwarded-host"], "hosted.test");
+}
+
+/// A bcrypt hash as `htpasswd -nbB -C 5` makes it (the `$2y$` variant).
+fn htpasswd(password: &str) -> String {
+    bcrypt::hash_with_result(password, 5)
+        .expect("bcrypt")
+        .format_for_version(bcrypt::Version::TwoY)
+}
+
+fn basic(user: &str, password: &str) -> String {
+    let token = openssl::base64::encode_block(format!("{user}:{password}").as_bytes());
+    format!("Authorization: Basic {token}\r\n")
+}
+
+#[test]
+fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("staging");
+    router.put_app(
+        "staging",
+        json!({
+            "domains": ["staging.test"],
+            "backends": [backend.addr.to_string()],
+            "basic_auth": {
+                "realm": "Staging",
+                "users": {"alice": htpasswd("correct horse"), "bob": htpasswd("battery")},
+                "open_paths": ["/health"]
+            }
+        }),
+    );
+    let anonymous = router.get("staging.test", "/");
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(
+        anonymous.header("www-authenticate"),
+        Some("Basic realm=\"Staging\", charset=\"UTF-8\"")
+    );
+    assert_eq!(router.get("staging.test", "/health").status, 200, "open");
+    assert_eq!(backend.requests(), 1);
+
+    let alice = basic("alice", "correct horse");
+    assert_eq!(
+        send(&router, "GET", "staging.test", "/", &alice).status,
+        200
+    );
+    let verified = router.metric("switchyard_basic_auth_checks_total{result=\"verified\"}");
+    assert_eq!(verified, 1.0);
+    assert_eq!(
+        send(&router, "GET", "staging.test", "/again", &alice).status,
+        200
+    );
+    assert_eq!(
+        router.metric("switchyard_basic_auth_checks_total{result=\"cached\"}"),
+        1.0,
+        "a second request costs no bcrypt"
+    );
+    let wrong = send(&router, "GET", "staging.test", "/", &basic("bob", "staple"));
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("www-authenticate").is_some());
+
+    // Nine more failures make ten in the window: the client is locked out, even with the
+    // right password, and the backend never sees the attempts.
+    for _ in 0..9 {
+        let failed = send(
+            &router,
+            "GET",
+            "staging.test",
+            "/",
+            &basic("mallory", "guess"),
+        );
+        assert_eq!(failed.status, 401);
+    }
+    let locked = send(
+        &router,
+        "GET",
+        "staging.test",
+        "/",
+        &basic("bob", "battery"),
+    );
+    assert_eq!(locked.status, 429, "{}", locked.text());
+    let wait: u64 = locked
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((1..=60).contains(&wait));
+    assert_eq!(backend.requests(), 3, "the open path and alice's two");
+}
+
+#[test]
+fn bad_switches_are_refused_naming_the_field() {
+    let router = RouterProcess::start();
+    for (spec, field) in [
+        (
+            json!({"domains": ["a.test"], "redirects": [{"host": "b.test", "to": "https://a.test"}]}),
+            "redirects[0].host",
+        ),
+        (
+            json!({"redirects": [{"path_prefix": "/a", "to": "https://a.test", "status": 303}]}),
+            "redirects[0].status",
+        ),
+        (
+            json!({"maintenance": {"enabled": "yes"}}),
+            "maintenance.enabled",
+        ),
+        (
+            json!({"maintenance": {"page_url": "https://status.example.com"}}),
+            "maintenance.page_url",
+        ),
+        (
+            json!({"error_pages": {"500": "<p>x</p>"}}),
+            "error_pages.500",
+        ),
+        (
+            json!({"headers": {"request": {"set": {"X-A": "a\u{7f}b"}}}}),
+            "headers.request.set.X-A",
+        ),
+        (
+            json!({"basic_auth": {"users": {"alice": "plaintext"}}}),
+            "basic_auth.users.alice",
+        ),
+        (
+            json!({"forwarding": {"x_forwarded_host": 1}}),
+            "forwarding.x_forwarded_host",
+        ),
+    ] {
+        let (status, error) = router.admin_call("PUT", "/v1/apps/bad", Some(&spec.to_string()));
+        assert_eq!(status, 400, "{spec}: {error}");
+        assert_eq!(error["field"], field, "{spec}: {error}");
+    }
+}
+
+/// The `name=value` of an answer's `Set-Cookie`, for cookie `name`.
+fn affinity_cookie(response: &support::Response, name: &str) -> Option<String> {
+    response
+        .headers
+        .iter()
+        .filter(|(field, _)| field.eq_ignore_ascii_case("set-cookie"))
+        .map(|(_, value)| value.split(';').next().unwrap_or_default().to_string())
+        .find(|pair| pair.starts_with(&format!("{name}=")))
+}
+
+fn served_by(response: &support::Response) -> String {
+    response.json()["backend"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet() {
+    let redis = support::RedisServer::start();
+    let routers: Vec<RouterProcess> = (0..2)
+        .map(|_| RouterProcess::start_with(&["--store", &redis.url()]))
+        .collect();
+    let backends: Vec<Backend> = ["one", "two", "three"].map(Backend::start).into();
+    let spec = |backends: &[&Backend]| {
+        json!({
+            "domains": ["sticky.test"],
+            "backends": backends.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
+            "affinity": {"cookie": "sticky", "ttl_s": 3600}
+        })
+    };
+    routers[0].put_app("sticky", spec(&[&backends[0], &backends[1]]));
+    support::eventually(Duration::from_secs(5), "both routers know the app", || {
+        routers
+            .iter()
+            .all(|r| r.get("sticky.test", "/").status == 200)
+    });
+
+    let first = routers[0].get("sticky.test", "/");
+    let cookie = affinity_cookie(&first, "sticky").expect("a first answer sets the cookie");
+    let set = first
+        .headers
+        .iter()
+        .find(|(f, _)| f.eq_ignore_ascii_case("set-cookie"));
+    let attributes = set.map(|(_, v)| v.as_str()).unwrap_or_default();
+    assert!(
+        attributes.contains("HttpOnly") && attributes.contains("Max-Age=3600"),
+        "{attributes}"
+    );
+    let home = served_by(&first);
+    assert!(
+        !cookie.contains("127.0.0.1"),
+        "the token names no address: {cookie}"
+    );
+    let with_cookie = format!("Cookie: theme=dark; {cookie}\r\n");
+    // Both routers of the fleet send the client home, and set no new cookie.
+    for router in &routers {
+        for _ in 0..6 {
+            let answer = send(router, "GET", "sticky.test", "/", &with_cookie);
+            assert_eq!(served_by(&answer), home);
+            assert_eq!(affinity_cookie(&answer, "sticky"), None);
+        }
+    }
+    // A WebSocket with the cookie goes home too.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let reply = runtime.block_on(async {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = format!("ws://sticky.test:{}/chat", routers[1].http.port());
+        let mut request = url.into_client_request().expect("request");
+        let value = cookie.parse().expect("cookie value");
+        request.headers_mut().insert("cookie", value);
+        let stream = tokio::net::TcpStream::connect(routers[1].http)
+            .await
+            .expect("connect");
+        let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
+            .await
+            .expect("WebSocket through the router");
+        socket
+            .send(tokio_tungstenite::tungstenite::Message::text("hi"))
+            .await
+            .expect("send");
+        let reply = socket.next().await.expect("reply").expect("frame");
+        reply.into_text().expect("text").to_string()
+    });
+    assert_eq!(reply, format!("{home}:hi"));
+
+    // Scaling out moves nobody.
+    routers[0].put_app("sticky", spec(&[&backends[0], &backends[1], &backends[2]]));
+    support::eventually(
+        Duration::from_secs(5),
+        "the third backend takes traffic",
+        || routers[1].get("sticky.test", "/").json()["backend"] == "three",
+    );
+    for router in &routers {
+        let answer = send(router, "GET", "sticky.test", "/", &with_cookie);
+        assert_eq!(served_by(&answer), home, "scaling out moved a session");
+    }
+
+    // The home backend leaves the app: the client is re-balanced and gets a new cookie.
+    let others: Vec<&Backend> = backends.iter().filter(|b| b.name() != home).collect();
+    routers[0].put_app("sticky", spec(&others));
+    support::eventually(
+        Duration::from_secs(5),
+        "the removal reaches both routers",
+        || {
+            routers
+                .iter()
+                .all(|r| served_by(&send(r, "GET", "sticky.test", "/", &with_cookie)) != home)
+        },
+    );
+    let moved = send(&routers[1], "GET", "sticky.test", "/", &with_cookie);
+    let new_cookie = affinity_cookie(&moved, "sticky").expect("a new cookie");
+    assert_ne!(new_cookie, cookie);
+    let new_home = served_by(&moved);
+    let again = send(
+        &routers[0],
+        "GET",
+        "sticky.test",
+        "/",
+        &format!("Cookie: {new_cookie}\r\n"),
+    );
+    assert_eq!(served_by(&again), new_home);
+    assert!(routers[0].metric("switchyard_affinity_total{result=\"kept\"}") >= 6.0);
+    assert!(routers[1].metric("switchyard_affinity_total{result=\"moved\"}") >= 1.0);
+}
