@@ -541,3 +541,173 @@ fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet()
     assert!(routers[0].metric("switchyard_affinity_total{result=\"kept\"}") >= 6.0);
     assert!(routers[1].metric("switchyard_affinity_total{result=\"moved\"}") >= 1.0);
 }
+
+/// The body of an answer decoded by its `Content-Encoding` (as it is when it has none).
+fn decoded(response: &support::Response) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match response.header("content-encoding") {
+        Some("gzip") => {
+            flate2::read::GzDecoder::new(&response.body[..])
+                .read_to_end(&mut out)
+                .expect("gzip");
+        }
+        Some("br") => {
+            brotli::Decompressor::new(&response.body[..], 4096)
+                .read_to_end(&mut out)
+                .expect("brotli");
+        }
+        Some("zstd") => out = zstd::stream::decode_all(&response.body[..]).expect("zstd"),
+        _ => out = response.body.clone(),
+    }
+    out
+}
+
+#[test]
+fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_coding() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("texts");
+    router.put_app(
+        "texts",
+        json!({
+            "domains": ["texts.test"],
+            "backends": [backend.addr.to_string()],
+            "cache": {"paths": ["/cached/*"]},
+            "compress": {"min_bytes": 200}
+        }),
+    );
+    // A JSON answer of some 3 KB: the app's echo of a long field.
+    let pad = format!("X-Pad: {}\r\n", "abc ".repeat(700));
+    let plain = send(&router, "GET", "texts.test", "/a", &pad);
+    assert_eq!(
+        plain.header("content-encoding"),
+        None,
+        "no Accept-Encoding, no coding"
+    );
+    assert_eq!(plain.header("vary"), Some("Accept-Encoding"));
+    let text = plain.body.clone();
+    assert!(text.len() > 2800, "{}", text.len());
+    for (accept, coding) in [
+        ("gzip, deflate", "gzip"),
+        ("gzip, deflate, br", "br"),
+        ("gzip, deflate, br, zstd", "zstd"),
+        ("zstd;q=0.5, gzip", "gzip"),
+    ] {
+        let answer = send(
+            &router,
+            "GET",
+            "texts.test",
+            "/a",
+            &format!("{pad}Accept-Encoding: {accept}\r\n"),
+        );
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("content-encoding"), Some(coding), "{accept}");
+        assert_eq!(answer.header("content-length"), None, "streamed: {accept}");
+        assert!(
+            answer.body.len() * 4 < text.len(),
+            "{accept}: {} bytes",
+            answer.body.len()
+        );
+        let body: Value = serde_json::from_slice(&decoded(&answer)).expect("JSON once decoded");
+        assert_eq!(
+            body["headers"]["accept-encoding"], coding,
+            "the app is told the one coding"
+        );
+    }
+    // A stream is compressed as it comes, and whole once decoded.
+    let stream = send(
+        &router,
+        "GET",
+        "texts.test",
+        "/stream?chunks=20&interval_ms=5",
+        "Accept-Encoding: gzip\r\n",
+    );
+    assert_eq!(stream.header("content-encoding"), Some("gzip"));
+    let lines = String::from_utf8(decoded(&stream)).expect("text");
+    assert_eq!(lines.lines().count(), 20, "{lines}");
+    // Never twice, never against no-transform, never a small answer.
+    let encoded = send(
+        &router,
+        "GET",
+        "texts.test",
+        "/origin?h=Content-Encoding:gzip&h=Content-Type:text/html",
+        "Accept-Encoding: br\r\n",
+    );
+    assert_eq!(encoded.header("content-encoding"), Some("gzip"));
+    assert!(
+        encoded.text().starts_with("origin "),
+        "{:?}",
+        encoded.text()
+    );
+    let kept = send(
+        &router,
+        "GET",
+        "texts.test",
+        "/b?cc=no-transform",
+        &format!("{pad}Accept-Encoding: gzip\r\n"),
+    );
+    assert_eq!(kept.header("content-encoding"), None);
+    let small = send(
+        &router,
+        "GET",
+        "texts.test",
+        "/health",
+        "Accept-Encoding: gzip\r\n",
+    );
+    assert_eq!(small.header("content-encoding"), None);
+
+    // The cache keeps one copy per coding, each served as stored.
+    let cached = |accept: &str| {
+        let extra = format!("{pad}Accept-Encoding: {accept}\r\n");
+        send(
+            &router,
+            "GET",
+            "texts.test",
+            "/cached/page?cc=max-age=60",
+            &extra,
+        )
+    };
+    let first_gzip = cached("gzip");
+    assert_eq!(first_gzip.header("x-cache"), Some("MISS"));
+    let second_gzip = cached("deflate, gzip");
+    assert_eq!(
+        second_gzip.header("x-cache"),
+        Some("HIT"),
+        "{:?}",
+        second_gzip.headers
+    );
+    assert_eq!(second_gzip.header("content-encoding"), Some("gzip"));
+    assert!(
+        decoded(&second_gzip) == decoded(&first_gzip),
+        "the stored copy"
+    );
+    let first_br = cached("br");
+    assert_eq!(
+        first_br.header("x-cache"),
+        Some("MISS"),
+        "another coding, another copy"
+    );
+    let second_br = cached("br");
+    assert_eq!(second_br.header("x-cache"), Some("HIT"));
+    assert_eq!(second_br.header("content-encoding"), Some("br"));
+    assert!(decoded(&second_br) == decoded(&first_br), "the stored copy");
+    let identity = cached("identity");
+    assert_eq!(
+        identity.header("x-cache"),
+        Some("MISS"),
+        "and one uncompressed"
+    );
+    assert_eq!(identity.header("content-encoding"), None);
+    let stored: Value = serde_json::from_slice(&cached("").body).expect("plain JSON");
+    assert!(
+        stored["headers"].get("accept-encoding").is_none(),
+        "{}",
+        stored["headers"]
+    );
+    assert!(router.metric("switchyard_compress_total{result=\"gzip\"}") >= 3.0);
+    assert_eq!(
+        router.metric("switchyard_compress_streams"),
+        0.0,
+        "every place given back"
+    );
+}

@@ -328,6 +328,7 @@ function switchRows(app) {
     ["headers", app.headers ? shown(app.headers) : off],
     ["basic_auth", auth ? shown(auth) : off],
     ["affinity", app.affinity ? shown(app.affinity) : off],
+    ["compress", app.compress ? shown(app.compress) : off],
     ["x_forwarded_host", app.forwarding && app.forwarding.x_forwarded_host ? "on" : off],
   ];
   return rows.map(([name, value]) => `<tr><td>${name}</td><td>${value}</td></tr>`).join("");

@@ -321,6 +321,9 @@ pub struct App {
     /// Sticky sessions: a client's requests go to the backend that served its first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<crate::Affinity>,
+    /// Answers compressed for clients that accept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<crate::Compress>,
     /// What the app is told beyond the fields every backend gets.
     #[serde(default, skip_serializing_if = "AppForwarding::is_default")]
     pub forwarding: AppForwarding,

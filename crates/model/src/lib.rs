@@ -11,6 +11,7 @@ mod cache;
 mod certificate;
 mod change;
 mod client;
+mod compress;
 mod domain;
 mod error;
 mod header_rules;
@@ -36,6 +37,7 @@ pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
 pub use change::Change;
 pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
+pub use compress::{Compress, DEFAULT_COMPRESSED_TYPES};
 pub use domain::{normalize_host, Domain};
 pub use error::ValidationError;
 pub use header_rules::{

@@ -53,6 +53,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "basic_auth",
             "forwarding",
             "affinity",
+            "compress",
             // What GET shows of the named backends' addresses: read-only, ignored here, so
             // an app read and written back is accepted.
             "resolved_backends",
@@ -199,8 +200,13 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None | Some(Value::Null) => None,
         Some(v) => Some(crate::affinity::parse_affinity(v).map_err(|e| e.under("affinity"))?),
     };
+    let compress = match fields.get("compress") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(crate::compress::parse_compress(v).map_err(|e| e.under("compress"))?),
+    };
     Ok(App {
         name,
+        compress,
         affinity,
         redirects,
         maintenance,

@@ -28,6 +28,8 @@ pub(crate) enum BodyError {
     File(std::io::Error),
     /// The client's body passed the app's `max_body_bytes`.
     TooLarge(u64),
+    /// The answer could not be compressed.
+    Encoding(std::io::Error),
 }
 
 impl std::fmt::Display for BodyError {
@@ -38,6 +40,7 @@ impl std::fmt::Display for BodyError {
             Self::TimedOut(after) => write!(f, "no data for {after:?}"),
             Self::File(e) => write!(f, "reading the file: {e}"),
             Self::TooLarge(limit) => write!(f, "the body passed the app's limit of {limit} bytes"),
+            Self::Encoding(e) => write!(f, "compressing the answer: {e}"),
         }
     }
 }

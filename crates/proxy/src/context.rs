@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::content_coding::{Coding, Encoder};
 use crate::forwarded::Hop;
 use crate::isolation::RequestWeight;
 use crate::metrics;
@@ -30,6 +31,10 @@ pub(crate) struct RequestCtx {
     pub(crate) server_port: u16,
     /// What the client's sticky-session cookie says (`stage::affinity`).
     pub(crate) sticky: Option<Box<Sticky>>,
+    /// The coding this client's answers are compressed with, for an app that compresses.
+    pub(crate) coding: Option<Coding>,
+    /// The encoder of this answer's body, once its head was made compressed.
+    pub(crate) encoder: Option<Box<Encoder>>,
     /// Whether the client takes the app's HTML pages (`stage::app_pages`).
     pub(crate) wants_html: bool,
     /// The body length the request's Content-Length declares, as the framing stage read it;
@@ -73,6 +78,8 @@ impl RequestCtx {
             tls: false,
             server_port: 0,
             wants_html: false,
+            coding: None,
+            encoder: None,
             sticky: None,
             declared_length: None,
             host: None,

@@ -17,6 +17,7 @@ mod app_files;
 mod body_read;
 mod byte_budget;
 mod connection;
+mod content_coding;
 mod context;
 mod event_loop;
 mod fleet_rate;

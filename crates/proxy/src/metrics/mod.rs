@@ -328,6 +328,19 @@ switchyard_metrics::declare_metrics! {
         &["result"]
     ));
 
+    pub(crate) static COMPRESS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_compress_total",
+        "Answers of a type an app compresses, to clients that accept a coding, by result: the \
+         coding (zstd, br, gzip), skipped (already encoded, no-transform, not a 200, under \
+         the app's min_bytes) or busy (1,024 streams compressing already; sent as is).",
+        &["result"]
+    ));
+
+    pub(crate) static COMPRESS_STREAMS: IntGauge = registered(register_int_gauge!(
+        "switchyard_compress_streams",
+        "Answers being compressed now (at most 1,024; past it answers go uncompressed)."
+    ));
+
     pub(crate) static BASIC_AUTH_CHECKS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_basic_auth_checks_total",
         "Requests to password-protected apps, by result: open (an open path), cached (the \

@@ -194,14 +194,16 @@ fn backend_response(
         // An empty body is never read: a response the cache keeps is complete now.
         cache::body_phase(&mut end.ctx, &None, true);
     }
+    let encoder = end.ctx.encoder.take();
     if reads_ahead(&response, &end) {
         let buffers = end.worker.shared.response_buffers.clone();
         let worker = end.worker.clone();
         return response.map(|body| {
             AnswerBody::read_ahead(ReadAhead::start(body, read_deadline, worker, buffers), end)
+                .encoded_by(encoder)
         });
     }
-    response.map(|body| AnswerBody::from_backend(body, read_deadline, end))
+    response.map(|body| AnswerBody::from_backend(body, read_deadline, end).encoded_by(encoder))
 }
 
 /// Whether the backend's answer is read ahead of the client: when the router reads ahead,

@@ -15,11 +15,15 @@ use tokio::io::AsyncReadExt;
 
 use super::end::RequestEnd;
 use crate::body_read::{data_len, poll_with_deadline, BodyError, ReadDeadline};
+use crate::content_coding::Encoder;
 use crate::context::RequestCtx;
 use crate::respond::BODY_PIECE;
 use crate::stage::cache;
 use crate::upstream::backend_h1::BackendBody;
 use crate::upstream::read_ahead::ReadAhead;
+
+/// What a body's next poll gives: a frame, its end (`None`), or an error.
+type NextFrame = Option<Result<Frame<Bytes>, BodyError>>;
 
 enum Source {
     /// The backend's answer; its connection goes back to the pool once it has been read
@@ -42,6 +46,8 @@ enum Source {
 /// The answer on its way to the client.
 pub(crate) struct AnswerBody {
     source: Source,
+    /// Compresses the backend's body on its way (`stage::compress`).
+    encoder: Option<Box<Encoder>>,
     /// Boxed: the body is moved several times per answer (hyper's HTTP/2 server moves it a
     /// dozen times), and the request's state is most of its size.
     end: Option<Box<RequestEnd>>,
@@ -70,6 +76,7 @@ impl AnswerBody {
                 body,
                 deadline: ReadDeadline::new(read_deadline),
             },
+            encoder: None,
             end: Some(end),
         }
     }
@@ -78,6 +85,7 @@ impl AnswerBody {
     pub(crate) fn read_ahead(read_ahead: ReadAhead, end: Box<RequestEnd>) -> Self {
         Self {
             source: Source::ReadAhead(read_ahead),
+            encoder: None,
             end: Some(end),
         }
     }
@@ -90,6 +98,7 @@ impl AnswerBody {
                 remaining: length,
                 buffer: BytesMut::new(),
             },
+            encoder: None,
             end: Some(end),
         }
     }
@@ -99,35 +108,31 @@ impl AnswerBody {
     pub(crate) fn local(body: Bytes, end: Option<Box<RequestEnd>>) -> Self {
         Self {
             source: Source::Local((!body.is_empty()).then_some(body)),
+            encoder: None,
             end,
         }
     }
 }
 
-impl Body for AnswerBody {
-    type Data = Bytes;
-    type Error = BodyError;
+impl AnswerBody {
+    /// The same body, compressed on its way by `encoder`.
+    pub(crate) fn encoded_by(mut self, encoder: Option<Box<Encoder>>) -> Self {
+        self.encoder = encoder;
+        self
+    }
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let this = self.get_mut();
-        let frame = match &mut this.source {
+    /// The source's next frame.
+    fn poll_source(&mut self, cx: &mut Context<'_>) -> Poll<NextFrame> {
+        let frame = match &mut self.source {
             Source::Local(body) => body.take().map(|bytes| Ok(Frame::data(bytes))),
             Source::ReadAhead(read_ahead) => {
                 let frame = ready!(read_ahead.poll_piece(cx)).map(|piece| piece.map(Frame::data));
-                if let Some(end) = this.end.as_mut() {
-                    if let Some(Err(e)) = &frame {
-                        log::warn!(
-                            "request {}: app {}: the backend's answer stopped: {e}",
-                            end.ctx.request_id,
-                            end.ctx.app_name()
-                        );
-                    }
-                    if end.ctx.cache.is_some() {
-                        keep_for_cache(&mut end.ctx, &frame, read_ahead.is_end_stream());
-                    }
+                if let (Some(Err(e)), Some(end)) = (&frame, self.end.as_ref()) {
+                    log::warn!(
+                        "request {}: app {}: the backend's answer stopped: {e}",
+                        end.ctx.request_id,
+                        end.ctx.app_name()
+                    );
                 }
                 frame
             }
@@ -141,12 +146,12 @@ impl Body for AnswerBody {
                 match &frame {
                     // Read to the end: the connection can carry the next request.
                     None => {
-                        if let (Some(connection), Some(end)) = (body.take_reusable(), &this.end) {
+                        if let (Some(connection), Some(end)) = (body.take_reusable(), &self.end) {
                             end.worker.pool.put(connection);
                         }
                     }
                     Some(Err(e)) => {
-                        if let Some(end) = &this.end {
+                        if let Some(end) = &self.end {
                             log::warn!(
                                 "request {}: app {}: the backend's answer stopped: {e}",
                                 end.ctx.request_id,
@@ -156,19 +161,13 @@ impl Body for AnswerBody {
                     }
                     Some(Ok(_)) => {}
                 }
-                if let Some(end) = this.end.as_mut().filter(|end| end.ctx.cache.is_some()) {
-                    keep_for_cache(&mut end.ctx, &frame, body.is_end_stream());
-                }
                 frame
             }
         };
-        if let (Some(Ok(frame)), Some(end)) = (&frame, this.end.as_mut()) {
-            end.bytes_out += data_len(frame);
-        }
         Poll::Ready(frame)
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn source_ended(&self) -> bool {
         match &self.source {
             Source::Local(body) => body.is_none(),
             Source::File { remaining, .. } => *remaining == 0,
@@ -177,7 +176,74 @@ impl Body for AnswerBody {
         }
     }
 
+    /// `frame` of the source through the encoder: `None` when it made no bytes yet (the
+    /// caller polls again), and whether the compressed stream ends with what it returns.
+    fn encode(encoder: &mut Encoder, frame: NextFrame) -> Option<(NextFrame, bool)> {
+        let encoded = match frame {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => encoder.encode(&data),
+                // Trailers of a compressed answer: the stream ends first.
+                Err(_) => encoder.finish(),
+            },
+            None if encoder.finished() => return Some((None, true)),
+            None => {
+                let tail = encoder.finish();
+                return Some((
+                    Some(tail.map(Frame::data).map_err(BodyError::Encoding)),
+                    true,
+                ));
+            }
+            Some(Err(e)) => return Some((Some(Err(e)), false)),
+        };
+        match encoded {
+            Ok(bytes) if bytes.is_empty() => None,
+            Ok(bytes) => Some((Some(Ok(Frame::data(bytes))), false)),
+            Err(e) => Some((Some(Err(BodyError::Encoding(e))), false)),
+        }
+    }
+}
+
+impl Body for AnswerBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let (frame, encoded_end) = loop {
+            let frame = ready!(this.poll_source(cx));
+            let Some(encoder) = this.encoder.as_deref_mut() else {
+                break (frame, None);
+            };
+            if let Some((frame, ended)) = Self::encode(encoder, frame) {
+                break (frame, Some(ended));
+            }
+        };
+        let from_backend = matches!(this.source, Source::Backend { .. } | Source::ReadAhead(_));
+        let keeps = from_backend && this.end.as_ref().is_some_and(|end| end.ctx.cache.is_some());
+        // Whether this is the last piece, asked only by the cache (a call the hot path skips).
+        let ended = keeps && encoded_end.unwrap_or_else(|| this.source_ended());
+        if let Some(end) = this.end.as_mut() {
+            if keeps {
+                keep_for_cache(&mut end.ctx, &frame, ended);
+            }
+            if let Some(Ok(frame)) = &frame {
+                end.bytes_out += data_len(frame);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.source_ended() && self.encoder.as_ref().is_none_or(|e| e.finished())
+    }
+
     fn size_hint(&self) -> SizeHint {
+        if self.encoder.is_some() {
+            return SizeHint::default();
+        }
         match &self.source {
             Source::Local(body) => {
                 SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))

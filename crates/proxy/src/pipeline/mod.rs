@@ -50,6 +50,7 @@ use crate::stage::affinity;
 use crate::stage::app_pages;
 use crate::stage::basic_auth;
 use crate::stage::cache;
+use crate::stage::compress;
 use crate::stage::framing;
 use crate::stage::header_rules;
 use crate::stage::https;
@@ -238,6 +239,9 @@ async fn request_phase(
     if route.app.affinity.is_some() {
         affinity::note_cookie(ctx, &head.headers);
     }
+    if route.app.compress.is_some() {
+        compress::note_request(ctx, &mut head.headers);
+    }
     if app_pages::has_pages(&route.app) {
         app_pages::note_html_client(ctx, &head.method, &head.headers);
         if let Some(retry_after_s) = app_pages::in_maintenance(ctx) {
@@ -386,6 +390,7 @@ async fn upstream_phase(
         && !cache::applies(ctx)
         && !header_rules::edits_answers(&route.app)
         && route.app.affinity.is_none()
+        && route.app.compress.is_none()
     {
         AnswerForm::AsRead
     } else {
@@ -431,6 +436,11 @@ async fn upstream_phase(
     // A route with a cache has its request's map (`reads_whole_request`).
     let status = response.status().as_u16();
     let fields = response.headers_mut();
+    if route.app.compress.is_some() {
+        // Before the cache's decision: a copy is kept as the client gets it, one per coding.
+        let head_only = head.method == http::Method::HEAD;
+        compress::prepare_answer(&route.app, ctx, status, head_only, fields);
+    }
     if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
         return Answer::Cached(copy);
     }
@@ -493,6 +503,7 @@ fn reads_whole_request(app: &switchyard_model::App) -> bool {
         || app_pages::has_pages(app)
         || header_rules::edits_requests(app)
         || app.affinity.is_some()
+        || app.compress.is_some()
 }
 
 /// The answer to a request the app's password protection did not let through.

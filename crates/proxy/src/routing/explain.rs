@@ -194,6 +194,19 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
         ),
         None => stage("affinity", false, "requests are balanced one by one".into()),
     }
+    match &app.compress {
+        Some(compress) => stage(
+            "compress",
+            true,
+            format!(
+                "answers of {} from {} bytes compressed (zstd, br or gzip, as the client \
+                 prefers), streamed; one cached copy per coding",
+                compress.types.join(", "),
+                compress.min_bytes
+            ),
+        ),
+        None => stage("compress", false, "answers go as the app sends them".into()),
+    }
     stage(
         "forwarding",
         true,

@@ -36,6 +36,7 @@ pub(crate) mod affinity;
 pub(crate) mod app_pages;
 pub(crate) mod basic_auth;
 pub(crate) mod cache;
+pub(crate) mod compress;
 pub(crate) mod framing;
 pub(crate) mod header_rules;
 pub(crate) mod https;

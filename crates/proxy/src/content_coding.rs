@@ -1,0 +1,257 @@
+//! The content codings answers are compressed with (`stage::compress`): the negotiation
+//! of `Accept-Encoding`, and a streaming encoder per coding, bounded in number.
+//!
+//! Each stream's encoder holds a window (gzip 256 KiB, brotli and zstd 256 KiB at these
+//! window sizes): at most [`MAX_STREAMS`] compress at once, past which answers go
+//! uncompressed (`switchyard_compress_total{result="busy"}`).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+
+use crate::metrics;
+
+/// Answers compressed at once, at most.
+pub(crate) const MAX_STREAMS: usize = 1024;
+/// Levels, chosen by measurement (bench/compress.py): the CDNs' defaults, each within a
+/// few percent of its coding's ratio at twice the CPU.
+const GZIP_LEVEL: u32 = 5;
+const BROTLI_QUALITY: u32 = 4;
+const BROTLI_WINDOW_LOG: u32 = 18;
+const ZSTD_LEVEL: i32 = 3;
+const ZSTD_WINDOW_LOG: u32 = 18;
+
+static STREAMS: AtomicUsize = AtomicUsize::new(0);
+
+/// A content coding the router compresses with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coding {
+    Zstd,
+    Brotli,
+    Gzip,
+}
+
+impl Coding {
+    /// In the router's order of preference, for clients that like several equally.
+    pub(crate) const ALL: [Coding; 3] = [Coding::Zstd, Coding::Brotli, Coding::Gzip];
+
+    pub(crate) fn token(self) -> &'static str {
+        match self {
+            Self::Zstd => "zstd",
+            Self::Brotli => "br",
+            Self::Gzip => "gzip",
+        }
+    }
+}
+
+/// The coding `Accept-Encoding` values prefer, if the client accepts one of ours: the
+/// highest q-value, ties to the router's order; `*` stands for those not named.
+pub(crate) fn negotiate<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<Coding> {
+    let mut q = [None::<u16>; 3];
+    let mut any = None::<u16>;
+    for value in values {
+        let Ok(value) = std::str::from_utf8(value) else {
+            continue;
+        };
+        for item in value.split(',') {
+            let mut parts = item.split(';');
+            let token = parts.next().unwrap_or_default().trim();
+            let weight = parts
+                .find_map(|p| {
+                    let (k, v) = p.trim().split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("q").then(|| qvalue(v.trim()))
+                })
+                .unwrap_or(Some(1000));
+            let Some(weight) = weight else { continue };
+            if token == "*" {
+                any = Some(weight);
+            } else if let Some(i) = Coding::ALL.iter().position(|c| {
+                c.token().eq_ignore_ascii_case(token)
+                    || (token.eq_ignore_ascii_case("x-gzip") && *c == Coding::Gzip)
+            }) {
+                q[i] = Some(weight);
+            }
+        }
+    }
+    let mut best: Option<(Coding, u16)> = None;
+    for (i, coding) in Coding::ALL.iter().enumerate() {
+        let weight = q[i].or(any).unwrap_or(0);
+        if weight > 0 && best.is_none_or(|(_, b)| weight > b) {
+            best = Some((*coding, weight));
+        }
+    }
+    best.map(|(coding, _)| coding)
+}
+
+/// A q-value in thousandths (RFC 9110 §12.4.2), `None` when malformed.
+fn qvalue(text: &str) -> Option<u16> {
+    let value: f32 = text.parse().ok()?;
+    (0.0..=1.0)
+        .contains(&value)
+        .then(|| (value * 1000.0).round() as u16)
+}
+
+/// One answer's encoder; its place among [`MAX_STREAMS`] is given back when dropped.
+pub(crate) struct Encoder {
+    state: Option<State>,
+}
+
+enum State {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Brotli(Box<brotli::CompressorWriter<Vec<u8>>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    /// An encoder for `coding`, unless [`MAX_STREAMS`] are compressing.
+    pub(crate) fn start(coding: Coding) -> Option<Self> {
+        if STREAMS.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS {
+            STREAMS.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        // Holds the place from here: dropped on any failure below, it gives it back.
+        let mut encoder = Self { state: None };
+        metrics::COMPRESS_STREAMS.set(STREAMS.load(Ordering::Relaxed) as i64);
+        encoder.state = Some(match coding {
+            Coding::Gzip => State::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                flate2::Compression::new(GZIP_LEVEL),
+            )),
+            Coding::Brotli => State::Brotli(Box::new(brotli::CompressorWriter::new(
+                Vec::new(),
+                4096,
+                BROTLI_QUALITY,
+                BROTLI_WINDOW_LOG,
+            ))),
+            Coding::Zstd => {
+                let mut zstd = zstd::stream::write::Encoder::new(Vec::new(), ZSTD_LEVEL).ok()?;
+                zstd.window_log(ZSTD_WINDOW_LOG).ok()?;
+                State::Zstd(zstd)
+            }
+        });
+        Some(encoder)
+    }
+
+    /// The compressed form of `data`, flushed: what the client can decode so far.
+    pub(crate) fn encode(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
+        let output = match self.state.as_mut() {
+            None => return Ok(Bytes::new()),
+            Some(State::Gzip(e)) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+            Some(State::Brotli(e)) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+            Some(State::Zstd(e)) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+        };
+        Ok(Bytes::from(std::mem::take(output)))
+    }
+
+    /// The end of the compressed stream; nothing more after it.
+    pub(crate) fn finish(&mut self) -> std::io::Result<Bytes> {
+        let tail = match self.state.take() {
+            None => return Ok(Bytes::new()),
+            Some(State::Gzip(e)) => e.finish()?,
+            Some(State::Brotli(e)) => e.into_inner(),
+            Some(State::Zstd(e)) => e.finish()?,
+        };
+        Ok(Bytes::from(tail))
+    }
+
+    /// Whether the stream was finished.
+    pub(crate) fn finished(&self) -> bool {
+        self.state.is_none()
+    }
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let coding = match &self.state {
+            None => "finished",
+            Some(State::Gzip(_)) => "gzip",
+            Some(State::Brotli(_)) => "br",
+            Some(State::Zstd(_)) => "zstd",
+        };
+        f.debug_struct("Encoder").field("coding", &coding).finish()
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        STREAMS.fetch_sub(1, Ordering::Relaxed);
+        metrics::COMPRESS_STREAMS.set(STREAMS.load(Ordering::Relaxed) as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn chosen(accept: &str) -> Option<&'static str> {
+        negotiate(std::iter::once(accept.as_bytes())).map(Coding::token)
+    }
+
+    #[test]
+    fn the_clients_preference_then_the_routers_order() {
+        assert_eq!(chosen("gzip, deflate, br, zstd"), Some("zstd"));
+        assert_eq!(chosen("gzip, deflate, br"), Some("br"));
+        assert_eq!(chosen("gzip;q=1.0, br;q=0.5"), Some("gzip"));
+        assert_eq!(chosen("br;q=0, gzip;q=0.1"), Some("gzip"));
+        assert_eq!(chosen("identity"), None);
+        assert_eq!(chosen("*"), Some("zstd"));
+        assert_eq!(chosen("*;q=0.5, zstd;q=0, br;q=0"), Some("gzip"));
+        assert_eq!(chosen("x-gzip"), Some("gzip"));
+        assert_eq!(
+            chosen("gzip;q=2"),
+            None,
+            "a malformed q-value is no acceptance"
+        );
+        assert_eq!(chosen(""), None);
+    }
+
+    #[test]
+    fn each_coding_streams_what_its_decoder_reads_back() {
+        let text: Vec<u8> = b"<p>a line of a page that compresses well</p>\n".repeat(2000);
+        for coding in Coding::ALL {
+            let mut encoder = Encoder::start(coding).expect("a place");
+            let mut out = Vec::new();
+            for piece in text.chunks(7000) {
+                let encoded = encoder.encode(piece).expect("encode");
+                assert!(!encoded.is_empty(), "{coding:?}: each piece flushed");
+                out.extend_from_slice(&encoded);
+            }
+            out.extend_from_slice(&encoder.finish().expect("finish"));
+            assert!(encoder.finished());
+            assert!(
+                out.len() * 10 < text.len(),
+                "{coding:?}: {} bytes",
+                out.len()
+            );
+            let mut back = Vec::new();
+            match coding {
+                Coding::Gzip => {
+                    flate2::read::GzDecoder::new(&out[..])
+                        .read_to_end(&mut back)
+                        .expect("gunzip");
+                }
+                Coding::Brotli => {
+                    brotli::Decompressor::new(&out[..], 4096)
+                        .read_to_end(&mut back)
+                        .expect("unbrotli");
+                }
+                Coding::Zstd => back = zstd::stream::decode_all(&out[..]).expect("unzstd"),
+            }
+            assert_eq!(back, text, "{coding:?}");
+        }
+    }
+}
