@@ -447,10 +447,12 @@ fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet()
         })
     };
     routers[0].put_app("sticky", spec(&[&backends[0], &backends[1]]));
-    support::eventually(Duration::from_secs(5), "both routers know the app", || {
+    // Each router reads the fleet's key from the store as it starts: until then it balances
+    // and sets no cookie.
+    support::eventually(Duration::from_secs(10), "both routers set cookies", || {
         routers
             .iter()
-            .all(|r| r.get("sticky.test", "/").status == 200)
+            .all(|r| affinity_cookie(&r.get("sticky.test", "/"), "sticky").is_some())
     });
 
     let first = routers[0].get("sticky.test", "/");
