@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, integer_field, refuse_unknown};
+use crate::spec::{as_object, integer_field, is_token, refuse_unknown};
 use crate::ValidationError;
 
 /// The cookie's name when the app gives none.
@@ -27,7 +27,8 @@ pub(crate) fn parse_affinity(value: &Value) -> Result<Affinity, ValidationError>
     refuse_unknown(fields, &["cookie", "ttl_s"], "")?;
     let cookie = match fields.get("cookie") {
         None => DEFAULT_AFFINITY_COOKIE.to_string(),
-        Some(Value::String(name)) if is_cookie_name(name) => name.clone(),
+        // A cookie name is a token (RFC 6265 §4.1.1).
+        Some(Value::String(name)) if name.len() <= 64 && is_token(name) => name.clone(),
         Some(_) => {
             return Err(ValidationError::new(
                 "cookie",
@@ -37,15 +38,6 @@ pub(crate) fn parse_affinity(value: &Value) -> Result<Affinity, ValidationError>
     };
     let ttl_s = integer_field(fields, "ttl_s", 1, MAX_TTL_S)?;
     Ok(Affinity { cookie, ttl_s })
-}
-
-/// A cookie name as RFC 6265 has it (a token).
-fn is_cookie_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 #[cfg(test)]

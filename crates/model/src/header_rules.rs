@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, refuse_unknown};
+use crate::spec::{as_object, is_token, refuse_unknown};
 use crate::ValidationError;
 
 /// Most edits in one list (`set`, `append` or `remove`) of one direction.
@@ -168,8 +168,7 @@ fn parse_edits(value: &Value, protected: &[&str]) -> Result<HeaderEdits, Validat
 
 /// A field name as RFC 9110 §5.1 has it (a token), lower-cased, and not a protected one.
 fn field_name(name: &str, protected: &[&str]) -> Result<String, String> {
-    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    if name.is_empty() || name.len() > MAX_NAME_LEN || !name.bytes().all(is_tchar) {
+    if name.len() > MAX_NAME_LEN || !is_token(name) {
         return Err(format!(
             "'{name}' is not a field name (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_NAME_LEN})"
         ));

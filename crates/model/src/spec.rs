@@ -572,6 +572,15 @@ pub(crate) fn integer_field(
         .transpose()
 }
 
+/// Whether `text` is a token as RFC 9110 §5.6.2 has it (field names, cookie names): one or
+/// more letters, digits and `!#$%&'*+-.^_`|~`.
+pub(crate) fn is_token(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 pub(crate) fn integer_in(value: &Value, min: u64, max: u64) -> Result<u64, String> {
     match value.as_u64() {
         Some(n) if (min..=max).contains(&n) => Ok(n),
