@@ -19,6 +19,7 @@ mod byte_budget;
 mod connection;
 mod content_coding;
 mod context;
+mod cookies;
 mod event_loop;
 mod fleet_rate;
 mod forwarded;

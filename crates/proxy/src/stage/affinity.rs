@@ -13,10 +13,11 @@
 
 use std::net::SocketAddr;
 
-use http::header::{COOKIE, SET_COOKIE};
+use http::header::SET_COOKIE;
 use http::{HeaderMap, HeaderValue};
 
 use crate::context::RequestCtx;
+use crate::cookies::cookie_values;
 use crate::metrics;
 use crate::routing::affinity_tokens::{self, Sticky, Tokens};
 use crate::routing::route_cache::AppRoute;
@@ -42,11 +43,7 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, headers: &HeaderMap) {
         metrics::AFFINITY.with_label_values(&["no_key"]).inc();
         return;
     };
-    let mut sent = headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|value| cookie_value(value.as_bytes(), &affinity.cookie))
-        .peekable();
+    let mut sent = cookie_values(headers, &affinity.cookie).peekable();
     if sent.peek().is_none() {
         return;
     }
@@ -57,15 +54,6 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, headers: &HeaderMap) {
             None => Sticky::Gone,
         },
     ));
-}
-
-/// The value of the cookie `name` in one `Cookie` field.
-fn cookie_value<'c>(field: &'c [u8], name: &str) -> Option<&'c str> {
-    let field = std::str::from_utf8(field).ok()?;
-    field.split(';').find_map(|pair| {
-        let (key, value) = pair.trim().split_once('=')?;
-        (key == name).then_some(value.trim().trim_matches('"'))
-    })
 }
 
 /// The `Set-Cookie` for the answer of the backend at `served_by`, when the client's cookie
@@ -107,6 +95,7 @@ pub(crate) fn add_cookie(ctx: &RequestCtx, headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use crate::routing::route_cache::route_of;
+    use http::header::COOKIE;
 
     #[test]
     fn a_cookie_naming_a_backend_of_the_app_is_noted() {

@@ -23,6 +23,7 @@ use switchyard_model::{Mirror, MirrorKey};
 use tokio::sync::mpsc;
 
 use crate::context::RequestCtx;
+use crate::cookies::cookie_values;
 use crate::forwarded;
 use crate::hop_by_hop;
 use crate::metrics;
@@ -209,12 +210,8 @@ fn is_selected(mirror: &Mirror, request: &http::request::Parts, client_ip: Optio
             .query()
             .and_then(|query| query_value(query, name))
             .is_some_and(|v| mirror.selects(v.as_bytes())),
-        MirrorKey::Cookie(name) => request
-            .headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find_map(|cookies| cookie_value(cookies, name))
+        MirrorKey::Cookie(name) => cookie_values(&request.headers, name)
+            .next()
             .is_some_and(|v| mirror.selects(v.as_bytes())),
     }
 }
@@ -224,13 +221,6 @@ fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         (key == name).then_some(value)
-    })
-}
-
-fn cookie_value<'c>(cookies: &'c str, name: &str) -> Option<&'c str> {
-    cookies.split(';').find_map(|pair| {
-        let (key, value) = pair.trim().split_once('=')?;
-        (key == name).then_some(value.trim_matches('"'))
     })
 }
 
@@ -496,11 +486,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn query_and_cookie_values_are_found_as_sent() {
+    fn query_values_are_found_as_sent() {
         assert_eq!(query_value("a=1&apikey=k%20y&b", "apikey"), Some("k%20y"));
         assert_eq!(query_value("b&apikey", "apikey"), Some(""));
         assert_eq!(query_value("apikeyx=1", "apikey"), None);
-        assert_eq!(cookie_value("sid=abc; user=\"42\"", "user"), Some("42"));
-        assert_eq!(cookie_value("sid=abc", "user"), None);
     }
 }
