@@ -87,15 +87,12 @@ pub(super) fn write(
             local_response(status, Bytes::from(body), Some(location), end)
         }
         Answer::Maintenance { retry_after_s } => {
-            let refusal = Refusal::new(503, app_pages::MAINTENANCE_TEXT);
+            let refusal = Refusal {
+                retry_after_s,
+                ..Refusal::new(503, app_pages::MAINTENANCE_TEXT)
+            };
             let page = app_pages::html_for(&end.ctx, 503, true);
-            let mut response = refusal_with_page(refusal, page, end);
-            if let Some(seconds) = retry_after_s {
-                response
-                    .headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from(seconds));
-            }
-            response
+            refusal_with_page(refusal, page, end)
         }
         Answer::Unauthorized { realm } => {
             let refusal = Refusal::new(401, "this app asks for a user name and password");
