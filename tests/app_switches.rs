@@ -9,17 +9,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use support::{free_port, Backend, RouterProcess};
 
-fn send(
-    router: &RouterProcess,
-    method: &str,
-    host: &str,
-    path: &str,
-    extra: &str,
-) -> support::Response {
-    support::send(router.http, method, host, path, extra)
-        .unwrap_or_else(|e| panic!("{method} {host}{path}: {e}\n{}", router.logs()))
-}
-
 const HTML: &str = "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n";
 
 #[test]
@@ -54,7 +43,7 @@ fn redirects_move_hosts_and_prefixes_before_the_app_and_leave_challenges_alone()
             "https://docs.example.org/v2/api",
         ),
     ] {
-        let response = send(&router, "GET", host, path, "");
+        let response = router.send("GET", host, path, "");
         assert_eq!(response.status, status, "{host}{path}: {}", response.text());
         assert_eq!(response.header("location"), Some(location), "{host}{path}");
     }
@@ -95,7 +84,7 @@ fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
         })
     };
     router.put_app("shop", spec(true));
-    let browser = send(&router, "GET", "shop.test", "/", HTML);
+    let browser = router.send("GET", "shop.test", "/", HTML);
     assert_eq!(browser.status, 503);
     assert_eq!(browser.text(), page);
     assert_eq!(
@@ -104,8 +93,7 @@ fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
     );
     assert_eq!(browser.header("retry-after"), Some("300"));
     assert_eq!(browser.header("cache-control"), Some("no-store"));
-    let api = send(
-        &router,
+    let api = router.send(
         "POST",
         "shop.test",
         "/api/orders",
@@ -116,7 +104,7 @@ fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
     assert!(api
         .header("content-type")
         .is_some_and(|t| t.starts_with("text/plain")));
-    let head = send(&router, "HEAD", "shop.test", "/", HTML);
+    let head = router.send("HEAD", "shop.test", "/", HTML);
     assert_eq!(head.status, 503);
     assert!(head
         .header("content-type")
@@ -124,7 +112,7 @@ fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
     assert_eq!(backend.requests(), 0, "the backends are left alone");
 
     router.put_app("shop", spec(false));
-    assert_eq!(send(&router, "GET", "shop.test", "/", HTML).status, 200);
+    assert_eq!(router.send("GET", "shop.test", "/", HTML).status, 200);
     assert_eq!(backend.requests(), 1);
 }
 
@@ -146,21 +134,21 @@ fn error_pages_replace_the_routers_own_answers_never_the_apps() {
             }),
         );
     }
-    let browser = send(&router, "GET", "gone.test", "/", HTML);
+    let browser = router.send("GET", "gone.test", "/", HTML);
     assert_eq!(browser.status, 502);
     assert_eq!(browser.text(), page);
     assert_eq!(
         browser.header("content-type"),
         Some("text/html; charset=utf-8")
     );
-    let api = send(&router, "GET", "gone.test", "/", "");
+    let api = router.send("GET", "gone.test", "/", "");
     assert_eq!(api.status, 502);
     assert!(
         api.text().contains("request id"),
         "the router's text: {}",
         api.text()
     );
-    let apps_own = send(&router, "GET", "failing.test", "/", HTML);
+    let apps_own = router.send("GET", "failing.test", "/", HTML);
     assert_eq!(apps_own.status, 502);
     assert_ne!(apps_own.text(), page, "an answer the app sent is its own");
 }
@@ -185,8 +173,7 @@ fn header_rules_edit_requests_and_every_answer_cached_ones_included() {
             }
         }),
     );
-    let response = send(
-        &router,
+    let response = router.send(
         "GET",
         "web.test",
         "/plain?cookie=session=1",
@@ -217,13 +204,7 @@ fn header_rules_edit_requests_and_every_answer_cached_ones_included() {
         assert_eq!(answer.header("x-frame-options"), Some("DENY"));
     }
     // The router's own answers for the app carry them too.
-    let too_large = send(
-        &router,
-        "POST",
-        "web.test",
-        "/upload",
-        "Content-Length: 100\r\n",
-    );
+    let too_large = router.send("POST", "web.test", "/upload", "Content-Length: 100\r\n");
     assert_eq!(too_large.status, 413, "{}", too_large.text());
     assert_eq!(too_large.header("x-frame-options"), Some("DENY"));
 
@@ -254,14 +235,14 @@ fn every_backend_is_told_when_the_request_came_on_which_port_and_through_what() 
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_micros();
-    let seen = send(
-        &router,
-        "GET",
-        "plain.test",
-        "/",
-        "Via: 1.0 cdn.example\r\nX-Request-Start: t=1\r\n",
-    )
-    .json()["headers"]
+    let seen = router
+        .send(
+            "GET",
+            "plain.test",
+            "/",
+            "Via: 1.0 cdn.example\r\nX-Request-Start: t=1\r\n",
+        )
+        .json()["headers"]
         .clone();
     let after = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -325,14 +306,11 @@ fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out
     assert_eq!(backend.requests(), 1);
 
     let alice = basic("alice", "correct horse");
-    assert_eq!(
-        send(&router, "GET", "staging.test", "/", &alice).status,
-        200
-    );
+    assert_eq!(router.send("GET", "staging.test", "/", &alice).status, 200);
     let verified = router.metric("switchyard_basic_auth_checks_total{result=\"verified\"}");
     assert_eq!(verified, 1.0);
     assert_eq!(
-        send(&router, "GET", "staging.test", "/again", &alice).status,
+        router.send("GET", "staging.test", "/again", &alice).status,
         200
     );
     assert_eq!(
@@ -340,29 +318,17 @@ fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out
         1.0,
         "a second request costs no bcrypt"
     );
-    let wrong = send(&router, "GET", "staging.test", "/", &basic("bob", "staple"));
+    let wrong = router.send("GET", "staging.test", "/", &basic("bob", "staple"));
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("www-authenticate").is_some());
 
     // Nine more failures make ten in the window: the client is locked out, even with the
     // right password, and the backend never sees the attempts.
     for _ in 0..9 {
-        let failed = send(
-            &router,
-            "GET",
-            "staging.test",
-            "/",
-            &basic("mallory", "guess"),
-        );
+        let failed = router.send("GET", "staging.test", "/", &basic("mallory", "guess"));
         assert_eq!(failed.status, 401);
     }
-    let locked = send(
-        &router,
-        "GET",
-        "staging.test",
-        "/",
-        &basic("bob", "battery"),
-    );
+    let locked = router.send("GET", "staging.test", "/", &basic("bob", "battery"));
     assert_eq!(locked.status, 429, "{}", locked.text());
     let wait: u64 = locked
         .header("retry-after")
@@ -475,7 +441,7 @@ fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet()
     // Both routers of the fleet send the client home, and set no new cookie.
     for router in &routers {
         for _ in 0..6 {
-            let answer = send(router, "GET", "sticky.test", "/", &with_cookie);
+            let answer = router.send("GET", "sticky.test", "/", &with_cookie);
             assert_eq!(served_by(&answer), home);
             assert_eq!(affinity_cookie(&answer, "sticky"), None);
         }
@@ -512,7 +478,7 @@ fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet()
         || routers[1].get("sticky.test", "/").json()["backend"] == "three",
     );
     for router in &routers {
-        let answer = send(router, "GET", "sticky.test", "/", &with_cookie);
+        let answer = router.send("GET", "sticky.test", "/", &with_cookie);
         assert_eq!(served_by(&answer), home, "scaling out moved a session");
     }
 
@@ -525,15 +491,14 @@ fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet()
         || {
             routers
                 .iter()
-                .all(|r| served_by(&send(r, "GET", "sticky.test", "/", &with_cookie)) != home)
+                .all(|r| served_by(&r.send("GET", "sticky.test", "/", &with_cookie)) != home)
         },
     );
-    let moved = send(&routers[1], "GET", "sticky.test", "/", &with_cookie);
+    let moved = routers[1].send("GET", "sticky.test", "/", &with_cookie);
     let new_cookie = affinity_cookie(&moved, "sticky").expect("a new cookie");
     assert_ne!(new_cookie, cookie);
     let new_home = served_by(&moved);
-    let again = send(
-        &routers[0],
+    let again = routers[0].send(
         "GET",
         "sticky.test",
         "/",
@@ -580,7 +545,7 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
     );
     // A JSON answer of some 3 KB: the app's echo of a long field.
     let pad = format!("X-Pad: {}\r\n", "abc ".repeat(700));
-    let plain = send(&router, "GET", "texts.test", "/a", &pad);
+    let plain = router.send("GET", "texts.test", "/a", &pad);
     assert_eq!(
         plain.header("content-encoding"),
         None,
@@ -595,8 +560,7 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
         ("gzip, deflate, br, zstd", "zstd"),
         ("zstd;q=0.5, gzip", "gzip"),
     ] {
-        let answer = send(
-            &router,
+        let answer = router.send(
             "GET",
             "texts.test",
             "/a",
@@ -617,8 +581,7 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
         );
     }
     // A stream is compressed as it comes, and whole once decoded.
-    let stream = send(
-        &router,
+    let stream = router.send(
         "GET",
         "texts.test",
         "/stream?chunks=20&interval_ms=5",
@@ -628,8 +591,7 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
     let lines = String::from_utf8(decoded(&stream)).expect("text");
     assert_eq!(lines.lines().count(), 20, "{lines}");
     // Never twice, never against no-transform, never a small answer.
-    let encoded = send(
-        &router,
+    let encoded = router.send(
         "GET",
         "texts.test",
         "/origin?h=Content-Encoding:gzip&h=Content-Type:text/html",
@@ -641,33 +603,20 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
         "{:?}",
         encoded.text()
     );
-    let kept = send(
-        &router,
+    let kept = router.send(
         "GET",
         "texts.test",
         "/b?cc=no-transform",
         &format!("{pad}Accept-Encoding: gzip\r\n"),
     );
     assert_eq!(kept.header("content-encoding"), None);
-    let small = send(
-        &router,
-        "GET",
-        "texts.test",
-        "/health",
-        "Accept-Encoding: gzip\r\n",
-    );
+    let small = router.send("GET", "texts.test", "/health", "Accept-Encoding: gzip\r\n");
     assert_eq!(small.header("content-encoding"), None);
 
     // The cache keeps one copy per coding, each served as stored.
     let cached = |accept: &str| {
         let extra = format!("{pad}Accept-Encoding: {accept}\r\n");
-        send(
-            &router,
-            "GET",
-            "texts.test",
-            "/cached/page?cc=max-age=60",
-            &extra,
-        )
+        router.send("GET", "texts.test", "/cached/page?cc=max-age=60", &extra)
     };
     let first_gzip = cached("gzip");
     assert_eq!(first_gzip.header("x-cache"), Some("MISS"));

@@ -34,7 +34,7 @@ impl Rig {
     }
 
     fn send(&self, host: &str, method: &str, path: &str, extra: &str) -> support::Response {
-        send(&self.router, host, method, path, extra)
+        self.router.send(method, host, path, extra)
     }
 
     /// A GET's status, `X-Cache` and body; for the Redis store, waits for a copy the answer
@@ -84,17 +84,6 @@ fn add_apps(router: &RouterProcess, origin: &Backend, options: &Value) {
             json!({"domains": [host], "backends": [origin.addr.to_string()], "cache": cache}),
         );
     }
-}
-
-fn send(
-    router: &RouterProcess,
-    host: &str,
-    method: &str,
-    path: &str,
-    extra: &str,
-) -> support::Response {
-    support::send(router.http, method, host, path, extra)
-        .unwrap_or_else(|e| panic!("{method} {host}{path}: {e}\n{}", router.logs()))
 }
 
 fn redis_writes(router: &RouterProcess) -> f64 {
@@ -430,7 +419,7 @@ fn an_unsafe_request_invalidates_its_url_and_same_origin_locations_on_every_rout
             &rig.router
         };
         for (name, verdict) in expected {
-            let answer = send(reader, host, "GET", &kept(name), "");
+            let answer = reader.send("GET", host, &kept(name), "");
             assert_eq!(answer.header("x-cache"), Some(verdict), "{store} {name}");
         }
     }

@@ -292,8 +292,14 @@ impl RouterProcess {
 
     /// `GET path` through the proxy with the given Host.
     pub fn get(&self, host: &str, path: &str) -> client::Response {
-        client::get(self.http, host, path)
-            .unwrap_or_else(|e| panic!("GET {host}{path} failed: {e}\n{}", self.logs()))
+        self.send("GET", host, path, "")
+    }
+
+    /// `method path` through the proxy with the given Host and `extra` header lines (each
+    /// ending in `\r\n`), no body.
+    pub fn send(&self, method: &str, host: &str, path: &str, extra: &str) -> client::Response {
+        client::send(self.http, method, host, path, extra)
+            .unwrap_or_else(|e| panic!("{method} {host}{path} failed: {e}\n{}", self.logs()))
     }
 
     /// Sends SIGTERM and waits for the process to exit.
