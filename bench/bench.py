@@ -14,6 +14,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -175,6 +176,35 @@ http {{
 """
 
 
+# Every GET answered with one fixed answer, head and body in one write: written apart, they
+# wait out Nagle and the front's delayed ACK (40 ms a request on keep-alive).
+ANSWER_ORIGIN = """
+import http.server, sys
+BODY = open(sys.argv[2], "rb").read()
+FIELDS = "".join(f"{field}\\r\\n" for field in sys.argv[3:])
+ANSWER = f"HTTP/1.1 200 OK\\r\\n{FIELDS}Content-Length: {len(BODY)}\\r\\n\\r\\n".encode() + BODY
+class Answer(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.wfile.write(ANSWER)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+def start_answer_origin(work, name, body, fields):
+    """A Python origin answering every GET with `body` (bytes) and `fields` (header lines
+    such as "Content-Type: text/html"); (process, port)."""
+    port = free_port()
+    (work / f"{name}.body").write_bytes(body)
+    (work / f"{name}.py").write_text(ANSWER_ORIGIN)
+    proc = Process(name, [sys.executable, str(work / f"{name}.py"), str(port),
+                          str(work / f"{name}.body"), *fields], work)
+    wait_port(port)
+    return proc, port
+
+
 def start_nginx_origin(work, name, servers, ports, **conf):
     """Starts `nginx_origin_conf(work, name, servers, **conf)` and waits for each of `ports`."""
     path = work / f"{name}.conf"
@@ -203,11 +233,11 @@ server {{
 """
 
 
-def nginx_proxy_conf(work, name, http):
+def nginx_proxy_conf(work, name, http, main=""):
     """nginx as the proxy under test: a worker per core in the foreground, its pid and error
     log in `work` under `name`, no access log, room for many server names; `http` ends its
-    http block."""
-    return f"""
+    http block, `main` (e.g. `user root;`) goes before everything."""
+    return f"""{main}
 worker_processes {THREADS};
 daemon off;
 pid {work}/{name}.pid;

@@ -31,37 +31,11 @@ RATE = 2000
 TITLE = "## Cache hit cost (bench/cache_hits.py)"
 RESULTS = bench.ROOT / "bench" / "RESULTS.md"
 
-ORIGIN = """
-import http.server, sys
-PAGE = b"<p>a cached page</p>" * 256
-class Page(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Cache-Control", "max-age=3600")
-        self.send_header("Content-Length", str(len(PAGE)))
-        self.end_headers()
-        self.wfile.write(PAGE)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
-"""
-
-
 def start_nginx(work, origin_port):
     port = bench.free_port()
     conf = work / "nginx-hits.conf"
-    conf.write_text(f"""
-user root;
-worker_processes {bench.THREADS};
-daemon off;
-pid {work}/nginx-hits.pid;
-error_log {work}/nginx-hits-error.log;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
+    # user root: the workers write the cache under the run's private directory.
+    conf.write_text(bench.nginx_proxy_conf(work, "nginx-hits", f"""\
     proxy_cache_path {work}/nginx-cache keys_zone=pages:10m max_size=64m;
     upstream origin {{ server 127.0.0.1:{origin_port}; keepalive 16; }}
     server {{
@@ -74,9 +48,7 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Host $host;
         }}
-    }}
-}}
-""")
+    }}""", main="user root;"))
     proc = bench.Process("nginx-hits", ["nginx", "-c", str(conf), "-p", str(work)], work)
     bench.wait_port(port)
     return proc, port
@@ -129,11 +101,10 @@ def main():
         labels["switchyard-before"] = os.environ.get("SWITCHYARD_BEFORE_LABEL", f"Switchyard ({before})")
     labels["nginx"] = "nginx proxy_cache"
     with bench.Started() as procs:
-        origin_port = bench.free_port()
-        script = work / "origin.py"
-        script.write_text(ORIGIN)
-        procs.append(bench.Process("origin", [sys.executable, str(script), str(origin_port)], work))
-        bench.wait_port(origin_port)
+        origin, origin_port = bench.start_answer_origin(
+            work, "origin", b"<p>a cached page</p>" * 256,
+            ["Content-Type: text/html", "Cache-Control: max-age=3600"])
+        procs.append(origin)
         fronts = []
         for name in labels:
             if name == "nginx":

@@ -31,33 +31,10 @@ HOST = "pages.bench"
 PAGE_BYTES = 64 * 1024
 TITLE = "## Compression (bench/compress.py)"
 
-ORIGIN = """
-import http.server, sys
-PAGE = open(sys.argv[2], "rb").read()
-HEAD = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/html\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(PAGE)
-class Page(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.wfile.write(HEAD + PAGE)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
-"""
-
-
 def start_nginx(work, origin_port):
     port = bench.free_port()
     conf = work / "nginx-gzip.conf"
-    conf.write_text(f"""
-user root;
-worker_processes {bench.THREADS};
-daemon off;
-pid {work}/nginx-gzip.pid;
-error_log {work}/nginx-gzip-error.log;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    keepalive_requests 1000000;
+    conf.write_text(bench.nginx_proxy_conf(work, "nginx-gzip", f"""\
     gzip on;
     gzip_comp_level 5;
     gzip_proxied any;
@@ -72,9 +49,7 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Host $host;
         }}
-    }}
-}}
-""")
+    }}""", main="user root;"))
     proc = bench.Process("nginx-gzip", ["nginx", "-c", str(conf), "-p", str(work)], work)
     bench.wait_port(port)
     return proc, port
@@ -115,15 +90,11 @@ def main():
     parser.add_argument("--rate", type=int, default=300)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="compress-"))
-    page = work / "page.html"
     readme = (bench.ROOT / "README.md").read_bytes()
-    page.write_bytes((readme * (PAGE_BYTES // len(readme) + 1))[:PAGE_BYTES])
+    page = (readme * (PAGE_BYTES // len(readme) + 1))[:PAGE_BYTES]
     with bench.Started() as procs:
-        origin_port = bench.free_port()
-        script = work / "origin.py"
-        script.write_text(ORIGIN)
-        procs.append(bench.Process("origin", [sys.executable, str(script), str(origin_port), str(page)], work))
-        bench.wait_port(origin_port)
+        origin, origin_port = bench.start_answer_origin(work, "origin", page, ["Content-Type: text/html"])
+        procs.append(origin)
         nginx, nginx_port = start_nginx(work, origin_port)
         procs.append(nginx)
         router, router_port, admin = bench.serve_switchyard(work, "switchyard", "--threads", str(bench.THREADS))

@@ -40,21 +40,6 @@ TITLE = "## Per-app switches (bench/switches.py)"
 RESULTS = bench.ROOT / "bench" / "RESULTS.md"
 CHECKS = 99
 
-# The whole answer in one write: a head and a body written apart wait out Nagle and the
-# router's delayed ACK (40 ms a request on keep-alive).
-ORIGIN = """
-import http.server, sys
-ANSWER = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: 2\\r\\n\\r\\nok"
-class Ok(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.wfile.write(ANSWER)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
-"""
-
-
 def basic(user, password):
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -98,11 +83,8 @@ def main():
     label_now = f"Switchyard at {cache_hits.commit()}"
     label_before = os.environ.get("SWITCHYARD_BEFORE_LABEL", f"Switchyard ({before})")
     with bench.Started() as procs:
-        origin_port = bench.free_port()
-        script = work / "origin.py"
-        script.write_text(ORIGIN)
-        procs.append(bench.Process("origin", [sys.executable, str(script), str(origin_port)], work))
-        bench.wait_port(origin_port)
+        origin, origin_port = bench.start_answer_origin(work, "origin", b"ok", ["Content-Type: text/plain"])
+        procs.append(origin)
         specs = apps(origin_port)
         routers = {}
         for name, binary in [("now", bench.BIN)] + ([("before", Path(before))] if before else []):
