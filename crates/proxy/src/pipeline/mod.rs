@@ -388,9 +388,7 @@ async fn upstream_phase(
     cache::upstream_request_phase(ctx, &mut head.headers);
     let answer_form = if head.version != Version::HTTP_2
         && !cache::applies(ctx)
-        && !header_rules::edits_answers(&route.app)
-        && route.app.affinity.is_none()
-        && route.app.compress.is_none()
+        && !reads_whole_answer(&route.app)
     {
         AnswerForm::AsRead
     } else {
@@ -504,6 +502,12 @@ fn reads_whole_request(app: &switchyard_model::App) -> bool {
         || header_rules::edits_requests(app)
         || app.affinity.is_some()
         || app.compress.is_some()
+}
+
+/// Whether a stage on `app`'s route reads or edits the app's answer fields (beside the
+/// cache, which decides per request): they are then read into a map.
+fn reads_whole_answer(app: &switchyard_model::App) -> bool {
+    header_rules::edits_answers(app) || app.affinity.is_some() || app.compress.is_some()
 }
 
 /// The answer to a request the app's password protection did not let through.
