@@ -135,25 +135,12 @@ impl Encoder {
 
     /// The compressed form of `data`, flushed: what the client can decode so far.
     pub(crate) fn encode(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
-        let output = match self.state.as_mut() {
-            None => return Ok(Bytes::new()),
-            Some(State::Gzip(e)) => {
-                e.write_all(data)?;
-                e.flush()?;
-                e.get_mut()
-            }
-            Some(State::Brotli(e)) => {
-                e.write_all(data)?;
-                e.flush()?;
-                e.get_mut()
-            }
-            Some(State::Zstd(e)) => {
-                e.write_all(data)?;
-                e.flush()?;
-                e.get_mut()
-            }
-        };
-        Ok(Bytes::from(std::mem::take(output)))
+        match self.state.as_mut() {
+            None => Ok(Bytes::new()),
+            Some(State::Gzip(e)) => flushed(e, data, |e| e.get_mut()),
+            Some(State::Brotli(e)) => flushed(e.as_mut(), data, |e| e.get_mut()),
+            Some(State::Zstd(e)) => flushed(e, data, |e| e.get_mut()),
+        }
     }
 
     /// The end of the compressed stream; nothing more after it.
@@ -171,6 +158,17 @@ impl Encoder {
     pub(crate) fn finished(&self) -> bool {
         self.state.is_none()
     }
+}
+
+/// `data` written to `encoder` and flushed: the bytes it put in its output since.
+fn flushed<W: Write>(
+    encoder: &mut W,
+    data: &[u8],
+    output: impl FnOnce(&mut W) -> &mut Vec<u8>,
+) -> std::io::Result<Bytes> {
+    encoder.write_all(data)?;
+    encoder.flush()?;
+    Ok(Bytes::from(std::mem::take(output(encoder))))
 }
 
 impl std::fmt::Debug for Encoder {
