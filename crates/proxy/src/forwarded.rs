@@ -17,11 +17,7 @@ use http::header::{HeaderName, VIA};
 use http::{HeaderMap, HeaderValue, Version};
 
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub(crate) const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
-pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-pub(crate) const X_REQUEST_START: HeaderName = HeaderName::from_static("x-request-start");
 
 /// How many fields [`Forwarding::fields`] gives at most.
 pub(crate) const MOST_FIELDS: usize = 7;
@@ -114,25 +110,17 @@ impl Forwarding {
 
     /// Puts the fields in `headers`, in place of any of the same name (`Via` after any).
     pub(crate) fn set_on(self, headers: &mut HeaderMap) {
-        if let Some(forwarded_for) = self.forwarded_for {
-            headers.insert(X_FORWARDED_FOR, forwarded_for);
-        }
-        headers.insert(
-            X_FORWARDED_PROTO,
-            HeaderValue::from_static(if self.tls { "https" } else { "http" }),
-        );
-        if let Ok(port) = HeaderValue::from_bytes(self.port.as_bytes()) {
-            headers.insert(X_FORWARDED_PORT, port);
-        }
-        if let Ok(value) = HeaderValue::try_from(self.request_id) {
-            headers.insert(X_REQUEST_ID, value);
-        }
-        if let Ok(start) = HeaderValue::from_bytes(self.request_start.with_prefix()) {
-            headers.insert(X_REQUEST_START, start);
-        }
-        headers.append(VIA, HeaderValue::from_static(self.via));
-        if let Some(host) = self.forwarded_host {
-            headers.insert(X_FORWARDED_HOST, host);
+        // The writer's list, the one list of the fields and their order.
+        for (name, value) in self.fields() {
+            let Ok(value) = HeaderValue::from_bytes(value) else {
+                continue;
+            };
+            let name = HeaderName::from_static(name);
+            if name == VIA {
+                headers.append(name, value);
+            } else {
+                headers.insert(name, value);
+            }
         }
     }
 }
@@ -281,7 +269,7 @@ mod tests {
             ];
             assert_eq!(fields, wanted, "written from {previous:?}");
             // Made a moment later: the same start, to the microsecond or one after.
-            let mapped_start = headers[&X_REQUEST_START].as_bytes().to_vec();
+            let mapped_start = headers["x-request-start"].as_bytes().to_vec();
             let micros = |v: &[u8]| -> u64 {
                 std::str::from_utf8(&v[2..])
                     .expect("ascii")
