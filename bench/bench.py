@@ -619,3 +619,13 @@ def machine():
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
         "kernel": platform.release(), "versions": versions,
     }
+
+
+def measured_on(nginx=False):
+    """How a results section opens: when, on which machine (with nginx's version)."""
+    m = machine()
+    text = (f"Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m['cpu']}, "
+            f"{m['cores']} cores, kernel {m['kernel']}")
+    if nginx:
+        text += f", {m['versions']['nginx'].replace('nginx version: ', '')}"
+    return text

@@ -31,12 +31,12 @@ HOST = "pages.bench"
 PAGE_BYTES = 64 * 1024
 TITLE = "## Compression (bench/compress.py)"
 
-def start_nginx(work, origin_port):
+def start_nginx(work, origin_port, level=5):
     port = bench.free_port()
-    conf = work / "nginx-gzip.conf"
-    conf.write_text(bench.nginx_proxy_conf(work, "nginx-gzip", f"""\
+    conf = work / f"nginx-gzip-{level}.conf"
+    conf.write_text(bench.nginx_proxy_conf(work, f"nginx-gzip-{level}", f"""\
     gzip on;
-    gzip_comp_level 5;
+    gzip_comp_level {level};
     gzip_proxied any;
     gzip_types text/html;
     gzip_min_length 1024;
@@ -50,7 +50,7 @@ def start_nginx(work, origin_port):
             proxy_set_header Host $host;
         }}
     }}""", main="user root;"))
-    proc = bench.Process("nginx-gzip", ["nginx", "-c", str(conf), "-p", str(work)], work)
+    proc = bench.Process(f"nginx-gzip-{level}", ["nginx", "-c", str(conf), "-p", str(work)], work)
     bench.wait_port(port)
     return proc, port
 
@@ -128,12 +128,10 @@ def main():
                       flush=True)
     median = {n: statistics.median(runs) for n, runs in cpu.items()}
     kib = PAGE_BYTES / 1024
-    m = bench.machine()
     lines = [
         TITLE,
         "",
-        f"Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m['cpu']}, {m['cores']} cores, "
-        f"kernel {m['kernel']}, {m['versions']['nginx'].replace('nginx version: ', '')}; Switchyard at "
+        f"{bench.measured_on(nginx=True)}; Switchyard at "
         f"{cache_hits.commit()}. A {PAGE_BYTES // 1024} KiB HTML page (this README), CPU per request at "
         f"{args.rate} req/s (vegeta over keep-alive, {args.rounds} alternated runs of {args.seconds} s, "
         "median; CPU from the scheduler's accounting, schedstat); the coding's CPU is the request's less the same front's uncompressed one's. "

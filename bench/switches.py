@@ -126,12 +126,10 @@ def main():
         print(f"bcrypt cost 5: {check_ms:.2f} ms CPU per check", flush=True)
     median = {n: statistics.median(r["cpu_ms"] for r in runs) * 1000 for n, runs in cpu.items()}
     base = median["plain"]
-    m = bench.machine()
     lines = [
         TITLE,
         "",
-        f"Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m['cpu']}, {m['cores']} cores, "
-        f"kernel {m['kernel']}; {label_now}. CPU per request at {RATE} req/s (vegeta over keep-alive, "
+        f"{bench.measured_on()}; {label_now}. CPU per request at {RATE} req/s (vegeta over keep-alive, "
         f"{args.rounds} alternated runs of {args.seconds} s, median) to a 2-byte origin answer.",
         "",
         "| front | CPU per request (µs) | vs plain | runs (µs) |",
