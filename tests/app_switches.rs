@@ -1,9 +1,12 @@
 //! The per-app switches platform teams expect, through the real binary: redirects,
 //! maintenance and error pages, header rules, password protection, and the forwarding
-//! fields every backend gets (queue time, port, Via).
+//! fields every backend gets (queue time, port, Via) and the PROXY protocol for those that
+//! read it.
 
 use switchyard_test_support as support;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
@@ -57,18 +60,23 @@ fn redirects_move_hosts_and_prefixes_before_the_app_and_leave_challenges_alone()
         challenge.json()["path"],
         "/.well-known/acme-challenge/tok3n"
     );
-    let explained = router
-        .admin_call("GET", "/v1/explain?host=www.example.test&path=/cart", None)
-        .1;
-    let stage = explained["stages"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["stage"] == "redirects"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    assert_eq!(stage["applies"], true, "{explained}");
+    let stage = explained_stage(&router, "www.example.test", "/cart", "redirects");
+    assert_eq!(stage["applies"], true, "{stage}");
     assert!(stage["why"]
         .as_str()
         .is_some_and(|w| w.contains("https://example.test/cart")));
+}
+
+/// What `explain` says of `stage` for a request to `host` and `path` (null when absent).
+fn explained_stage(router: &RouterProcess, host: &str, path: &str, stage: &str) -> Value {
+    let explained = router
+        .admin_call("GET", &format!("/v1/explain?host={host}&path={path}"), None)
+        .1;
+    explained["stages"]
+        .as_array()
+        .and_then(|stages| stages.iter().find(|s| s["stage"] == stage))
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 #[test]
@@ -114,6 +122,58 @@ fn maintenance_answers_503_with_the_page_to_browsers_and_text_to_the_rest() {
     router.put_app("shop", spec(false));
     assert_eq!(router.send("GET", "shop.test", "/", HTML).status, 200);
     assert_eq!(backend.requests(), 1);
+}
+
+#[test]
+fn a_maintenance_page_given_by_url_is_fetched_once_when_the_app_is_written() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("shop");
+    let status_host = Backend::start("status");
+    let html = "h=Content-Type:text%2Fhtml%3B%20charset%3Dutf-8";
+    let spec = |url: String| {
+        json!({
+            "domains": ["shop.test"],
+            "backends": [backend.addr.to_string()],
+            "maintenance": {"enabled": true, "page_url": url}
+        })
+    };
+    // Through a redirect, as status pages often are.
+    let moved = format!(
+        "http://{}/origin?status=302&h=Location:%2Forigin%3Fh%3DContent-Type%3Atext%252Fhtml",
+        status_host.addr
+    );
+    let stored = router.put_app("shop", spec(moved.clone()));
+    assert_eq!(stored["maintenance"]["page_url"], moved.as_str());
+    assert_eq!(stored["maintenance"]["page_html"], "origin 2", "{stored}");
+    assert_eq!(status_host.requests(), 2, "the redirect and the page, once");
+    for _ in 0..3 {
+        let browser = router.send("GET", "shop.test", "/", HTML);
+        assert_eq!(browser.status, 503);
+        assert_eq!(browser.text(), "origin 2");
+    }
+    assert_eq!(status_host.requests(), 2, "answers never fetch the page");
+    assert_eq!(backend.requests(), 0);
+    // Written again, the page is fetched anew.
+    let direct = format!("http://{}/origin?{html}", status_host.addr);
+    let stored = router.put_app("shop", spec(direct));
+    assert_eq!(stored["maintenance"]["page_html"], "origin 3");
+
+    // What cannot be the page refuses the write and keeps the app as it was.
+    let closed = format!("http://127.0.0.1:{}/down.html", free_port());
+    for url in [
+        format!("http://{}/origin", status_host.addr),
+        format!("http://{}/origin?status=404&{html}", status_host.addr),
+        closed,
+    ] {
+        let (status, error) =
+            router.admin_call("PUT", "/v1/apps/shop", Some(&spec(url.clone()).to_string()));
+        assert_eq!(status, 400, "{url}: {error}");
+        assert_eq!(error["field"], "maintenance.page_url", "{url}: {error}");
+    }
+    assert_eq!(
+        router.send("GET", "shop.test", "/", HTML).text(),
+        "origin 3"
+    );
 }
 
 #[test]
@@ -268,6 +328,129 @@ fn every_backend_is_told_when_the_request_came_on_which_port_and_through_what() 
     assert_eq!(hosted["x-forwarded-host"], "hosted.test");
 }
 
+/// Two requests on one keep-alive connection to the router, the second closing it: what
+/// each answer said, and the port the connection came from.
+fn two_on_one_connection(router: &RouterProcess, host: &str) -> (Vec<String>, u16) {
+    let mut stream = TcpStream::connect(router.http).expect("connect to the router");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let port = stream.local_addr().expect("local address").port();
+    let raw = format!(
+        "GET /a HTTP/1.1\r\nHost: {host}\r\n\r\nGET /b HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(raw.as_bytes()).expect("send");
+    let mut answers = Vec::new();
+    stream.read_to_end(&mut answers).expect("read the answers");
+    let text = String::from_utf8_lossy(&answers);
+    // Each answer's body is one line of addresses after its head.
+    let bodies = text
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|answer| {
+            let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+            assert!(head.starts_with("200"), "{text}");
+            body.trim().to_string()
+        })
+        .collect();
+    (bodies, port)
+}
+
+#[test]
+fn the_proxy_protocol_names_each_client_to_a_backend_that_reads_it() {
+    let router = RouterProcess::start();
+    let echo = support::ProxyProtocolEcho::start();
+    let check =
+        json!({"path": "/health", "interval_ms": 200, "timeout_ms": 150, "unhealthy_threshold": 1});
+    for (name, version) in [("v2", json!(2)), ("v1", json!(1)), ("none", Value::Null)] {
+        router.put_app(
+            name,
+            json!({
+                "domains": [format!("{name}.test")],
+                "backends": [echo.addr.to_string()],
+                "health_check": check,
+                "forwarding": {"proxy_protocol": version}
+            }),
+        );
+    }
+    router.put_app(
+        "cached",
+        json!({
+            "domains": ["cached.test"],
+            "backends": [echo.addr.to_string()],
+            "cache": {"store": "memory", "paths": ["/*"]},
+            "forwarding": {"proxy_protocol": 2}
+        }),
+    );
+    let router_end = format!("127.0.0.1 {}", router.http.port());
+    let opened = "switchyard_backend_connections_opened_total";
+    for host in ["v2.test", "v1.test"] {
+        let before = router.metric(opened);
+        let (first, first_port) = two_on_one_connection(&router, host);
+        let told = format!("127.0.0.1 {first_port} {router_end}");
+        assert_eq!(
+            first,
+            [told.clone(), told],
+            "{host}: HAProxy was told the client"
+        );
+        // Another client's requests never ride the first's connection, idle as it is.
+        let (second, second_port) = two_on_one_connection(&router, host);
+        let told = format!("127.0.0.1 {second_port} {router_end}");
+        assert_eq!(second, [told.clone(), told], "{host}");
+        assert_eq!(
+            router.metric(opened) - before,
+            2.0,
+            "{host}: one backend connection for each client connection, kept for its second request"
+        );
+    }
+    // Without the header HAProxy drops the connection: the router answers 502.
+    assert_eq!(router.get("none.test", "/").status, 502);
+    // The health checks of an app that speaks the protocol open with its "local" header, so
+    // HAProxy answers them; the same checks without one are refused and mark it down (an app
+    // is checked once requested).
+    let down = |app: &str| {
+        router.metric(&format!(
+            "switchyard_health_transitions_total{{app=\"{app}\",state=\"down\"}}"
+        ))
+    };
+    support::eventually(
+        Duration::from_secs(10),
+        "the check without a header fails",
+        || down("none") >= 1.0,
+    );
+    // Checked since before the unheadered app was, and twice more after its fall.
+    std::thread::sleep(Duration::from_millis(450));
+    assert_eq!(down("v2") + down("v1"), 0.0, "{}", router.logs());
+    assert_eq!(router.get("v2.test", "/").status, 200);
+    // A background revalidation is the router's own request: its "local" header leaves
+    // HAProxy the connection's own addresses (its own port as `dst`), where a client's
+    // request named the router's.
+    let first = router.get("cached.test", "/page");
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    assert!(first.text().ends_with(&router_end), "{}", first.text());
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        router.get("cached.test", "/page").header("x-cache"),
+        Some("STALE")
+    );
+    let own_end = format!("127.0.0.1 {}", echo.addr.port());
+    support::eventually(
+        Duration::from_secs(5),
+        "the copy refreshed by the router",
+        || {
+            let answer = router.get("cached.test", "/page");
+            answer.header("x-cache") == Some("HIT") && answer.text().ends_with(&own_end)
+        },
+    );
+    let stage = explained_stage(&router, "v2.test", "/", "forwarding");
+    assert!(
+        stage["why"]
+            .as_str()
+            .is_some_and(|why| why.contains("PROXY protocol v2")),
+        "{stage}"
+    );
+}
+
 /// A bcrypt hash as `htpasswd -nbB -C 5` makes it (the `$2y$` variant).
 fn htpasswd(password: &str) -> String {
     bcrypt::hash_with_result(password, 5)
@@ -355,7 +538,7 @@ fn bad_switches_are_refused_naming_the_field() {
             "maintenance.enabled",
         ),
         (
-            json!({"maintenance": {"page_url": "https://status.example.com"}}),
+            json!({"maintenance": {"page_url": "file:///etc/passwd"}}),
             "maintenance.page_url",
         ),
         (
@@ -373,6 +556,10 @@ fn bad_switches_are_refused_naming_the_field() {
         (
             json!({"forwarding": {"x_forwarded_host": 1}}),
             "forwarding.x_forwarded_host",
+        ),
+        (
+            json!({"forwarding": {"proxy_protocol": 3}}),
+            "forwarding.proxy_protocol",
         ),
     ] {
         let (status, error) = router.admin_call("PUT", "/v1/apps/bad", Some(&spec.to_string()));

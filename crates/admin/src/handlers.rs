@@ -55,7 +55,8 @@ pub(crate) async fn put_app(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let spec = parse_json(&body)?;
-    let app = parse_app_spec(&name, &spec)?;
+    let mut app = parse_app_spec(&name, &spec)?;
+    crate::page_fetch::fill_maintenance_page(&mut app).await?;
     let stored = state.store.put_app(app).await?;
     state.applied_locally().await;
     Ok(Json(json!(stored)))

@@ -52,7 +52,19 @@ pub(crate) async fn import_apps(
 ) -> Result<Response, ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|e| ValidationError::new("body", format!("not UTF-8: {e}")))?;
-    let (apps, problems) = parse_lines(text);
+    let (mut apps, mut problems) = parse_lines(text);
+    if problems.is_empty() {
+        // One after another: imports of apps with pages by URL are rare and few.
+        for (line, app) in &mut apps {
+            if let Err(error) = crate::page_fetch::fill_maintenance_page(app).await {
+                problems.push(LineProblem {
+                    line: *line,
+                    app: Some(app.name.to_string()),
+                    error,
+                });
+            }
+        }
+    }
     if !problems.is_empty() {
         return Ok(refusal(&problems));
     }

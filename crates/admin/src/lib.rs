@@ -5,6 +5,7 @@
 mod error;
 mod handlers;
 mod import;
+mod page_fetch;
 mod ui;
 
 use std::future::Future;

@@ -329,7 +329,7 @@ pub struct App {
     pub forwarding: AppForwarding,
 }
 
-/// The forwarding fields an app asks for beyond those every request to a backend carries
+/// What an app is told of its clients beyond the fields every request to a backend carries
 /// (`X-Forwarded-For`, `-Proto`, `-Port`, `X-Request-Id`, `X-Request-Start`, `Via`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct AppForwarding {
@@ -337,6 +337,42 @@ pub struct AppForwarding {
     /// URLs read it).
     #[serde(default)]
     pub x_forwarded_host: bool,
+    /// A PROXY protocol header opens each connection to the app's backends, naming the
+    /// client's address and the one it reached (for servers that read the client on the
+    /// connection, not in a field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+/// The version of HAProxy's PROXY protocol a backend reads: stored and written as 1 or 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum ProxyProtocol {
+    /// The text header (`PROXY TCP4 …\r\n`).
+    V1,
+    /// The binary header, which every current server that reads one understands.
+    V2,
+}
+
+impl TryFrom<u8> for ProxyProtocol {
+    type Error = &'static str;
+
+    fn try_from(version: u8) -> Result<Self, Self::Error> {
+        match version {
+            1 => Ok(Self::V1),
+            2 => Ok(Self::V2),
+            _ => Err("the PROXY protocol version is 1 or 2"),
+        }
+    }
+}
+
+impl From<ProxyProtocol> for u8 {
+    fn from(version: ProxyProtocol) -> Self {
+        match version {
+            ProxyProtocol::V1 => 1,
+            ProxyProtocol::V2 => 2,
+        }
+    }
 }
 
 impl AppForwarding {

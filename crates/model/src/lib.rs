@@ -30,7 +30,7 @@ pub use acme::{
 pub use affinity::{Affinity, DEFAULT_AFFINITY_COOKIE};
 pub use app::{
     App, AppForwarding, AppName, AppTls, Backend, BackendAddress, Balancer, Drain, HealthCheck,
-    Hsts, Timeouts, MAX_WEIGHT, SRV_PREFIX,
+    Hsts, ProxyProtocol, Timeouts, MAX_WEIGHT, SRV_PREFIX,
 };
 pub use basic_auth::{BasicAuth, MAX_BCRYPT_COST};
 pub use cache::{CacheStore, ResponseCache};

@@ -409,7 +409,7 @@ fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
 
 fn parse_forwarding(value: &Value) -> Result<crate::AppForwarding, ValidationError> {
     let fields = as_object(value, "")?;
-    refuse_unknown(fields, &["x_forwarded_host"], "")?;
+    refuse_unknown(fields, &["x_forwarded_host", "proxy_protocol"], "")?;
     let x_forwarded_host = match fields.get("x_forwarded_host") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -420,7 +420,20 @@ fn parse_forwarding(value: &Value) -> Result<crate::AppForwarding, ValidationErr
             ))
         }
     };
-    Ok(crate::AppForwarding { x_forwarded_host })
+    let proxy_protocol = match fields.get("proxy_protocol") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            value
+                .as_u64()
+                .and_then(|version| u8::try_from(version).ok())
+                .and_then(|version| crate::ProxyProtocol::try_from(version).ok())
+                .ok_or_else(|| ValidationError::new("proxy_protocol", "must be 1 or 2"))?,
+        ),
+    };
+    Ok(crate::AppForwarding {
+        x_forwarded_host,
+        proxy_protocol,
+    })
 }
 
 fn parse_tls(value: &Value) -> Result<AppTls, ValidationError> {

@@ -394,7 +394,8 @@ async fn respond(
 /// (percent-encoded), and fields made at `now`: `date=S` (a `Date` S seconds from now,
 /// negative for the past), `expires=S`, `last_modified=S` (seconds ago); a conditional
 /// request waits `revalidate_ms=N` first (the caller does that wait). The body is
-/// `origin N`, and `X-Served: N` tells which request made a copy. A request whose
+/// `origin N` (text/plain unless an `h=` says otherwise), and `X-Served: N` tells which
+/// request made a copy. A request whose
 /// `If-None-Match` holds the answer's `ETag`, or whose `If-Modified-Since` is its
 /// `Last-Modified`, gets a 304 with the same fields.
 fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -> Vec<u8> {
@@ -451,10 +452,10 @@ fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     if status != 304 {
-        head.push_str(&format!(
-            "Content-Type: text/plain\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
+        if field("content-type").is_none() {
+            head.push_str("Content-Type: text/plain\r\n");
+        }
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     head.push_str("\r\n");
     let mut answer = head.into_bytes();

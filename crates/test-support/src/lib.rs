@@ -9,6 +9,7 @@ mod backend;
 mod client;
 pub mod dns;
 pub mod h2_raw;
+mod haproxy;
 pub mod logd;
 pub mod pebble;
 pub mod pki;
@@ -20,6 +21,7 @@ pub mod wiretap;
 
 pub use backend::{Backend, Behaviour, Recorded};
 pub use client::{get, request, send, Response};
+pub use haproxy::ProxyProtocolEcho;
 pub use logd::LogdProcess;
 pub use redis::{RedisSentinel, RedisServer};
 pub use router::RouterProcess;

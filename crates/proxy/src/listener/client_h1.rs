@@ -293,7 +293,7 @@ where
         body: BodyLeft::Done,
         continue_owed: None,
     }));
-    let client = Client::new(connection.peer, connection.server_port, tls);
+    let client = Client::new(connection.peer, connection.reached, tls);
     // One deadline for the connection's life: the first head's, then each idle timeout's.
     let mut served = 0u64;
     let mut write = Vec::new();

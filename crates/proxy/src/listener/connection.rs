@@ -17,8 +17,8 @@ const PARTIAL_PEEK_PAUSE: Duration = Duration::from_millis(1);
 /// One client connection.
 pub(super) struct Connection {
     pub(super) peer: SocketAddr,
-    /// The port the client connected to, as the WAF's rules see it.
-    pub(super) server_port: u16,
+    /// The router's address the client connected to (its port as the WAF's rules see it).
+    pub(super) reached: SocketAddr,
     pub(super) worker: Rc<EventLoop>,
     pub(super) stopped: watch::Receiver<bool>,
     pub(super) _open: OpenConnection,

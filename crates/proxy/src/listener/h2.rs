@@ -90,7 +90,7 @@ where
 {
     let Connection {
         peer,
-        server_port,
+        reached,
         worker,
         mut stopped,
         _open,
@@ -99,7 +99,7 @@ where
     let stream = SendDeadline::new(stream, worker.shared.client_timeouts.send);
     let last_request = Rc::new(Cell::new(Instant::now()));
     let cancellations = Rc::new(Cancellations::new());
-    let client = Client::new(peer, server_port, tls);
+    let client = Client::new(peer, reached, tls);
     let service = {
         let (last_request, cancellations) = (last_request.clone(), cancellations.clone());
         service_fn(move |request| {

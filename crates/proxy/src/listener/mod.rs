@@ -252,16 +252,24 @@ async fn accept(
     worker: Rc<EventLoop>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let server_port = listener.local_addr().map_or(0, |a| a.port());
+    let listening = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let open = OpenConnection::count(&worker);
+                    // A wildcard listener asks the kernel which of its addresses was reached.
+                    let reached = if listening.ip().is_unspecified() {
+                        stream.local_addr().unwrap_or(listening)
+                    } else {
+                        listening
+                    };
                     let connection = Connection {
                         peer,
-                        server_port,
+                        reached,
                         worker: worker.clone(),
                         stopped: stopped.clone(),
                         _open: open,

@@ -1,21 +1,24 @@
-//! The client end of a connection, as each of its requests needs it: its address, whether
-//! it is closing, and its pacing after a refusal (`crate::isolation`).
+//! The client end of a connection, as each of its requests needs it: its address and the
+//! router's it reached, whether it is closing, and its pacing after a refusal
+//! (`crate::isolation`).
 
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use http::HeaderValue;
+use switchyard_model::ProxyProtocol;
 
 use crate::isolation::Pacing;
 use crate::stage::waf::Endpoints;
+use crate::upstream::proxy_protocol::{Announced, ClientEnds};
 
 /// The client end of a connection, as each of its requests needs it.
 pub(crate) struct Client {
     ip: IpAddr,
     port: u16,
-    /// The port the client connected to.
-    server_port: u16,
+    /// The router's address the client connected to.
+    reached: SocketAddr,
     pub(super) tls: bool,
     /// `X-Forwarded-For` for a request that brings none: the address, formatted once per
     /// connection rather than per request.
@@ -27,11 +30,11 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    pub(crate) fn new(peer: SocketAddr, server_port: u16, tls: bool) -> Rc<Self> {
+    pub(crate) fn new(peer: SocketAddr, reached: SocketAddr, tls: bool) -> Rc<Self> {
         Rc::new(Self {
             ip: peer.ip(),
             port: peer.port(),
-            server_port,
+            reached,
             tls,
             forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
             closing: Cell::new(false),
@@ -51,7 +54,19 @@ impl Client {
 
     /// The port the client connected to.
     pub(crate) fn server_port(&self) -> u16 {
-        self.server_port
+        self.reached.port()
+    }
+
+    /// What a PROXY protocol header of `version` announces for this client's requests.
+    pub(crate) fn announced(&self, version: ProxyProtocol) -> Announced {
+        let ends = ClientEnds {
+            client: SocketAddr::new(self.ip, self.port),
+            reached: self.reached,
+        };
+        Announced {
+            version,
+            ends: Some(ends),
+        }
     }
 
     pub(crate) fn ip(&self) -> IpAddr {
@@ -61,7 +76,7 @@ impl Client {
     pub(super) fn endpoints(&self) -> Endpoints {
         Endpoints {
             client: Some(SocketAddr::new(self.ip, self.port)),
-            server_port: self.server_port,
+            server_port: self.reached.port(),
         }
     }
 }

@@ -422,6 +422,7 @@ async fn upstream_phase(
         head,
         as_read: as_read.as_ref(),
         forwarding: &forwarding,
+        announced: (route.app.forwarding.proxy_protocol).map(|version| client.announced(version)),
         answer_form,
         repeatable,
         replay: replay.as_ref(),

@@ -211,11 +211,19 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
         "forwarding",
         true,
         format!(
-            "the app gets X-Forwarded-For, -Proto, -Port, X-Request-Id, X-Request-Start and Via{}",
+            "the app gets X-Forwarded-For, -Proto, -Port, X-Request-Id, X-Request-Start and Via{}{}",
             if app.forwarding.x_forwarded_host {
                 ", and X-Forwarded-Host"
             } else {
                 ""
+            },
+            match app.forwarding.proxy_protocol {
+                Some(version) => format!(
+                    "; each connection to a backend opens with a PROXY protocol v{} header \
+                     naming the client, and carries that client connection's requests only",
+                    u8::from(version)
+                ),
+                None => String::new(),
             }
         ),
     );

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::shutdown::ShutdownWatch;
-use switchyard_model::HealthCheck;
+use switchyard_model::{HealthCheck, ProxyProtocol};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use crate::metrics;
 use crate::routing::balancer::BackendState;
 use crate::routing::route_cache::RouteCache;
+use crate::upstream::proxy_protocol::Announced;
 
 const TICK: Duration = Duration::from_millis(100);
 /// Probes running at once, across all apps.
@@ -70,8 +71,9 @@ impl HealthChecker {
                     let backend = backend.clone();
                     let (check, host, app) =
                         (check.clone(), host.clone(), route.app.name.to_string());
+                    let proxy_protocol = route.app.forwarding.proxy_protocol;
                     tokio::spawn(async move {
-                        probe_and_record(&app, &backend, &check, &host).await;
+                        probe_and_record(&app, &backend, &check, &host, proxy_protocol).await;
                         drop(permit);
                     });
                 }
@@ -81,8 +83,14 @@ impl HealthChecker {
     }
 }
 
-async fn probe_and_record(app: &str, backend: &BackendState, check: &HealthCheck, host: &str) {
-    let ok = probe(backend.address, check, host).await;
+async fn probe_and_record(
+    app: &str,
+    backend: &BackendState,
+    check: &HealthCheck,
+    host: &str,
+    proxy_protocol: Option<ProxyProtocol>,
+) {
+    let ok = probe(backend.address, check, host, proxy_protocol).await;
     if let Some(healthy) =
         backend.record_probe(ok, check.healthy_threshold, check.unhealthy_threshold)
     {
@@ -98,11 +106,24 @@ async fn probe_and_record(app: &str, backend: &BackendState, check: &HealthCheck
     }
 }
 
-/// One GET of the check path; healthy on a 2xx or 3xx status line within the deadline.
-pub(crate) async fn probe(address: SocketAddr, check: &HealthCheck, host: &str) -> bool {
+/// One GET of the check path, after the PROXY protocol's "local" header for a backend that
+/// reads one; healthy on a 2xx or 3xx status line within the deadline.
+pub(crate) async fn probe(
+    address: SocketAddr,
+    check: &HealthCheck,
+    host: &str,
+    proxy_protocol: Option<ProxyProtocol>,
+) -> bool {
     let deadline = Duration::from_millis(check.timeout_ms);
     let attempt = async {
         let mut stream = TcpStream::connect(address).await.ok()?;
+        if let Some(version) = proxy_protocol {
+            let own = Announced {
+                version,
+                ends: None,
+            };
+            stream.write_all(&own.header()).await.ok()?;
+        }
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: switchyard-health-check\r\nConnection: close\r\n\r\n",
             check.path

@@ -275,6 +275,8 @@ fn shadow_target(mirror: &Mirror, address: SocketAddr) -> Target {
             server_name: mirror.sni.clone(),
             verify: mirror.verify_tls,
         }),
+        // A shadow is another service, not the app's backends: it gets plain HTTP.
+        proxy_protocol: None,
     }
 }
 

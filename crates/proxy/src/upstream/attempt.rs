@@ -55,9 +55,18 @@ pub(crate) async fn connect_side(
     pool: &SidePool,
     timeout: Duration,
 ) -> Result<SideConnection, SideConnectFailure> {
+    let proxy_protocol = ctx
+        .route
+        .as_ref()
+        .and_then(|route| route.app.forwarding.proxy_protocol);
     loop {
         let address = begin_attempt(ctx).map_err(SideConnectFailure::NoBackend)?;
-        match pool.get(&Target { address, tls: None }, timeout).await {
+        let target = Target {
+            address,
+            tls: None,
+            proxy_protocol,
+        };
+        match pool.get(&target, timeout).await {
             Ok(connection) => return Ok(connection),
             Err(e) => {
                 let kind = match e {

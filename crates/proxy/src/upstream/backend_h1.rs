@@ -12,7 +12,6 @@
 use std::future::poll_fn;
 use std::io::{ErrorKind, IoSlice};
 use std::mem::MaybeUninit;
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,6 +31,7 @@ use tokio::sync::oneshot;
 
 use super::failure::BackendFailure;
 use super::forward_body::ForwardBody;
+use super::proxy_protocol::Destination;
 use crate::forwarded::Forwarding;
 use crate::listener::read_buffers;
 use crate::request_fields::{Fields, Known, RequestFields};
@@ -58,7 +58,8 @@ pub(crate) struct BackendConnection {
     answer_form: AnswerForm,
     /// Watched for as long as the connection lives, for the connection table's drains.
     pub(crate) shutdown: Arc<ShutdownRequest>,
-    pub(crate) address: SocketAddr,
+    /// Where it goes, and for whom: the key it is kept idle under.
+    pub(crate) destination: Destination,
     /// Dropped with the connection: the drain watcher then ends without touching the
     /// descriptor, which another socket may have by then.
     _alive: oneshot::Sender<()>,
@@ -155,7 +156,7 @@ impl BackendConnection {
     /// pointer moves for less than its bytes did (callgrind: memcpy).
     pub(crate) fn new(
         stream: TcpStream,
-        address: SocketAddr,
+        destination: Destination,
         shutdown: Arc<ShutdownRequest>,
     ) -> Box<Self> {
         let (alive, gone) = oneshot::channel();
@@ -182,7 +183,7 @@ impl BackendConnection {
             places: Vec::new(),
             answer_form: AnswerForm::Map,
             shutdown,
-            address,
+            destination,
             _alive: alive,
         })
     }

@@ -2,7 +2,8 @@
 //! for the images stage's originals alike. A backend is chosen (`attempt`, on the
 //! balancer and the health of `routing`), connected to or taken idle from this thread's
 //! pool (`pool`), entered in the connection table so a drain can find it, spoken to in
-//! HTTP/1.1 (`backend_h1`), retried where the request allows, marked down when it cannot
+//! HTTP/1.1 (`backend_h1`) after the PROXY protocol header of an app that asks for one
+//! (`proxy_protocol`), retried where the request allows, marked down when it cannot
 //! be reached, and its failures mapped to one status each (`failure`: 504 when too late,
 //! 502 otherwise; a failure of the client's body is the client's: 408, 400, 413). The
 //! answer is read ahead of a slow client within `response_buffers` (`read_ahead`). The
@@ -17,6 +18,7 @@ pub(crate) mod failure;
 pub(crate) mod forward_body;
 pub(crate) mod outbound;
 pub(crate) mod pool;
+pub(crate) mod proxy_protocol;
 pub(crate) mod read_ahead;
 pub(crate) mod response_buffers;
 
@@ -35,6 +37,7 @@ use crate::stage::waf::inspect::Held;
 use backend_h1::{AnswerForm, BackendBody};
 use failure::ConnectFailure;
 use forward_body::{ClientBodyFailure, ForwardBody};
+use proxy_protocol::{Announced, Destination};
 
 /// A request on its way to the app, as the upstream sends it.
 pub(crate) struct Outgoing<'a> {
@@ -43,6 +46,9 @@ pub(crate) struct Outgoing<'a> {
     /// An HTTP/1.x client's fields as read, written on as they came, when `head` has no map.
     pub(crate) as_read: Option<&'a RequestFields>,
     pub(crate) forwarding: &'a Forwarding,
+    /// What opens its connection, for an app that asks for the PROXY protocol: the
+    /// connection is then the client connection's own.
+    pub(crate) announced: Option<Announced>,
     /// Whether the answer's fields are made a map or go on as read.
     pub(crate) answer_form: AnswerForm,
     /// Whether the request may be sent again after a failure: idempotent, not an upgrade,
@@ -74,6 +80,7 @@ pub(crate) async fn forward(
         head,
         as_read,
         forwarding,
+        announced,
         answer_form,
         repeatable,
         replay,
@@ -86,7 +93,11 @@ pub(crate) async fn forward(
     let answer_within = read_deadline(ctx);
     loop {
         let address = attempt::begin_attempt(ctx)?;
-        let connection = match worker.pool.get(address, connect_timeout).await {
+        let destination = Destination {
+            backend: address,
+            announced,
+        };
+        let connection = match worker.pool.get(destination, connect_timeout).await {
             Ok(connection) => connection,
             Err(failure) => {
                 if attempt::record_connect_failure(ctx, failure.kind(), &failure.detail()) {

@@ -16,9 +16,12 @@ use hyper_util::rt::TokioIo;
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use parking_lot::Mutex;
 use prometheus::IntGauge;
+use switchyard_model::ProxyProtocol;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
+use super::proxy_protocol::Announced;
 use crate::idle_connections::{self, IdleConnections, Keepable};
 
 /// The body of a request the router makes: any stream of bytes that may fail.
@@ -30,6 +33,8 @@ pub(crate) struct Target {
     pub(crate) address: SocketAddr,
     /// `None` for cleartext.
     pub(crate) tls: Option<TlsTarget>,
+    /// The PROXY protocol version an app's backend reads (its "local" header goes first).
+    pub(crate) proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// How a TLS target is reached.
@@ -117,10 +122,20 @@ impl SidePool {
 
 async fn connect(target: &Target) -> Result<SideConnection, ConnectError> {
     let failed = |e: &dyn std::fmt::Display| ConnectError::Failed(e.to_string());
-    let stream = TcpStream::connect(target.address)
+    let mut stream = TcpStream::connect(target.address)
         .await
         .map_err(|e| failed(&e))?;
     let _ = stream.set_nodelay(true);
+    if let Some(version) = target.proxy_protocol {
+        let own = Announced {
+            version,
+            ends: None,
+        };
+        stream
+            .write_all(&own.header())
+            .await
+            .map_err(|e| failed(&e))?;
+    }
     let address = target.address;
     let sender = match &target.tls {
         None => handshake(stream, address).await?,

@@ -3,14 +3,15 @@
 //! them: nothing here is shared, locked or watched from elsewhere.
 
 use std::cell::RefCell;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 pub(crate) use super::backend_h1::BackendConnection;
 use super::failure::ConnectFailure;
+use super::proxy_protocol::Destination;
 use crate::idle_connections::{IdleConnections, Keepable};
 use crate::metrics;
 use crate::routing::connections::ShutdownRequest;
@@ -21,9 +22,9 @@ impl Keepable for Box<BackendConnection> {
     }
 }
 
-/// Idle connections by backend address, at most `limit` in all.
+/// Idle connections by destination, at most `limit` in all.
 pub(crate) struct BackendPool {
-    idle: RefCell<IdleConnections<SocketAddr, Box<BackendConnection>>>,
+    idle: RefCell<IdleConnections<Destination, Box<BackendConnection>>>,
 }
 
 impl BackendPool {
@@ -34,36 +35,47 @@ impl BackendPool {
         }
     }
 
-    /// The most recently used idle connection to `address` that still works, or a new one.
+    /// The most recently used idle connection to `destination` that still works, or a new
+    /// one.
     pub(crate) async fn get(
         &self,
-        address: SocketAddr,
+        destination: Destination,
         connect_timeout: Duration,
     ) -> Result<Box<BackendConnection>, ConnectFailure> {
         // Taken only if the backend has not closed it meanwhile (`Keepable`).
-        if let Some(connection) = self.idle.borrow_mut().take(&address) {
+        if let Some(connection) = self.idle.borrow_mut().take(&destination) {
             return Ok(connection);
         }
-        connect(address, connect_timeout).await
+        connect(destination, connect_timeout).await
     }
 
-    /// Keeps `connection`, whose last response was read to the end, for the next request;
-    /// closes it when the pool is full.
     /// Closes the idle connections that have expired.
     pub(crate) fn sweep_idle(&self) {
         self.idle.borrow_mut().sweep();
     }
 
+    /// Keeps `connection`, whose last response was read to the end, for the next request;
+    /// closes it when the pool is full.
     pub(crate) fn put(&self, connection: Box<BackendConnection>) {
-        self.idle.borrow_mut().put(connection.address, connection);
+        self.idle
+            .borrow_mut()
+            .put(connection.destination, connection);
     }
 }
 
 async fn connect(
-    address: SocketAddr,
+    destination: Destination,
     connect_timeout: Duration,
 ) -> Result<Box<BackendConnection>, ConnectFailure> {
-    let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await {
+    let opening = async {
+        let mut stream = TcpStream::connect(destination.backend).await?;
+        if let Some(announced) = &destination.announced {
+            // Before any request: the header is the connection's first bytes.
+            stream.write_all(&announced.header()).await?;
+        }
+        Ok::<_, std::io::Error>(stream)
+    };
+    let stream = match tokio::time::timeout(connect_timeout, opening).await {
         Err(_) => return Err(ConnectFailure::TimedOut),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             return Err(ConnectFailure::Refused(e))
@@ -74,5 +86,5 @@ async fn connect(
     let _ = stream.set_nodelay(true);
     metrics::BACKEND_CONNECTS.inc();
     let shutdown = Arc::new(ShutdownRequest::default());
-    Ok(BackendConnection::new(stream, address, shutdown))
+    Ok(BackendConnection::new(stream, destination, shutdown))
 }
