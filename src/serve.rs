@@ -144,6 +144,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             .listen_https(address, tls, &mut inherited_sockets)
             .with_context(|| format!("cannot listen for https on {address}"))?;
     }
+    if let (Some(address), Some((certs, _))) = (config.http3, &certs) {
+        listener = listener
+            .listen_http3(address, certs.clone())
+            .with_context(|| format!("cannot listen for http/3 on {address} (udp)"))?;
+        switchyard_proxy::advertise_http3(address.port());
+    }
     for address in inherited_sockets.unused() {
         log::warn!("taken over a socket on {address}, where this router does not listen: closed");
     }
@@ -216,10 +222,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
 
     log::info!(
-        "switchyard serving: http on {}, https on {}, admin on {}, store {:?} in {}",
+        "switchyard serving: http on {}, https on {}, http/3 on {}, admin on {}, store {:?} in {}",
         config.http,
         config
             .https
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        config
+            .http3
             .map_or_else(|| "off".to_string(), |a| a.to_string()),
         config.admin,
         config.store,

@@ -74,6 +74,8 @@ pub struct Config {
     pub http: SocketAddr,
     /// HTTPS listener, unless switched off.
     pub https: Option<SocketAddr>,
+    /// The HTTP/3 listener's UDP address (needs the HTTPS listener's certificates).
+    pub http3: Option<SocketAddr>,
     /// Certificates and session tickets of the HTTPS listener.
     pub tls: TlsConfig,
     /// Admin API listener.
@@ -219,6 +221,13 @@ impl Config {
             Some("off") => None,
             _ => Some(settings.https.address(source)?),
         };
+        let http3 = match settings.http3.value.as_deref() {
+            None | Some("off") => None,
+            _ => Some(settings.http3.address(source)?),
+        };
+        if http3.is_some() && https.is_none() {
+            bail!("http3 needs the https listener (its certificates): https is off");
+        }
         let tls = TlsConfig {
             default_cert: match (settings.default_cert.value, settings.default_key.value) {
                 (Some(cert), Some(key)) => Some((cert, key)),
@@ -303,6 +312,7 @@ impl Config {
         Ok(Self {
             http,
             https,
+            http3,
             tls,
             admin,
             store,
@@ -717,6 +727,18 @@ mod tests {
         let config = with_file("pool_queue = 8\nwaf_spool_mb = 2\n").expect("valid");
         assert_eq!(config.pool_queue, 8);
         assert_eq!(config.waf_spool_bytes, 2 << 20);
+    }
+
+    #[test]
+    fn http3_is_off_unless_given_and_needs_the_https_listener() {
+        assert!(with_file("").expect("valid").http3.is_none());
+        let config = with_file("http3 = \"127.0.0.1:9443\"\n").expect("valid");
+        assert_eq!(config.http3.map(|a| a.port()), Some(9443));
+        let refused = with_file("https = \"off\"\nhttp3 = \"127.0.0.1:9443\"\n")
+            .expect_err("no certificates without https");
+        assert!(refused.to_string().contains("http3"), "{refused}");
+        let refused = with_file("http3 = \"nowhere\"\n").expect_err("not an address");
+        assert!(refused.to_string().contains("line 1"), "{refused}");
     }
 
     #[test]

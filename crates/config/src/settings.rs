@@ -103,6 +103,9 @@ settings! {
     http: String = "SWITCHYARD_HTTP", default "0.0.0.0:8080";
     /// HTTPS listener address, or `off`.
     https: String = "SWITCHYARD_HTTPS", default "0.0.0.0:8443";
+    /// HTTP/3 (QUIC) listener's UDP address, or `off`: the HTTPS listener's certificates,
+    /// advertised to its clients by `Alt-Svc`.
+    http3: String = "SWITCHYARD_HTTP3", default "off";
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     default_cert: PathBuf = "SWITCHYARD_DEFAULT_CERT";
     /// PEM private key of `--default-cert`.

@@ -262,6 +262,7 @@ fn protocol_name(version: http::Version) -> &'static str {
         http::Version::HTTP_10 => "HTTP/1.0",
         http::Version::HTTP_11 => "HTTP/1.1",
         http::Version::HTTP_2 => "HTTP/2",
+        http::Version::HTTP_3 => "HTTP/3",
         _ => "other",
     }
 }

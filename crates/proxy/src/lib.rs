@@ -57,6 +57,7 @@ pub use routing::names::{BackendNames, NameSettings};
 pub use routing::recent_changes::{AppliedChange, RecentChanges};
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
 pub use shutdown::ShutdownWatch;
+pub use stage::https::advertise_http3;
 pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use tls::cert_expiry::CertExpiryScan;

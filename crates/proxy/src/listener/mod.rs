@@ -1,6 +1,6 @@
 //! The listener: HTTP/1.x on the router's own driver (`client_h1`, on `crates/h1`) and
 //! HTTP/2 on hyper, in clear and over TLS (certificates by SNI from the certificate cache,
-//! rotating ticket keys), laid out as nginx's workers are: one thread per worker with its
+//! rotating ticket keys), and HTTP/3 on quinn and h3 (`h3`) on one thread, laid out as nginx's workers are: one thread per worker with its
 //! own single-threaded runtime, its own SO_REUSEPORT listening sockets and its own pool of
 //! idle backend connections, so no request touches state another thread owns
 //! (bench/ENGINE.md: what a request costs, and why the HTTP/1 path is ours). Each request
@@ -11,6 +11,7 @@ mod client_h1;
 pub(crate) mod clock;
 mod connection;
 mod h2;
+mod h3;
 mod handover;
 pub(crate) mod read_buffers;
 pub(crate) mod relay;
@@ -35,6 +36,7 @@ use crate::event_loop::EventLoop;
 use crate::isolation;
 use crate::metrics;
 use crate::router::{Router, Shared};
+use crate::tls::cert_cache::CertCache;
 use connection::{Connection, OpenConnection};
 use tls::Accepted;
 
@@ -59,6 +61,7 @@ pub struct Listener {
     threads: usize,
     http: Option<(SocketAddr, Vec<TcpListener>)>,
     https: Option<(SocketAddr, Vec<TcpListener>, Arc<ListenerTls>)>,
+    http3: Option<h3::Http3Socket>,
 }
 
 /// Stops the listener's threads from accepting and asks their connections to finish
@@ -100,6 +103,7 @@ impl ListenerStop {
 struct ThreadSockets {
     http: Vec<TcpListener>,
     https: Vec<(TcpListener, Arc<ListenerTls>)>,
+    http3: Option<h3::Http3Socket>,
 }
 
 impl Listener {
@@ -109,6 +113,7 @@ impl Listener {
             threads: threads.max(1),
             http: None,
             https: None,
+            http3: None,
         }
     }
 
@@ -131,6 +136,18 @@ impl Listener {
         inherited: &mut InheritedSockets,
     ) -> std::io::Result<Self> {
         self.https = Some((address, self.bind(address, inherited)?, Arc::new(tls)));
+        Ok(self)
+    }
+
+    /// Serves HTTP/3 on the UDP `address`, with the certificates `certs` holds (those of
+    /// the HTTPS listener). Not handed over on `--upgrade`: the router taking over binds
+    /// its own once this one has let go, and QUIC clients reconnect (or fall back to TCP).
+    pub fn listen_http3(
+        mut self,
+        address: SocketAddr,
+        certs: Arc<CertCache>,
+    ) -> std::io::Result<Self> {
+        self.http3 = Some(h3::Http3Socket::bind(address, certs)?);
         Ok(self)
     }
 
@@ -175,6 +192,9 @@ impl Listener {
                     .https
                     .push((socket, tls.clone()));
             }
+        }
+        if let Some(http3) = self.http3 {
+            per_thread[0].http3 = Some(http3);
         }
         let offer = handover::offer(handover_dir, offered)?;
         let mut threads = Vec::with_capacity(self.threads);
@@ -231,6 +251,14 @@ fn run_thread(
                 worker.clone(),
                 stopped.clone(),
             )));
+        }
+        if let Some(http3) = sockets.http3 {
+            let (worker, stopped) = (worker.clone(), stopped.clone());
+            accepting.push(tokio::task::spawn_local(async move {
+                if let Err(e) = h3::serve(http3, worker, stopped).await {
+                    log::error!("listener: HTTP/3 stopped: {e}");
+                }
+            }));
         }
         for task in accepting {
             let _ = task.await;

@@ -1,15 +1,18 @@
 //! A client's request body as the stages read it, whichever protocol brought it: an
-//! HTTP/2 stream's (hyper's `Incoming`), or an HTTP/1.x connection's, read by the request's
-//! task straight from the connection's buffer and socket (`client_h1`), with no task or
-//! channel between.
+//! HTTP/2 stream's (hyper's `Incoming`), an HTTP/3 stream's (h3's), or an HTTP/1.x
+//! connection's, read by the request's task straight from the connection's buffer and
+//! socket (`client_h1`), with no task or channel between.
 
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+
+/// An HTTP/3 request stream's receiving half.
+pub(crate) type H3Stream = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Why a client's body stopped short.
 #[derive(Debug)]
@@ -22,6 +25,9 @@ pub(crate) enum PeerError {
     Closed,
     /// A chunked body broke the chunked coding.
     Chunked(switchyard_h1::ChunkedError),
+    /// An HTTP/3 stream failed, or its body did not match its Content-Length (RFC 9114
+    /// §4.1.2: malformed).
+    H3(String),
 }
 
 impl std::fmt::Display for PeerError {
@@ -31,6 +37,7 @@ impl std::fmt::Display for PeerError {
             Self::Io(e) => write!(f, "reading the body: {e}"),
             Self::Closed => write!(f, "the client closed before the body's end"),
             Self::Chunked(e) => write!(f, "a malformed chunked body: {e:?}"),
+            Self::H3(e) => write!(f, "{e}"),
         }
     }
 }
@@ -49,6 +56,97 @@ pub(crate) trait ConnectionBody {
 pub(crate) enum RequestBody {
     H2(Incoming),
     H1(Rc<dyn ConnectionBody>),
+    H3(Box<H3Body>),
+}
+
+/// An HTTP/3 request's body, held to the length its Content-Length declares.
+pub(crate) struct H3Body {
+    stream: H3Stream,
+    /// A piece read when the request was taken, not handed on yet.
+    first: Option<Bytes>,
+    /// What reading failed with before the first poll, to hand on at it.
+    failed: Option<String>,
+    ended: bool,
+    declared: Option<u64>,
+    received: u64,
+}
+
+impl H3Body {
+    /// The body of a request whose fields declared `declared` bytes. Looked at once
+    /// without waiting: a request whose stream ended with its head has no body, which the
+    /// stages must know (a GET may then be retried, a body need not be waited for).
+    pub(crate) fn new(mut stream: H3Stream, declared: Option<u64>) -> Self {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let (mut first, mut failed, mut ended) = (None, None, false);
+        match stream.poll_recv_data(&mut cx) {
+            Poll::Ready(Ok(None)) => ended = true,
+            Poll::Ready(Ok(Some(mut piece))) => {
+                first = Some(piece.copy_to_bytes(piece.remaining()))
+            }
+            Poll::Ready(Err(e)) => failed = Some(e.to_string()),
+            Poll::Pending => {}
+        }
+        let mut body = Self {
+            stream,
+            first: None,
+            failed,
+            ended,
+            declared,
+            received: 0,
+        };
+        if let Some(piece) = first.take() {
+            match body.counted(piece) {
+                Ok(piece) => body.first = Some(piece),
+                Err(e) => body.failed = Some(e.to_string()),
+            }
+        }
+        if body.ended && body.declared.is_some_and(|d| d != 0) {
+            body.failed = Some("the body is shorter than its Content-Length".into());
+        }
+        body
+    }
+
+    fn counted(&mut self, piece: Bytes) -> Result<Bytes, PeerError> {
+        self.received += piece.len() as u64;
+        match self.declared {
+            Some(declared) if self.received > declared => Err(PeerError::H3(
+                "the body is longer than its Content-Length".into(),
+            )),
+            _ => Ok(piece),
+        }
+    }
+
+    fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, PeerError>>> {
+        if let Some(failed) = self.failed.take() {
+            self.ended = true;
+            return Poll::Ready(Some(Err(PeerError::H3(failed))));
+        }
+        if let Some(piece) = self.first.take() {
+            return Poll::Ready(Some(Ok(piece)));
+        }
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(self.stream.poll_recv_data(cx)) {
+            Ok(Some(mut piece)) => {
+                let piece = piece.copy_to_bytes(piece.remaining());
+                Poll::Ready(Some(self.counted(piece)))
+            }
+            Ok(None) => {
+                self.ended = true;
+                match self.declared {
+                    Some(declared) if declared != self.received => Poll::Ready(Some(Err(
+                        PeerError::H3("the body is shorter than its Content-Length".into()),
+                    ))),
+                    _ => Poll::Ready(None),
+                }
+            }
+            Err(e) => {
+                self.ended = true;
+                Poll::Ready(Some(Err(PeerError::H3(e.to_string()))))
+            }
+        }
+    }
 }
 
 impl Body for RequestBody {
@@ -66,6 +164,9 @@ impl Body for RequestBody {
             Self::H1(connection) => connection
                 .poll_piece(cx)
                 .map(|piece| piece.map(|p| p.map(Frame::data))),
+            Self::H3(body) => body
+                .poll_piece(cx)
+                .map(|piece| piece.map(|p| p.map(Frame::data))),
         }
     }
 
@@ -73,6 +174,7 @@ impl Body for RequestBody {
         match self {
             Self::H2(incoming) => incoming.is_end_stream(),
             Self::H1(connection) => connection.ended(),
+            Self::H3(body) => body.ended && body.first.is_none() && body.failed.is_none(),
         }
     }
 
@@ -81,6 +183,10 @@ impl Body for RequestBody {
             Self::H2(incoming) => incoming.size_hint(),
             Self::H1(connection) => match connection.left() {
                 Some(left) => SizeHint::with_exact(left),
+                None => SizeHint::default(),
+            },
+            Self::H3(body) => match body.declared {
+                Some(declared) => SizeHint::with_exact(declared.saturating_sub(body.received)),
                 None => SizeHint::default(),
             },
         }

@@ -169,6 +169,24 @@ switchyard_metrics::declare_metrics! {
         "Syncs of fleet-wide app rates that failed (Redis away or slow)."
     ));
 
+    pub(crate) static QUIC_HANDSHAKES: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_quic_handshakes_total",
+        "QUIC handshakes of the HTTP/3 listener, by result: completed, failed, retried (the \
+         client asked to prove its address first), certificate_cold (the name's certificate \
+         was not in memory yet; the client's next attempt finds it).",
+        &["result"]
+    ));
+
+    pub(crate) static QUIC_CONNECTIONS: IntGauge = registered(register_int_gauge!(
+        "switchyard_quic_connections",
+        "HTTP/3 connections open now."
+    ));
+
+    pub(crate) static HTTP3_REQUESTS: IntCounter = registered(register_int_counter!(
+        "switchyard_http3_requests_total",
+        "Requests that came over HTTP/3."
+    ));
+
     pub(crate) static OPEN_WEBSOCKETS: IntGauge = registered(register_int_gauge!(
         "switchyard_open_websockets",
         "Upgraded connections (WebSocket and others) open now."

@@ -315,13 +315,14 @@ fn request_id_value(id: &[u8]) -> Option<HeaderValue> {
     Some(value)
 }
 
-/// The router's own fields on an app's answer: the request id, and HSTS over HTTPS for an
-/// app that asks for it. They replace a field of the same name the app sent. Put in the
+/// The router's own fields on an app's answer: the request id, HSTS over HTTPS for an app
+/// that asks for it, and over TLS the `Alt-Svc` of HTTP/3 when it is served. They replace a field of the same name the app sent. Put in the
 /// answer's map (`set_router_headers`), or, for an answer whose fields go on as read, written
 /// after them by the HTTP/1.x driver with no map made.
 pub(crate) struct RouterFields<'a> {
     request_id: &'a str,
     hsts: Option<String>,
+    alt_svc: Option<&'static str>,
 }
 
 impl<'a> RouterFields<'a> {
@@ -329,16 +330,19 @@ impl<'a> RouterFields<'a> {
         Self {
             request_id: &ctx.request_id,
             hsts: https::hsts_value(ctx),
+            alt_svc: https::alt_svc_value(ctx),
         }
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static HeaderName, &[u8])> + Clone {
         static REQUEST_ID: HeaderName = X_REQUEST_ID;
         static HSTS: HeaderName = STRICT_TRANSPORT_SECURITY;
+        static ALT_SVC: HeaderName = http::header::ALT_SVC;
         let hsts = self.hsts.as_deref().map(str::as_bytes);
         [
             (&REQUEST_ID, Some(self.request_id.as_bytes())),
             (&HSTS, hsts),
+            (&ALT_SVC, self.alt_svc.map(str::as_bytes)),
         ]
         .into_iter()
         .filter_map(|(name, value)| Some((name, value?)))

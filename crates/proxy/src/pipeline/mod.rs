@@ -276,7 +276,8 @@ async fn request_phase(
         }
     }
     let body_deadline = shared.client_timeouts.body;
-    if head.version == Version::HTTP_2
+    // HTTP/2 and HTTP/3 alike: a stream that says "no body" and then sends one.
+    if head.version >= Version::HTTP_2
         && ctx.declared_length == Some(0)
         && !incoming.is_end_stream()
         && !empty_body_ends(incoming, body_deadline).await
@@ -386,7 +387,7 @@ async fn upstream_phase(
         mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
     };
     cache::upstream_request_phase(ctx, &mut head.headers);
-    let answer_form = if head.version != Version::HTTP_2
+    let answer_form = if head.version < Version::HTTP_2
         && !cache::applies(ctx)
         && !reads_whole_answer(&route.app)
     {
@@ -483,7 +484,7 @@ fn prepare_for_backend(head: &mut http::request::Parts) {
         .uri
         .path_and_query()
         .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
-    if head.version == Version::HTTP_2 {
+    if head.version >= Version::HTTP_2 {
         join_cookies(headers);
     }
     head.version = Version::HTTP_11;

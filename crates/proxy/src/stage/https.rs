@@ -1,8 +1,28 @@
 //! Stage https, the HTTPS policy of the app: a plain-HTTP request to an app that asks for it is
 //! redirected to HTTPS (308 keeps the method and body), and HTTPS responses carry the app's
-//! `Strict-Transport-Security`.
+//! `Strict-Transport-Security` and, when the router serves HTTP/3, the `Alt-Svc` that
+//! tells browsers where (RFC 7838).
+
+use std::sync::OnceLock;
 
 use crate::context::RequestCtx;
+
+/// How long a client may remember the HTTP/3 alternative: a day, as Caddy and Cloudflare
+/// advertise it.
+const ALT_SVC_MAX_AGE_S: u32 = 86_400;
+
+static ALT_SVC: OnceLock<String> = OnceLock::new();
+
+/// From now on, answers over TLS advertise HTTP/3 on UDP `port` (set once, at start).
+pub fn advertise_http3(port: u16) {
+    let _ = ALT_SVC.set(format!("h3=\":{port}\"; ma={ALT_SVC_MAX_AGE_S}"));
+}
+
+/// The `Alt-Svc` a response to this request carries, if any: over TLS, when HTTP/3 is
+/// served.
+pub(crate) fn alt_svc_value(ctx: &RequestCtx) -> Option<&'static str> {
+    ctx.tls.then(|| ALT_SVC.get().map(String::as_str)).flatten()
+}
 
 /// The `Location` to redirect to, when this request must move to HTTPS. `https_port` is the
 /// port clients reach HTTPS on (omitted from the URL when 443); without an HTTPS listener

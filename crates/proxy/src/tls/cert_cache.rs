@@ -142,6 +142,41 @@ impl CertCache {
         })
     }
 
+    /// What [`select`](Self::select) would answer from memory alone, for handshakes that
+    /// cannot wait (QUIC's, whose TLS chooses the certificate in a callback): `None` when
+    /// the name (or its wildcard) is not in memory yet, whereupon a lookup is started on
+    /// the current runtime so the client's next attempt finds it.
+    pub fn select_cached(self: &Arc<Self>, server_name: Option<&str>) -> Option<Selected> {
+        let name = server_name.and_then(|n| Domain::parse(n).ok());
+        if let Some(name) = name.filter(|n| !n.is_wildcard()) {
+            let wildcard = wildcard_of(name.as_str());
+            let keys = std::iter::once(name.as_str().to_string()).chain(wildcard);
+            let mut all_absent = true;
+            for key in keys {
+                if let Some(cert) = self.found.get(&key) {
+                    metrics::CERT_CACHE_HITS.inc();
+                    return Some(Selected::Stored(cert));
+                }
+                all_absent &= self.absent.get(&key).is_some_and(|u| u > Instant::now());
+            }
+            if !all_absent {
+                let (cache, name) = (self.clone(), name.as_str().to_string());
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        if let Err(e) = cache.select(Some(&name)).await {
+                            log::warn!("certificate for {name} not loaded: {e}");
+                        }
+                    });
+                }
+                return None;
+            }
+        }
+        Some(match &self.default {
+            Some(cert) => Selected::Default(cert.clone()),
+            None => Selected::Nothing,
+        })
+    }
+
     /// The certificate stored under exactly `key`, from memory or the store.
     async fn lookup(&self, key: &str) -> Result<Option<Arc<ServedCert>>, StoreError> {
         if let Some(until) = self.absent.get(key) {

@@ -596,6 +596,7 @@ impl OwnedRequest {
                 .to_string(),
             http_version: match head.version {
                 http::Version::HTTP_2 => "2.0",
+                http::Version::HTTP_3 => "3.0",
                 http::Version::HTTP_10 => "1.0",
                 _ => "1.1",
             },

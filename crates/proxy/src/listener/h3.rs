@@ -1,0 +1,397 @@
+//! HTTP/3 (`--http3`): QUIC on one UDP socket (quinn), HTTP/3 over it (h3), TLS by rustls
+//! with the certificates of the TLS listener (`crate::tls::quic`). Each request goes
+//! through the same `crate::pipeline` as HTTP/1.1's and HTTP/2's, to the app's HTTP/1.1
+//! backends, its body streamed both ways under the same deadlines and limits.
+//!
+//! The endpoint is driven by one listener thread (QUIC's connections are told apart by
+//! their IDs, not by a socket per thread as TCP's are). What a client may hold is bounded:
+//! streams per connection, the field section's size, QUIC's own flow-control windows, and
+//! handshakes from addresses not proven yet (past [`MOST_UNPROVEN_HANDSHAKES`], a client is
+//! asked to prove its address with a Retry first: a spoofed flood costs one packet each).
+//! QPACK's dynamic table is 0 (h3 decodes without one). 0-RTT is off.
+//!
+//! Stopping (shutdown, `--upgrade`): no new connection is taken, each connection sends
+//! GOAWAY, and the requests under way finish within the shutdown grace.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h3::error::Code;
+use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, Request, Response, Version};
+use http_body::Body;
+use quinn::crypto::rustls::QuicServerConfig;
+use tokio::sync::watch;
+
+use super::connection::OpenConnection;
+use super::request_body::{H3Body, RequestBody};
+use crate::event_loop::EventLoop;
+use crate::metrics;
+use crate::pipeline;
+use crate::pipeline::client::Client;
+use crate::tls::cert_cache::CertCache;
+
+/// Requests one connection may have open at once (HTTP/2's limit, `h2.rs`).
+const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// The largest field section a request may have (HTTP/2's, `h2.rs`).
+const MAX_FIELD_SECTION: u64 = 64 * 1024;
+/// Handshakes under way from addresses QUIC has not validated, past which new clients are
+/// sent a Retry (their address proved by echoing its token) before any state is kept.
+const MOST_UNPROVEN_HANDSHAKES: usize = 64;
+/// Connections waiting for the thread to take them; more are refused.
+const MAX_INCOMING: usize = 4096;
+
+/// Fields that name the connection, which HTTP/3 has none of: a request carrying one is
+/// malformed (RFC 9114 §4.2), and none goes into an answer.
+const CONNECTION_FIELDS: [&str; 4] = ["connection", "keep-alive", "proxy-connection", "upgrade"];
+
+/// The UDP socket and TLS of the HTTP/3 listener, made before the threads start so that a
+/// taken address is an error at start-up.
+pub(super) struct Http3Socket {
+    pub(super) socket: std::net::UdpSocket,
+    pub(super) tls: Arc<QuicServerConfig>,
+}
+
+impl Http3Socket {
+    pub(super) fn bind(address: SocketAddr, certs: Arc<CertCache>) -> std::io::Result<Self> {
+        let tls = crate::tls::quic::server_config(certs).map_err(std::io::Error::other)?;
+        let tls = QuicServerConfig::try_from(tls).map_err(std::io::Error::other)?;
+        // SO_REUSEPORT: a router taking over (`--upgrade`) binds beside this one. QUIC's
+        // connections are not handed over: while both hold the port the kernel may give a
+        // connection's packets to the new one, and its clients reconnect (or use TCP).
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(address),
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&address.into())?;
+        let socket = std::net::UdpSocket::from(socket);
+        Ok(Self {
+            socket,
+            tls: Arc::new(tls),
+        })
+    }
+}
+
+/// Serves HTTP/3 on `socket` until the listener stops and the connections have finished.
+pub(super) async fn serve(
+    socket: Http3Socket,
+    worker: Rc<EventLoop>,
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let reached = socket.socket.local_addr()?;
+    let timeouts = worker.shared.client_timeouts;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(MAX_CONCURRENT_STREAMS.into())
+        // The client's control and QPACK streams; h3 opens no others.
+        .max_concurrent_uni_streams(3u32.into())
+        .max_idle_timeout(quinn::IdleTimeout::try_from(timeouts.idle).ok());
+    let mut config = quinn::ServerConfig::with_crypto(socket.tls);
+    config
+        .transport_config(Arc::new(transport))
+        .max_incoming(MAX_INCOMING);
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        socket.socket,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    log::info!("listener serving http/3 on {reached}");
+    let unproven = Rc::new(Cell::new(0usize));
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = stopped.changed() => break,
+        };
+        let Some(incoming) = incoming else { break };
+        if !incoming.remote_address_validated() && unproven.get() >= MOST_UNPROVEN_HANDSHAKES {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["retried"])
+                .inc();
+            let _ = incoming.retry();
+            continue;
+        }
+        let handshake = Handshake::count(&unproven, !incoming.remote_address_validated());
+        tokio::task::spawn_local(connection(
+            incoming,
+            handshake,
+            reached,
+            worker.clone(),
+            stopped.clone(),
+        ));
+    }
+    // New connections are refused from here; open ones finish (each has sent GOAWAY).
+    endpoint.set_server_config(None);
+    while worker.open_connections.get() > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    endpoint.close(quinn::VarInt::from_u32(0x100), b"");
+    Ok(())
+}
+
+/// A handshake under way from an address not validated yet, counted while it lasts.
+struct Handshake(Option<Rc<Cell<usize>>>);
+
+impl Handshake {
+    fn count(unproven: &Rc<Cell<usize>>, counted: bool) -> Self {
+        if !counted {
+            return Self(None);
+        }
+        unproven.set(unproven.get() + 1);
+        Self(Some(unproven.clone()))
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        if let Some(unproven) = &self.0 {
+            unproven.set(unproven.get().saturating_sub(1));
+        }
+    }
+}
+
+/// Counts an HTTP/3 connection in the gauge while it is open.
+struct OpenQuic;
+
+impl OpenQuic {
+    fn count() -> Self {
+        metrics::QUIC_CONNECTIONS.inc();
+        Self
+    }
+}
+
+impl Drop for OpenQuic {
+    fn drop(&mut self) {
+        metrics::QUIC_CONNECTIONS.dec();
+    }
+}
+
+async fn connection(
+    incoming: quinn::Incoming,
+    handshake: Handshake,
+    reached: SocketAddr,
+    worker: Rc<EventLoop>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let _open = OpenConnection::count(&worker);
+    let peer = incoming.remote_address();
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(e) => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["failed"])
+                .inc();
+            log::debug!("listener: QUIC connection from {peer} refused: {e}");
+            return;
+        }
+    };
+    let header = worker.shared.client_timeouts.header;
+    let quic = match tokio::time::timeout(header, connecting).await {
+        Ok(Ok(quic)) => quic,
+        Ok(Err(e)) => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["failed"])
+                .inc();
+            log::debug!("listener: QUIC handshake with {peer} failed: {e}");
+            return;
+        }
+        Err(_) => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["failed"])
+                .inc();
+            return;
+        }
+    };
+    drop(handshake);
+    metrics::QUIC_HANDSHAKES
+        .with_label_values(&["completed"])
+        .inc();
+    let _quic_open = OpenQuic::count();
+    let built = h3::server::builder()
+        .max_field_section_size(MAX_FIELD_SECTION)
+        .build::<_, Bytes>(h3_quinn::Connection::new(quic))
+        .await;
+    let mut h3 = match built {
+        Ok(h3) => h3,
+        Err(e) => {
+            log::debug!("listener: HTTP/3 with {peer} not set up: {e}");
+            return;
+        }
+    };
+    let client = Client::new(peer, reached, true);
+    let mut going_away = *stopped.borrow();
+    if going_away {
+        let _ = h3.shutdown(0).await;
+    }
+    loop {
+        let accepted = tokio::select! {
+            accepted = h3.accept() => accepted,
+            changed = stopped.changed(), if !going_away => {
+                going_away = true;
+                if changed.is_ok() {
+                    // GOAWAY: the requests under way finish, no new one is taken.
+                    let _ = h3.shutdown(0).await;
+                }
+                continue;
+            }
+        };
+        match accepted {
+            Ok(Some(resolver)) => {
+                tokio::task::spawn_local(request(resolver, client.clone(), worker.clone()));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                log::debug!("listener: HTTP/3 connection from {peer} ended: {e}");
+                break;
+            }
+        }
+    }
+}
+
+type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+
+async fn request(resolver: Resolver, client: Rc<Client>, worker: Rc<EventLoop>) {
+    let (head, stream) = match resolver.resolve_request().await {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            log::debug!("listener: HTTP/3 request not read: {e}");
+            return;
+        }
+    };
+    metrics::HTTP3_REQUESTS.inc();
+    let (mut send, receive) = stream.split();
+    let (mut parts, ()) = head.into_parts();
+    parts.version = Version::HTTP_3;
+    let Some(declared) = well_formed(&parts.headers) else {
+        // Malformed (RFC 9114 §4.1.2): a stream error, never a request to the app.
+        send.stop_stream(Code::H3_MESSAGE_ERROR);
+        return;
+    };
+    let body = RequestBody::H3(Box::new(H3Body::new(receive, declared)));
+    let request = Request::from_parts(parts, body);
+    let response = pipeline::handle(request, None, client, worker.clone(), None).await;
+    let (mut parts, mut body) = response.into_parts();
+    for name in CONNECTION_FIELDS {
+        parts.headers.remove(name);
+    }
+    parts.headers.remove(TRANSFER_ENCODING);
+    let send_within = worker.shared.client_timeouts.send;
+    if send
+        .send_response(Response::from_parts(parts, ()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let sent = match frame {
+            None => break,
+            Some(Err(e)) => {
+                log::debug!("listener: HTTP/3 answer broke off: {e}");
+                send.stop_stream(Code::H3_INTERNAL_ERROR);
+                return;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => tokio::time::timeout(send_within, send.send_data(data)).await,
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => {
+                        tokio::time::timeout(send_within, send.send_trailers(trailers)).await
+                    }
+                    Err(_) => continue,
+                },
+            },
+        };
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                log::debug!("listener: HTTP/3 client stopped reading: {e}");
+                return;
+            }
+            Err(_) => {
+                // A client that takes nothing for the send deadline holds no more of ours.
+                send.stop_stream(Code::H3_REQUEST_CANCELLED);
+                return;
+            }
+        }
+    }
+    let _ = send.finish().await;
+}
+
+/// The Content-Length a request declares (`Some(None)`: none), or `None` when the request
+/// is malformed for HTTP/3: a field naming the connection, a `TE` other than `trailers`, a
+/// `Transfer-Encoding`, or a Content-Length that is not one number.
+fn well_formed(fields: &HeaderMap) -> Option<Option<u64>> {
+    if CONNECTION_FIELDS
+        .iter()
+        .any(|name| fields.contains_key(HeaderName::from_static(name)))
+        || fields.contains_key(TRANSFER_ENCODING)
+        || fields.contains_key(CONNECTION)
+        || fields.contains_key(UPGRADE)
+    {
+        return None;
+    }
+    if fields
+        .get_all(TE)
+        .iter()
+        .any(|te| !te.as_bytes().eq_ignore_ascii_case(b"trailers"))
+    {
+        return None;
+    }
+    let mut lengths = fields.get_all(CONTENT_LENGTH).iter();
+    let Some(first) = lengths.next() else {
+        return Some(None);
+    };
+    let length = std::str::from_utf8(first.as_bytes()).ok()?;
+    if lengths.next().is_some() || length.is_empty() || !length.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    length.parse().ok().map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    HeaderName::from_bytes(n.as_bytes()).expect("a name"),
+                    v.parse().expect("a value"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn connection_fields_and_odd_lengths_make_a_request_malformed() {
+        assert_eq!(well_formed(&fields(&[])), Some(None));
+        assert_eq!(
+            well_formed(&fields(&[("content-length", "12")])),
+            Some(Some(12))
+        );
+        assert_eq!(well_formed(&fields(&[("te", "trailers")])), Some(None));
+        for malformed in [
+            &[("connection", "close")][..],
+            &[("keep-alive", "5")],
+            &[("transfer-encoding", "chunked")],
+            &[("upgrade", "websocket")],
+            &[("te", "gzip")],
+            &[("content-length", "1"), ("content-length", "1")],
+            &[("content-length", "-1")],
+            &[("content-length", "1 2")],
+        ] {
+            assert_eq!(well_formed(&fields(malformed)), None, "{malformed:?}");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""An HTTP/3 client not written here (aioquic's QUIC and HTTP/3), for tests/http3.rs:
+one request over a new QUIC connection, verifying the server's certificate against a CA
+file, and one line of JSON on stdout: the status, the fields, the body's length and its
+text (or the stream's reset / the connection's error), and the SHA-256 of the leaf served.
+
+    h3_client.py --port P --server-name NAME --ca FILE [--method M] [--path /p]
+                 [--header "name: value"]... [--body-bytes N] [--declared-length N]
+"""
+
+import argparse
+import asyncio
+import json
+import ssl
+import sys
+
+from aioquic.asyncio import connect
+from cryptography.hazmat.primitives import hashes
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, StreamReset
+
+
+class Client(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.h3 = H3Connection(self._quic)
+        self.done = asyncio.get_event_loop().create_future()
+        self.answer = {"status": None, "headers": [], "body": b""}
+
+    def quic_event_received(self, event):
+        if isinstance(event, StreamReset):
+            self.finish({"reset": event.error_code})
+        elif isinstance(event, ConnectionTerminated):
+            self.finish({"closed": event.error_code, "reason": event.reason_phrase})
+        for h3_event in self.h3.handle_event(event):
+            if isinstance(h3_event, HeadersReceived):
+                for name, value in h3_event.headers:
+                    if name == b":status":
+                        self.answer["status"] = int(value)
+                    else:
+                        self.answer["headers"].append([name.decode(), value.decode()])
+                if h3_event.stream_ended:
+                    self.finish({})
+            elif isinstance(h3_event, DataReceived):
+                self.answer["body"] += h3_event.data
+                if h3_event.stream_ended:
+                    self.finish({})
+
+    def finish(self, extra):
+        if not self.done.done():
+            self.done.set_result(extra)
+
+
+async def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--server-name", required=True)
+    parser.add_argument("--ca", required=True)
+    parser.add_argument("--method", default="GET")
+    parser.add_argument("--path", default="/")
+    parser.add_argument("--header", action="append", default=[])
+    parser.add_argument("--body-bytes", type=int, default=None)
+    parser.add_argument("--declared-length", type=int, default=None)
+    args = parser.parse_args()
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                               server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
+    config.load_verify_locations(args.ca)
+    try:
+        async with connect("127.0.0.1", args.port, configuration=config,
+                           create_protocol=Client, wait_connected=True) as client:
+            stream = client._quic.get_next_available_stream_id()
+            fields = [(b":method", args.method.encode()), (b":scheme", b"https"),
+                      (b":authority", args.server_name.encode()), (b":path", args.path.encode())]
+            for header in args.header:
+                name, value = header.split(":", 1)
+                fields.append((name.strip().lower().encode(), value.strip().encode()))
+            body = b"x" * args.body_bytes if args.body_bytes is not None else None
+            if body is not None:
+                declared = args.declared_length if args.declared_length is not None else len(body)
+                fields.append((b"content-length", str(declared).encode()))
+            client.h3.send_headers(stream, fields, end_stream=body is None)
+            if body is not None:
+                client.h3.send_data(stream, body, end_stream=True)
+            client.transmit()
+            extra = await asyncio.wait_for(client.done, 20)
+            # The leaf the handshake was served, to tell a rotated certificate.
+            peer = client._quic.tls._peer_certificate
+            if peer is not None:
+                extra["cert_sha256"] = peer.fingerprint(hashes.SHA256()).hex()
+    except (ConnectionError, asyncio.TimeoutError) as e:
+        print(json.dumps({"error": repr(e)}))
+        return
+    answer = client.answer
+    body = answer.pop("body")
+    answer["body_len"] = len(body)
+    answer["text"] = body[:4096].decode("utf-8", "replace")
+    answer.update(extra)
+    print(json.dumps(answer))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

@@ -1,0 +1,224 @@
+//! HTTP/3 through the real binary, spoken by a client not written here: aioquic's (a
+//! Python QUIC and HTTP/3 stack, `tests/h3_client.py`, in the virtual environment
+//! scripts/test makes; `SWITCHYARD_TEST_PYTHON` names another interpreter that has it).
+
+use switchyard_test_support as support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::pki::Ca;
+use support::{eventually, free_port, Backend, RouterProcess};
+
+struct Rig {
+    router: RouterProcess,
+    backend: Backend,
+    h3_port: u16,
+    ca_file: tempfile::NamedTempFile,
+}
+
+impl Rig {
+    /// A router serving HTTP/3 beside HTTPS, an app on `shop.test` and `*.apps.test`, their
+    /// certificates from a CA of the test's.
+    fn start() -> Self {
+        let h3_port = free_port();
+        let router = RouterProcess::start_with(&["--http3", &format!("127.0.0.1:{h3_port}")]);
+        let backend = Backend::start("shop");
+        let ca = Ca::root("HTTP/3 Test Root");
+        router.store_cert("shop.test", &ca.issue(&["shop.test"], -1, 30));
+        router.store_cert("*.apps.test", &ca.issue(&["*.apps.test"], -1, 30));
+        router.put_app(
+            "shop",
+            json!({"domains": ["shop.test", "*.apps.test"], "backends": [backend.addr.to_string()]}),
+        );
+        let ca_file = tempfile::NamedTempFile::new().expect("a file for the CA");
+        std::fs::write(ca_file.path(), ca.pem()).expect("write the CA");
+        Self {
+            router,
+            backend,
+            h3_port,
+            ca_file,
+        }
+    }
+
+    /// One request over a new HTTP/3 connection: what the client saw.
+    fn h3(&self, server_name: &str, args: &[&str]) -> Value {
+        let python = std::env::var_os("SWITCHYARD_TEST_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/h3-venv/bin/python3")
+            });
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py");
+        let output = Command::new(&python)
+            .arg(script)
+            .args(["--port", &self.h3_port.to_string()])
+            .args(["--server-name", server_name])
+            .args(["--ca", self.ca_file.path().to_str().expect("a path")])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{} (scripts/test makes it): {e}", python.display()));
+        let line = String::from_utf8_lossy(&output.stdout);
+        serde_json::from_str(line.trim()).unwrap_or_else(|e| {
+            panic!(
+                "the HTTP/3 client said {line:?} ({e}); stderr: {}\nrouter: {}",
+                String::from_utf8_lossy(&output.stderr),
+                self.router.logs()
+            )
+        })
+    }
+}
+
+fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
+    answer["headers"]
+        .as_array()?
+        .iter()
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair[1].as_str())
+}
+
+#[test]
+fn https_answers_advertise_http3_and_its_requests_reach_the_app_through_every_stage() {
+    let rig = Rig::start();
+    let mut tls = support::tls::connect(rig.router.https, Some("shop.test"), &["http/1.1"])
+        .expect("a TLS handshake");
+    let over_tls = tls.get("shop.test", "/").expect("a request over TLS");
+    assert_eq!(
+        over_tls.header("alt-svc"),
+        Some(format!("h3=\":{}\"; ma=86400", rig.h3_port).as_str()),
+        "browsers learn of HTTP/3 from any HTTPS answer"
+    );
+
+    let answer = rig.h3("shop.test", &["--path", "/cart?id=7"]);
+    assert_eq!(answer["status"], 200, "{answer}");
+    let seen: Value = serde_json::from_str(answer["text"].as_str().unwrap_or("")).expect("JSON");
+    assert_eq!(seen["path"], "/cart?id=7");
+    assert_eq!(seen["headers"]["host"], "shop.test");
+    assert_eq!(seen["headers"]["x-forwarded-proto"], "https");
+    assert_eq!(seen["headers"]["via"], "3 switchyard");
+    assert!(header(&answer, "x-request-id").is_some(), "{answer}");
+    assert_eq!(rig.router.metric("switchyard_http3_requests_total"), 1.0);
+    let access = rig.router.access_records();
+    assert!(
+        access.iter().any(|r| r["protocol"] == "HTTP/3"),
+        "{access:?}"
+    );
+
+    // A body up and a body down, streamed.
+    let upload = rig.h3(
+        "shop.test",
+        &[
+            "--method",
+            "POST",
+            "--path",
+            "/upload",
+            "--body-bytes",
+            "1048576",
+        ],
+    );
+    assert_eq!(upload["status"], 200, "{upload}");
+    let seen: Value = serde_json::from_str(upload["text"].as_str().unwrap_or("")).expect("JSON");
+    assert_eq!(seen["body_len"], 1_048_576);
+    let download = rig.h3("shop.test", &["--path", "/bytes?n=4194304"]);
+    assert_eq!(download["status"], 200, "{download}");
+    assert_eq!(download["body_len"], 4_194_304);
+    // A chunked answer, piece by piece as the app sends it.
+    let streamed = rig.h3("shop.test", &["--path", "/stream?chunks=5&interval_ms=20"]);
+    assert_eq!(streamed["status"], 200, "{streamed}");
+    let expected: String = (0..5).map(|i| format!("chunk {i} from shop\n")).collect();
+    assert_eq!(streamed["text"], expected.as_str());
+    assert_eq!(rig.backend.requests(), 5);
+}
+
+#[test]
+fn the_certificate_is_chosen_by_sni_once_the_name_is_in_memory() {
+    let rig = Rig::start();
+    // Never asked for over TCP: the first handshake starts its lookup, a later one is
+    // served (the client checks the name against the certificate and the test's CA).
+    let mut attempts = 0;
+    eventually(
+        Duration::from_secs(10),
+        "an HTTP/3 answer for a.apps.test",
+        || {
+            attempts += 1;
+            rig.h3("a.apps.test", &[])["status"] == 200
+        },
+    );
+    assert!(attempts >= 2, "the first handshake of a cold name fails");
+    assert!(
+        rig.router
+            .metric("switchyard_quic_handshakes_total{result=\"certificate_cold\"}")
+            >= 1.0
+    );
+    assert!(
+        rig.router
+            .metric("switchyard_quic_handshakes_total{result=\"completed\"}")
+            >= 1.0
+    );
+}
+
+#[test]
+fn a_certificate_changed_in_the_store_is_served_on_the_next_handshake() {
+    let rig = Rig::start();
+    let ca = Ca::root("Rotated Root");
+    let first = ca.issue(&["shop.test"], -1, 30);
+    rig.router.store_cert("shop.test", &first);
+    std::fs::write(rig.ca_file.path(), ca.pem()).expect("trust the new root");
+    let served = || {
+        let answer = rig.h3("shop.test", &[]);
+        answer["cert_sha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let hex =
+        |fingerprint: &[u8]| -> String { fingerprint.iter().map(|b| format!("{b:02x}")).collect() };
+    eventually(
+        Duration::from_secs(10),
+        "the first certificate over QUIC",
+        || served() == hex(&first.fingerprint),
+    );
+    let second = ca.issue(&["shop.test"], -1, 60);
+    rig.router.store_cert("shop.test", &second);
+    eventually(
+        Duration::from_secs(10),
+        "the replaced certificate over QUIC",
+        || served() == hex(&second.fingerprint),
+    );
+}
+
+#[test]
+fn malformed_http3_requests_are_refused_not_forwarded() {
+    let rig = Rig::start();
+    // Warm the name over TCP first, as a browser following Alt-Svc has.
+    let mut tls = support::tls::connect(rig.router.https, Some("shop.test"), &["http/1.1"])
+        .expect("a TLS handshake");
+    assert_eq!(tls.get("shop.test", "/").expect("a request").status, 200);
+    let before = rig.backend.requests();
+    // A field naming the connection: a stream error H3_MESSAGE_ERROR (RFC 9114 §4.2).
+    let connection_field = rig.h3("shop.test", &["--header", "connection: close"]);
+    assert_eq!(connection_field["reset"], 0x10e, "{connection_field}");
+    let transfer_encoding = rig.h3("shop.test", &["--header", "transfer-encoding: chunked"]);
+    assert_eq!(transfer_encoding["reset"], 0x10e, "{transfer_encoding}");
+    // A body shorter than its Content-Length is malformed (§4.1.2): never a whole request.
+    let short = rig.h3(
+        "shop.test",
+        &[
+            "--method",
+            "POST",
+            "--body-bytes",
+            "5",
+            "--declared-length",
+            "10",
+        ],
+    );
+    assert_eq!(short["status"], 400, "{short}");
+    assert_eq!(
+        rig.backend.requests(),
+        before,
+        "nothing malformed reached the app"
+    );
+    let fine = rig.h3("shop.test", &["--method", "POST", "--body-bytes", "5"]);
+    assert_eq!(fine["status"], 200, "{fine}");
+}
