@@ -144,22 +144,26 @@ impl CertCache {
 
     /// What [`select`](Self::select) would answer from memory alone, for handshakes that
     /// cannot wait (QUIC's, whose TLS chooses the certificate in a callback): `None` when
-    /// the name (or its wildcard) is not in memory yet, whereupon a lookup is started on
+    /// the name (or its wildcard) was never looked up, whereupon a lookup is started on
     /// the current runtime so the client's next attempt finds it.
     pub fn select_cached(self: &Arc<Self>, server_name: Option<&str>) -> Option<Selected> {
         let name = server_name.and_then(|n| Domain::parse(n).ok());
         if let Some(name) = name.filter(|n| !n.is_wildcard()) {
             let wildcard = wildcard_of(name.as_str());
             let keys = std::iter::once(name.as_str().to_string()).chain(wildcard);
-            let mut all_absent = true;
+            // A name found absent before is served the default at once, and looked up again
+            // in the background once that finding is older than its TTL.
+            let (mut all_known, mut all_current) = (true, true);
             for key in keys {
                 if let Some(cert) = self.found.get(&key) {
                     metrics::CERT_CACHE_HITS.inc();
                     return Some(Selected::Stored(cert));
                 }
-                all_absent &= self.absent.get(&key).is_some_and(|u| u > Instant::now());
+                let until = self.absent.get(&key);
+                all_known &= until.is_some();
+                all_current &= until.is_some_and(|u| u > Instant::now());
             }
-            if !all_absent {
+            if !all_current {
                 let (cache, name) = (self.clone(), name.as_str().to_string());
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
@@ -168,7 +172,9 @@ impl CertCache {
                         }
                     });
                 }
-                return None;
+                if !all_known {
+                    return None;
+                }
             }
         }
         Some(match &self.default {
@@ -184,7 +190,8 @@ impl CertCache {
                 metrics::CERT_CACHE_HITS.inc();
                 return Ok(None);
             }
-            self.absent.remove(key);
+            // Kept while the store is asked again: a QUIC handshake meanwhile is served
+            // the default rather than failed (`select_cached`).
         }
         let guard = match self.found.get_value_or_guard_async(key).await {
             Ok(cert) => {
@@ -206,6 +213,7 @@ impl CertCache {
                 if current {
                     let _ = guard.insert(cert.clone());
                 }
+                self.absent.remove(key);
                 Some(cert)
             }
             None => {
