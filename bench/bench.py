@@ -312,13 +312,15 @@ def start_switchyard(work, apps, backend, tag):
 
 
 def serve_switchyard(work, name, *args, log_level="warn", binary=None, env=None):
-    """`switchyard serve` on free ports with its own data directory, no HTTPS listener (it
-    would take the default port 8443), no access log and no shutdown grace, plus `args`;
+    """`switchyard serve` on free ports with its own data directory, no HTTPS listener unless
+    `args` name one (the default would take port 8443), no access log and no shutdown grace,
+    plus `args`;
     returns (process, http port, admin port). `binary`: another build (an earlier commit's,
     measured beside this one); `env`: more environment variables."""
     http_port, admin_port = free_port(), free_port()
+    https = [] if "--https" in args else ["--https", "off"]
     proc = Process(name, [
-        str(binary or BIN), "serve", "--http", f"127.0.0.1:{http_port}", "--https", "off",
+        str(binary or BIN), "serve", "--http", f"127.0.0.1:{http_port}", *https,
         "--admin", f"127.0.0.1:{admin_port}",
         "--data-dir", str(work / f"{name}-data"), "--access-log", "off", "--shutdown-grace-s", "0",
         *args,
