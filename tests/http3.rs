@@ -6,6 +6,7 @@ use switchyard_test_support as support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -99,6 +100,17 @@ fn https_answers_advertise_http3_and_its_requests_reach_the_app_through_every_st
     assert_eq!(seen["headers"]["via"], "3 switchyard");
     assert!(header(&answer, "x-request-id").is_some(), "{answer}");
     assert_eq!(rig.router.metric("switchyard_http3_requests_total"), 1.0);
+    eventually(
+        Duration::from_secs(5),
+        "the closed connection's figures",
+        || {
+            rig.router.metric("switchyard_quic_rtt_seconds_count") >= 1.0
+                && rig
+                    .router
+                    .metric("switchyard_quic_packets_total{kind=\"sent\"}")
+                    > 0.0
+        },
+    );
     let access = rig.router.access_records();
     assert!(
         access.iter().any(|r| r["protocol"] == "HTTP/3"),
@@ -221,4 +233,29 @@ fn malformed_http3_requests_are_refused_not_forwarded() {
     );
     let fine = rig.h3("shop.test", &["--method", "POST", "--body-bytes", "5"]);
     assert_eq!(fine["status"], 200, "{fine}");
+}
+
+#[test]
+fn a_stopping_router_finishes_the_http3_requests_under_way() {
+    let rig = Arc::new(Rig::start());
+    let mut tls = support::tls::connect(rig.router.https, Some("shop.test"), &["http/1.1"])
+        .expect("a TLS handshake");
+    assert_eq!(tls.get("shop.test", "/").expect("a request").status, 200);
+    let in_flight = {
+        let rig = rig.clone();
+        std::thread::spawn(move || rig.h3("shop.test", &["--path", "/slow?ms=1000"]))
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the slow request at the app",
+        || rig.backend.requests() == 2,
+    );
+    rig.router.signal_terminate();
+    let answer = in_flight.join().expect("the client's thread");
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert_eq!(answer["text"], "shop");
+    let Ok(mut rig) = Arc::try_unwrap(rig) else {
+        panic!("the rig has one owner left");
+    };
+    assert!(rig.router.wait_exit().success());
 }

@@ -11,7 +11,8 @@
 //! QPACK's dynamic table is 0 (h3 decodes without one). 0-RTT is off.
 //!
 //! Stopping (shutdown, `--upgrade`): no new connection is taken, each connection sends
-//! GOAWAY, and the requests under way finish within the shutdown grace.
+//! GOAWAY, and the requests under way finish within the shutdown grace. Each connection's
+//! round-trip time and lost packets are counted when it closes.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -173,6 +174,22 @@ impl Drop for OpenQuic {
     }
 }
 
+/// Counts a connection's round-trip time and packets, sent and lost, when it ends.
+struct PathFigures(quinn::Connection);
+
+impl Drop for PathFigures {
+    fn drop(&mut self) {
+        let path = self.0.stats().path;
+        metrics::QUIC_RTT.observe(self.0.rtt().as_secs_f64());
+        metrics::QUIC_PACKETS
+            .with_label_values(&["sent"])
+            .inc_by(path.sent_packets);
+        metrics::QUIC_PACKETS
+            .with_label_values(&["lost"])
+            .inc_by(path.lost_packets);
+    }
+}
+
 async fn connection(
     incoming: quinn::Incoming,
     handshake: Handshake,
@@ -214,6 +231,7 @@ async fn connection(
         .with_label_values(&["completed"])
         .inc();
     let _quic_open = OpenQuic::count();
+    let _path = PathFigures(quic.clone());
     let built = h3::server::builder()
         .max_field_section_size(MAX_FIELD_SECTION)
         .build::<_, Bytes>(h3_quinn::Connection::new(quic))

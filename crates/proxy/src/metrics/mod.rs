@@ -13,9 +13,9 @@ use std::collections::{HashMap, HashSet};
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    register_counter, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, Counter, Histogram, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec,
+    register_counter, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Counter, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 use switchyard_metrics::registered;
 
@@ -180,6 +180,19 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static QUIC_CONNECTIONS: IntGauge = registered(register_int_gauge!(
         "switchyard_quic_connections",
         "HTTP/3 connections open now."
+    ));
+
+    pub(crate) static QUIC_RTT: Histogram = registered(register_histogram!(
+        "switchyard_quic_rtt_seconds",
+        "Each HTTP/3 connection's smoothed round-trip time when it closed.",
+        vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+    ));
+
+    pub(crate) static QUIC_PACKETS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_quic_packets_total",
+        "UDP packets of the HTTP/3 connections, counted when each closes, by kind: sent, \
+         lost (of those sent: lost ÷ sent is the loss the clients' paths show).",
+        &["kind"]
     ));
 
     pub(crate) static HTTP3_REQUESTS: IntCounter = registered(register_int_counter!(
