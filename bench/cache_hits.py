@@ -71,6 +71,15 @@ def commit():
                           capture_output=True, text=True).stdout.strip()
 
 
+def publish(title, lines):
+    """Prints a script's section and puts it in bench/RESULTS.md under `title`, the
+    earlier runs' tables kept below it."""
+    global TITLE
+    print("\n".join(lines))
+    TITLE = title
+    replace_section(lines)
+
+
 def replace_section(lines):
     """Puts this run's section first and keeps what earlier runs measured below it."""
     text = RESULTS.read_text()

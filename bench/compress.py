@@ -147,9 +147,7 @@ def main():
         coding = f"{(median[name] - median[base]) / kib:.2f}" if name != base else "–"
         runs = ", ".join(f"{r:.0f}" for r in cpu[name])
         lines.append(f"| {name} | {median[name]:.0f} | {coding} | {sizes[name] / PAGE_BYTES:.3f} | {runs} |")
-    print("\n".join(lines))
-    cache_hits.TITLE = TITLE
-    cache_hits.replace_section(lines)
+    cache_hits.publish(TITLE, lines)
 
 
 if __name__ == "__main__":

@@ -107,9 +107,7 @@ def main():
             mark = " ◀" if CHOSEN[coding] == level else ""
             cells += [f"{row[0]:.2f}{mark}", f"{row[1]:.3f}"] if row else ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
-    print("\n".join(lines))
-    cache_hits.TITLE = TITLE
-    cache_hits.replace_section(lines)
+    cache_hits.publish(TITLE, lines)
 
 
 if __name__ == "__main__":

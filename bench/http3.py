@@ -151,9 +151,7 @@ def main():
         ratio = f"{median[name] / median[peer]:.2f}×" if name != peer else "–"
         runs = ", ".join(f"{r:.1f}" for r in cpu[name])
         lines.append(f"| {name} | {median[name]:.1f} | {ratio} | {runs} |")
-    print("\n".join(lines))
-    cache_hits.TITLE = TITLE
-    cache_hits.replace_section(lines)
+    cache_hits.publish(TITLE, lines)
 
 
 if __name__ == "__main__":
