@@ -561,6 +561,7 @@ fn bad_switches_are_refused_naming_the_field() {
             json!({"forwarding": {"proxy_protocol": 3}}),
             "forwarding.proxy_protocol",
         ),
+        (json!({"advertise_http3": "no"}), "advertise_http3"),
     ] {
         let (status, error) = router.admin_call("PUT", "/v1/apps/bad", Some(&spec.to_string()));
         assert_eq!(status, 400, "{spec}: {error}");

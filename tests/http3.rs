@@ -91,6 +91,30 @@ fn https_answers_advertise_http3_and_its_requests_reach_the_app_through_every_st
         "browsers learn of HTTP/3 from any HTTPS answer"
     );
 
+    // An app that opts out keeps its clients on TCP (its exact domain, under the
+    // wildcard certificate).
+    rig.router.put_app(
+        "quiet",
+        json!({"domains": ["quiet.apps.test"], "backends": [rig.backend.addr.to_string()],
+               "advertise_http3": false}),
+    );
+    let mut quiet = support::tls::connect(rig.router.https, Some("quiet.apps.test"), &["http/1.1"])
+        .expect("a TLS handshake");
+    let quiet_answer = quiet
+        .get("quiet.apps.test", "/")
+        .expect("a request over TLS");
+    assert_eq!(quiet_answer.status, 200);
+    assert_eq!(quiet_answer.header("alt-svc"), None);
+    let (_, explained) =
+        rig.router
+            .admin_call("GET", "/v1/explain?host=quiet.apps.test&path=/", None);
+    let http3 = explained["stages"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "http3"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(http3["applies"], false, "{explained}");
+
     let answer = rig.h3("shop.test", &["--path", "/cart?id=7"]);
     assert_eq!(answer["status"], 200, "{answer}");
     let seen: Value = serde_json::from_str(answer["text"].as_str().unwrap_or("")).expect("JSON");
@@ -140,7 +164,7 @@ fn https_answers_advertise_http3_and_its_requests_reach_the_app_through_every_st
     assert_eq!(streamed["status"], 200, "{streamed}");
     let expected: String = (0..5).map(|i| format!("chunk {i} from shop\n")).collect();
     assert_eq!(streamed["text"], expected.as_str());
-    assert_eq!(rig.backend.requests(), 5);
+    assert_eq!(rig.backend.requests(), 6);
 }
 
 #[test]

@@ -330,6 +330,7 @@ function switchRows(app) {
     ["affinity", app.affinity ? shown(app.affinity) : off],
     ["compress", app.compress ? shown(app.compress) : off],
     ["x_forwarded_host", app.forwarding && app.forwarding.x_forwarded_host ? "on" : off],
+    ["advertise_http3", app.advertise_http3 === false ? "off (no Alt-Svc)" : "on"],
     ["proxy_protocol", app.forwarding && app.forwarding.proxy_protocol ? "v" + escape(String(app.forwarding.proxy_protocol)) : off],
   ];
   return rows.map(([name, value]) => `<tr><td>${name}</td><td>${value}</td></tr>`).join("");

@@ -303,6 +303,10 @@ pub struct App {
     /// backend's connection; false for apps that stream (long polls, progressive pages).
     #[serde(default = "reads_ahead", skip_serializing_if = "is_true")]
     pub response_buffering: bool,
+    /// HTTPS answers carry `Alt-Svc` for the router's HTTP/3 listener (when it has one);
+    /// false keeps the app's clients on TCP.
+    #[serde(default = "advertised", skip_serializing_if = "is_true")]
+    pub advertise_http3: bool,
     /// Moves answered before the app: hosts and path prefixes sent elsewhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirects: Vec<crate::Redirect>,
@@ -382,6 +386,10 @@ impl AppForwarding {
 }
 
 fn reads_ahead() -> bool {
+    true
+}
+
+fn advertised() -> bool {
     true
 }
 

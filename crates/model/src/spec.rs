@@ -46,6 +46,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "tls",
             "limits",
             "response_buffering",
+            "advertise_http3",
             "redirects",
             "maintenance",
             "error_pages",
@@ -117,6 +118,16 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         Some(_) => {
             return Err(ValidationError::new(
                 "response_buffering",
+                "must be true or false",
+            ))
+        }
+    };
+    let advertise_http3 = match fields.get("advertise_http3") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ValidationError::new(
+                "advertise_http3",
                 "must be true or false",
             ))
         }
@@ -231,6 +242,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         drain,
         tls,
         response_buffering,
+        advertise_http3,
     })
 }
 

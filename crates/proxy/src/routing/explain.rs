@@ -236,6 +236,23 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
             "off: plain HTTP is served".into()
         },
     );
+    match crate::stage::https::advertised_http3() {
+        Some(alt_svc) if app.advertise_http3 => stage(
+            "http3",
+            true,
+            format!("HTTPS answers carry Alt-Svc: {alt_svc}; browsers move to HTTP/3"),
+        ),
+        Some(_) => stage(
+            "http3",
+            false,
+            "advertise_http3 is false: no Alt-Svc, clients stay on TCP".into(),
+        ),
+        None => stage(
+            "http3",
+            false,
+            "the router serves no HTTP/3 (--http3)".into(),
+        ),
+    }
     stage(
         "response_buffering",
         app.response_buffering,

@@ -19,9 +19,15 @@ pub fn advertise_http3(port: u16) {
 }
 
 /// The `Alt-Svc` a response to this request carries, if any: over TLS, when HTTP/3 is
-/// served.
+/// served and the app has not opted out.
 pub(crate) fn alt_svc_value(ctx: &RequestCtx) -> Option<&'static str> {
-    ctx.tls.then(|| ALT_SVC.get().map(String::as_str)).flatten()
+    let advertised = ctx.route.as_ref().is_none_or(|r| r.app.advertise_http3);
+    (ctx.tls && advertised).then(advertised_http3).flatten()
+}
+
+/// The `Alt-Svc` of the router's HTTP/3 listener, when it has one.
+pub(crate) fn advertised_http3() -> Option<&'static str> {
+    ALT_SVC.get().map(String::as_str)
 }
 
 /// The `Location` to redirect to, when this request must move to HTTPS. `https_port` is the
