@@ -590,7 +590,11 @@ fn served_by(response: &support::Response) -> String {
 fn sticky_sessions_hold_a_client_to_its_backend_until_it_leaves_across_a_fleet() {
     let redis = support::RedisServer::start();
     let routers: Vec<RouterProcess> = (0..2)
-        .map(|_| RouterProcess::start_with(&["--store", &redis.url()]))
+        // A generous Redis deadline: a write timed out under the suite's load (the default
+        // 500 ms is a production router's) would fail the PUT, not the feature.
+        .map(|_| {
+            RouterProcess::start_with(&["--store", &redis.url(), "--redis-timeout-ms", "2000"])
+        })
         .collect();
     let backends: Vec<Backend> = ["one", "two", "three"].map(Backend::start).into();
     let spec = |backends: &[&Backend]| {
