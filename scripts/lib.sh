@@ -32,3 +32,13 @@ ensure_build_tools() {
   # Two cores here: more parallel rustc jobs only add memory pressure.
   export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 }
+
+# aioquic, the HTTP/3 client of tests/http3.rs and bench/conformance/h3_requests.py (a QUIC
+# stack not written here), from PyPI into a virtual environment of the build's own.
+ensure_h3_client() {
+  ensure_packages python3 python3-venv
+  if ! target/h3-venv/bin/python3 -c 'import aioquic' 2>/dev/null; then
+    python3 -m venv target/h3-venv
+    target/h3-venv/bin/pip install --quiet 'aioquic==1.7.2'
+  fi
+}
