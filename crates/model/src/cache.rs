@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, integer_field, optional_integer, parse_list, refuse_unknown, Fields};
+use crate::spec::{
+    as_object, integer_field, optional_bool, optional_integer, parse_list, refuse_unknown, Fields,
+};
 use crate::{PathPattern, ValidationError};
 
 /// Largest per-app cache size.
@@ -100,11 +102,6 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
             "is required: patterns such as \"/\" or \"/assets/*\"",
         ));
     }
-    let flag = |name: &str| match fields.get(name) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ValidationError::new(name, "must be true or false")),
-    };
     let max_bytes = optional_integer(fields, "max_bytes", 1024, MAX_CACHE_BYTES, 64 << 20)?;
     let max_object_bytes = optional_integer(
         fields,
@@ -126,8 +123,8 @@ pub(crate) fn parse_cache(value: &Value) -> Result<ResponseCache, ValidationErro
         stale_if_error_s: optional_integer(fields, "stale_if_error_s", 0, 30 * 86_400, 0)?,
         max_bytes,
         max_object_bytes,
-        cache_set_cookie: flag("cache_set_cookie")?,
-        cache_authorized: flag("cache_authorized")?,
+        cache_set_cookie: optional_bool(fields, "cache_set_cookie", false)?,
+        cache_authorized: optional_bool(fields, "cache_authorized", false)?,
     })
 }
 

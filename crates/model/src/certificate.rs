@@ -10,7 +10,7 @@ use openssl::x509::{X509NameRef, X509VerifyResult, X509};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, refuse_unknown};
+use crate::spec::{as_object, optional_bool, refuse_unknown};
 use crate::{Domain, ValidationError};
 
 /// Longest PEM accepted for a chain or a key: a long chain with big RSA keys stays far below.
@@ -66,16 +66,7 @@ pub fn parse_certificate_spec(
     refuse_unknown(fields, &["cert_pem", "key_pem", "allow_expired"], "")?;
     let cert_pem = pem_field(fields.get("cert_pem"), "cert_pem")?;
     let key_pem = pem_field(fields.get("key_pem"), "key_pem")?;
-    let allow_expired = match fields.get("allow_expired") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ValidationError::new(
-                "allow_expired",
-                "must be true or false",
-            ))
-        }
-    };
+    let allow_expired = optional_bool(fields, "allow_expired", false)?;
 
     let chain = parse_chain(cert_pem)?;
     let leaf = &chain[0];

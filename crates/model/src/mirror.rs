@@ -12,7 +12,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::spec::{
-    as_object, integer_in, optional_integer, parse_list, parse_socket_addr, refuse_unknown,
+    as_object, integer_in, optional_bool, optional_integer, parse_list, parse_socket_addr,
+    refuse_unknown,
 };
 use crate::ValidationError;
 
@@ -272,11 +273,6 @@ pub(crate) fn parse_mirror(value: &Value) -> Result<Mirror, ValidationError> {
         "",
     )?;
     let backends = parse_mirror_backends(fields.get("backends"))?;
-    let flag = |name: &str, default: bool| match fields.get(name) {
-        None => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ValidationError::new(name, "must be true or false")),
-    };
     let sni = match fields.get("sni") {
         None | Some(Value::Null) => None,
         Some(Value::String(name))
@@ -321,9 +317,9 @@ pub(crate) fn parse_mirror(value: &Value) -> Result<Mirror, ValidationError> {
     };
     Ok(Mirror {
         backends,
-        tls: flag("tls", false)?,
+        tls: optional_bool(fields, "tls", false)?,
         sni,
-        verify_tls: flag("verify_tls", true)?,
+        verify_tls: optional_bool(fields, "verify_tls", true)?,
         percent,
         key,
         methods,

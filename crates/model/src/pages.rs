@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{as_object, integer_field, refuse_unknown};
+use crate::spec::{as_object, integer_field, optional_bool, refuse_unknown};
 use crate::ValidationError;
 
 /// Largest page kept: the store holds it with the app, every router holds it in memory.
@@ -54,11 +54,7 @@ pub(crate) fn parse_maintenance(value: &Value) -> Result<Maintenance, Validation
         &["enabled", "page_html", "page_url", "retry_after_s"],
         "",
     )?;
-    let enabled = match fields.get("enabled") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ValidationError::new("enabled", "must be true or false")),
-    };
+    let enabled = optional_bool(fields, "enabled", false)?;
     let page_html = match fields.get("page_html") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_page(v).map_err(|m| ValidationError::new("page_html", m))?),

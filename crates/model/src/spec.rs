@@ -102,36 +102,9 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         None => default_retries(),
         Some(v) => integer_in(v, 0, 10).map_err(|m| ValidationError::new("retries", m))? as u8,
     };
-    let https_redirect = match fields.get("https_redirect") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ValidationError::new(
-                "https_redirect",
-                "must be true or false",
-            ))
-        }
-    };
-    let response_buffering = match fields.get("response_buffering") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ValidationError::new(
-                "response_buffering",
-                "must be true or false",
-            ))
-        }
-    };
-    let advertise_http3 = match fields.get("advertise_http3") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ValidationError::new(
-                "advertise_http3",
-                "must be true or false",
-            ))
-        }
-    };
+    let https_redirect = optional_bool(fields, "https_redirect", false)?;
+    let response_buffering = optional_bool(fields, "response_buffering", true)?;
+    let advertise_http3 = optional_bool(fields, "advertise_http3", true)?;
     let hsts = match fields.get("hsts") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_hsts(v).map_err(|e| e.under("hsts"))?),
@@ -422,16 +395,7 @@ fn parse_health_check(value: &Value) -> Result<HealthCheck, ValidationError> {
 fn parse_forwarding(value: &Value) -> Result<crate::AppForwarding, ValidationError> {
     let fields = as_object(value, "")?;
     refuse_unknown(fields, &["x_forwarded_host", "proxy_protocol"], "")?;
-    let x_forwarded_host = match fields.get("x_forwarded_host") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ValidationError::new(
-                "x_forwarded_host",
-                "must be true or false",
-            ))
-        }
-    };
+    let x_forwarded_host = optional_bool(fields, "x_forwarded_host", false)?;
     let proxy_protocol = match fields.get("proxy_protocol") {
         None | Some(Value::Null) => None,
         Some(value) => Some(
@@ -451,26 +415,17 @@ fn parse_forwarding(value: &Value) -> Result<crate::AppForwarding, ValidationErr
 fn parse_tls(value: &Value) -> Result<AppTls, ValidationError> {
     let fields = as_object(value, "")?;
     refuse_unknown(fields, &["acme"], "")?;
-    let acme = match fields.get("acme") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ValidationError::new("acme", "must be true or false")),
-    };
+    let acme = optional_bool(fields, "acme", false)?;
     Ok(AppTls { acme })
 }
 
 fn parse_hsts(value: &Value) -> Result<Hsts, ValidationError> {
     let fields = as_object(value, "")?;
     refuse_unknown(fields, &["max_age_s", "include_subdomains", "preload"], "")?;
-    let flag = |name: &str| match fields.get(name) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ValidationError::new(name, "must be true or false")),
-    };
     let hsts = Hsts {
         max_age_s: optional_integer(fields, "max_age_s", 0, 2 * 365 * 86_400, 365 * 86_400)?,
-        include_subdomains: flag("include_subdomains")?,
-        preload: flag("preload")?,
+        include_subdomains: optional_bool(fields, "include_subdomains", false)?,
+        preload: optional_bool(fields, "preload", false)?,
     };
     // Browsers' preload lists refuse entries that do not cover subdomains for a year.
     if hsts.preload && (!hsts.include_subdomains || hsts.max_age_s < 365 * 86_400) {
@@ -568,6 +523,19 @@ pub(crate) fn refuse_unknown(
             format!("unknown field; expected one of: {}", known.join(", ")),
         )),
         None => Ok(()),
+    }
+}
+
+/// A true-or-false field, `default` when absent.
+pub(crate) fn optional_bool(
+    fields: Fields<'_>,
+    name: &str,
+    default: bool,
+) -> Result<bool, ValidationError> {
+    match fields.get(name) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ValidationError::new(name, "must be true or false")),
     }
 }
 
