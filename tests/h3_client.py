@@ -6,6 +6,7 @@ text (or the stream's reset / the connection's error), and the SHA-256 of the le
 
     h3_client.py --port P --server-name NAME --ca FILE [--method M] [--path /p]
                  [--header "name: value"]... [--body-bytes N] [--declared-length N]
+                 [--body-chunks K --chunk-interval-ms MS]
 """
 
 import argparse
@@ -64,6 +65,9 @@ async def main():
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--body-bytes", type=int, default=None)
     parser.add_argument("--declared-length", type=int, default=None)
+    # The body sent in K pieces, MS apart: an upload that lasts.
+    parser.add_argument("--body-chunks", type=int, default=1)
+    parser.add_argument("--chunk-interval-ms", type=int, default=0)
     args = parser.parse_args()
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
                                server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
@@ -83,7 +87,13 @@ async def main():
                 fields.append((b"content-length", str(declared).encode()))
             client.h3.send_headers(stream, fields, end_stream=body is None)
             if body is not None:
-                client.h3.send_data(stream, body, end_stream=True)
+                size = -(-len(body) // args.body_chunks)
+                pieces = [body[i:i + size] for i in range(0, len(body), size)] or [b""]
+                for i, piece in enumerate(pieces):
+                    if i > 0:
+                        await asyncio.sleep(args.chunk_interval_ms / 1000)
+                    client.h3.send_data(stream, piece, end_stream=i == len(pieces) - 1)
+                    client.transmit()
             client.transmit()
             extra = await asyncio.wait_for(client.done, 20)
             # The leaf the handshake was served, to tell a rotated certificate.

@@ -11,7 +11,9 @@
 //! QPACK's dynamic table is 0 (h3 decodes without one). 0-RTT is off.
 //!
 //! Stopping (shutdown, `--upgrade`): no new connection is taken, each connection sends
-//! GOAWAY, and the requests under way finish within the shutdown grace. Each connection's
+//! GOAWAY, and the requests under way finish within the shutdown grace. A router taking
+//! over binds the port beside this one, and the kernel steers each packet to the router
+//! whose connection it belongs to (`quic_steering`). Each connection's
 //! round-trip time and lost packets are counted when it closes.
 
 use std::cell::Cell;
@@ -30,6 +32,7 @@ use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::watch;
 
 use super::connection::OpenConnection;
+use super::quic_steering::{self, CidGeneration, GenerationCids};
 use super::request_body::{H3Body, RequestBody};
 use crate::event_loop::EventLoop;
 use crate::metrics;
@@ -44,6 +47,8 @@ const MAX_FIELD_SECTION: u64 = 64 * 1024;
 /// Handshakes under way from addresses QUIC has not validated, past which new clients are
 /// sent a Retry (their address proved by echoing its token) before any state is kept.
 const MOST_UNPROVEN_HANDSHAKES: usize = 64;
+/// Longest the listener waits for the certificates to load before its first handshake.
+const MOST_WARMING: Duration = Duration::from_secs(10);
 /// Connections waiting for the thread to take them; more are refused.
 const MAX_INCOMING: usize = 4096;
 
@@ -56,15 +61,23 @@ const CONNECTION_FIELDS: [&str; 4] = ["connection", "keep-alive", "proxy-connect
 pub(super) struct Http3Socket {
     pub(super) socket: std::net::UdpSocket,
     pub(super) tls: Arc<QuicServerConfig>,
+    /// The certificates `tls` chooses from, loaded before the first handshake.
+    pub(super) certs: Arc<CertCache>,
+    /// What the connection IDs this router issues start with.
+    pub(super) generation: CidGeneration,
 }
 
 impl Http3Socket {
-    pub(super) fn bind(address: SocketAddr, certs: Arc<CertCache>) -> std::io::Result<Self> {
-        let tls = crate::tls::quic::server_config(certs).map_err(std::io::Error::other)?;
+    /// Binds `address`, beside the socket of the router this one takes over from when
+    /// there is one (`predecessor`: the generation of its connection IDs), whose
+    /// connections' packets go on reaching it.
+    pub(super) fn bind(
+        address: SocketAddr,
+        certs: Arc<CertCache>,
+        predecessor: Option<CidGeneration>,
+    ) -> std::io::Result<Self> {
+        let tls = crate::tls::quic::server_config(certs.clone()).map_err(std::io::Error::other)?;
         let tls = QuicServerConfig::try_from(tls).map_err(std::io::Error::other)?;
-        // SO_REUSEPORT: a router taking over (`--upgrade`) binds beside this one. QUIC's
-        // connections are not handed over: while both hold the port the kernel may give a
-        // connection's packets to the new one, and its clients reconnect (or use TCP).
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(address),
             socket2::Type::DGRAM,
@@ -72,10 +85,25 @@ impl Http3Socket {
         )?;
         socket.set_reuse_port(true)?;
         socket.bind(&address.into())?;
+        if let Some(predecessor) = predecessor {
+            match quic_steering::steer_by_generation(&socket, predecessor) {
+                Ok(()) => log::info!(
+                    "http/3 packets of connection IDs of generation {} go on reaching the router taken over from",
+                    predecessor.0
+                ),
+                // Unsteered, the kernel spreads packets by address: some of the old
+                // router's connections reach this one and are reset (clients reconnect).
+                Err(e) => log::warn!(
+                    "http/3 packets not steered between the routers on {address}: {e}"
+                ),
+            }
+        }
         let socket = std::net::UdpSocket::from(socket);
         Ok(Self {
             socket,
             tls: Arc::new(tls),
+            certs,
+            generation: CidGeneration::after(predecessor),
         })
     }
 }
@@ -87,6 +115,16 @@ pub(super) async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let reached = socket.socket.local_addr()?;
+    // Clients' first packets wait in the socket's buffer meanwhile (or are sent again).
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(MOST_WARMING, socket.certs.warm()).await {
+        Ok(Ok(loaded)) => log::info!(
+            "http/3: {loaded} certificates loaded in {} ms",
+            started.elapsed().as_millis()
+        ),
+        Ok(Err(e)) => log::warn!("http/3: certificates not loaded ahead ({e}): each name's first handshake fails"),
+        Err(_) => log::warn!("http/3: certificates still loading after {MOST_WARMING:?}: the rest load as names are asked for"),
+    }
     let timeouts = worker.shared.client_timeouts;
     let mut transport = quinn::TransportConfig::default();
     transport
@@ -98,8 +136,11 @@ pub(super) async fn serve(
     config
         .transport_config(Arc::new(transport))
         .max_incoming(MAX_INCOMING);
+    let generation = socket.generation;
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config.cid_generator(move || Box::new(GenerationCids(generation)));
     let endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         Some(config),
         socket.socket,
         Arc::new(quinn::TokioRuntime),

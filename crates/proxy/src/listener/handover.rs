@@ -8,7 +8,9 @@
 //! operator has seen the new one take them): nothing queued is lost.
 //!
 //! One message: the sockets' addresses, one per line, and the descriptors in the same order
-//! (`SCM_RIGHTS`).
+//! (`SCM_RIGHTS`); then, when the router serves HTTP/3, a last line
+//! `quic-cid-generation N` (not a socket: see `quic_steering`), which a router that does
+//! not know it leaves unread, as it pairs lines with descriptors.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -20,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+use super::quic_steering::CidGeneration;
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -36,16 +40,23 @@ const MOST_SOCKETS: usize = 200;
 /// Largest list of addresses a hand-over carries.
 const MOST_ADDRESS_BYTES: usize = 16 * 1024;
 
-/// Listening sockets taken over from the router this one replaces, by address.
+/// The last line of an offer from a router serving HTTP/3.
+const QUIC_GENERATION_LINE: &str = "quic-cid-generation ";
+
+/// Listening sockets taken over from the router this one replaces, by address, and the
+/// generation of its QUIC connection IDs when it serves HTTP/3.
 #[derive(Debug, Default)]
-pub struct InheritedSockets(HashMap<SocketAddr, Vec<TcpListener>>);
+pub struct InheritedSockets {
+    sockets: HashMap<SocketAddr, Vec<TcpListener>>,
+    quic_generation: Option<CidGeneration>,
+}
 
 impl InheritedSockets {
     /// [`take_over`](Self::take_over), where having nothing to take over is an error: on
     /// the hyper engine these sockets are all a new process takes from the running one.
     pub fn take_over_required(data_dir: &Path) -> std::io::Result<Self> {
         let taken = Self::take_over(data_dir)?;
-        if taken.0.is_empty() {
+        if taken.sockets.is_empty() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 format!(
@@ -59,7 +70,7 @@ impl InheritedSockets {
 
     /// How many sockets were taken over.
     pub fn count(&self) -> usize {
-        self.0.values().map(Vec::len).sum()
+        self.sockets.values().map(Vec::len).sum()
     }
 
     /// Asks the router running on `data_dir` for its sockets. A router with no hyper
@@ -93,20 +104,29 @@ impl InheritedSockets {
             }
         }
         let text = String::from_utf8_lossy(&addresses[..length]).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        let (paired, rest) = lines.split_at(sockets.len().min(lines.len()));
         let mut inherited = HashMap::<SocketAddr, Vec<TcpListener>>::new();
-        for (line, socket) in text.lines().zip(sockets) {
+        for (line, socket) in paired.iter().zip(sockets) {
             match line.parse::<SocketAddr>() {
                 Ok(address) => inherited.entry(address).or_default().push(socket),
                 // Dropped (closed): what it queued is lost, as with no hand-over at all.
                 Err(_) => log::warn!("hand-over: {line:?} is not an address; socket closed"),
             }
         }
-        Ok(Self(inherited))
+        let quic_generation = rest.iter().find_map(|line| {
+            let generation = line.strip_prefix(QUIC_GENERATION_LINE)?.parse().ok()?;
+            Some(CidGeneration(generation))
+        });
+        Ok(Self {
+            sockets: inherited,
+            quic_generation,
+        })
     }
 
     /// The sockets inherited for `address`, if any (then left nonblocking, as tokio needs).
     pub(super) fn take(&mut self, address: SocketAddr) -> std::io::Result<Vec<TcpListener>> {
-        let sockets = self.0.remove(&address).unwrap_or_default();
+        let sockets = self.sockets.remove(&address).unwrap_or_default();
         for socket in &sockets {
             socket.set_nonblocking(true)?;
         }
@@ -115,7 +135,13 @@ impl InheritedSockets {
 
     /// Sockets inherited for addresses this router no longer listens on.
     pub fn unused(&self) -> Vec<SocketAddr> {
-        self.0.keys().copied().collect()
+        self.sockets.keys().copied().collect()
+    }
+
+    /// The generation of the QUIC connection IDs of the router taken over from, if it
+    /// serves HTTP/3 (and says so).
+    pub(super) fn quic_generation(&self) -> Option<CidGeneration> {
+        self.quic_generation
     }
 }
 
@@ -123,12 +149,15 @@ impl InheritedSockets {
 /// the listener stops, or a stopped router would keep them open, and connections would
 /// queue where nobody accepts.
 #[derive(Clone, Default)]
-pub(super) struct Offer(Arc<Mutex<Vec<(SocketAddr, TcpListener)>>>);
+pub(super) struct Offer {
+    sockets: Arc<Mutex<Vec<(SocketAddr, TcpListener)>>>,
+    quic_generation: Option<CidGeneration>,
+}
 
 impl Offer {
     /// Closes the copies: from now on a router asking gets none.
     pub(super) fn withdraw(&self) {
-        self.0.lock().clear();
+        self.sockets.lock().clear();
     }
 }
 
@@ -138,11 +167,15 @@ impl Offer {
 pub(super) fn offer(
     data_dir: &Path,
     sockets: Vec<(SocketAddr, TcpListener)>,
+    quic_generation: Option<CidGeneration>,
 ) -> std::io::Result<Offer> {
     let path = offer_path(data_dir);
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
-    let offer = Offer(Arc::new(Mutex::new(sockets)));
+    let offer = Offer {
+        sockets: Arc::new(Mutex::new(sockets)),
+        quic_generation,
+    };
     let offered = offer.clone();
     std::thread::Builder::new()
         .name("hyper-handover".into())
@@ -159,15 +192,18 @@ fn serve_offer(listener: &UnixListener, path: &Path, offer: &Offer) {
                 continue;
             }
         };
-        let sockets = offer.0.lock();
+        let sockets = offer.sockets.lock();
         if sockets.is_empty() {
             // Withdrawn: the asking router binds its own.
             continue;
         }
-        let addresses: String = sockets
+        let mut addresses: String = sockets
             .iter()
             .map(|(address, _)| format!("{address}\n"))
             .collect();
+        if let Some(CidGeneration(generation)) = offer.quic_generation {
+            addresses.push_str(&format!("{QUIC_GENERATION_LINE}{generation}\n"));
+        }
         let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, s)| s.as_fd()).collect();
         let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
         let mut control = SendAncillaryBuffer::new(&mut space);

@@ -13,6 +13,7 @@ mod connection;
 mod h2;
 mod h3;
 mod handover;
+mod quic_steering;
 pub(crate) mod read_buffers;
 pub(crate) mod relay;
 pub(crate) mod request_body;
@@ -141,13 +142,19 @@ impl Listener {
 
     /// Serves HTTP/3 on the UDP `address`, with the certificates `certs` holds (those of
     /// the HTTPS listener). Not handed over on `--upgrade`: the router taking over binds
-    /// its own once this one has let go, and QUIC clients reconnect (or fall back to TCP).
+    /// its own socket beside this one's, and each packet is steered to the router whose
+    /// connection it belongs to (`quic_steering`), by the generation `inherited` names.
     pub fn listen_http3(
         mut self,
         address: SocketAddr,
         certs: Arc<CertCache>,
+        inherited: &InheritedSockets,
     ) -> std::io::Result<Self> {
-        self.http3 = Some(h3::Http3Socket::bind(address, certs)?);
+        self.http3 = Some(h3::Http3Socket::bind(
+            address,
+            certs,
+            inherited.quic_generation(),
+        )?);
         Ok(self)
     }
 
@@ -193,10 +200,11 @@ impl Listener {
                     .push((socket, tls.clone()));
             }
         }
+        let quic_generation = self.http3.as_ref().map(|http3| http3.generation);
         if let Some(http3) = self.http3 {
             per_thread[0].http3 = Some(http3);
         }
-        let offer = handover::offer(handover_dir, offered)?;
+        let offer = handover::offer(handover_dir, offered, quic_generation)?;
         let mut threads = Vec::with_capacity(self.threads);
         for (thread, sockets) in per_thread.into_iter().enumerate() {
             let shared = router.shared_with_listener_threads();

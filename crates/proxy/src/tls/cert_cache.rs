@@ -5,7 +5,7 @@
 //! briefly in a separate, larger cache, so a flood of unknown SNI names neither reaches the
 //! store for each handshake nor evicts the certificates that are in use.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,10 @@ pub struct CertCache {
     absent: Cache<String, Instant>,
     default: Option<Arc<ServedCert>>,
     absent_ttl: Duration,
+    /// Most parsed certificates kept (`found`'s size).
+    capacity: usize,
+    /// Set by [`warm`](Self::warm): a changed certificate is loaded again at once.
+    kept_warm: AtomicBool,
     /// Bumped by every invalidation; a fill that read the store before the bump is not kept,
     /// so a certificate replaced during a cold handshake is never cached in its old version.
     generation: AtomicU64,
@@ -118,6 +122,8 @@ impl CertCache {
             absent: Cache::new(limits.absent_names.max(1)),
             default: default.map(Arc::new),
             absent_ttl: limits.absent_ttl,
+            capacity: limits.certificates.max(1),
+            kept_warm: AtomicBool::new(false),
             generation: AtomicU64::new(0),
         }
     }
@@ -183,6 +189,32 @@ impl CertCache {
         })
     }
 
+    /// Loads stored certificates into memory, up to the cache's size, in the store's
+    /// order of names: for QUIC's handshakes, which cannot wait for the store (see
+    /// [`select_cached`](Self::select_cached)), so that a router just started (or taking
+    /// over from another) fails no client's first HTTP/3 connection. How many were loaded.
+    pub async fn warm(&self) -> Result<usize, StoreError> {
+        const PAGE: usize = 500;
+        self.kept_warm.store(true, Ordering::Relaxed);
+        let mut loaded = 0;
+        let mut after = None;
+        loop {
+            let page = self.store.list_certs(after.as_deref(), PAGE).await?;
+            for info in &page.certs {
+                if loaded >= self.capacity {
+                    return Ok(loaded);
+                }
+                if self.lookup(&info.domain).await?.is_some() {
+                    loaded += 1;
+                }
+            }
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return Ok(loaded),
+            }
+        }
+    }
+
     /// The certificate stored under exactly `key`, from memory or the store.
     async fn lookup(&self, key: &str) -> Result<Option<Arc<ServedCert>>, StoreError> {
         if let Some(until) = self.absent.get(key) {
@@ -232,7 +264,15 @@ impl CertCache {
     /// Applies a change from the store: a certificate change evicts exactly its name.
     pub async fn apply(&self, change: &Change) {
         match change {
-            Change::Cert { domain } => self.invalidate(domain),
+            Change::Cert { domain } => {
+                self.invalidate(domain);
+                if self.kept_warm.load(Ordering::Relaxed) {
+                    // The new version in memory before QUIC's next handshake asks for it.
+                    if let Err(e) = self.lookup(domain).await {
+                        log::warn!("certificate for {domain} not reloaded: {e}");
+                    }
+                }
+            }
             Change::Resync => self.revalidate().await,
             Change::App { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => {}
         }
