@@ -357,3 +357,58 @@ fn http3_requests_under_way_finish_across_a_binary_upgrade() {
     let after = rig.h3("shop.test", &[]);
     assert_eq!(after["status"], 200, "{after}");
 }
+
+#[test]
+fn a_name_without_a_certificate_of_its_own_is_served_the_default_on_its_first_handshake() {
+    let ca = Ca::root("Default Root");
+    let default = ca.issue(&["fallback.test"], -1, 30);
+    let dir = tempfile::tempdir().expect("a directory");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, &default.cert_pem).expect("write the certificate");
+    std::fs::write(&key, &default.key_pem).expect("write the key");
+    let h3_port = free_port();
+    let router = RouterProcess::start_with(&[
+        "--http3",
+        &format!("127.0.0.1:{h3_port}"),
+        "--default-cert",
+        cert.to_str().expect("a path"),
+        "--default-key",
+        key.to_str().expect("a path"),
+    ]);
+    let backend = Backend::start("fallback");
+    router.put_app(
+        "fallback",
+        json!({"domains": ["fallback.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("write the CA");
+    // The store's certificates were all read at start: a name not among them is known to
+    // have none, and is served the default at once rather than after a lookup.
+    let answer = eventually_answer(|| ask_h3(h3_port, &ca_file, "fallback.test", &[]));
+    assert_eq!(answer["status"], 200, "{answer}\nrouter: {}", router.logs());
+    assert_eq!(
+        answer["cert_sha256"],
+        default
+            .fingerprint
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    assert_eq!(
+        router.metric("switchyard_quic_handshakes_total{result=\"certificate_cold\"}"),
+        0.0
+    );
+}
+
+/// The first answer that is not a 404 (the app's route may not be applied yet): routing,
+/// not the handshake, is what may take a moment here.
+fn eventually_answer(mut ask: impl FnMut() -> Result<Value, String>) -> Value {
+    let mut last = None;
+    eventually(Duration::from_secs(5), "the app's route", || {
+        let answer = ask().unwrap_or_else(|e| panic!("{e}"));
+        let routed = answer["status"] != 404;
+        last = Some(answer);
+        routed
+    });
+    last.expect("an answer")
+}

@@ -5,12 +5,14 @@
 //! briefly in a separate, larger cache, so a flood of unknown SNI names neither reaches the
 //! store for each handshake nor evicts the certificates that are in use.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openssl::pkey::{PKey, Private};
 use openssl::x509::X509;
+use parking_lot::RwLock;
 use quick_cache::sync::Cache;
 use switchyard_model::{Change, Domain, StoredCertificate};
 use switchyard_store::{Store, StoreError};
@@ -82,6 +84,10 @@ impl Default for CertCacheLimits {
     }
 }
 
+/// Most certificate names [`CertCache::warm`] indexes (about 64 bytes each); past it, a
+/// name not in memory is looked up as before.
+const MOST_STORED_NAMES: usize = 1_000_000;
+
 /// What a handshake is served.
 pub enum Selected {
     /// The certificate stored for the name or its wildcard.
@@ -103,6 +109,11 @@ pub struct CertCache {
     capacity: usize,
     /// Set by [`warm`](Self::warm): a changed certificate is loaded again at once.
     kept_warm: AtomicBool,
+    /// Every name the store holds a certificate under, once [`warm`](Self::warm) has read
+    /// them all and kept by the changes since; `None` before, or past
+    /// [`MOST_STORED_NAMES`]. With it, a name that is neither here nor in memory is known
+    /// to have no certificate without asking the store.
+    stored_names: RwLock<Option<HashSet<String>>>,
     /// Bumped by every invalidation; a fill that read the store before the bump is not kept,
     /// so a certificate replaced during a cold handshake is never cached in its old version.
     generation: AtomicU64,
@@ -124,6 +135,7 @@ impl CertCache {
             absent_ttl: limits.absent_ttl,
             capacity: limits.certificates.max(1),
             kept_warm: AtomicBool::new(false),
+            stored_names: RwLock::new(None),
             generation: AtomicU64::new(0),
         }
     }
@@ -169,6 +181,10 @@ impl CertCache {
                 all_known &= until.is_some();
                 all_current &= until.is_some_and(|u| u > Instant::now());
             }
+            if !all_known && self.known_unstored(name.as_str(), wildcard_of(name.as_str())) {
+                all_known = true;
+                all_current = true;
+            }
             if !all_current {
                 let (cache, name) = (self.clone(), name.as_str().to_string());
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -196,22 +212,40 @@ impl CertCache {
     pub async fn warm(&self) -> Result<usize, StoreError> {
         const PAGE: usize = 500;
         self.kept_warm.store(true, Ordering::Relaxed);
+        // Changes from here on keep the index; a name changed during the read is read
+        // again by its change.
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut names = HashSet::new();
         let mut loaded = 0;
         let mut after = None;
         loop {
             let page = self.store.list_certs(after.as_deref(), PAGE).await?;
             for info in &page.certs {
-                if loaded >= self.capacity {
-                    return Ok(loaded);
+                if names.len() < MOST_STORED_NAMES {
+                    names.insert(info.domain.clone());
                 }
-                if self.lookup(&info.domain).await?.is_some() {
+                if loaded < self.capacity && self.lookup(&info.domain).await?.is_some() {
                     loaded += 1;
                 }
             }
             match page.next_after {
                 Some(next) => after = Some(next),
-                None => return Ok(loaded),
+                None => break,
             }
+        }
+        let complete = names.len() < MOST_STORED_NAMES
+            && self.generation.load(Ordering::Acquire) == generation;
+        *self.stored_names.write() = complete.then_some(names);
+        Ok(loaded)
+    }
+
+    /// Whether the store is known to hold no certificate under `name` nor `wildcard`.
+    fn known_unstored(&self, name: &str, wildcard: Option<String>) -> bool {
+        match &*self.stored_names.read() {
+            Some(names) => {
+                !names.contains(name) && wildcard.is_none_or(|wildcard| !names.contains(&wildcard))
+            }
+            None => false,
         }
     }
 
@@ -268,12 +302,33 @@ impl CertCache {
                 self.invalidate(domain);
                 if self.kept_warm.load(Ordering::Relaxed) {
                     // The new version in memory before QUIC's next handshake asks for it.
-                    if let Err(e) = self.lookup(domain).await {
-                        log::warn!("certificate for {domain} not reloaded: {e}");
+                    match self.lookup(domain).await {
+                        Ok(found) => {
+                            if let Some(names) = &mut *self.stored_names.write() {
+                                if found.is_some() {
+                                    names.insert(domain.clone());
+                                } else {
+                                    names.remove(domain);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            *self.stored_names.write() = None;
+                            log::warn!("certificate for {domain} not reloaded: {e}");
+                        }
                     }
                 }
             }
-            Change::Resync => self.revalidate().await,
+            Change::Resync => {
+                self.revalidate().await;
+                if self.kept_warm.load(Ordering::Relaxed) {
+                    // Changes were missed: the index is read again from the store.
+                    *self.stored_names.write() = None;
+                    if let Err(e) = self.warm().await {
+                        log::warn!("certificates not read again after missed changes: {e}");
+                    }
+                }
+            }
             Change::App { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => {}
         }
         self.publish_size();
