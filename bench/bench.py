@@ -32,11 +32,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, timeout=60):
+def wait_port(port, timeout=60, host="127.0.0.1"):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((host, port), timeout=0.2).close()
             return
         except OSError:
             time.sleep(0.05)
@@ -189,7 +189,11 @@ class Answer(http.server.BaseHTTPRequestHandler):
         self.wfile.write(ANSWER)
     def log_message(self, *args):
         pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+class Server(http.server.ThreadingHTTPServer):
+    # The default backlog of 5 drops connections a front opens at once (300 in
+    # bench/http3_network.py's new-connection runs), which then time out as the front's 5xx.
+    request_queue_size = 1024
+Server(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
 """
 
 

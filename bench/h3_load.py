@@ -2,9 +2,12 @@
 """A closed-loop HTTP/3 load from aioquic's client (Debian's h2load and curl are built
 without HTTP/3): `connections` QUIC connections, each keeping `streams` GETs in flight,
 until `requests` have been answered; one line of JSON: answered, failed, seconds.
+`--fresh`: every request on a connection of its own (handshake included), `connections`
+of them at once; `--latency-file`: each request's milliseconds, one per line.
 
-    h3_load.py --port P --server-name NAME [--ca FILE] [--path /] [--requests N]
-               [--connections C] [--streams S]
+    h3_load.py --port P --server-name NAME [--host 127.0.0.1] [--ca FILE] [--path /]
+               [--requests N] [--connections C] [--streams S] [--fresh]
+               [--latency-file FILE]
 """
 
 import argparse
@@ -50,15 +53,32 @@ class Loader(QuicConnectionProtocol):
                 self.waiting.pop(h3_event.stream_id)[0].set_result(entry[1])
 
 
-async def one_connection(args, config, budget, tally):
-    async with connect("127.0.0.1", args.port, configuration=config, create_protocol=Loader,
+async def timed_get(client, args, tally, latencies):
+    started = time.monotonic()
+    status = await client.get(args.server_name.encode(), args.path.encode())
+    latencies.append((time.monotonic() - started) * 1000)
+    tally["answered" if status == b"200" else "failed"] += 1
+
+
+async def one_connection(args, config, budget, tally, latencies):
+    async with connect(args.host, args.port, configuration=config, create_protocol=Loader,
                        wait_connected=True) as client:
         async def stream_loop():
             while budget[0] > 0:
                 budget[0] -= 1
-                status = await client.get(args.server_name.encode(), args.path.encode())
-                tally["answered" if status == b"200" else "failed"] += 1
+                await timed_get(client, args, tally, latencies)
         await asyncio.gather(*(stream_loop() for _ in range(args.streams)))
+
+
+async def fresh_connections(args, config, budget, tally):
+    while budget[0] > 0:
+        budget[0] -= 1
+        try:
+            async with connect(args.host, args.port, configuration=config, create_protocol=Loader,
+                               wait_connected=True) as client:
+                await timed_get(client, args, tally, [])
+        except (ConnectionError, asyncio.TimeoutError):
+            tally["failed"] += 1
 
 
 async def main():
@@ -70,15 +90,25 @@ async def main():
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--streams", type=int, default=10)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--latency-file")
     args = parser.parse_args()
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=args.server_name,
                                verify_mode=ssl.CERT_REQUIRED if args.ca else ssl.CERT_NONE)
     if args.ca:
         config.load_verify_locations(args.ca)
-    budget, tally = [args.requests], {"answered": 0, "failed": 0}
+    budget, tally, latencies = [args.requests], {"answered": 0, "failed": 0}, []
     started = time.monotonic()
-    await asyncio.gather(*(one_connection(args, config, budget, tally)
-                           for _ in range(args.connections)))
+    if args.fresh:
+        await asyncio.gather(*(fresh_connections(args, config, budget, tally)
+                               for _ in range(args.connections)))
+    else:
+        await asyncio.gather(*(one_connection(args, config, budget, tally, latencies)
+                               for _ in range(args.connections)))
+    if args.latency_file:
+        with open(args.latency_file, "w") as out:
+            out.writelines(f"{ms:.3f}\n" for ms in latencies)
     print(json.dumps({**tally, "seconds": time.monotonic() - started}))
 
 

@@ -43,7 +43,7 @@ def certificate(work):
     return cert, key
 
 
-def start_caddy(work, origin_port, cert, key):
+def start_caddy(work, origin_port, cert, key, bind="127.0.0.1"):
     port = bench.free_port()
     caddyfile = work / "Caddyfile"
     caddyfile.write_text(f"""{{
@@ -54,7 +54,7 @@ def start_caddy(work, origin_port, cert, key):
     }}
 }}
 https://{HOST}:{port} {{
-    bind 127.0.0.1
+    bind {bind}
     tls {cert} {key}
     reverse_proxy 127.0.0.1:{origin_port}
 }}
@@ -62,7 +62,7 @@ https://{HOST}:{port} {{
     proc = bench.Process("caddy", ["caddy", "run", "--config", str(caddyfile), "--adapter", "caddyfile"],
                          work, env={**os.environ, "HOME": str(work), "XDG_DATA_HOME": str(work),
                                     "XDG_CONFIG_HOME": str(work), "GOMAXPROCS": str(bench.THREADS)})
-    bench.wait_port(port)
+    bench.wait_port(port, host=bind)
     return proc, port
 
 

@@ -79,7 +79,9 @@ async def main():
             fields = [(b":method", args.method.encode()), (b":scheme", b"https"),
                       (b":authority", args.server_name.encode()), (b":path", args.path.encode())]
             for header in args.header:
-                name, value = header.split(":", 1)
+                # A pseudo-header (":protocol: websocket") begins with its own colon.
+                colon = header.index(":", 1)
+                name, value = header[:colon], header[colon + 1:]
                 fields.append((name.strip().lower().encode(), value.strip().encode()))
             body = b"x" * args.body_bytes if args.body_bytes is not None else None
             if body is not None:

@@ -412,3 +412,31 @@ fn eventually_answer(mut ask: impl FnMut() -> Result<Value, String>) -> Value {
     });
     last.expect("an answer")
 }
+
+#[test]
+fn a_websocket_over_http3_is_refused_and_never_reaches_the_app() {
+    let rig = Rig::start();
+    let fine = rig.h3("shop.test", &[]);
+    assert_eq!(fine["status"], 200, "{fine}");
+    let before = rig.backend.requests();
+    // RFC 9220's extended CONNECT. The listener does not announce
+    // SETTINGS_ENABLE_CONNECT_PROTOCOL (h3 0.0.8 knows no `websocket` protocol), so a
+    // client sending it anyway has sent a malformed request.
+    let websocket = rig.h3(
+        "shop.test",
+        &[
+            "--method",
+            "CONNECT",
+            "--path",
+            "/chat",
+            "--header",
+            ":protocol: websocket",
+            "--header",
+            "sec-websocket-version: 13",
+        ],
+    );
+    // Malformed (RFC 9114 §4.1.2): a stream error, H3_MESSAGE_ERROR (0x10e).
+    assert!(websocket["status"].is_null(), "{websocket}");
+    assert_eq!(websocket["reset"], 0x10e, "{websocket}");
+    assert_eq!(rig.backend.requests(), before, "nothing reached the app");
+}

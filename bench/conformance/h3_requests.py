@@ -71,6 +71,11 @@ CASES = [
      ["--method", "POST", "--path", "/short", "--body-bytes", "5", "--declared-length", "10"], True, None),
     ("4.1.2", "body longer than Content-Length",
      ["--method", "POST", "--path", "/long", "--body-bytes", "10", "--declared-length", "5"], True, None),
+    # RFC 9220 §3 (after RFC 8441 §4): `:protocol` from a client the server never sent
+    # SETTINGS_ENABLE_CONNECT_PROTOCOL is malformed.
+    ("RFC 9220 §3", "extended CONNECT (WebSocket) unannounced",
+     ["--method", "CONNECT", "--path", "/chat", "--header", ":protocol: websocket",
+      "--header", "sec-websocket-version: 13"], True, None),
 ]
 
 
@@ -123,7 +128,7 @@ def main():
         bench.put_app(admin, "conformance", {"domains": [HOST], "backends": [f"127.0.0.1:{origin_port}"]})
         caddy, caddy_port = h3bench.start_caddy(work, origin_port, cert, key)
         procs.append(caddy)
-        # A name's first QUIC handshake with Switchyard starts its certificate's lookup.
+        # The listener may still be loading certificates: its first answer is waited for.
         for _ in range(5):
             if ask(h3_port, ["--path", "/warm"], cert).get("status") == 200:
                 break
