@@ -6,6 +6,7 @@ mod bench_seed;
 mod cli;
 mod limits;
 mod logd;
+mod reference;
 mod serve;
 
 use std::process::ExitCode;
@@ -42,6 +43,10 @@ enum Command {
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
     #[command(hide = true)]
     BenchSeed(bench_seed::SeedArgs),
+    /// Write the references made from the code (settings, metrics, command line) as
+    /// Markdown into DIR (docs/reference: scripts/docs).
+    #[command(hide = true)]
+    Reference(reference::ReferenceArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +72,15 @@ fn main() -> ExitCode {
         Command::Certs(args) => cli::run_certs(args),
         Command::Explain(args) => cli::run_explain(args),
         Command::Top(args) => cli::run_top(args),
+        Command::Reference(args) => {
+            match reference::write(&args, <Cli as clap::CommandFactory>::command()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("switchyard reference: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::BenchSeed(args) => match bench_seed::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

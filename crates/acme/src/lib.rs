@@ -10,3 +10,8 @@ mod metrics;
 mod order;
 
 pub use issuer::{AcmeSettings, ChallengeKind, Issuer, LETS_ENCRYPT_ORDERS_PER_3H};
+
+/// What each metric of this crate is, for the reference (`switchyard reference`).
+pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
+    metrics::documented()
+}

@@ -15,7 +15,7 @@ use switchyard_store::RedisTarget;
 
 mod settings;
 
-pub use settings::ServeArgs;
+pub use settings::{reference as settings_reference, ServeArgs, SettingDoc};
 use settings::{FileConfig, Setting, Settings};
 
 /// How backends given by DNS name are resolved.

@@ -64,6 +64,36 @@ macro_rules! settings {
             $( $name: Option<Spanned<$kind>>, )*
         }
 
+        /// Every setting as the reference shows it (`switchyard reference`), in the order
+        /// declared, the three that are not ordinary values first.
+        pub fn reference() -> Vec<SettingDoc> {
+            let mut settings = vec![
+                SettingDoc::new("config", "SWITCHYARD_CONFIG", "path", None,
+                    "TOML config file: the settings below by their keys (flags and the \
+                     environment win over it)."),
+                SettingDoc::new("log_to", "SWITCHYARD_LOG_TO", "list of HOST:PORT", None,
+                    "Ship access logs to this log service (`switchyard logd`); repeat for \
+                     fallbacks, tried in order. Replaces the local access log."),
+                SettingDoc::new("upgrade", "", "flag", None,
+                    "Take over the listening sockets of the router running with the same data \
+                     directory (send it SIGQUIT once this one has logged that it took them \
+                     over); it finishes its requests and exits. Command line only."),
+            ];
+            $(
+                settings.push(SettingDoc::new(
+                    stringify!($name),
+                    $env,
+                    stringify!($kind),
+                    None $(.or(Some(reference_default(
+                        stringify!($default),
+                        Shown::shown(&IntoDefault::<$kind>::into_default($default)),
+                    ))))?,
+                    concat!($($doc),*),
+                ));
+            )*
+            settings
+        }
+
         /// Every setting, merged from the flags, the environment and the file.
         pub(crate) struct Settings {
             pub(crate) upgrade: bool,
@@ -438,6 +468,54 @@ macro_rules! shown_as_displayed {
 }
 
 shown_as_displayed!(u16, u64, usize);
+
+/// A default as the reference shows it: a default computed on the machine (`cores()`) is
+/// named by its expression, not by this machine's value.
+fn reference_default(expression: &str, value: String) -> String {
+    if expression.ends_with(')') {
+        expression.to_string()
+    } else {
+        value
+    }
+}
+
+/// One setting as the reference shows it.
+#[derive(Debug, Clone)]
+pub struct SettingDoc {
+    /// The file key; the flag is `--` and the key with `-` for `_`.
+    pub key: &'static str,
+    /// The environment variable (none for `--upgrade`).
+    pub env: &'static str,
+    /// The value's type, as declared.
+    pub kind: &'static str,
+    /// The default, as `--help` shows it.
+    pub default: Option<String>,
+    /// What it does.
+    pub doc: String,
+}
+
+impl SettingDoc {
+    fn new(
+        key: &'static str,
+        env: &'static str,
+        kind: &'static str,
+        default: Option<String>,
+        doc: &str,
+    ) -> Self {
+        Self {
+            key,
+            env,
+            kind,
+            default,
+            doc: doc.split_whitespace().collect::<Vec<_>>().join(" "),
+        }
+    }
+
+    /// The command-line flag.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.key.replace('_', "-"))
+    }
+}
 
 /// A setting's `--help`: its doc, and its default when it has one.
 fn help_text(doc: &str, default: Option<String>) -> String {

@@ -15,3 +15,8 @@ mod spool;
 pub use files::FilePolicy;
 pub use logd::{run as run_logd, LogdConfig, SyncPolicy};
 pub use shipper::{Batcher, ShipConfig, Shipper};
+
+/// What each metric of this crate is, for the reference (`switchyard reference`).
+pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
+    metrics::documented()
+}

@@ -27,5 +27,86 @@ macro_rules! declare_metrics {
         pub(crate) fn register_all() {
             $( ::std::sync::LazyLock::force(&$name); )*
         }
+
+        /// What each metric declared here is, for the reference (`switchyard reference`).
+        pub(crate) fn documented() -> Vec<$crate::MetricDoc> {
+            let mut docs = Vec::new();
+            $( docs.extend($crate::Documented::metric_docs(&*$name)); )*
+            docs
+        }
     };
+}
+
+/// One metric as the reference shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MetricDoc {
+    /// The exported name.
+    pub name: String,
+    /// `counter`, `gauge`, `histogram`, …
+    pub kind: String,
+    /// Its labels' names.
+    pub labels: Vec<String>,
+    /// The `# HELP` text.
+    pub help: String,
+}
+
+/// A declared metric's description. Implemented for the metric types the crates declare
+/// (a `[Histogram; N]` of a vector's series describes nothing: the vector does).
+pub trait Documented {
+    /// What the metric exports.
+    fn metric_docs(&self) -> Vec<MetricDoc>;
+}
+
+impl<P: prometheus::core::Atomic> Documented for prometheus::core::GenericCounter<P> {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        describe(self)
+    }
+}
+
+impl<P: prometheus::core::Atomic> Documented for prometheus::core::GenericGauge<P> {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        describe(self)
+    }
+}
+
+impl Documented for prometheus::Histogram {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        describe(self)
+    }
+}
+
+impl<T: prometheus::core::MetricVecBuilder> Documented for prometheus::core::MetricVec<T> {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        describe(self)
+    }
+}
+
+impl<const N: usize> Documented for [prometheus::Histogram; N] {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        Vec::new()
+    }
+}
+
+/// The metrics `collector` exports, described from its own declaration (its descriptors,
+/// and the type of what it collects).
+pub fn describe(collector: &dyn prometheus::core::Collector) -> Vec<MetricDoc> {
+    let families = collector.collect();
+    collector
+        .desc()
+        .into_iter()
+        .map(|desc| {
+            let kind = families
+                .iter()
+                .find(|family| family.get_name() == desc.fq_name)
+                .map_or("untyped".to_string(), |family| {
+                    format!("{:?}", family.get_field_type()).to_lowercase()
+                });
+            MetricDoc {
+                name: desc.fq_name.clone(),
+                kind,
+                labels: desc.variable_labels.clone(),
+                help: desc.help.clone(),
+            }
+        })
+        .collect()
 }

@@ -64,3 +64,10 @@ pub use tls::cert_expiry::CertExpiryScan;
 pub use tls::settings::TicketKeyRotation;
 pub use traffic::history::{TrafficHistory, TrafficOrder};
 pub use upstream::response_buffers::ResponseBuffers;
+
+/// What each metric of this crate is, for the reference (`switchyard reference`).
+pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
+    let mut docs = metrics::documented();
+    docs.extend(traffic::app_requests::documented());
+    docs
+}

@@ -269,3 +269,8 @@ pub(crate) fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// What each metric of this crate is, for the reference (`switchyard reference`).
+pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
+    metrics::documented()
+}

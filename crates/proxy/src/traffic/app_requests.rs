@@ -194,6 +194,11 @@ fn counter(app: &str, class: &str, count: u64) -> Metric {
 /// The registry holds this handle; the table itself stays where the request path reaches it.
 struct RequestCountsCollector(Arc<RequestCounts>);
 
+/// What the table exports, for the reference (`switchyard reference`).
+pub(crate) fn documented() -> Vec<switchyard_metrics::MetricDoc> {
+    switchyard_metrics::describe(&RequestCountsCollector(REQUEST_COUNTS.clone()))
+}
+
 impl Collector for RequestCountsCollector {
     fn desc(&self) -> Vec<&Desc> {
         vec![&self.0.desc]
