@@ -42,3 +42,23 @@ ensure_h3_client() {
     target/h3-venv/bin/pip install --quiet 'aioquic==1.7.2'
   fi
 }
+
+# promtool checks and unit-tests the alert rules (tests/deploy_kit.rs). Debian ships it
+# only inside its prometheus package, whose installation would start a Prometheus server:
+# the package is unpacked under target/ instead, nothing run.
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return 0
+  [ -x target/promtool/usr/bin/promtool ] && return 0
+  ensure_packages dpkg
+  local work
+  work=$(mktemp -d)
+  if ! (cd "$work" && apt-get download prometheus >/dev/null 2>&1); then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    (cd "$work" && apt-get download prometheus >/dev/null)
+  fi
+  mkdir -p target/promtool
+  dpkg-deb -x "$work"/prometheus_*.deb target/promtool
+  rm -rf "$work"
+}

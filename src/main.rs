@@ -8,6 +8,7 @@ mod limits;
 mod logd;
 mod reference;
 mod serve;
+mod service_manager;
 
 use std::process::ExitCode;
 

@@ -234,7 +234,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.store,
         config.data_dir.display(),
     );
+    crate::service_manager::notify(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=serving",
+        std::process::id()
+    ));
     let stop = background.block_on(signals.next());
+    if stop != Stop::Graceful("SIGQUIT") {
+        // SIGQUIT is a hand-over: the unit goes on in the router taking over.
+        crate::service_manager::notify("STOPPING=1");
+    }
     match stop {
         Stop::Fast => log::info!("SIGINT: stopping now"),
         Stop::Graceful(name) => {
@@ -334,7 +342,27 @@ fn listening_sockets(config: &Config) -> anyhow::Result<(Duration, InheritedSock
         "took over {} listening sockets from the running router; it may be sent SIGQUIT",
         taken.count()
     );
+    if config.quit_predecessor {
+        quit_predecessor(&taken)?;
+    }
     Ok((HANDOVER_WAIT, taken))
+}
+
+/// Sends the router taken over from SIGQUIT (`--quit-predecessor`), this process having
+/// told the service manager first that it is the unit's main process now: the old one may
+/// exit before this one is ready, and systemd would otherwise take that for the service's
+/// end and stop this one with it.
+fn quit_predecessor(taken: &InheritedSockets) -> anyhow::Result<()> {
+    let pid = taken.predecessor().context(
+        "the running router did not say which process it is (--quit-predecessor): \
+         send it SIGQUIT by hand",
+    )?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).context("a process id")?);
+    crate::service_manager::notify(&format!("MAINPID={}", std::process::id()));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT)
+        .with_context(|| format!("cannot send SIGQUIT to the running router ({pid})"))?;
+    log::info!("sent SIGQUIT to the router taken over from ({pid})");
+    Ok(())
 }
 
 /// The store, and the embedded one again when it is that (it is closed apart, at

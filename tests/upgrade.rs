@@ -265,3 +265,93 @@ fn an_upgrade_with_no_router_to_take_over_from_gives_up() {
     );
     assert!(stderr.to_lowercase().contains("sock"), "{stderr}");
 }
+
+/// The datagrams a router sends its service manager (`NOTIFY_SOCKET`), as systemd would
+/// read them.
+struct ServiceManager {
+    socket: std::os::unix::net::UnixDatagram,
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl ServiceManager {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the socket");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("a read timeout");
+        Self {
+            socket,
+            _dir: dir,
+            path,
+        }
+    }
+
+    /// The next message (the test fails after 20 s without one).
+    fn next(&self) -> String {
+        let mut buffer = [0u8; 4096];
+        let length = self.socket.recv(&mut buffer).expect("a notification");
+        String::from_utf8_lossy(&buffer[..length]).into_owned()
+    }
+}
+
+#[test]
+fn an_upgrade_from_systemds_reload_quits_the_old_router_and_names_the_new_main_process() {
+    let manager = ServiceManager::new();
+    let notify_socket = manager.path.display().to_string();
+    let mut router = RouterProcess::start_with_env(&[], &[("NOTIFY_SOCKET", &notify_socket)]);
+    let backend = Backend::start("web");
+    router.put_app(
+        "web",
+        json!({"domains": ["web.test"], "backends": [backend.addr.to_string()]}),
+    );
+    let old_pid = router.pid();
+    assert_eq!(
+        manager.next(),
+        format!("READY=1\nMAINPID={old_pid}\nSTATUS=serving")
+    );
+    // A download under way through the hand-over, finished by the old process.
+    let http = router.http;
+    let download = std::thread::spawn(move || {
+        support::get(http, "web.test", "/stream?chunks=10&interval_ms=100")
+    });
+    support::eventually(Duration::from_secs(5), "the download begun", || {
+        backend
+            .recorded()
+            .iter()
+            .any(|r| r.target.starts_with("/stream"))
+    });
+
+    let mut old = router.upgrade_quitting_predecessor();
+    let new_pid = router.pid();
+    // First the new main process (before the old one may exit), then ready; the old one,
+    // quitting for a hand-over, never says the service is stopping.
+    assert_eq!(manager.next(), format!("MAINPID={new_pid}"));
+    assert_eq!(
+        manager.next(),
+        format!("READY=1\nMAINPID={new_pid}\nSTATUS=serving")
+    );
+    let status = old.wait().expect("the old router's exit");
+    assert!(status.success(), "the old router exits by itself: {status}");
+    let answer = download
+        .join()
+        .expect("the download's thread")
+        .expect("the download");
+    assert_eq!(answer.status, 200);
+    assert_eq!(router.get("web.test", "/").status, 200);
+
+    // SIGTERM is the unit's stop: said, then done.
+    assert!(router.terminate().success());
+    assert_eq!(manager.next(), "STOPPING=1");
+    manager
+        .socket
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("a read timeout");
+    let mut rest = [0u8; 64];
+    assert!(
+        manager.socket.recv(&mut rest).is_err(),
+        "nothing more was sent"
+    );
+}

@@ -102,6 +102,8 @@ pub struct Config {
     pub client_timeouts: ClientTimeouts,
     /// Started to replace a running router (listener hand-off).
     pub upgrade: bool,
+    /// With `upgrade`: SIGQUIT to the router taken over from once its sockets are taken.
+    pub quit_predecessor: bool,
     /// Most apps (and absent domains) kept in the route cache.
     pub route_cache_apps: usize,
     /// Most busy apps the traffic history keeps.
@@ -331,6 +333,7 @@ impl Config {
                 send: settings.client_send_timeout_s.seconds()?,
             },
             upgrade: settings.upgrade,
+            quit_predecessor: settings.quit_predecessor,
             route_cache_apps: settings.route_cache_apps.resolved()?,
             history_max_apps: settings.history_max_apps.resolved()?,
             trusted_proxies,
@@ -632,6 +635,21 @@ mod tests {
             config: Some(path),
             ..ServeArgs::default()
         })
+    }
+
+    #[test]
+    fn the_deploy_kits_example_settings_are_valid() {
+        let example = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/systemd/switchyard.toml"
+        ))
+        .expect("deploy/systemd/switchyard.toml");
+        let config = with_file(&example).expect("the example resolves");
+        assert_eq!(config.http.to_string(), "0.0.0.0:80");
+        assert_eq!(
+            config.http3.map(|a| a.to_string()).as_deref(),
+            Some("0.0.0.0:443")
+        );
     }
 
     #[test]

@@ -54,6 +54,11 @@ macro_rules! settings {
             /// it finishes its requests and exits.
             #[arg(long)]
             pub(crate) upgrade: bool,
+            /// With `--upgrade`: send the router taken over from SIGQUIT as soon as its
+            /// sockets are taken, instead of waiting for the operator to (systemd's
+            /// `ExecReload`, deploy/systemd/switchyard.service).
+            #[arg(long, requires = "upgrade")]
+            pub(crate) quit_predecessor: bool,
         }
 
         /// The settings as read from the TOML file; spans locate bad values.
@@ -78,6 +83,10 @@ macro_rules! settings {
                     "Take over the listening sockets of the router running with the same data \
                      directory (send it SIGQUIT once this one has logged that it took them \
                      over); it finishes its requests and exits. Command line only."),
+                SettingDoc::new("quit_predecessor", "", "flag", None,
+                    "With `--upgrade`: send the router taken over from SIGQUIT as soon as its \
+                     sockets are taken, instead of waiting for the operator to (systemd's \
+                     `ExecReload`). Command line only."),
             ];
             $(
                 settings.push(SettingDoc::new(
@@ -97,6 +106,7 @@ macro_rules! settings {
         /// Every setting, merged from the flags, the environment and the file.
         pub(crate) struct Settings {
             pub(crate) upgrade: bool,
+            pub(crate) quit_predecessor: bool,
             pub(crate) log_to: Setting<Vec<String>>,
             $( pub(crate) $name: Setting<$kind>, )*
         }
@@ -107,6 +117,7 @@ macro_rules! settings {
                 let log_to = (!args.log_to.is_empty()).then_some(args.log_to);
                 Self {
                     upgrade: args.upgrade,
+                    quit_predecessor: args.quit_predecessor,
                     log_to: Setting::merge("log_to", log_to, file.log_to, None, None),
                     $( $name: Setting::merge(
                         stringify!($name),

@@ -191,6 +191,16 @@ impl RouterProcess {
         old
     }
 
+    /// A binary upgrade as systemd's `ExecReload` makes it: a new process started with
+    /// `--upgrade --quit-predecessor`, which sends the running one SIGQUIT itself. Returns
+    /// the old process; this handle now drives the new one, once it answers.
+    pub fn upgrade_quitting_predecessor(&mut self) -> Child {
+        let old = self.child.take().expect("running");
+        self.spawn_process(&["--upgrade", "--quit-predecessor"]);
+        self.wait_ready();
+        old
+    }
+
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {

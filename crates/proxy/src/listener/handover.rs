@@ -8,9 +8,10 @@
 //! operator has seen the new one take them): nothing queued is lost.
 //!
 //! One message: the sockets' addresses, one per line, and the descriptors in the same order
-//! (`SCM_RIGHTS`); then, when the router serves HTTP/3, a last line
-//! `quic-cid-generation N` (not a socket: see `quic_steering`), which a router that does
-//! not know it leaves unread, as it pairs lines with descriptors.
+//! (`SCM_RIGHTS`); then lines that are not sockets, which a router that does not know
+//! them leaves unread, as it pairs lines with descriptors: `pid N`, the offering router's
+//! process (for `--quit-predecessor`), and when it serves HTTP/3 `quic-cid-generation N`
+//! (see `quic_steering`).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -40,8 +41,10 @@ const MOST_SOCKETS: usize = 200;
 /// Largest list of addresses a hand-over carries.
 const MOST_ADDRESS_BYTES: usize = 16 * 1024;
 
-/// The last line of an offer from a router serving HTTP/3.
+/// The line of an offer from a router serving HTTP/3.
 const QUIC_GENERATION_LINE: &str = "quic-cid-generation ";
+/// The line naming the offering router's process.
+const PID_LINE: &str = "pid ";
 
 /// Listening sockets taken over from the router this one replaces, by address, and the
 /// generation of its QUIC connection IDs when it serves HTTP/3.
@@ -49,6 +52,7 @@ const QUIC_GENERATION_LINE: &str = "quic-cid-generation ";
 pub struct InheritedSockets {
     sockets: HashMap<SocketAddr, Vec<TcpListener>>,
     quic_generation: Option<CidGeneration>,
+    predecessor: Option<u32>,
 }
 
 impl InheritedSockets {
@@ -118,9 +122,13 @@ impl InheritedSockets {
             let generation = line.strip_prefix(QUIC_GENERATION_LINE)?.parse().ok()?;
             Some(CidGeneration(generation))
         });
+        let predecessor = rest
+            .iter()
+            .find_map(|line| line.strip_prefix(PID_LINE)?.parse().ok());
         Ok(Self {
             sockets: inherited,
             quic_generation,
+            predecessor,
         })
     }
 
@@ -136,6 +144,11 @@ impl InheritedSockets {
     /// Sockets inherited for addresses this router no longer listens on.
     pub fn unused(&self) -> Vec<SocketAddr> {
         self.sockets.keys().copied().collect()
+    }
+
+    /// The process of the router taken over from, if it said.
+    pub fn predecessor(&self) -> Option<u32> {
+        self.predecessor
     }
 
     /// The generation of the QUIC connection IDs of the router taken over from, if it
@@ -201,6 +214,7 @@ fn serve_offer(listener: &UnixListener, path: &Path, offer: &Offer) {
             .iter()
             .map(|(address, _)| format!("{address}\n"))
             .collect();
+        addresses.push_str(&format!("{PID_LINE}{}\n", std::process::id()));
         if let Some(CidGeneration(generation)) = offer.quic_generation {
             addresses.push_str(&format!("{QUIC_GENERATION_LINE}{generation}\n"));
         }
