@@ -14,7 +14,7 @@ the same Redis layout, caches routes in a per-worker LRU and drops entries on th
 events; it is measured for propagation (PUT on Switchyard A, answer on nginx+Lua) and
 throughput beside Switchyard.
 
-Apps are written to Redis with `redis-cli --pipe` following the README's "Redis layout",
+Apps are written to Redis with `redis-cli --pipe` following docs/fleet.md's "Redis layout",
 the way a platform's own tooling would.
 """
 

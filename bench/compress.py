@@ -9,7 +9,7 @@ Per front: CPU per request at a constant rate (vegeta over keep-alive; the sched
 on a CPU of the front's threads ÷ requests — see `cpu_seconds` — alternated `rounds` times,
 median), the CPU the coding adds per KiB of page (less the same front's uncompressed
 request; net of the kernel time saved on the bytes not sent), and the ratio (compressed ÷
-original bytes, of one answer). The page: this repository's README as HTML text, 64 KiB.
+original bytes, of one answer). The page: this repository's README of 3086da1 (its long form) as HTML text, 64 KiB.
 Writes the "Compression" section of bench/RESULTS.md, earlier runs kept below.
 """
 
@@ -83,6 +83,18 @@ def answer_size(port, accept):
     return len(body)
 
 
+# The README as it was before it became a short front page (1,175 lines of prose): the page
+# every run has compressed, the same bytes from one commit to the next.
+PAGE_SOURCE = "3086da1:README.md"
+
+
+def html_page():
+    """`PAGE_BYTES` of English prose in Markdown, as a large HTML page reads to a compressor."""
+    text = subprocess.run(["git", "-C", str(bench.ROOT), "show", PAGE_SOURCE], check=True,
+                          capture_output=True).stdout
+    return (text * (PAGE_BYTES // len(text) + 1))[:PAGE_BYTES]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
@@ -90,8 +102,7 @@ def main():
     parser.add_argument("--rate", type=int, default=300)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="compress-"))
-    readme = (bench.ROOT / "README.md").read_bytes()
-    page = (readme * (PAGE_BYTES // len(readme) + 1))[:PAGE_BYTES]
+    page = html_page()
     with bench.Started() as procs:
         origin, origin_port = bench.start_answer_origin(work, "origin", page, ["Content-Type: text/html"])
         procs.append(origin)
@@ -132,7 +143,7 @@ def main():
         TITLE,
         "",
         f"{bench.measured_on(nginx=True)}; Switchyard at "
-        f"{cache_hits.commit()}. A {PAGE_BYTES // 1024} KiB HTML page (this README), CPU per request at "
+        f"{cache_hits.commit()}. A {PAGE_BYTES // 1024} KiB HTML page (the README of 3086da1), CPU per request at "
         f"{args.rate} req/s (vegeta over keep-alive, {args.rounds} alternated runs of {args.seconds} s, "
         "median; CPU from the scheduler's accounting, schedstat); the coding's CPU is the request's less the same front's uncompressed one's. "
         "On this host sending a 64 KiB answer over loopback costs about 2 ms of CPU, nginx's and Switchyard's alike, "

@@ -67,8 +67,7 @@ def main():
     parser.add_argument("--piece", type=int, default=16 * 1024)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="compress-levels-"))
-    readme = (bench.ROOT / "README.md").read_bytes()
-    page = (readme * (compress.PAGE_BYTES // len(readme) + 1))[:compress.PAGE_BYTES]
+    page = compress.html_page()
     page_file = work / "page.html"
     page_file.write_bytes(page)
     nginx_ratio = {}

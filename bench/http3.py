@@ -111,8 +111,8 @@ def main():
             ("Switchyard HTTP/2", h2_run, tls_port, router),
             ("Caddy HTTP/2", h2_run, caddy_port, caddy),
         ]
-        # A name's first QUIC handshake with Switchyard starts its certificate's lookup and
-        # fails (README, "HTTP/3"): warmed first with a single connection, retried.
+        # The listener may still be loading certificates when the run begins: one connection
+        # first, retried.
         for _ in range(5):
             try:
                 h3_run(h3_port, argparse.Namespace(**{**vars(args), "requests": 1, "connections": 1}))

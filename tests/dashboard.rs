@@ -1,7 +1,7 @@
 //! The dashboard in a real browser: Debian's headless Chromium loads `/ui/` from the real
 //! router (1,000 apps imported, real backends), runs its JavaScript against the admin API
 //! and hands back the rendered DOM. With SWITCHYARD_SCREENSHOTS=DIR it also saves the
-//! screenshots the README shows (docs/).
+//! screenshots docs/dashboard.md shows.
 
 use switchyard_test_support as support;
 

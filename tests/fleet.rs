@@ -113,7 +113,7 @@ fn tooling_writing_the_documented_layout_and_publishing_is_picked_up() {
     let backend = Backend::start("external");
     assert_eq!(router.get("ext.test", "/").status, 404);
 
-    // What a platform's own deploy tool does (README, "Redis layout").
+    // What a platform's own deploy tool does (docs/fleet.md, "Redis layout").
     let app = json!({"name": "ext", "domains": ["ext.test"],
                      "backends": [{"address": backend.addr.to_string(), "weight": 1}]});
     let mut conn = redis.connection().expect("redis");

@@ -113,6 +113,14 @@ enum AppsCommand {
         #[arg(long, conflicts_with = "backends")]
         off: bool,
     },
+    /// Check app files (JSON or TOML, as `apps put -f` reads them) without a router: each
+    /// is valid, or its error names the field. The app's name is its "name" key, else the
+    /// file's name without its extension.
+    Check {
+        /// The files (`-`: stdin).
+        #[arg(required = true)]
+        files: Vec<String>,
+    },
     /// Replace an app's backends (scale up, down, or redeploy).
     Scale {
         /// App name.
@@ -232,6 +240,7 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
                 })
                 .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
         }
+        AppsCommand::Check { files } => files::check_apps(files),
         AppsCommand::Scale { name, backends } => client
             .call(
                 "PUT",

@@ -16,6 +16,47 @@ pub(super) fn read_app(path: &str) -> Result<Value, String> {
     parse_app(&text).map_err(|e| format!("{path}: {e}"))
 }
 
+/// Checks each app file as the admin API would check its body (`apps check`): a summary
+/// of the files found valid, or every file's error.
+pub(super) fn check_apps(paths: &[String]) -> Result<(String, Value), String> {
+    let mut errors = Vec::new();
+    let mut valid = Vec::new();
+    for path in paths {
+        let checked = read_app(path).and_then(|app| {
+            let name = app
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| {
+                    Path::new(path)
+                        .file_stem()
+                        .map(|stem| stem.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                });
+            let mut body = app;
+            if let Some(fields) = body.as_object_mut() {
+                // What `apps get --output` prints beside the app's own options.
+                for read_only in ["name", "resolved_backends"] {
+                    fields.remove(read_only);
+                }
+            }
+            switchyard_model::parse_app_spec(&name, &body)
+                .map(|_| name)
+                .map_err(|e| format!("{path}: {e}"))
+        });
+        match checked {
+            Ok(name) => valid.push(Value::String(name)),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        let summary = format!("{} app files valid", valid.len());
+        Ok((summary, serde_json::json!({"valid": valid})))
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
 /// The app in `text`, JSON or TOML, as the JSON the API takes.
 fn parse_app(text: &str) -> Result<Value, String> {
     let trimmed = text.trim_start();

@@ -1,7 +1,7 @@
 //! The fleet store: apps, the domain index and certificates in one Redis shared by many
 //! routers. Every write is one Lua script — the records, a revision counter and
 //! the Pub/Sub event change together or not at all — so no router ever reads half a change.
-//! The key layout is a contract (README, "Redis layout"): platform tooling may write it
+//! The key layout is a contract (docs/fleet.md, "Redis layout"): platform tooling may write it
 //! directly and publish the same event.
 //!
 //! Redis being away must never take routes down: callers (the route and certificate caches)
@@ -26,7 +26,7 @@ use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
 
-/// Prefix of every key; see the README's "Redis layout".
+/// Prefix of every key; see docs/fleet.md, "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
 /// The Pub/Sub channel every change is announced on.
 pub const CHANGES_CHANNEL: &str = "switchyard:changes";

@@ -1,0 +1,151 @@
+//! The manual holds together: every relative link of README.md and docs/ names a file that
+//! exists (and a heading of it, when it names one), and every app example in docs/ — the
+//! files of docs/examples and the blocks fenced as "```json app" or "```toml app" — is an
+//! app the admin API would take, as `switchyard apps check` says.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchyard_test_support::RouterProcess;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and every Markdown file under docs/.
+fn pages() -> Vec<PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a docs directory") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                found.push(path);
+            }
+        }
+    }
+    let mut found = vec![root().join("README.md")];
+    walk(&root().join("docs"), &mut found);
+    found
+}
+
+/// The targets of the page's Markdown links `[text](target)`, outside code.
+fn links(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if in_fence {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(start) = rest.find("](") {
+            let tail = &rest[start + 2..];
+            let Some(end) = tail.find(')') else { break };
+            found.push(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    found
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_relative_link_of_the_manual_resolves() {
+    let mut broken = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("a page");
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, fragment) = match target.split_once('#') {
+                Some((path, fragment)) => (path, Some(fragment)),
+                None => (target.as_str(), None),
+            };
+            let file = if path.is_empty() {
+                page.clone()
+            } else {
+                page.parent().expect("a directory").join(path)
+            };
+            if !file.exists() {
+                broken.push(format!("{}: {target}", page.display()));
+                continue;
+            }
+            if let Some(fragment) = fragment {
+                let headings = std::fs::read_to_string(&file).unwrap_or_default();
+                let found = headings
+                    .lines()
+                    .filter_map(|line| line.strip_prefix('#'))
+                    .map(|line| anchor(line.trim_start_matches('#')))
+                    .any(|a| a == fragment);
+                if !found {
+                    broken.push(format!("{}: {target} (no such heading)", page.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn every_app_example_of_the_manual_is_valid() {
+    let work = tempfile::tempdir().expect("a directory");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("docs/examples"))
+        .expect("docs/examples")
+        .map(|entry| entry.expect("an entry").path())
+        .collect();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("a page");
+        let mut block: Option<(String, Vec<&str>)> = None;
+        for line in text.lines() {
+            match &mut block {
+                None => {
+                    let fence = line.trim_start();
+                    for kind in ["json", "toml"] {
+                        if fence == format!("```{kind} app") {
+                            block = Some((kind.to_string(), Vec::new()));
+                        }
+                    }
+                }
+                Some((kind, lines)) => {
+                    if line.trim_start().starts_with("```") {
+                        let path = work.path().join(format!("example-{}.{kind}", files.len()));
+                        std::fs::write(&path, lines.join("\n")).expect("write the example");
+                        files.push(path);
+                        block = None;
+                    } else {
+                        lines.push(line);
+                    }
+                }
+            }
+        }
+    }
+    assert!(files.len() >= 3, "examples found: {files:?}");
+    let output = Command::new(RouterProcess::binary())
+        .args(["apps", "check"])
+        .args(&files)
+        .output()
+        .expect("run switchyard apps check");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
