@@ -146,7 +146,12 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     }
     if let (Some(address), Some((certs, _))) = (config.http3, &certs) {
         listener = listener
-            .listen_http3(address, certs.clone(), &inherited_sockets)
+            .listen_http3(
+                address,
+                certs.clone(),
+                &inherited_sockets,
+                config.http3_early_data,
+            )
             .with_context(|| format!("cannot listen for http/3 on {address} (udp)"))?;
         switchyard_proxy::advertise_http3(address.port());
     }

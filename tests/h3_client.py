@@ -6,7 +6,7 @@ text (or the stream's reset / the connection's error), and the SHA-256 of the le
 
     h3_client.py --port P --server-name NAME --ca FILE [--method M] [--path /p]
                  [--header "name: value"]... [--body-bytes N] [--declared-length N]
-                 [--body-chunks K --chunk-interval-ms MS]
+                 [--body-chunks K --chunk-interval-ms MS] [--resume]
 """
 
 import argparse
@@ -55,6 +55,54 @@ class Client(QuicConnectionProtocol):
             self.done.set_result(extra)
 
 
+def request_fields(args):
+    fields = [(b":method", args.method.encode()), (b":scheme", b"https"),
+              (b":authority", args.server_name.encode()), (b":path", args.path.encode())]
+    for header in args.header:
+        # A pseudo-header (":protocol: websocket") begins with its own colon.
+        colon = header.index(":", 1)
+        name, value = header[:colon], header[colon + 1:]
+        fields.append((name.strip().lower().encode(), value.strip().encode()))
+    return fields
+
+
+async def exchange(args, config, wait_connected=True, tickets=None):
+    """One request on a new connection: (the client, what it saw beyond the answer)."""
+    async with connect("127.0.0.1", args.port, configuration=config, create_protocol=Client,
+                       wait_connected=wait_connected,
+                       session_ticket_handler=tickets.append if tickets is not None else None) as client:
+        stream = client._quic.get_next_available_stream_id()
+        fields = request_fields(args)
+        body = b"x" * args.body_bytes if args.body_bytes is not None else None
+        if body is not None:
+            declared = args.declared_length if args.declared_length is not None else len(body)
+            fields.append((b"content-length", str(declared).encode()))
+        client.h3.send_headers(stream, fields, end_stream=body is None)
+        if body is not None:
+            size = -(-len(body) // args.body_chunks)
+            pieces = [body[i:i + size] for i in range(0, len(body), size)] or [b""]
+            for i, piece in enumerate(pieces):
+                if i > 0:
+                    await asyncio.sleep(args.chunk_interval_ms / 1000)
+                client.h3.send_data(stream, piece, end_stream=i == len(pieces) - 1)
+                client.transmit()
+        client.transmit()
+        extra = await asyncio.wait_for(client.done, 20)
+        # The leaf the handshake was served, to tell a rotated certificate.
+        peer = client._quic.tls._peer_certificate
+        if peer is not None:
+            extra["cert_sha256"] = peer.fingerprint(hashes.SHA256()).hex()
+        extra["early_data_accepted"] = client._quic.tls.early_data_accepted
+    return client, extra
+
+
+def configuration(args):
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                               server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
+    config.load_verify_locations(args.ca)
+    return config
+
+
 async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -68,40 +116,32 @@ async def main():
     # The body sent in K pieces, MS apart: an upload that lasts.
     parser.add_argument("--body-chunks", type=int, default=1)
     parser.add_argument("--chunk-interval-ms", type=int, default=0)
+    # A first connection (GET /) for a session ticket, then the request on a second one
+    # that resumes it, sent at once: in 0-RTT data when the ticket allows it.
+    parser.add_argument("--resume", action="store_true")
+    # With --resume: the same ticket used once more, as a replay would.
+    parser.add_argument("--replay", action="store_true")
     args = parser.parse_args()
-    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
-                               server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
-    config.load_verify_locations(args.ca)
     try:
-        async with connect("127.0.0.1", args.port, configuration=config,
-                           create_protocol=Client, wait_connected=True) as client:
-            stream = client._quic.get_next_available_stream_id()
-            fields = [(b":method", args.method.encode()), (b":scheme", b"https"),
-                      (b":authority", args.server_name.encode()), (b":path", args.path.encode())]
-            for header in args.header:
-                # A pseudo-header (":protocol: websocket") begins with its own colon.
-                colon = header.index(":", 1)
-                name, value = header[:colon], header[colon + 1:]
-                fields.append((name.strip().lower().encode(), value.strip().encode()))
-            body = b"x" * args.body_bytes if args.body_bytes is not None else None
-            if body is not None:
-                declared = args.declared_length if args.declared_length is not None else len(body)
-                fields.append((b"content-length", str(declared).encode()))
-            client.h3.send_headers(stream, fields, end_stream=body is None)
-            if body is not None:
-                size = -(-len(body) // args.body_chunks)
-                pieces = [body[i:i + size] for i in range(0, len(body), size)] or [b""]
-                for i, piece in enumerate(pieces):
-                    if i > 0:
-                        await asyncio.sleep(args.chunk_interval_ms / 1000)
-                    client.h3.send_data(stream, piece, end_stream=i == len(pieces) - 1)
-                    client.transmit()
-            client.transmit()
-            extra = await asyncio.wait_for(client.done, 20)
-            # The leaf the handshake was served, to tell a rotated certificate.
-            peer = client._quic.tls._peer_certificate
-            if peer is not None:
-                extra["cert_sha256"] = peer.fingerprint(hashes.SHA256()).hex()
+        if args.resume:
+            tickets = []
+            first = argparse.Namespace(**{**vars(args), "method": "GET", "path": "/", "header": [],
+                                          "body_bytes": None, "declared_length": None})
+            await exchange(first, configuration(args), tickets=tickets)
+            config = configuration(args)
+            if not tickets:
+                print(json.dumps({"error": "no session ticket"}))
+                return
+            config.session_ticket = tickets[-1]
+            client, extra = await exchange(args, config, wait_connected=False)
+            extra["early_data_offered"] = tickets[-1].max_early_data_size is not None
+            if args.replay:
+                again = configuration(args)
+                again.session_ticket = tickets[-1]
+                _, replayed = await exchange(args, again, wait_connected=False)
+                extra["replay_early_data_accepted"] = replayed["early_data_accepted"]
+        else:
+            client, extra = await exchange(args, configuration(args))
     except (ConnectionError, asyncio.TimeoutError) as e:
         print(json.dumps({"error": repr(e)}))
         return

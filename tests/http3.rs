@@ -24,8 +24,18 @@ impl Rig {
     /// A router serving HTTP/3 beside HTTPS, an app on `shop.test` and `*.apps.test`, their
     /// certificates from a CA of the test's.
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start), with more `serve` flags.
+    fn start_with(extra: &[&str]) -> Self {
         let h3_port = free_port();
-        let router = RouterProcess::start_with(&["--http3", &format!("127.0.0.1:{h3_port}")]);
+        let address = format!("127.0.0.1:{h3_port}");
+        let args: Vec<&str> = ["--http3", address.as_str()]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let router = RouterProcess::start_with(&args);
         let backend = Backend::start("shop");
         let ca = Ca::root("HTTP/3 Test Root");
         router.store_cert("shop.test", &ca.issue(&["shop.test"], -1, 30));
@@ -439,4 +449,91 @@ fn a_websocket_over_http3_is_refused_and_never_reaches_the_app() {
     assert!(websocket["status"].is_null(), "{websocket}");
     assert_eq!(websocket["reset"], 0x10e, "{websocket}");
     assert_eq!(rig.backend.requests(), before, "nothing reached the app");
+}
+
+/// The fields the app saw on its last request to `path`.
+fn seen_by_app(
+    rig: &Rig,
+    method: &str,
+    path: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    rig.backend
+        .recorded()
+        .into_iter()
+        .rev()
+        .find(|r| r.method == method && r.target == path)
+        .map(|r| r.headers)
+}
+
+#[test]
+fn zero_rtt_is_refused_unless_switched_on() {
+    let rig = Rig::start();
+    let answer = rig.h3("shop.test", &["--resume", "--path", "/resumed"]);
+    assert_eq!(answer["status"], 200, "{answer}");
+    // The ticket says no early data: the client waits for the handshake.
+    assert_eq!(answer["early_data_offered"], false, "{answer}");
+    assert_eq!(answer["early_data_accepted"], false, "{answer}");
+    let fields = seen_by_app(&rig, "GET", "/resumed").expect("the request at the app");
+    assert!(!fields.contains_key("early-data"), "{fields:?}");
+}
+
+#[test]
+fn zero_rtt_when_on_takes_safe_methods_with_early_data_and_answers_others_too_early() {
+    let rig = Rig::start_with(&["--http3-early-data", "on"]);
+    let get = rig.h3("shop.test", &["--resume", "--replay", "--path", "/early"]);
+    assert_eq!(get["status"], 200, "{get}\nrouter: {}", rig.router.logs());
+    assert_eq!(get["early_data_offered"], true, "{get}");
+    assert_eq!(get["early_data_accepted"], true, "{get}");
+    // A ticket is taken once: its early data, sent again, is refused (then sent after the
+    // handshake, as an ordinary request).
+    assert_eq!(get["replay_early_data_accepted"], false, "{get}");
+    let early: Vec<_> = rig
+        .backend
+        .recorded()
+        .into_iter()
+        .filter(|r| r.target == "/early")
+        .map(|r| r.headers.get("early-data").cloned())
+        .collect();
+    assert_eq!(early, vec![Some("1".to_string()), None], "{early:?}");
+
+    let post = rig.h3(
+        "shop.test",
+        &[
+            "--resume",
+            "--method",
+            "POST",
+            "--path",
+            "/early-post",
+            "--body-bytes",
+            "5",
+        ],
+    );
+    assert_eq!(post["status"], 425, "{post}");
+    assert!(
+        seen_by_app(&rig, "POST", "/early-post").is_none(),
+        "an unsafe request in early data never reaches the app"
+    );
+    // After the handshake the same POST is an ordinary request.
+    let later = rig.h3(
+        "shop.test",
+        &[
+            "--method",
+            "POST",
+            "--path",
+            "/early-post",
+            "--body-bytes",
+            "5",
+        ],
+    );
+    assert_eq!(later["status"], 200, "{later}");
+    let fields = seen_by_app(&rig, "POST", "/early-post").expect("the POST at the app");
+    assert!(!fields.contains_key("early-data"), "{fields:?}");
+
+    let metric = |name: &str| rig.router.metric(name);
+    assert!(metric("switchyard_quic_early_data_total{result=\"accepted\"}") >= 2.0);
+    assert_eq!(
+        metric("switchyard_http3_early_requests_total{result=\"too_early\"}"),
+        1.0
+    );
+    assert!(metric("switchyard_http3_early_requests_total{result=\"forwarded\"}") >= 1.0);
 }

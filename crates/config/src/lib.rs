@@ -76,6 +76,8 @@ pub struct Config {
     pub https: Option<SocketAddr>,
     /// The HTTP/3 listener's UDP address (needs the HTTPS listener's certificates).
     pub http3: Option<SocketAddr>,
+    /// HTTP/3's 0-RTT taken, for safe methods only.
+    pub http3_early_data: bool,
     /// Certificates and session tickets of the HTTPS listener.
     pub tls: TlsConfig,
     /// Admin API listener.
@@ -319,6 +321,9 @@ impl Config {
             admin,
             store,
             admin_token,
+            http3_early_data: settings
+                .http3_early_data
+                .choice(source, &[("off", false), ("on", true)])?,
             admin_ui_writes: settings
                 .admin_ui_writes
                 .choice(source, &[("off", false), ("on", true)])?,

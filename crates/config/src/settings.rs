@@ -147,6 +147,11 @@ settings! {
     /// HTTP/3 (QUIC) listener's UDP address, or `off`: the HTTPS listener's certificates,
     /// advertised to its clients by `Alt-Svc`.
     http3: String = "SWITCHYARD_HTTP3", default "off";
+    /// HTTP/3's 0-RTT: `off`, or `on` to take requests a returning client sends before its
+    /// handshake ends. Early data can be replayed by an attacker: only GET, HEAD and OPTIONS
+    /// are taken early, reaching the app with `Early-Data: 1` (RFC 8470); any other method
+    /// is answered 425 Too Early, and the client sends it again after the handshake.
+    http3_early_data: String = "SWITCHYARD_HTTP3_EARLY_DATA", default "off";
     /// PEM certificate chain served to TLS clients whose server name has no certificate.
     default_cert: PathBuf = "SWITCHYARD_DEFAULT_CERT";
     /// PEM private key of `--default-cert`.

@@ -8,7 +8,13 @@
 //! streams per connection, the field section's size, QUIC's own flow-control windows, and
 //! handshakes from addresses not proven yet (past [`MOST_UNPROVEN_HANDSHAKES`], a client is
 //! asked to prove its address with a Retry first: a spoofed flood costs one packet each).
-//! QPACK's dynamic table is 0 (h3 decodes without one). 0-RTT is off.
+//! QPACK's dynamic table is 0 (h3 decodes without one).
+//!
+//! 0-RTT (`--http3-early-data on`; off by default): a returning client may send requests
+//! before its handshake ends, which an attacker can replay. A request whose stream opened
+//! before the handshake ended is early: GET, HEAD and OPTIONS go to the app with
+//! `Early-Data: 1` (RFC 8470, so the app may refuse what it would not repeat), any other
+//! method is answered 425 Too Early and never forwarded.
 //!
 //! Stopping (shutdown, `--upgrade`): no new connection is taken, each connection sends
 //! GOAWAY, and the requests under way finish within the shutdown grace. A router taking
@@ -37,6 +43,7 @@ use super::request_body::{H3Body, RequestBody};
 use crate::event_loop::EventLoop;
 use crate::metrics;
 use crate::pipeline;
+use crate::pipeline::answer_body::AnswerBody;
 use crate::pipeline::client::Client;
 use crate::tls::cert_cache::CertCache;
 
@@ -52,6 +59,9 @@ const MOST_WARMING: Duration = Duration::from_secs(10);
 /// Connections waiting for the thread to take them; more are refused.
 const MAX_INCOMING: usize = 4096;
 
+/// RFC 8470's field: the request came (at least partly) in early data.
+const EARLY_DATA: HeaderName = HeaderName::from_static("early-data");
+
 /// Fields that name the connection, which HTTP/3 has none of: a request carrying one is
 /// malformed (RFC 9114 §4.2), and none goes into an answer.
 const CONNECTION_FIELDS: [&str; 4] = ["connection", "keep-alive", "proxy-connection", "upgrade"];
@@ -65,6 +75,8 @@ pub(super) struct Http3Socket {
     pub(super) certs: Arc<CertCache>,
     /// What the connection IDs this router issues start with.
     pub(super) generation: CidGeneration,
+    /// 0-RTT taken (for safe methods).
+    pub(super) early_data: bool,
 }
 
 impl Http3Socket {
@@ -75,8 +87,10 @@ impl Http3Socket {
         address: SocketAddr,
         certs: Arc<CertCache>,
         predecessor: Option<CidGeneration>,
+        early_data: bool,
     ) -> std::io::Result<Self> {
-        let tls = crate::tls::quic::server_config(certs.clone()).map_err(std::io::Error::other)?;
+        let tls = crate::tls::quic::server_config(certs.clone(), early_data)
+            .map_err(std::io::Error::other)?;
         let tls = QuicServerConfig::try_from(tls).map_err(std::io::Error::other)?;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(address),
@@ -104,6 +118,7 @@ impl Http3Socket {
             tls: Arc::new(tls),
             certs,
             generation: CidGeneration::after(predecessor),
+            early_data,
         })
     }
 }
@@ -165,6 +180,7 @@ pub(super) async fn serve(
             incoming,
             handshake,
             reached,
+            socket.early_data,
             worker.clone(),
             stopped.clone(),
         ));
@@ -235,6 +251,7 @@ async fn connection(
     incoming: quinn::Incoming,
     handshake: Handshake,
     reached: SocketAddr,
+    early_data: bool,
     worker: Rc<EventLoop>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -251,26 +268,37 @@ async fn connection(
         }
     };
     let header = worker.shared.client_timeouts.header;
-    let quic = match tokio::time::timeout(header, connecting).await {
-        Ok(Ok(quic)) => quic,
-        Ok(Err(e)) => {
-            metrics::QUIC_HANDSHAKES
-                .with_label_values(&["failed"])
-                .inc();
-            log::debug!("listener: QUIC handshake with {peer} failed: {e}");
-            return;
+    let (quic, handshaking) = if early_data {
+        // Taken before the handshake ends: a client's 0-RTT requests arrive meanwhile.
+        match connecting.into_0rtt() {
+            Ok((quic, handshake_done)) => {
+                let early = Rc::new(EarlyRequests::default());
+                tokio::task::spawn_local(finish_handshake(
+                    quic.clone(),
+                    handshake_done,
+                    handshake,
+                    early.clone(),
+                    header,
+                ));
+                (quic, Some(early))
+            }
+            Err(connecting) => match handshake_within(connecting, header, peer).await {
+                Some(quic) => {
+                    drop(handshake);
+                    (quic, None)
+                }
+                None => return,
+            },
         }
-        Err(_) => {
-            metrics::QUIC_HANDSHAKES
-                .with_label_values(&["failed"])
-                .inc();
-            return;
+    } else {
+        match handshake_within(connecting, header, peer).await {
+            Some(quic) => {
+                drop(handshake);
+                (quic, None)
+            }
+            None => return,
         }
     };
-    drop(handshake);
-    metrics::QUIC_HANDSHAKES
-        .with_label_values(&["completed"])
-        .inc();
     let _quic_open = OpenQuic::count();
     let _path = PathFigures(quic.clone());
     let built = h3::server::builder()
@@ -303,7 +331,9 @@ async fn connection(
         };
         match accepted {
             Ok(Some(resolver)) => {
-                tokio::task::spawn_local(request(resolver, client.clone(), worker.clone()));
+                // Its stream opened before the handshake ended: 0-RTT data.
+                let early = handshaking.as_ref().is_some_and(|early| early.taken());
+                tokio::task::spawn_local(request(resolver, early, client.clone(), worker.clone()));
             }
             Ok(None) => break,
             Err(e) => {
@@ -314,9 +344,119 @@ async fn connection(
     }
 }
 
+/// The handshake of `connecting`, within `deadline`; counted either way.
+async fn handshake_within(
+    connecting: quinn::Connecting,
+    deadline: Duration,
+    peer: SocketAddr,
+) -> Option<quinn::Connection> {
+    let result = match tokio::time::timeout(deadline, connecting).await {
+        Ok(Ok(quic)) => Some(quic),
+        Ok(Err(e)) => {
+            log::debug!("listener: QUIC handshake with {peer} failed: {e}");
+            None
+        }
+        Err(_) => None,
+    };
+    let outcome = if result.is_some() {
+        "completed"
+    } else {
+        "failed"
+    };
+    metrics::QUIC_HANDSHAKES.with_label_values(&[outcome]).inc();
+    result
+}
+
+/// A connection taken before its handshake ended (0-RTT): whether it still is, and how
+/// many requests came before it ended.
+#[derive(Default)]
+struct EarlyRequests {
+    handshake_done: Cell<bool>,
+    taken: Cell<u32>,
+}
+
+impl EarlyRequests {
+    /// Counts a request the connection has, and tells whether it came before the handshake
+    /// ended.
+    fn taken(&self) -> bool {
+        if self.handshake_done.get() {
+            return false;
+        }
+        self.taken.set(self.taken.get().saturating_add(1));
+        true
+    }
+}
+
+/// Waits for the end of a handshake the connection was taken before (0-RTT), within
+/// `deadline`: counts it, and from then on the connection's new requests are not early.
+/// (quinn's `ZeroRttAccepted` tells a server nothing: it answers for clients only.)
+async fn finish_handshake(
+    quic: quinn::Connection,
+    handshake_done: quinn::ZeroRttAccepted,
+    handshake: Handshake,
+    early: Rc<EarlyRequests>,
+    deadline: Duration,
+) {
+    let ended = tokio::time::timeout(deadline, handshake_done).await;
+    drop(handshake);
+    early.handshake_done.set(true);
+    // A client answered in 0.5-RTT data may close before its handshake ends: its early
+    // requests were taken all the same.
+    let early_data = if early.taken.get() > 0 {
+        "accepted"
+    } else {
+        "not_taken"
+    };
+    metrics::QUIC_EARLY_DATA
+        .with_label_values(&[early_data])
+        .inc();
+    match ended {
+        Ok(_) if quic.close_reason().is_none() => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["completed"])
+                .inc();
+        }
+        Ok(_) => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["failed"])
+                .inc();
+        }
+        Err(_) => {
+            metrics::QUIC_HANDSHAKES
+                .with_label_values(&["failed"])
+                .inc();
+            quic.close(quinn::VarInt::from_u32(0x100), b"handshake timeout");
+        }
+    }
+}
+
+/// Methods a request sent in 0-RTT data may have: safe ones (RFC 9110 §9.2.1), which the
+/// app should not mind seeing twice.
+fn safe_early(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    )
+}
+
+/// RFC 8470's answer to an unsafe request sent in early data: the client sends it again
+/// once its handshake is done.
+fn too_early() -> Response<AnswerBody> {
+    const TEXT: &[u8] = b"425 too early: sent before the handshake ended; send it again\n";
+    let mut response = Response::new(AnswerBody::local(Bytes::from_static(TEXT), None));
+    *response.status_mut() = http::StatusCode::TOO_EARLY;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    headers.insert(CONTENT_LENGTH, http::HeaderValue::from(TEXT.len()));
+    response
+}
+
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
 
-async fn request(resolver: Resolver, client: Rc<Client>, worker: Rc<EventLoop>) {
+async fn request(resolver: Resolver, early: bool, client: Rc<Client>, worker: Rc<EventLoop>) {
     let (head, stream) = match resolver.resolve_request().await {
         Ok(resolved) => resolved,
         Err(e) => {
@@ -333,9 +473,24 @@ async fn request(resolver: Resolver, client: Rc<Client>, worker: Rc<EventLoop>) 
         send.stop_stream(Code::H3_MESSAGE_ERROR);
         return;
     };
-    let body = RequestBody::H3(Box::new(H3Body::new(receive, declared)));
-    let request = Request::from_parts(parts, body);
-    let response = pipeline::handle(request, None, client, worker.clone(), None).await;
+    let response = if early && !safe_early(&parts.method) {
+        metrics::HTTP3_EARLY_REQUESTS
+            .with_label_values(&["too_early"])
+            .inc();
+        too_early()
+    } else {
+        if early {
+            metrics::HTTP3_EARLY_REQUESTS
+                .with_label_values(&["forwarded"])
+                .inc();
+            parts
+                .headers
+                .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
+        }
+        let body = RequestBody::H3(Box::new(H3Body::new(receive, declared)));
+        let request = Request::from_parts(parts, body);
+        pipeline::handle(request, None, client, worker.clone(), None).await
+    };
     let (mut parts, mut body) = response.into_parts();
     for name in CONNECTION_FIELDS {
         parts.headers.remove(name);

@@ -144,16 +144,19 @@ impl Listener {
     /// the HTTPS listener). Not handed over on `--upgrade`: the router taking over binds
     /// its own socket beside this one's, and each packet is steered to the router whose
     /// connection it belongs to (`quic_steering`), by the generation `inherited` names.
+    /// `early_data`: 0-RTT taken, for safe methods (`h3`).
     pub fn listen_http3(
         mut self,
         address: SocketAddr,
         certs: Arc<CertCache>,
         inherited: &InheritedSockets,
+        early_data: bool,
     ) -> std::io::Result<Self> {
         self.http3 = Some(h3::Http3Socket::bind(
             address,
             certs,
             inherited.quic_generation(),
+            early_data,
         )?);
         Ok(self)
     }

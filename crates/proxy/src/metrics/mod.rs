@@ -200,6 +200,22 @@ switchyard_metrics::declare_metrics! {
         "Requests that came over HTTP/3."
     ));
 
+    pub(crate) static QUIC_EARLY_DATA: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_quic_early_data_total",
+        "QUIC connections of a listener with --http3-early-data on, by result at the end of \
+         their handshake: accepted (requests were taken from the client's 0-RTT data before \
+         it), not_taken (none: none offered, or a ticket this router does not hold, each \
+         being taken once).",
+        &["result"]
+    ));
+
+    pub(crate) static HTTP3_EARLY_REQUESTS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_http3_early_requests_total",
+        "HTTP/3 requests sent in 0-RTT data, by result: forwarded (GET, HEAD or OPTIONS, to \
+         the app with Early-Data: 1), too_early (any other method, answered 425).",
+        &["result"]
+    ));
+
     pub(crate) static OPEN_WEBSOCKETS: IntGauge = registered(register_int_gauge!(
         "switchyard_open_websockets",
         "Upgraded connections (WebSocket and others) open now."

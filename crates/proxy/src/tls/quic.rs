@@ -2,12 +2,14 @@
 //! serving the very certificates the OpenSSL listener serves — chosen by SNI from the same
 //! certificate cache, so a certificate changed in the store is served on the next handshake
 //! of either. rustls picks the certificate in a callback that cannot wait, so only what the
-//! cache holds in memory is served there; a name not in memory yet fails that handshake and
-//! starts the lookup, and the client's next attempt is served. Clients find HTTP/3 by the
-//! `Alt-Svc` of an HTTPS answer, whose handshake has put the name's certificate in memory.
+//! cache holds in memory is served there: the listener loads the stored certificates before
+//! its first handshake (`CertCache::warm`); a name still not in memory fails that handshake
+//! and starts the lookup, and the client's next attempt is served.
 //!
 //! Each certificate is converted to rustls's form once, by its fingerprint, in a bounded
-//! cache. 0-RTT stays off: early data is replayable, and nothing here tells the app.
+//! cache. 0-RTT is off unless `--http3-early-data on`; then resumption is stateful (a
+//! session is taken from [`SESSIONS`] once, so the same early data is not taken twice by
+//! this process) and the listener decides what early requests may do (`listener::h3`).
 
 use std::sync::Arc;
 
@@ -25,8 +27,15 @@ const ALPN_H3: &[u8] = b"h3";
 /// Certificates kept converted: as many as the certificate cache keeps parsed, at most.
 const CONVERTED: usize = 10_000;
 
-/// The rustls server configuration of the HTTP/3 listener.
-pub(crate) fn server_config(certs: Arc<CertCache>) -> Result<rustls::ServerConfig, String> {
+/// Sessions kept for resumption (and so for 0-RTT), the least recent forgotten first; each
+/// a few hundred bytes.
+const SESSIONS: usize = 16_384;
+
+/// The rustls server configuration of the HTTP/3 listener; `early_data`: 0-RTT taken.
+pub(crate) fn server_config(
+    certs: Arc<CertCache>,
+    early_data: bool,
+) -> Result<rustls::ServerConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -37,7 +46,10 @@ pub(crate) fn server_config(certs: Arc<CertCache>) -> Result<rustls::ServerConfi
             converted: Cache::new(CONVERTED),
         }));
     config.alpn_protocols = vec![ALPN_H3.to_vec()];
-    config.max_early_data_size = 0;
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSIONS);
+    // QUIC carries early data in its own packets: the TLS limit is all or nothing (RFC 9001
+    // §4.6.1).
+    config.max_early_data_size = if early_data { u32::MAX } else { 0 };
     Ok(config)
 }
 
