@@ -1,5 +1,6 @@
 //! The references made from the code, never by hand: every `serve` setting from the one
-//! settings list, every metric from its declaration, every command from clap. Written as
+//! settings list, every metric from its declaration, every command from clap, and the JSON
+//! Schema of app files from the model's types. Written as
 //! Markdown into docs/reference (scripts/docs); tests/reference_docs.rs fails when the
 //! committed copy differs from what the code says.
 
@@ -18,10 +19,13 @@ pub(crate) struct ReferenceArgs {
 pub(crate) fn write(args: &ReferenceArgs, cli: clap::Command) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let schema = serde_json::to_string_pretty(&switchyard_model::app_file_schema())
+        .context("the app schema")?;
     for (name, text) in [
         ("settings.md", settings()),
         ("metrics.md", metrics()),
         ("cli.md", commands(cli)),
+        ("app.schema.json", format!("{schema}\n")),
     ] {
         let path: &Path = &args.dir.join(name);
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;

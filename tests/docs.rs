@@ -104,9 +104,9 @@ fn every_relative_link_of_the_manual_resolves() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
-#[test]
-fn every_app_example_of_the_manual_is_valid() {
-    let work = tempfile::tempdir().expect("a directory");
+/// The app examples of the manual: docs/examples' files, and each fenced block written
+/// into `work`.
+fn app_examples(work: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("docs/examples"))
         .expect("docs/examples")
         .map(|entry| entry.expect("an entry").path())
@@ -126,7 +126,7 @@ fn every_app_example_of_the_manual_is_valid() {
                 }
                 Some((kind, lines)) => {
                     if line.trim_start().starts_with("```") {
-                        let path = work.path().join(format!("example-{}.{kind}", files.len()));
+                        let path = work.join(format!("example-{}.{kind}", files.len()));
                         std::fs::write(&path, lines.join("\n")).expect("write the example");
                         files.push(path);
                         block = None;
@@ -137,6 +137,13 @@ fn every_app_example_of_the_manual_is_valid() {
             }
         }
     }
+    files
+}
+
+#[test]
+fn every_app_example_of_the_manual_is_valid() {
+    let work = tempfile::tempdir().expect("a directory");
+    let files = app_examples(work.path());
     assert!(files.len() >= 3, "examples found: {files:?}");
     let output = Command::new(RouterProcess::binary())
         .args(["apps", "check"])
@@ -148,4 +155,56 @@ fn every_app_example_of_the_manual_is_valid() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Checks JSON or TOML app files against a JSON Schema, as an editor would (Python's
+/// jsonschema, draft 2020-12): one line per error.
+const VALIDATE: &str = r#"
+import json, sys, tomllib, jsonschema
+schema = json.load(open(sys.argv[1]))
+validator = jsonschema.Draft202012Validator(schema)
+failed = False
+for path in sys.argv[2:]:
+    if path.endswith(".json"):
+        app = json.load(open(path))
+    else:
+        app = tomllib.load(open(path, "rb"))
+    for error in validator.iter_errors(app):
+        failed = True
+        print(f"{path}: {'/'.join(map(str, error.path))}: {error.message}")
+sys.exit(1 if failed else 0)
+"#;
+
+fn validate(files: &[PathBuf]) -> std::process::Output {
+    let schema = root().join("docs/reference/app.schema.json");
+    Command::new("python3")
+        .args(["-c", VALIDATE])
+        .arg(&schema)
+        .args(files)
+        .output()
+        .expect("python3 with jsonschema (scripts/test installs python3-jsonschema)")
+}
+
+#[test]
+fn the_app_schema_takes_every_example_and_flags_a_typo() {
+    let work = tempfile::tempdir().expect("a directory");
+    let files = app_examples(work.path());
+    let output = validate(&files);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let typo = work.path().join("typo.json");
+    std::fs::write(
+        &typo,
+        r#"{"domains": ["a.example"], "backends": ["10.0.0.1:80"], "healthcheck": {"path": "/"}, "balancer": "fastest"}"#,
+    )
+    .expect("write the file");
+    let output = validate(&[typo]);
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("'healthcheck' was unexpected"), "{said}");
+    assert!(said.contains("balancer: 'fastest'"), "{said}");
 }

@@ -21,7 +21,7 @@ fn the_committed_references_are_what_the_code_says() {
         String::from_utf8_lossy(&output.stderr)
     );
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference");
-    for name in ["settings.md", "metrics.md", "cli.md"] {
+    for name in ["settings.md", "metrics.md", "cli.md", "app.schema.json"] {
         let made = std::fs::read_to_string(fresh.path().join(name)).expect("a reference made");
         let kept = std::fs::read_to_string(committed.join(name)).unwrap_or_default();
         if made != kept {
@@ -37,4 +37,26 @@ fn the_committed_references_are_what_the_code_says() {
             );
         }
     }
+}
+
+#[test]
+fn the_router_serves_the_app_schema_that_is_committed() {
+    let router = RouterProcess::start();
+    let (status, served) = router.admin_call("GET", "/v1/schema/app.json", None);
+    assert_eq!(status, 200);
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/app.schema.json"),
+        )
+        .expect("docs/reference/app.schema.json"),
+    )
+    .expect("JSON");
+    assert_eq!(served, committed);
+    let printed = Command::new(RouterProcess::binary())
+        .args(["apps", "schema"])
+        .output()
+        .expect("switchyard apps schema");
+    let printed: serde_json::Value =
+        serde_json::from_slice(&printed.stdout).expect("the schema printed");
+    assert_eq!(printed, committed);
 }

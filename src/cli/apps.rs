@@ -121,6 +121,9 @@ enum AppsCommand {
         #[arg(required = true)]
         files: Vec<String>,
     },
+    /// Print the JSON Schema of app files (as `GET /v1/schema/app.json` serves it), for
+    /// editors to check them as they are written.
+    Schema,
     /// Replace an app's backends (scale up, down, or redeploy).
     Scale {
         /// App name.
@@ -241,6 +244,12 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
                 .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
         }
         AppsCommand::Check { files } => files::check_apps(files),
+        AppsCommand::Schema => {
+            let schema = switchyard_model::app_file_schema();
+            serde_json::to_string_pretty(&schema)
+                .map(|text| (text, schema))
+                .map_err(|e| e.to_string())
+        }
         AppsCommand::Scale { name, backends } => client
             .call(
                 "PUT",

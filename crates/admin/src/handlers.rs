@@ -38,6 +38,12 @@ pub(crate) async fn openapi() -> Response {
         .into_response()
 }
 
+/// The JSON Schema of app files, made from the model's types
+/// (`switchyard_model::app_file_schema`).
+pub(crate) async fn app_schema() -> Json<Value> {
+    Json(switchyard_model::app_file_schema())
+}
+
 pub(crate) async fn not_found() -> ApiError {
     ApiError::NotFound {
         what: "no such admin endpoint".into(),

@@ -214,6 +214,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(handlers::healthz))
         .route("/v1/openapi.json", get(handlers::openapi))
+        .route("/v1/schema/app.json", get(handlers::app_schema))
         .route("/ui", get(ui::to_index))
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::script))

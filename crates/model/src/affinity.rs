@@ -13,7 +13,7 @@ pub const DEFAULT_AFFINITY_COOKIE: &str = "switchyard_affinity";
 const MAX_TTL_S: u64 = 365 * 86_400;
 
 /// An app's session affinity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Affinity {
     /// The cookie's name.
     pub cookie: String,

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::{Domain, Mirror, ResponseCache};
 
 /// An app's name: `[a-z0-9][a-z0-9-]{0,62}`, the key it is stored and addressed under.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub struct AppName(String);
 
@@ -56,7 +58,7 @@ impl fmt::Display for AppName {
 
 /// One container (or, for a DNS name, the containers it names) of an app and a relative
 /// weight.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Backend {
     /// Where the container listens.
     pub address: BackendAddress,
@@ -67,7 +69,9 @@ pub struct Backend {
 
 /// Where a backend listens: an IP socket address, or a name the router resolves in the
 /// background (never on the request path) and re-resolves at its TTL.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub enum BackendAddress {
     /// `10.0.0.5:8080` or `[fd00::5]:8080`.
@@ -189,7 +193,9 @@ pub(crate) const MAX_BACKENDS: usize = 1000;
 pub(crate) const MAX_DOMAINS: usize = 1000;
 
 /// How an app's requests are spread over its backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Balancer {
     /// Smooth weighted round robin: each backend gets its weight's share, interleaved.
@@ -200,7 +206,7 @@ pub enum Balancer {
 }
 
 /// Active HTTP health checking of an app's backends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HealthCheck {
     /// Path requested with GET; a 2xx or 3xx answer is healthy.
     pub path: String,
@@ -227,7 +233,7 @@ impl Default for HealthCheck {
 }
 
 /// Upstream deadlines for one app. A read or write that passes its deadline answers 504.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Timeouts {
     /// TCP connect to a backend.
     pub connect_ms: u64,
@@ -248,7 +254,7 @@ impl Default for Timeouts {
 }
 
 /// An app as stored: its domains, its containers and its options.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct App {
     /// Unique name.
     pub name: AppName,
@@ -335,7 +341,9 @@ pub struct App {
 
 /// What an app is told of its clients beyond the fields every request to a backend carries
 /// (`X-Forwarded-For`, `-Proto`, `-Port`, `X-Request-Id`, `X-Request-Start`, `Via`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct AppForwarding {
     /// `X-Forwarded-Host`: the Host the client asked for (frameworks that build absolute
     /// URLs read it).
@@ -349,7 +357,7 @@ pub struct AppForwarding {
 }
 
 /// The version of HAProxy's PROXY protocol a backend reads: stored and written as 1 or 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "u8", into = "u8")]
 pub enum ProxyProtocol {
     /// The text header (`PROXY TCP4 …\r\n`).
@@ -399,7 +407,9 @@ fn is_true(value: &bool) -> bool {
 
 /// How an app's certificates are obtained: uploaded by the operator (the default), or also
 /// ordered by the router from its ACME CA for each exact domain without a valid upload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct AppTls {
     /// Order certificates for the app's domains by ACME.
     #[serde(default)]
@@ -415,7 +425,9 @@ impl AppTls {
 /// What happens to connections still open to a backend removed from the app (scale down,
 /// redeploy, address change). By default nothing: the platform decides when a container
 /// dies, and its connections end when it closes them or the client does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Drain {
     /// Close connections to a removed backend this long after it left the app (a WebSocket
     /// gets a close frame 1001, going away); `None` keeps them until one side closes.
@@ -434,7 +446,7 @@ impl Drain {
 }
 
 /// HTTP Strict Transport Security for an app's HTTPS responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Hsts {
     /// How long browsers remember to use HTTPS only.
     pub max_age_s: u64,

@@ -19,7 +19,7 @@ pub const MAX_BCRYPT_COST: u32 = 12;
 const MIN_BCRYPT_COST: u32 = 4;
 
 /// An app's password protection.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BasicAuth {
     /// The realm in `WWW-Authenticate`, which browsers show.
     pub realm: String,

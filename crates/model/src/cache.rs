@@ -15,7 +15,7 @@ const MAX_CACHE_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 const MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Where cached responses live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CacheStore {
     /// In this router's memory, bounded by bytes per app and in total.
@@ -32,7 +32,7 @@ pub enum CacheStore {
 }
 
 /// An app's response cache. Nothing is cached unless its path matches `paths`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ResponseCache {
     /// Where responses are kept.
     pub store: CacheStore,

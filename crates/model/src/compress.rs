@@ -26,7 +26,7 @@ pub const DEFAULT_COMPRESSED_TYPES: &[&str] = &[
 ];
 
 /// An app's compression.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Compress {
     /// Media types compressed (`text/*` takes every subtype).
     pub types: Vec<String>,

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 /// A hostname an app answers for: exact (`www.example.com`) or wildcard (`*.example.com`).
 ///
 /// Stored lowercase without a trailing dot, so a lookup never has to normalise twice.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub struct Domain(String);
 

@@ -53,7 +53,7 @@ pub const PROTECTED_RESPONSE_FIELDS: &[&str] = &[
 ];
 
 /// The rules of both directions.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HeaderRules {
     /// On each request, before it goes to a backend.
     #[serde(default, skip_serializing_if = "HeaderEdits::is_empty")]
@@ -65,7 +65,7 @@ pub struct HeaderRules {
 
 /// One direction's edits, applied in this order: remove, set (in place of any field of
 /// that name), append (beside any).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HeaderEdits {
     /// Lower-case names and the one value each gets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -16,7 +16,7 @@ const DEFAULT_MAX_SIDE: u64 = 2048;
 const MAX_SIDE: u64 = 8192;
 
 /// An app's image resizing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Images {
     /// Path prefix of resize requests, starting and ending with `/`.
     pub prefix: String,

@@ -20,6 +20,7 @@ mod limits;
 mod mirror;
 mod pages;
 mod redirects;
+mod schema;
 mod spec;
 mod waf;
 
@@ -52,5 +53,6 @@ pub use limits::{
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use pages::{ErrorPages, Maintenance, ERROR_PAGE_STATUSES, MAX_PAGE_BYTES};
 pub use redirects::{Redirect, MAX_REDIRECTS};
+pub use schema::app_file_schema;
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

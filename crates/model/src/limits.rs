@@ -22,7 +22,9 @@ const MAX_RATE: u64 = 1_000_000;
 const MAX_QUEUE_MS: u64 = 60_000;
 
 /// What a limit does when it is passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitMode {
     /// Refuse (403, 413, 414, 429, 431, 503).
@@ -33,7 +35,9 @@ pub enum LimitMode {
 }
 
 /// Where an app's rate is counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitScope {
     /// On each router by itself: a fleet of N routers admits up to N × the rate.
@@ -45,7 +49,7 @@ pub enum LimitScope {
 }
 
 /// A token bucket: `requests_per_s` on average, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Rate {
     /// Sustained requests per second.
     pub requests_per_s: u32,
@@ -54,7 +58,7 @@ pub struct Rate {
 }
 
 /// What tells one client of an app from another; written as the spec gives it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub enum ClientKey {
     /// The client's address (behind trusted proxies, the one they forwarded).
@@ -108,7 +112,7 @@ impl From<ClientKey> for String {
 }
 
 /// What each client of the app may do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PerClient {
     /// How clients are told apart.
     pub key: ClientKey,
@@ -122,13 +126,15 @@ pub struct PerClient {
 }
 
 /// An app's limits; every one optional.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Limits {
     /// Only these networks may reach the app (empty: everyone not denied).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
     pub allow: Vec<IpNet>,
     /// These networks get 403, checked first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
     pub deny: Vec<IpNet>,
     /// The app's requests per second, all clients together (`requests_per_s` and `burst`
     /// at the top, as the spec has them).

@@ -28,7 +28,7 @@ pub const MAX_MIRROR_BODY: u64 = 64 * 1024 * 1024;
 
 /// An app's mirroring: a share of its requests, chosen by key, copied to shadow backends
 /// whose answers are ignored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Mirror {
     /// Shadow backends, used in turn.
     pub backends: Vec<SocketAddr>,
@@ -42,6 +42,7 @@ pub struct Mirror {
     #[serde(default = "yes")]
     pub verify_tls: bool,
     /// Share of the requests that are mirrored.
+    #[schemars(with = "f64", range(min = 0, max = 100))]
     pub percent: Share,
     /// What decides whether a request is in the share.
     pub key: MirrorKey,
@@ -121,7 +122,7 @@ impl<'de> Deserialize<'de> for Share {
 }
 
 /// What part of a request decides whether it is mirrored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub enum MirrorKey {
     /// A fresh draw per request: the share is statistical, not sticky.
@@ -191,7 +192,7 @@ impl From<MirrorKey> for String {
 }
 
 /// A path filter: `/exact`, or `/prefix*` for everything under a prefix.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub struct PathPattern {
     text: String,

@@ -18,7 +18,7 @@ pub const MAX_PAGE_BYTES: usize = 64 * 1024;
 pub const ERROR_PAGE_STATUSES: [u16; 3] = [502, 503, 504];
 
 /// An app switched off for maintenance: 503 with its page, its backends left alone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Maintenance {
     /// Whether requests get the maintenance answer now.
     pub enabled: bool,
@@ -36,7 +36,7 @@ pub struct Maintenance {
 }
 
 /// The app's pages for the router's own 502, 503 and 504, by status.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(transparent)]
 pub struct ErrorPages(pub BTreeMap<u16, String>);
 

@@ -14,7 +14,7 @@ const MAX_TARGET_LEN: usize = 2048;
 const STATUSES: [u16; 4] = [301, 302, 307, 308];
 
 /// One redirect: the requests it takes, where they go and with which status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Redirect {
     /// The exact host taken (one of the app's domains, or under one of its wildcards);
     /// `None`: every host of the app.

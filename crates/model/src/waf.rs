@@ -18,7 +18,7 @@ pub const MAX_INSPECTED_BODY: u64 = 64 << 20;
 pub const DEFAULT_INSPECTED_BODY: u64 = 128 << 10;
 
 /// What a match does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WafMode {
     /// Matches are logged; the request goes on.
@@ -28,7 +28,7 @@ pub enum WafMode {
 }
 
 /// When inspection cannot start or finish in time (the worker pool is full or slow).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WafOverload {
     /// Let the request through uninspected (availability first).
@@ -38,7 +38,7 @@ pub enum WafOverload {
 }
 
 /// An app's WAF.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Waf {
     /// Detect or block.
     pub mode: WafMode,
