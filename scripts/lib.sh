@@ -62,3 +62,10 @@ ensure_promtool() {
   dpkg-deb -x "$work"/prometheus_*.deb target/promtool
   rm -rf "$work"
 }
+
+# cargo-deb makes the Debian package (Cargo.toml's [package.metadata.deb]); dpkg-dev's
+# dpkg-shlibdeps finds the libraries it depends on.
+ensure_cargo_deb() {
+  ensure_packages dpkg-dev
+  cargo deb --version >/dev/null 2>&1 || cargo install --locked --quiet cargo-deb --version 3.8.0
+}
