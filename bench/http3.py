@@ -66,6 +66,25 @@ https://{HOST}:{port} {{
     return proc, port
 
 
+def start_fronts(work, procs, body, content_type, cert, key, bind="127.0.0.1"):
+    """An origin answering `body`, and Switchyard (HTTPS and HTTP/3) and Caddy in front of
+    it on `bind`, each added to `procs`: (router, its TLS port, its HTTP/3 port, caddy, its
+    port)."""
+    origin, origin_port = bench.start_answer_origin(work, "origin", body,
+                                                    [f"Content-Type: {content_type}"])
+    procs.append(origin)
+    tls_port, h3_port = bench.free_port(), bench.free_port()
+    router, _, admin = bench.serve_switchyard(
+        work, "switchyard", "--threads", str(bench.THREADS), "--https", f"{bind}:{tls_port}",
+        "--http3", f"{bind}:{h3_port}", "--default-cert", str(cert), "--default-key", str(key),
+        "--waf", "off")
+    procs.append(router)
+    bench.put_app(admin, "bench", {"domains": [HOST], "backends": [f"127.0.0.1:{origin_port}"]})
+    caddy, caddy_port = start_caddy(work, origin_port, cert, key, bind=bind)
+    procs.append(caddy)
+    return router, tls_port, h3_port, caddy, caddy_port
+
+
 def h3_run(port, args):
     out = subprocess.run([str(PYTHON), str(bench.ROOT / "bench" / "h3_load.py"), "--port", str(port),
                           "--server-name", HOST, "--requests", str(args.requests),
@@ -93,18 +112,8 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="http3-"))
     cert, key = certificate(work)
     with bench.Started() as procs:
-        origin, origin_port = bench.start_answer_origin(work, "origin", b"hello from the origin\n",
-                                                        ["Content-Type: text/plain"])
-        procs.append(origin)
-        tls_port, h3_port = bench.free_port(), bench.free_port()
-        router, _, admin = bench.serve_switchyard(
-            work, "switchyard", "--threads", str(bench.THREADS), "--https", f"127.0.0.1:{tls_port}",
-            "--http3", f"127.0.0.1:{h3_port}", "--default-cert", str(cert), "--default-key", str(key),
-            "--waf", "off")
-        procs.append(router)
-        bench.put_app(admin, "bench", {"domains": [HOST], "backends": [f"127.0.0.1:{origin_port}"]})
-        caddy, caddy_port = start_caddy(work, origin_port, cert, key)
-        procs.append(caddy)
+        router, tls_port, h3_port, caddy, caddy_port = start_fronts(
+            work, procs, b"hello from the origin\n", "text/plain", cert, key)
         fronts = [
             ("Switchyard HTTP/3", h3_run, h3_port, router),
             ("Caddy HTTP/3", h3_run, caddy_port, caddy),

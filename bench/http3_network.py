@@ -165,18 +165,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="http3-net-"))
     cert, key = http3.certificate(work)
     with Namespace() as ns, bench.Started() as procs:
-        origin, origin_port = bench.start_answer_origin(work, "origin", os.urandom(ANSWER_BYTES),
-                                                        ["Content-Type: application/octet-stream"])
-        procs.append(origin)
-        tls_port, h3_port = bench.free_port(), bench.free_port()
-        router, _, admin = bench.serve_switchyard(
-            work, "switchyard", "--threads", str(bench.THREADS), "--https", f"{FRONT_IP}:{tls_port}",
-            "--http3", f"{FRONT_IP}:{h3_port}", "--default-cert", str(cert), "--default-key", str(key),
-            "--waf", "off")
-        procs.append(router)
-        bench.put_app(admin, "bench", {"domains": [http3.HOST], "backends": [f"127.0.0.1:{origin_port}"]})
-        caddy, caddy_port = http3.start_caddy(work, origin_port, cert, key, bind=FRONT_IP)
-        procs.append(caddy)
+        router, tls_port, h3_port, caddy, caddy_port = http3.start_fronts(
+            work, procs, os.urandom(ANSWER_BYTES), "application/octet-stream", cert, key,
+            bind=FRONT_IP)
         fronts = [
             {"name": "Switchyard HTTP/3", "protocol": "HTTP/3", "port": h3_port, "proc": router},
             {"name": "Caddy HTTP/3", "protocol": "HTTP/3", "port": caddy_port, "proc": caddy},
