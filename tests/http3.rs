@@ -333,11 +333,11 @@ fn http3_requests_under_way_finish_across_a_binary_upgrade() {
                         "--path",
                         "/upload",
                         "--body-bytes",
-                        "49152",
+                        "40960",
                         "--body-chunks",
-                        "12",
+                        "10",
                         "--chunk-interval-ms",
-                        "150",
+                        "120",
                     ],
                 )
             })
@@ -361,7 +361,7 @@ fn http3_requests_under_way_finish_across_a_binary_upgrade() {
         );
         let seen: Value =
             serde_json::from_str(answer["text"].as_str().unwrap_or("")).expect("JSON");
-        assert_eq!(seen["body_len"], 49_152);
+        assert_eq!(seen["body_len"], 40_960);
     }
     assert!(old.wait().expect("the old router's exit").success());
     let after = rig.h3("shop.test", &[]);
