@@ -47,11 +47,12 @@ fn the_systemd_unit_verifies() {
         &["verify", path.to_str().expect("a path")],
         dir.path(),
     );
-    // Unknown keys are only warned about: any word from the tool is a failure here.
+    // Unknown keys are only warned about: any word from the tool about this unit is a
+    // failure here (the units it names, such as redis-server's, are not ours to judge).
+    let said = said(&output);
     assert!(
-        output.status.success() && said(&output).trim().is_empty(),
-        "systemd-analyze verify: {}",
-        said(&output)
+        output.status.success() && !said.lines().any(|line| line.contains("switchyard")),
+        "systemd-analyze verify: {said}"
     );
 }
 
