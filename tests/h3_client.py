@@ -6,7 +6,8 @@ text (or the stream's reset / the connection's error), and the SHA-256 of the le
 
     h3_client.py --port P --server-name NAME --ca FILE [--method M] [--path /p]
                  [--header "name: value"]... [--body-bytes N] [--declared-length N]
-                 [--body-chunks K --chunk-interval-ms MS] [--resume]
+                 [--body-chunks K --chunk-interval-ms MS] [--resume [--replay]]
+                 [--reset-burst N]
 """
 
 import argparse
@@ -96,6 +97,37 @@ async def exchange(args, config, wait_connected=True, tickets=None):
     return client, extra
 
 
+async def reset_burst(args):
+    cancelled = 0x10C  # H3_REQUEST_CANCELLED
+    async with connect("127.0.0.1", args.port, configuration=configuration(args),
+                       create_protocol=Client, wait_connected=True) as client:
+        quic = client._quic
+        sent = 0
+        while sent < args.reset_burst:
+            # A round a browser might make: requests sent, then all cancelled (a page left).
+            streams = []
+            for _ in range(min(100, args.reset_burst - sent)):
+                stream = quic.get_next_available_stream_id()
+                client.h3.send_headers(stream, request_fields(args), end_stream=True)
+                streams.append(stream)
+            client.transmit()
+            for _ in range(200):
+                if not quic._streams_blocked_bidi:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)
+            for stream in streams:
+                quic.reset_stream(stream, cancelled)
+                try:
+                    quic.stop_stream(stream, cancelled)
+                except ValueError:
+                    pass  # aioquic has let go of a stream its answer ended
+            client.transmit()
+            sent += len(streams)
+        await asyncio.sleep(0.5)
+        print(json.dumps({"sent": sent, "blocked": len(quic._streams_blocked_bidi)}))
+
+
 def configuration(args):
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
                                server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
@@ -121,7 +153,14 @@ async def main():
     parser.add_argument("--resume", action="store_true")
     # With --resume: the same ticket used once more, as a replay would.
     parser.add_argument("--replay", action="store_true")
+    # N GETs in rounds of 100, each round cancelled (RESET_STREAM and STOP_SENDING) 50 ms
+    # after it was sent: HTTP/2's "rapid reset" (CVE-2023-44487) over HTTP/3. Prints how
+    # many were sent and how many still wait for the server's stream credit.
+    parser.add_argument("--reset-burst", type=int, default=None)
     args = parser.parse_args()
+    if args.reset_burst is not None:
+        await reset_burst(args)
+        return
     try:
         if args.resume:
             tickets = []

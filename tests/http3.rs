@@ -537,3 +537,39 @@ fn zero_rtt_when_on_takes_safe_methods_with_early_data_and_answers_others_too_ea
     );
     assert!(metric("switchyard_http3_early_requests_total{result=\"forwarded\"}") >= 1.0);
 }
+
+#[test]
+fn streams_a_client_cancels_hold_no_more_than_its_stream_limit() {
+    let rig = Rig::start();
+    let warm = rig.h3("shop.test", &[]);
+    assert_eq!(warm["status"], 200, "{warm}");
+    // HTTP/2's rapid reset over HTTP/3: each request takes the app 200 ms, and the client
+    // cancels every one 50 ms after sending it, 100 at a time. A stream's credit comes back
+    // only once the router has finished its side, so cancelled requests still count
+    // against the 128 a connection may have open (the h2 listener needs a count of its own
+    // because a reset there frees the slot at once); and the credit does come back: all
+    // 600 go out.
+    rig.backend
+        .set_behaviour(support::Behaviour::Delay(Duration::from_millis(200)));
+    let burst = rig.h3(
+        "shop.test",
+        &["--reset-burst", "600", "--path", "/cancelled"],
+    );
+    assert_eq!(burst["sent"], 600, "{burst}");
+    assert_eq!(
+        burst["blocked"],
+        0,
+        "{burst}: {} at the app, {} at once\n{}",
+        rig.backend.requests(),
+        rig.backend.max_concurrent(),
+        rig.router.logs()
+    );
+    let most = rig.backend.max_concurrent();
+    assert!(
+        (1..=128).contains(&most),
+        "{most} cancelled requests at the app at once"
+    );
+    rig.backend.set_behaviour(support::Behaviour::Normal);
+    let after = rig.h3("shop.test", &[]);
+    assert_eq!(after["status"], 200, "{after}");
+}

@@ -8,6 +8,9 @@
 //! streams per connection, the field section's size, QUIC's own flow-control windows, and
 //! handshakes from addresses not proven yet (past [`MOST_UNPROVEN_HANDSHAKES`], a client is
 //! asked to prove its address with a Retry first: a spoofed flood costs one packet each).
+//! Cancelled requests need no count of their own, as HTTP/2's do (`h2_resets`): quinn gives
+//! a stream's credit back only once this side of it has ended, so a client resetting the
+//! requests it sent still has at most [`MAX_CONCURRENT_STREAMS`] under way.
 //! QPACK's dynamic table is 0 (h3 decodes without one).
 //!
 //! 0-RTT (`--http3-early-data on`; off by default): a returning client may send requests
