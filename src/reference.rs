@@ -60,10 +60,10 @@ fn settings() -> String {
         } else {
             format!("`{}`", setting.env)
         };
-        let key = if setting.key == "upgrade" || setting.key == "config" {
-            "–".to_string()
-        } else {
+        let key = if setting.in_file {
             format!("`{}`", setting.key)
+        } else {
+            "–".to_string()
         };
         let default = setting
             .default

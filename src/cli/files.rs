@@ -33,14 +33,9 @@ pub(super) fn check_apps(paths: &[String]) -> Result<(String, Value), String> {
                         .map(|stem| stem.to_string_lossy().into_owned())
                         .unwrap_or_default()
                 });
-            let mut body = app;
-            if let Some(fields) = body.as_object_mut() {
-                // What `apps get --output` prints beside the app's own options.
-                for read_only in ["name", "resolved_backends"] {
-                    fields.remove(read_only);
-                }
-            }
-            switchyard_model::parse_app_spec(&name, &body)
+            // The API's own parser: it takes a `name` equal to the app's, and leaves the
+            // read-only fields `apps get --output` prints.
+            switchyard_model::parse_app_spec(&name, &app)
                 .map(|_| name)
                 .map_err(|e| format!("{path}: {e}"))
         });

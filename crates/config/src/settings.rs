@@ -70,29 +70,25 @@ macro_rules! settings {
         }
 
         /// Every setting as the reference shows it (`switchyard reference`), in the order
-        /// declared, the three that are not ordinary values first.
+        /// declared, those that are not ordinary values first (their words are their
+        /// flags' own, from `ServeArgs`).
         pub fn reference() -> Vec<SettingDoc> {
-            let mut settings = vec![
-                SettingDoc::new("config", "SWITCHYARD_CONFIG", "path", None,
-                    "TOML config file: the settings below by their keys (flags and the \
-                     environment win over it)."),
-                SettingDoc::new("log_to", "SWITCHYARD_LOG_TO", "list of HOST:PORT", None,
-                    "Ship access logs to this log service (`switchyard logd`); repeat for \
-                     fallbacks, tried in order. Replaces the local access log."),
-                SettingDoc::new("upgrade", "", "flag", None,
-                    "Take over the listening sockets of the router running with the same data \
-                     directory (send it SIGQUIT once this one has logged that it took them \
-                     over); it finishes its requests and exits. Command line only."),
-                SettingDoc::new("quit_predecessor", "", "flag", None,
-                    "With `--upgrade`: send the router taken over from SIGQUIT as soon as its \
-                     sockets are taken, instead of waiting for the operator to (systemd's \
-                     `ExecReload`). Command line only."),
-            ];
+            let serve = <ServeArgs as Args>::augment_args(clap::Command::new("serve"));
+            let mut settings: Vec<SettingDoc> = [
+                ("config", "path", false),
+                ("log_to", "list of HOST:PORT", true),
+                ("upgrade", "flag", false),
+                ("quit_predecessor", "flag", false),
+            ]
+            .into_iter()
+            .map(|(key, kind, in_file)| SettingDoc::of_flag(&serve, key, kind, in_file))
+            .collect();
             $(
                 settings.push(SettingDoc::new(
                     stringify!($name),
-                    $env,
+                    $env.to_string(),
                     stringify!($kind),
+                    true,
                     None $(.or(Some(reference_default(
                         stringify!($default),
                         Shown::shown(&IntoDefault::<$kind>::into_default($default)),
@@ -498,12 +494,14 @@ fn reference_default(expression: &str, value: String) -> String {
 /// One setting as the reference shows it.
 #[derive(Debug, Clone)]
 pub struct SettingDoc {
-    /// The file key; the flag is `--` and the key with `-` for `_`.
+    /// Its name; the flag is `--` and the name with `-` for `_`.
     pub key: &'static str,
-    /// The environment variable (none for `--upgrade`).
-    pub env: &'static str,
+    /// The environment variable (empty for a flag of the command line only).
+    pub env: String,
     /// The value's type, as declared.
     pub kind: &'static str,
+    /// Whether the config file takes it, under `key`.
+    pub in_file: bool,
     /// The default, as `--help` shows it.
     pub default: Option<String>,
     /// What it does.
@@ -513,8 +511,9 @@ pub struct SettingDoc {
 impl SettingDoc {
     fn new(
         key: &'static str,
-        env: &'static str,
+        env: String,
         kind: &'static str,
+        in_file: bool,
         default: Option<String>,
         doc: &str,
     ) -> Self {
@@ -522,9 +521,29 @@ impl SettingDoc {
             key,
             env,
             kind,
+            in_file,
             default,
             doc: doc.split_whitespace().collect::<Vec<_>>().join(" "),
         }
+    }
+
+    /// A flag of `serve` that is no ordinary setting, as clap has it declared.
+    fn of_flag(
+        serve: &clap::Command,
+        key: &'static str,
+        kind: &'static str,
+        in_file: bool,
+    ) -> Self {
+        let arg = serve.get_arguments().find(|arg| arg.get_id() == key);
+        let env = arg
+            .and_then(clap::Arg::get_env)
+            .map(|env| env.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let doc = arg
+            .and_then(clap::Arg::get_help)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        Self::new(key, env, kind, in_file, None, &doc)
     }
 
     /// The command-line flag.

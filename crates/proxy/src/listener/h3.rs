@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h3::error::Code;
-use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONTENT_LENGTH, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, Request, Response, Version};
 use http_body::Body;
 use quinn::crypto::rustls::QuicServerConfig;
@@ -271,35 +271,31 @@ async fn connection(
         }
     };
     let header = worker.shared.client_timeouts.header;
-    let (quic, handshaking) = if early_data {
-        // Taken before the handshake ends: a client's 0-RTT requests arrive meanwhile.
-        match connecting.into_0rtt() {
-            Ok((quic, handshake_done)) => {
-                let early = Rc::new(EarlyRequests::default());
-                tokio::task::spawn_local(finish_handshake(
-                    quic.clone(),
-                    handshake_done,
-                    handshake,
-                    early.clone(),
-                    header,
-                ));
-                (quic, Some(early))
-            }
-            Err(connecting) => match handshake_within(connecting, header, peer).await {
-                Some(quic) => {
-                    drop(handshake);
-                    (quic, None)
-                }
-                None => return,
-            },
-        }
+    // With 0-RTT on, the connection is taken before its handshake ends: a client's early
+    // requests arrive meanwhile.
+    let taken_early = if early_data {
+        connecting.into_0rtt()
     } else {
-        match handshake_within(connecting, header, peer).await {
-            Some(quic) => {
-                drop(handshake);
-                (quic, None)
-            }
-            None => return,
+        Err(connecting)
+    };
+    let (quic, early) = match taken_early {
+        Ok((quic, handshake_done)) => {
+            let early = Rc::new(EarlyRequests::default());
+            tokio::task::spawn_local(finish_handshake(
+                quic.clone(),
+                handshake_done,
+                handshake,
+                early.clone(),
+                header,
+            ));
+            (quic, Some(early))
+        }
+        Err(connecting) => {
+            let Some(quic) = handshake_within(connecting, header, peer).await else {
+                return;
+            };
+            drop(handshake);
+            (quic, None)
         }
     };
     let _quic_open = OpenQuic::count();
@@ -335,8 +331,13 @@ async fn connection(
         match accepted {
             Ok(Some(resolver)) => {
                 // Its stream opened before the handshake ended: 0-RTT data.
-                let early = handshaking.as_ref().is_some_and(|early| early.taken());
-                tokio::task::spawn_local(request(resolver, early, client.clone(), worker.clone()));
+                let is_early = early.as_ref().is_some_and(|early| early.taken());
+                tokio::task::spawn_local(request(
+                    resolver,
+                    is_early,
+                    client.clone(),
+                    worker.clone(),
+                ));
             }
             Ok(None) => break,
             Err(e) => {
@@ -413,23 +414,11 @@ async fn finish_handshake(
     metrics::QUIC_EARLY_DATA
         .with_label_values(&[early_data])
         .inc();
-    match ended {
-        Ok(_) if quic.close_reason().is_none() => {
-            metrics::QUIC_HANDSHAKES
-                .with_label_values(&["completed"])
-                .inc();
-        }
-        Ok(_) => {
-            metrics::QUIC_HANDSHAKES
-                .with_label_values(&["failed"])
-                .inc();
-        }
-        Err(_) => {
-            metrics::QUIC_HANDSHAKES
-                .with_label_values(&["failed"])
-                .inc();
-            quic.close(quinn::VarInt::from_u32(0x100), b"handshake timeout");
-        }
+    let completed = ended.is_ok() && quic.close_reason().is_none();
+    let outcome = if completed { "completed" } else { "failed" };
+    metrics::QUIC_HANDSHAKES.with_label_values(&[outcome]).inc();
+    if ended.is_err() {
+        quic.close(quinn::VarInt::from_u32(0x100), b"handshake timeout");
     }
 }
 
@@ -550,8 +539,6 @@ fn well_formed(fields: &HeaderMap) -> Option<Option<u64>> {
         .iter()
         .any(|name| fields.contains_key(HeaderName::from_static(name)))
         || fields.contains_key(TRANSFER_ENCODING)
-        || fields.contains_key(CONNECTION)
-        || fields.contains_key(UPGRADE)
     {
         return None;
     }

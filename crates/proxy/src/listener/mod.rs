@@ -1,11 +1,12 @@
 //! The listener: HTTP/1.x on the router's own driver (`client_h1`, on `crates/h1`) and
 //! HTTP/2 on hyper, in clear and over TLS (certificates by SNI from the certificate cache,
-//! rotating ticket keys), and HTTP/3 on quinn and h3 (`h3`) on one thread, laid out as nginx's workers are: one thread per worker with its
-//! own single-threaded runtime, its own SO_REUSEPORT listening sockets and its own pool of
-//! idle backend connections, so no request touches state another thread owns
-//! (bench/ENGINE.md: what a request costs, and why the HTTP/1 path is ours). Each request
-//! goes through the phases of `crate::pipeline`; on `--upgrade` the listening sockets are handed
-//! to the new process (`handover`).
+//! rotating ticket keys), and HTTP/3 on quinn and h3 (`h3`) on one thread, laid out as
+//! nginx's workers are: one thread per worker with its own single-threaded runtime, its own
+//! SO_REUSEPORT listening sockets and its own pool of idle backend connections, so no
+//! request touches state another thread owns (bench/ENGINE.md: what a request costs, and
+//! why the HTTP/1 path is ours). Each request goes through the phases of
+//! `crate::pipeline`; on `--upgrade` the listening sockets are handed to the new process
+//! (`handover`).
 
 mod client_h1;
 pub(crate) mod clock;

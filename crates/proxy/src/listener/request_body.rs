@@ -64,8 +64,8 @@ pub(crate) struct H3Body {
     stream: H3Stream,
     /// A piece read when the request was taken, not handed on yet.
     first: Option<Bytes>,
-    /// What reading failed with before the first poll, to hand on at it.
-    failed: Option<String>,
+    /// What reading failed with when the request was taken, to hand on at the first poll.
+    failed: Option<PeerError>,
     ended: bool,
     declared: Option<u64>,
     received: u64,
@@ -75,33 +75,20 @@ impl H3Body {
     /// The body of a request whose fields declared `declared` bytes. Looked at once
     /// without waiting: a request whose stream ended with its head has no body, which the
     /// stages must know (a GET may then be retried, a body need not be waited for).
-    pub(crate) fn new(mut stream: H3Stream, declared: Option<u64>) -> Self {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let (mut first, mut failed, mut ended) = (None, None, false);
-        match stream.poll_recv_data(&mut cx) {
-            Poll::Ready(Ok(None)) => ended = true,
-            Poll::Ready(Ok(Some(mut piece))) => {
-                first = Some(piece.copy_to_bytes(piece.remaining()))
-            }
-            Poll::Ready(Err(e)) => failed = Some(e.to_string()),
-            Poll::Pending => {}
-        }
+    pub(crate) fn new(stream: H3Stream, declared: Option<u64>) -> Self {
         let mut body = Self {
             stream,
             first: None,
-            failed,
-            ended,
+            failed: None,
+            ended: false,
             declared,
             received: 0,
         };
-        if let Some(piece) = first.take() {
-            match body.counted(piece) {
-                Ok(piece) => body.first = Some(piece),
-                Err(e) => body.failed = Some(e.to_string()),
-            }
-        }
-        if body.ended && body.declared.is_some_and(|d| d != 0) {
-            body.failed = Some("the body is shorter than its Content-Length".into());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match body.poll_piece(&mut cx) {
+            Poll::Ready(Some(Ok(piece))) => body.first = Some(piece),
+            Poll::Ready(Some(Err(e))) => body.failed = Some(e),
+            Poll::Ready(None) | Poll::Pending => {}
         }
         body
     }
@@ -119,7 +106,7 @@ impl H3Body {
     fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, PeerError>>> {
         if let Some(failed) = self.failed.take() {
             self.ended = true;
-            return Poll::Ready(Some(Err(PeerError::H3(failed))));
+            return Poll::Ready(Some(Err(failed)));
         }
         if let Some(piece) = self.first.take() {
             return Poll::Ready(Some(Ok(piece)));

@@ -316,9 +316,10 @@ fn request_id_value(id: &[u8]) -> Option<HeaderValue> {
 }
 
 /// The router's own fields on an app's answer: the request id, HSTS over HTTPS for an app
-/// that asks for it, and over TLS the `Alt-Svc` of HTTP/3 when it is served. They replace a field of the same name the app sent. Put in the
-/// answer's map (`set_router_headers`), or, for an answer whose fields go on as read, written
-/// after them by the HTTP/1.x driver with no map made.
+/// that asks for it, and over TLS the `Alt-Svc` of HTTP/3 when it is served. They replace a
+/// field of the same name the app sent. Put in the answer's map (`set_router_headers`), or,
+/// for an answer whose fields go on as read, written after them by the HTTP/1.x driver
+/// with no map made.
 pub(crate) struct RouterFields<'a> {
     request_id: &'a str,
     hsts: Option<String>,

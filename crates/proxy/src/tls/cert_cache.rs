@@ -168,7 +168,7 @@ impl CertCache {
         let name = server_name.and_then(|n| Domain::parse(n).ok());
         if let Some(name) = name.filter(|n| !n.is_wildcard()) {
             let wildcard = wildcard_of(name.as_str());
-            let keys = std::iter::once(name.as_str().to_string()).chain(wildcard);
+            let keys = std::iter::once(name.as_str().to_string()).chain(wildcard.clone());
             // A name found absent before is served the default at once, and looked up again
             // in the background once that finding is older than its TTL.
             let (mut all_known, mut all_current) = (true, true);
@@ -181,7 +181,7 @@ impl CertCache {
                 all_known &= until.is_some();
                 all_current &= until.is_some_and(|u| u > Instant::now());
             }
-            if !all_known && self.known_unstored(name.as_str(), wildcard_of(name.as_str())) {
+            if !all_known && self.known_unstored(name.as_str(), wildcard.as_deref()) {
                 all_known = true;
                 all_current = true;
             }
@@ -240,10 +240,10 @@ impl CertCache {
     }
 
     /// Whether the store is known to hold no certificate under `name` nor `wildcard`.
-    fn known_unstored(&self, name: &str, wildcard: Option<String>) -> bool {
+    fn known_unstored(&self, name: &str, wildcard: Option<&str>) -> bool {
         match &*self.stored_names.read() {
             Some(names) => {
-                !names.contains(name) && wildcard.is_none_or(|wildcard| !names.contains(&wildcard))
+                !names.contains(name) && wildcard.is_none_or(|wildcard| !names.contains(wildcard))
             }
             None => false,
         }
