@@ -188,7 +188,22 @@ fn validate(files: &[PathBuf]) -> std::process::Output {
 #[test]
 fn the_app_schema_takes_every_example_and_flags_a_typo() {
     let work = tempfile::tempdir().expect("a directory");
-    let files = app_examples(work.path());
+    let mut files = app_examples(work.path());
+    // And an app as the API stores it and `apps get --output json` writes it back, `name`
+    // included.
+    let stored = switchyard_model::parse_app_spec(
+        "shop",
+        &serde_json::json!({
+            "domains": ["shop.example.com"],
+            "backends": ["10.0.0.5:8080=3"],
+            "limits": {"requests_per_s": 10},
+        }),
+    )
+    .expect("a valid app");
+    let written_back = work.path().join("written-back.json");
+    std::fs::write(&written_back, serde_json::to_string(&stored).expect("JSON"))
+        .expect("write the file");
+    files.push(written_back);
     let output = validate(&files);
     assert!(
         output.status.success(),

@@ -5,8 +5,9 @@
 //! its enum values and its description (the field's doc) cannot drift from the code. Made
 //! fit for input, which the admin API takes more loosely than it stores: every field may be
 //! left out where the API has a default (it names a missing one itself), a backend may be
-//! written `"ip:port"` or `"ip:port=WEIGHT"`, and `name` is the URL's. Unknown fields are
-//! flagged, as the API refuses them.
+//! written `"ip:port"` or `"ip:port=WEIGHT"`, and `name` may be left out (the URL's; a
+//! file as `apps get --output` writes it has it). Unknown fields are flagged, as the API
+//! refuses them.
 
 use serde_json::{json, Value};
 
@@ -28,12 +29,6 @@ pub fn app_file_schema() -> Value {
             object,
             {"type": "string", "description": "ip:port, host:port or srv:NAME, optionally =WEIGHT"}
         ]});
-    }
-    if let Some(properties) = schema
-        .pointer_mut("/properties")
-        .and_then(Value::as_object_mut)
-    {
-        properties.remove("name");
     }
     schema
 }
@@ -68,7 +63,8 @@ mod tests {
         ] {
             assert!(properties.contains_key(field), "{field} missing");
         }
-        assert!(!properties.contains_key("name"));
+        // Optional, as every field: what `apps get --output` writes back carries it.
+        assert!(properties.contains_key("name"));
         assert_eq!(schema["additionalProperties"], false);
         assert!(schema["properties"]["backends"]["items"]["anyOf"].is_array());
         assert!(schema.get("required").is_none());
