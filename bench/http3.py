@@ -66,6 +66,11 @@ https://{HOST}:{port} {{
     return proc, port
 
 
+def caddy_version():
+    """The Caddy the benches run beside, as `caddy version` names it."""
+    return subprocess.run(["caddy", "version"], capture_output=True, text=True).stdout.split()[0]
+
+
 def start_fronts(work, procs, body, content_type, cert, key, bind="127.0.0.1"):
     """An origin answering `body`, and Switchyard (HTTPS and HTTP/3) and Caddy in front of
     it on `bind`, each added to `procs`: (router, its TLS port, its HTTP/3 port, caddy, its
@@ -146,7 +151,7 @@ def main():
     lines = [
         TITLE,
         "",
-        f"{bench.measured_on()}, Caddy {subprocess.run(['caddy', 'version'], capture_output=True, text=True).stdout.split()[0]}"
+        f"{bench.measured_on()}, Caddy {caddy_version()}"
         f" (Debian); Switchyard at {cache_hits.commit()}. A {len(b'hello from the origin')}-byte answer through "
         f"each front; closed loop, {args.connections} connections × {args.streams} requests in flight, "
         f"{args.requests} requests a run, {args.rounds} alternated runs, median; CPU of all the front's threads "

@@ -201,11 +201,10 @@ def main():
                     print(f"{front['name']}, {loss}% loss: p50 {percentile(times, 0.5):.1f} ms, "
                           f"p99 {percentile(times, 0.99):.1f} ms", flush=True)
     cpu = {name: statistics.median(runs) for name, runs in per_connection.items()}
-    caddy_version = subprocess.run(["caddy", "version"], capture_output=True, text=True).stdout.split()[0]
     lines = [
         TITLE,
         "",
-        f"{bench.measured_on()}, Caddy {caddy_version} (Debian); Switchyard at {cache_hits.commit()}. "
+        f"{bench.measured_on()}, Caddy {http3.caddy_version()} (Debian); Switchyard at {cache_hits.commit()}. "
         f"Clients in a network namespace behind a veth pair (MTU 1500, offloads off); "
         f"{args.rounds} alternated runs.",
         "",

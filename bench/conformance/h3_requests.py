@@ -155,13 +155,12 @@ def main():
                              f"{', reached the origin' if reached else ''}")
             rows.append(f"| {section} | {case} | {'malformed' if malformed else 'valid'} | "
                         + " | ".join(cells) + " |")
-    caddy_version = subprocess.run(["caddy", "version"], capture_output=True, text=True).stdout.split()[0]
     lines = [
         TITLE,
         "",
         f"Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {report.machine()}; "
         f"Switchyard at {subprocess.run(['git', '-C', str(bench.ROOT), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}, "
-        f"Caddy {caddy_version} (Debian, reverse_proxy), both in front of one origin that records what "
+        f"Caddy {h3bench.caddy_version()} (Debian, reverse_proxy), both in front of one origin that records what "
         "reaches it; client aioquic 1.7.2. A malformed request passes when the client gets no 2xx and the "
         "origin never receives it whole.",
         "",
