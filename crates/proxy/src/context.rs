@@ -66,7 +66,7 @@ pub(crate) struct RequestCtx {
     /// Light or heavy, and how long it was held (`crate::isolation`).
     pub(crate) weight: RequestWeight,
     /// Counted in the active-requests gauge until dropped.
-    _active: ActiveRequest,
+    _active: metrics::Held,
 }
 
 impl RequestCtx {
@@ -94,7 +94,7 @@ impl RequestCtx {
             cache: None,
             limit_places: Places::default(),
             weight: RequestWeight::default(),
-            _active: ActiveRequest::start(),
+            _active: metrics::Held::on(&metrics::ACTIVE_REQUESTS),
         }
     }
 
@@ -157,21 +157,5 @@ impl Drop for RequestCtx {
         if self.upgraded {
             metrics::OPEN_WEBSOCKETS.dec();
         }
-    }
-}
-
-#[derive(Debug)]
-struct ActiveRequest;
-
-impl ActiveRequest {
-    fn start() -> Self {
-        metrics::ACTIVE_REQUESTS.inc();
-        Self
-    }
-}
-
-impl Drop for ActiveRequest {
-    fn drop(&mut self) {
-        metrics::ACTIVE_REQUESTS.dec();
     }
 }

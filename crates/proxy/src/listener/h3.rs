@@ -218,22 +218,6 @@ impl Drop for Handshake {
     }
 }
 
-/// Counts an HTTP/3 connection in the gauge while it is open.
-struct OpenQuic;
-
-impl OpenQuic {
-    fn count() -> Self {
-        metrics::QUIC_CONNECTIONS.inc();
-        Self
-    }
-}
-
-impl Drop for OpenQuic {
-    fn drop(&mut self) {
-        metrics::QUIC_CONNECTIONS.dec();
-    }
-}
-
 /// Counts a connection's round-trip time and packets, sent and lost, when it ends.
 struct PathFigures(quinn::Connection);
 
@@ -298,7 +282,7 @@ async fn connection(
             (quic, None)
         }
     };
-    let _quic_open = OpenQuic::count();
+    let _quic_open = metrics::Held::on(&metrics::QUIC_CONNECTIONS);
     let _path = PathFigures(quic.clone());
     let built = h3::server::builder()
         .max_field_section_size(MAX_FIELD_SECTION)

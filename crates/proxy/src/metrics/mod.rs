@@ -600,6 +600,24 @@ switchyard_metrics::declare_metrics! {
 }
 
 /// Removes every series of the per-app metrics labelled with one of `apps` (deleted).
+/// Holds one unit of a gauge while it lives: what is in progress (a request, a connection)
+/// is counted exactly as long as its holder, whichever way it ends.
+#[derive(Debug)]
+pub(crate) struct Held(&'static IntGauge);
+
+impl Held {
+    pub(crate) fn on(gauge: &'static IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 pub(crate) fn forget_apps(apps: &HashSet<String>) {
     let counters = [
         &UPSTREAM_ERRORS,
