@@ -46,8 +46,9 @@ const QUIC_GENERATION_LINE: &str = "quic-cid-generation ";
 /// The line naming the offering router's process.
 const PID_LINE: &str = "pid ";
 
-/// Listening sockets taken over from the router this one replaces, by address, and the
-/// generation of its QUIC connection IDs when it serves HTTP/3.
+/// Listening sockets taken over from the router this one replaces, by address, and what
+/// that router said of itself: its process, and the generation of its QUIC connection IDs
+/// when it serves HTTP/3.
 #[derive(Debug, Default)]
 pub struct InheritedSockets {
     sockets: HashMap<SocketAddr, Vec<TcpListener>>,
