@@ -67,7 +67,7 @@ impl WafControl for WafReload {
 pub(crate) struct NamesView(pub(crate) Arc<BackendNames>);
 
 impl BackendNamesView for NamesView {
-    fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value> {
+    fn describe(&self, app: &switchyard_model::App) -> Vec<switchyard_model::ResolvedBackend> {
         self.0.describe(app)
     }
 }
@@ -86,7 +86,7 @@ impl HostExplainer for RouteExplainer {
         host: &str,
         path: &str,
         method: &str,
-    ) -> Result<serde_json::Value, StoreError> {
+    ) -> Result<switchyard_model::Explanation, StoreError> {
         let redis = self.cache_redis.as_deref();
         switchyard_proxy::explain_host(&self.routes, redis, host, path, method).await
     }
@@ -96,15 +96,15 @@ impl HostExplainer for RouteExplainer {
 pub(crate) struct Changes(pub(crate) Arc<RecentChanges>);
 
 impl ChangeLog for Changes {
-    fn recent(&self, limit: usize) -> serde_json::Value {
-        self.0.to_json(limit)
+    fn recent(&self, limit: usize) -> switchyard_model::RecentChangesReport {
+        self.0.report(limit)
     }
 }
 
 pub(crate) struct Traffic(pub(crate) Arc<TrafficHistory>);
 
 impl TrafficView for Traffic {
-    fn busiest(&self, by_errors: bool, limit: usize) -> serde_json::Value {
+    fn busiest(&self, by_errors: bool, limit: usize) -> switchyard_model::TrafficReport {
         let order = if by_errors {
             TrafficOrder::Errors
         } else {
@@ -113,7 +113,7 @@ impl TrafficView for Traffic {
         self.0.busiest(order, limit)
     }
 
-    fn of_app(&self, app: &str) -> serde_json::Value {
+    fn of_app(&self, app: &str) -> switchyard_model::TrafficReport {
         self.0.of_app(app)
     }
 }

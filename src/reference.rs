@@ -1,7 +1,7 @@
 //! The references made from the code, never by hand: every `serve` setting from the one
-//! settings list, every metric from its declaration, every command from clap, and the JSON
-//! Schema of app files from the model's types. Written as
-//! Markdown into docs/reference (scripts/docs); tests/reference_docs.rs fails when the
+//! settings list, every metric from its declaration, every command from clap, the JSON
+//! Schema of app files from the model's types, and the admin API's OpenAPI document from its
+//! routes. Written into docs/reference (scripts/docs); tests/reference_docs.rs fails when the
 //! committed copy differs from what the code says.
 
 use std::fmt::Write as _;
@@ -21,11 +21,14 @@ pub(crate) fn write(args: &ReferenceArgs, cli: clap::Command) -> anyhow::Result<
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let schema = serde_json::to_string_pretty(&switchyard_model::app_file_schema())
         .context("the app schema")?;
+    let openapi = serde_json::to_string_pretty(&switchyard_admin::openapi_document())
+        .context("the OpenAPI document")?;
     for (name, text) in [
         ("settings.md", settings()),
         ("metrics.md", metrics()),
         ("cli.md", commands(cli)),
         ("app.schema.json", format!("{schema}\n")),
+        ("openapi.json", format!("{openapi}\n")),
     ] {
         let path: &Path = &args.dir.join(name);
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;

@@ -289,7 +289,7 @@ fn the_openapi_document_describes_every_route_that_answers() {
     let document = support::get(router.admin, "admin", "/v1/openapi.json").expect("response");
     assert_eq!(document.status, 200, "served without the token");
     let document = document.json();
-    assert_eq!(document["openapi"], "3.0.3");
+    assert_eq!(document["openapi"], "3.1.0");
     let paths = document["paths"].as_object().expect("paths");
     let mut operations = 0;
     for (path, item) in paths {

@@ -21,7 +21,13 @@ fn the_committed_references_are_what_the_code_says() {
         String::from_utf8_lossy(&output.stderr)
     );
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference");
-    for name in ["settings.md", "metrics.md", "cli.md", "app.schema.json"] {
+    for name in [
+        "settings.md",
+        "metrics.md",
+        "cli.md",
+        "app.schema.json",
+        "openapi.json",
+    ] {
         let made = std::fs::read_to_string(fresh.path().join(name)).expect("a reference made");
         let kept = std::fs::read_to_string(committed.join(name)).unwrap_or_default();
         if made != kept {
@@ -59,4 +65,19 @@ fn the_router_serves_the_app_schema_that_is_committed() {
     let printed: serde_json::Value =
         serde_json::from_slice(&printed.stdout).expect("the schema printed");
     assert_eq!(printed, committed);
+}
+
+#[test]
+fn the_router_serves_the_openapi_document_that_is_committed() {
+    let router = RouterProcess::start();
+    let (status, served) = router.admin_call("GET", "/v1/openapi.json", None);
+    assert_eq!(status, 200);
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/openapi.json"),
+        )
+        .expect("docs/reference/openapi.json"),
+    )
+    .expect("JSON");
+    assert_eq!(served, committed);
 }

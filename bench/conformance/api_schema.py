@@ -54,9 +54,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-examples", type=int, default=100)
     parser.add_argument("--schemathesis", default=os.environ.get("SCHEMATHESIS", "schemathesis"))
+    parser.add_argument("--binary", help="the switchyard binary (default: the release build)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="switchyard-api-"))
-    router, _, admin = serve_switchyard(work, "switchyard", "--waf", "off", "--admin-token", TOKEN)
+    router, _, admin = serve_switchyard(work, "switchyard", "--waf", "off", "--admin-token", TOKEN,
+                                        binary=args.binary)
     try:
         report = work / "report.json"
         started = time.time()

@@ -4,9 +4,10 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 use switchyard_model::ValidationError;
 use switchyard_store::StoreError;
+
+use crate::answers::ErrorBody;
 
 /// A refused or failed admin call.
 #[derive(Debug)]
@@ -117,10 +118,15 @@ impl IntoResponse for ApiError {
             ),
             Self::Rejected { status, text } => (status, text, "request".to_string()),
         };
-        let mut body = json!({ "error": error });
-        if !field.is_empty() {
-            body["field"] = json!(field);
-        }
+        let body = ErrorBody {
+            error,
+            field: Some(field).filter(|field| !field.is_empty()),
+        };
         (status, Json(body)).into_response()
     }
+}
+
+/// Each operation lists the refusals it may answer itself (`api_doc`).
+impl aide::OperationOutput for ApiError {
+    type Inner = Self;
 }

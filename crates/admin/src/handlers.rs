@@ -1,39 +1,43 @@
 //! One function per admin route. Bodies are taken as raw bytes and parsed by the model, so
 //! malformed JSON and invalid fields get the same JSON error shape.
 
-use std::collections::HashMap;
-
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use prometheus::{Encoder, TextEncoder};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::time::{SystemTime, UNIX_EPOCH};
+use switchyard_model::{Explanation, RecentChangesReport, TrafficReport};
 
 use switchyard_model::{
-    parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, AppName, CacheStore,
-    Change, Domain, ValidationError,
+    parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, App, AppName,
+    CacheStore, CertificateInfo, CertificateUpload, Change, Domain, ValidationError,
 };
 
+use crate::answers::{
+    AcmeLease, AcmeOverview, AppsPage, CertsPage, Health, ListedCert, Purged, ShownApp, ShownCert,
+    ShownStore, WafReloaded,
+};
+use crate::api_doc::{AppFile, AppPath, BackendsBody, DomainPath, JsonBody};
 use crate::{AdminState, ApiError};
 use switchyard_store::acme;
 
 const DEFAULT_PAGE: usize = 1000;
 const MAX_PAGE: usize = 10_000;
 
-pub(crate) async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
-/// This API's OpenAPI 3 document (`crates/admin/openapi.json`).
+/// This API's OpenAPI document, generated from its routes (`api_doc`).
 pub(crate) async fn openapi() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        include_str!("../openapi.json"),
+        crate::api_doc::DOCUMENT.as_str(),
     )
         .into_response()
 }
@@ -57,34 +61,33 @@ pub(crate) async fn method_not_allowed() -> ApiError {
 
 pub(crate) async fn put_app(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+    Path(AppPath { name }): Path<AppPath>,
+    JsonBody(body, ..): JsonBody<AppFile>,
+) -> Result<Json<App>, ApiError> {
     let spec = parse_json(&body)?;
     let mut app = parse_app_spec(&name, &spec)?;
     crate::page_fetch::fill_maintenance_page(&mut app).await?;
     let stored = state.store.put_app(app).await?;
     state.applied_locally().await;
-    Ok(Json(json!(stored)))
+    Ok(Json(stored))
 }
 
 pub(crate) async fn get_app(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    Path(AppPath { name }): Path<AppPath>,
+) -> Result<Json<ShownApp>, ApiError> {
     let name = valid_name(&name)?;
     match state.store.get_app(name.as_str()).await? {
         Some(app) => {
-            let mut shown = json!(app);
-            let resolved = state
+            let resolved_backends = state
                 .backend_names
                 .as_ref()
                 .map(|names| names.describe(&app))
                 .unwrap_or_default();
-            if !resolved.is_empty() {
-                shown["resolved_backends"] = Value::Array(resolved);
-            }
-            Ok(Json(shown))
+            Ok(Json(ShownApp {
+                app,
+                resolved_backends,
+            }))
         }
         None => Err(app_not_found(&name)),
     }
@@ -92,7 +95,7 @@ pub(crate) async fn get_app(
 
 pub(crate) async fn delete_app(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
+    Path(AppPath { name }): Path<AppPath>,
 ) -> Result<StatusCode, ApiError> {
     let name = valid_name(&name)?;
     if state.store.delete_app(name.as_str()).await? {
@@ -105,33 +108,44 @@ pub(crate) async fn delete_app(
 
 pub(crate) async fn put_backends(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+    Path(AppPath { name }): Path<AppPath>,
+    JsonBody(body, ..): JsonBody<BackendsBody>,
+) -> Result<Json<App>, ApiError> {
     let name = valid_name(&name)?;
     let backends = parse_backends_spec(&parse_json(&body)?)?;
     let app = state.store.set_backends(name.as_str(), backends).await?;
     state.applied_locally().await;
-    Ok(Json(json!(app)))
+    Ok(Json(app))
+}
+
+/// `DELETE /v1/apps/{name}/cache`'s query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct PurgeQuery {
+    /// The path whose cached responses go, e.g. `/news` (absolute, at most 1,024 bytes).
+    #[schemars(regex(pattern = r"^/[!-~]*$"), length(max = 1024))]
+    path: Option<String>,
+    /// `true`: every path under it too.
+    #[schemars(extend("enum" = ["true", "false"]))]
+    prefix: Option<String>,
 }
 
 /// `DELETE /v1/apps/{name}/cache?path=/p[&prefix=true]`: every router sharing the store drops
 /// the app's cached responses for that path (or under that prefix).
 pub(crate) async fn purge_cache(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+    Path(AppPath { name }): Path<AppPath>,
+    Query(query): Query<PurgeQuery>,
+) -> Result<Json<Purged>, ApiError> {
     let name = valid_name(&name)?;
     let path = query
-        .get("path")
+        .path
         .filter(|p| {
             p.starts_with('/') && p.len() <= 1024 && p.bytes().all(|b| b.is_ascii_graphic())
         })
         .ok_or_else(|| {
             ValidationError::new("path", "is required: an absolute path such as /news")
         })?;
-    let prefix = match query.get("prefix").map(String::as_str) {
+    let prefix = match query.prefix.as_deref() {
         None | Some("false") => false,
         Some("true") => true,
         Some(_) => return Err(ValidationError::new("prefix", "must be true or false").into()),
@@ -158,23 +172,37 @@ pub(crate) async fn purge_cache(
             ));
         };
         let (deleted, complete) = shared
-            .purge(name.as_str(), path, prefix)
+            .purge(name.as_str(), &path, prefix)
             .await
             .map_err(ApiError::SharedCacheUnavailable)?;
-        return Ok(Json(json!({
-            "app": name, "purged": path, "prefix": prefix,
-            "deleted": deleted, "complete": complete,
-        })));
+        return Ok(Json(Purged {
+            app: name.to_string(),
+            purged: path,
+            prefix,
+            deleted: Some(deleted),
+            complete: Some(complete),
+        }));
     }
-    state.store.purge_cache(name.as_str(), path, prefix).await?;
+    state
+        .store
+        .purge_cache(name.as_str(), &path, prefix)
+        .await?;
     state.applied_locally().await;
-    Ok(Json(json!({"app": name, "purged": path, "prefix": prefix})))
+    Ok(Json(Purged {
+        app: name.to_string(),
+        purged: path,
+        prefix,
+        deleted: None,
+        complete: None,
+    }))
 }
 
 /// `POST /v1/waf/reload`: loads the WAF's rule files again and swaps them in; on an error
 /// (400 naming `rules`, with libmodsecurity's file, line and reason) the rules in use stay.
 /// Once loaded here, every router sharing the store is told to load its own again.
-pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn reload_waf(
+    State(state): State<AdminState>,
+) -> Result<Json<WafReloaded>, ApiError> {
     let Some(waf) = state.waf.clone() else {
         return Err(ApiError::Conflict {
             message: "this router runs without the WAF (--waf off)".into(),
@@ -195,31 +223,36 @@ pub(crate) async fn reload_waf(State(state): State<AdminState>) -> Result<Json<V
                  sharing the store could not be told to load theirs: {e}"
             ))
         })?;
-    Ok(Json(json!({"rules": count})))
+    Ok(Json(WafReloaded { rules: count }))
 }
 
-#[derive(Deserialize)]
+/// A page's query.
+#[derive(Deserialize, JsonSchema)]
 pub(crate) struct ListQuery {
+    /// List entries after this one (the previous page's `next_after`).
     after: Option<String>,
+    /// Page size (default 1,000).
+    #[schemars(range(min = 1, max = MAX_PAGE))]
     limit: Option<usize>,
 }
 
 pub(crate) async fn list_apps(
     State(state): State<AdminState>,
     Query(query): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AppsPage>, ApiError> {
     let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let page = state.store.list_apps(query.after.as_deref(), limit).await?;
-    Ok(Json(
-        json!({"apps": page.apps, "next_after": page.next_after}),
-    ))
+    Ok(Json(AppsPage {
+        apps: page.apps,
+        next_after: page.next_after,
+    }))
 }
 
 pub(crate) async fn put_cert(
     State(state): State<AdminState>,
-    Path(domain): Path<String>,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+    Path(DomainPath { domain }): Path<DomainPath>,
+    JsonBody(body, ..): JsonBody<CertificateUpload>,
+) -> Result<Json<CertificateInfo>, ApiError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
@@ -227,39 +260,54 @@ pub(crate) async fn put_cert(
     let cert = parse_certificate_spec(&domain, &parse_json(&body)?, now)?;
     let info = state.store.put_cert(cert).await?;
     state.applied_locally().await;
-    Ok(Json(json!(info)))
+    Ok(Json(info))
 }
 
 pub(crate) async fn get_cert(
     State(state): State<AdminState>,
-    Path(domain): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    Path(DomainPath { domain }): Path<DomainPath>,
+) -> Result<Json<ShownCert>, ApiError> {
     let domain = valid_domain(&domain)?;
     let acme = acme::domain(state.store.as_ref(), domain.as_str()).await?;
     match (state.store.get_cert(domain.as_str()).await?, acme) {
-        (Some(cert), acme) => {
-            let mut shown = json!(cert.info);
-            shown["acme"] = json!(acme);
-            Ok(Json(shown))
-        }
+        (Some(cert), acme) => Ok(Json(ShownCert::Stored {
+            info: cert.info,
+            acme,
+        })),
         // Ordered but not issued yet (or failing): its state says where it stands.
-        (None, Some(acme)) => Ok(Json(json!({"domain": domain.as_str(), "acme": acme}))),
+        (None, Some(acme)) => Ok(Json(ShownCert::Ordered {
+            domain: domain.to_string(),
+            acme,
+        })),
         (None, None) => Err(cert_not_found(&domain)),
     }
 }
 
 /// `GET /v1/store`: the store's kind and location, and for Redis the subscription, the last
 /// revision seen and how long ago this router was last known in step.
-pub(crate) async fn store_status(State(state): State<AdminState>) -> Json<Value> {
+pub(crate) async fn store_status(State(state): State<AdminState>) -> Json<ShownStore> {
     let status = state.store.status();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let mut shown = json!(status);
-    if let Some(last) = status.last_sync_unix {
-        shown["seconds_since_last_sync"] = json!((now - last).max(0));
-    }
-    Json(shown)
+    let seconds_since_last_sync = status.last_sync_unix.map(|last| (now - last).max(0));
+    Json(ShownStore {
+        status,
+        seconds_since_last_sync,
+    })
+}
+
+/// `GET /v1/explain`'s query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct ExplainQuery {
+    /// The Host a client sends (a port is allowed).
+    host: Option<String>,
+    /// The request path (default `/`).
+    #[schemars(regex(pattern = "^/"))]
+    path: Option<String>,
+    /// The request method (default GET).
+    #[schemars(regex(pattern = "^[A-Z]+$"))]
+    method: Option<String>,
 }
 
 /// `GET /v1/explain?host=H[&path=P][&method=M]`: which app serves the host, by which rule,
@@ -267,17 +315,18 @@ pub(crate) async fn store_status(State(state): State<AdminState>) -> Json<Value>
 /// router's own view.
 pub(crate) async fn explain(
     State(state): State<AdminState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+    Query(query): Query<ExplainQuery>,
+) -> Result<Json<Explanation>, ApiError> {
     let host = query
-        .get("host")
+        .host
+        .as_deref()
         .filter(|host| !host.is_empty())
         .ok_or_else(|| ValidationError::new("host", "missing: the Host to explain"))?;
-    let path = query.get("path").map_or("/", String::as_str);
+    let path = query.path.as_deref().unwrap_or("/");
     if !path.starts_with('/') {
         return Err(ValidationError::new("path", "must start with '/'").into());
     }
-    let method = query.get("method").map_or("GET", String::as_str);
+    let method = query.method.as_deref().unwrap_or("GET");
     if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(ValidationError::new("method", "an HTTP method in capitals, e.g. GET").into());
     }
@@ -292,33 +341,54 @@ pub(crate) async fn explain(
 /// Most apps one stats answer lists.
 const MAX_STATS_APPS: usize = 1000;
 
+/// `GET /v1/stats/apps`' query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct StatsQuery {
+    /// `traffic` (the default) or `errors` (5xx).
+    #[schemars(extend("enum" = ["traffic", "errors"]))]
+    sort: Option<String>,
+    /// Apps listed (default 20).
+    #[schemars(with = "Option<usize>", range(min = 1, max = MAX_STATS_APPS))]
+    limit: Option<String>,
+    /// One app's entry only (`apps` empty when it had no traffic in the window).
+    #[schemars(regex(pattern = AppName::PATTERN))]
+    app: Option<String>,
+}
+
 /// `GET /v1/stats/apps?sort=traffic|errors&limit=N` (or `?app=NAME`): the busiest apps of
 /// the last minute, each with its last 15 minutes at 10 s resolution.
 pub(crate) async fn busiest_apps(
     State(state): State<AdminState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    let by_errors = match query.get("sort").map(String::as_str) {
+    Query(query): Query<StatsQuery>,
+) -> Result<Json<TrafficReport>, ApiError> {
+    let by_errors = match query.sort.as_deref() {
         None | Some("traffic") => false,
         Some("errors") => true,
         Some(_) => return Err(ValidationError::new("sort", "traffic or errors").into()),
     };
-    let limit = limit_in(&query, 20, MAX_STATS_APPS)?;
+    let limit = limit_in(query.limit.as_deref(), 20, MAX_STATS_APPS)?;
     let Some(traffic) = &state.traffic else {
         return Err(ApiError::Unavailable(
             "this admin API is not attached to a router".into(),
         ));
     };
-    if let Some(app) = query.get("app") {
+    if let Some(app) = &query.app {
         return Ok(Json(traffic.of_app(valid_name(app)?.as_str())));
     }
     Ok(Json(traffic.busiest(by_errors, limit)))
 }
 
-#[derive(Deserialize)]
+/// `GET /v1/acme`'s query.
+#[derive(Deserialize, JsonSchema)]
 pub(crate) struct AcmeQuery {
+    /// List entries after this one (the previous page's `next_after`).
     after: Option<String>,
+    /// Page size (default 1,000).
+    #[schemars(range(min = 1, max = MAX_PAGE))]
     limit: Option<usize>,
+    /// Only domains in these states, comma-separated (pending, validating, issued, failed,
+    /// unsupported). One call then reads at most 10,000 records: a page may hold fewer than
+    /// `limit` domains, with a `next_after` to go on from.
     status: Option<String>,
 }
 
@@ -332,7 +402,7 @@ const MAX_ACME_SCAN: usize = 10_000;
 pub(crate) async fn acme_status(
     State(state): State<AdminState>,
     Query(query): Query<AcmeQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AcmeOverview>, ApiError> {
     let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let wanted = match query.status.as_deref() {
         None => None,
@@ -392,18 +462,21 @@ pub(crate) async fn acme_status(
     let lease = store
         .acme_lease_holder()
         .await?
-        .map(|(holder, token)| json!({"holder": holder, "fencing_token": token}));
-    Ok(Json(json!({
-        "lease": lease,
-        "domains": domains,
-        "next_after": next_after,
-        "scanned": scanned,
-    })))
+        .map(|(holder, fencing_token)| AcmeLease {
+            holder,
+            fencing_token,
+        });
+    Ok(Json(AcmeOverview {
+        lease,
+        domains,
+        next_after,
+        scanned,
+    }))
 }
 
 pub(crate) async fn delete_cert(
     State(state): State<AdminState>,
-    Path(domain): Path<String>,
+    Path(DomainPath { domain }): Path<DomainPath>,
 ) -> Result<StatusCode, ApiError> {
     let domain = valid_domain(&domain)?;
     if state.store.delete_cert(domain.as_str()).await? {
@@ -414,10 +487,20 @@ pub(crate) async fn delete_cert(
     }
 }
 
-#[derive(Deserialize)]
+/// `GET /v1/certs`' query.
+#[derive(Deserialize, JsonSchema)]
 pub(crate) struct CertListQuery {
+    /// List entries after this one (the previous page's `next_after`; by expiry, an opaque
+    /// cursor).
     after: Option<String>,
+    /// Page size: by domain at most 10,000 (default 1,000), by expiry at most 1,000
+    /// (default 100).
+    #[schemars(range(min = 1, max = MAX_PAGE))]
     limit: Option<usize>,
+    /// `domain` (the default) or `expiry`: soonest end of validity first, from the store's
+    /// expiry index; each certificate then carries `acme`, its ACME state (null for an
+    /// uploaded one).
+    #[schemars(extend("enum" = ["domain", "expiry"]))]
     order: Option<String>,
 }
 
@@ -433,7 +516,7 @@ const ACME_READS_IN_FLIGHT: usize = 32;
 pub(crate) async fn list_certs(
     State(state): State<AdminState>,
     Query(query): Query<CertListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CertsPage>, ApiError> {
     match query.order.as_deref() {
         None | Some("domain") => {
             let limit = page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
@@ -441,9 +524,15 @@ pub(crate) async fn list_certs(
                 .store
                 .list_certs(query.after.as_deref(), limit)
                 .await?;
-            Ok(Json(
-                json!({"certs": page.certs, "next_after": page.next_after}),
-            ))
+            let certs = page
+                .certs
+                .into_iter()
+                .map(|info| ListedCert { info, acme: None })
+                .collect();
+            Ok(Json(CertsPage {
+                certs,
+                next_after: page.next_after,
+            }))
         }
         Some("expiry") => {
             let limit = page_limit(query.limit, DEFAULT_EXPIRY_PAGE, MAX_EXPIRY_PAGE)?;
@@ -461,23 +550,35 @@ pub(crate) async fn list_certs(
                 .collect()
                 .await;
             let mut certs = Vec::with_capacity(page.certs.len());
-            for (cert, acme) in page.certs.iter().zip(states) {
-                let mut shown = json!(cert);
-                shown["acme"] = json!(acme?);
-                certs.push(shown);
+            for (info, acme) in page.certs.into_iter().zip(states) {
+                certs.push(ListedCert {
+                    info,
+                    acme: Some(acme?),
+                });
             }
-            Ok(Json(json!({"certs": certs, "next_after": page.next_after})))
+            Ok(Json(CertsPage {
+                certs,
+                next_after: page.next_after,
+            }))
         }
         Some(_) => Err(ValidationError::new("order", "must be domain or expiry").into()),
     }
 }
 
+/// `GET /v1/changes`' query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct ChangesQuery {
+    /// Changes listed (default 50).
+    #[schemars(with = "Option<usize>", range(min = 1, max = MAX_CHANGES_SHOWN))]
+    limit: Option<String>,
+}
+
 /// `GET /v1/changes[?limit=N]`: the store changes this router applied lately, newest first.
 pub(crate) async fn recent_changes(
     State(state): State<AdminState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    let limit = limit_in(&query, 50, MAX_CHANGES_SHOWN)?;
+    Query(query): Query<ChangesQuery>,
+) -> Result<Json<RecentChangesReport>, ApiError> {
+    let limit = limit_in(query.limit.as_deref(), 50, MAX_CHANGES_SHOWN)?;
     let Some(changes) = &state.changes else {
         return Err(ApiError::Unavailable(
             "this admin API is not attached to a router".into(),
@@ -492,15 +593,21 @@ const MAX_CHANGES_SHOWN: usize = 1000;
 /// `GET /metrics`, or with `?app=NAME` only the series labelled with that app (the
 /// dashboard's app page reads its cache, WAF, mirror and status figures this way without
 /// fetching every app's series).
-pub(crate) async fn metrics(
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
+pub(crate) async fn metrics(Query(query): Query<MetricsQuery>) -> Result<Response, ApiError> {
     let mut families = prometheus::gather();
-    if let Some(app) = query.get("app") {
+    if let Some(app) = &query.app {
         let app = valid_name(app)?;
         families = only_app(families, app.as_str());
     }
     Ok(encode_metrics(&families))
+}
+
+/// `GET /metrics`' query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct MetricsQuery {
+    /// Only the series labelled with this app.
+    #[schemars(regex(pattern = AppName::PATTERN))]
+    app: Option<String>,
 }
 
 /// The families' series whose `app` label is `app`; families left empty are dropped.
@@ -540,12 +647,8 @@ fn encode_metrics(families: &[prometheus::proto::MetricFamily]) -> Response {
 }
 
 /// The query's `limit`: `default` when absent, refused unless an integer from 1 to `max`.
-fn limit_in(
-    query: &HashMap<String, String>,
-    default: usize,
-    max: usize,
-) -> Result<usize, ValidationError> {
-    match query.get("limit") {
+fn limit_in(given: Option<&str>, default: usize, max: usize) -> Result<usize, ValidationError> {
+    match given {
         None => Ok(default),
         Some(text) => text
             .parse::<usize>()

@@ -9,14 +9,16 @@
 
 use std::collections::HashMap;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::Value;
 use switchyard_model::{parse_app_spec, App, ValidationError};
 
+use crate::api_doc::AppLines;
 use crate::{AdminState, ApiError};
 
 /// Largest import body: 100,000 apps of a few hundred bytes each.
@@ -34,21 +36,76 @@ struct LineProblem {
 }
 
 impl LineProblem {
-    fn to_json(&self) -> Value {
-        let mut shown = json!({"line": self.line, "error": self.error.message});
-        if !self.error.field.is_empty() {
-            shown["field"] = json!(self.error.field);
+    fn shown(&self) -> ShownProblem {
+        ShownProblem {
+            line: self.line,
+            error: self.error.message.clone(),
+            field: Some(self.error.field.clone()).filter(|field| !field.is_empty()),
+            app: self.app.clone(),
         }
-        if let Some(app) = &self.app {
-            shown["app"] = json!(app);
-        }
-        shown
     }
+}
+
+/// A line that cannot be imported, as the refusal lists it.
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct ShownProblem {
+    /// Its number, from 1.
+    line: usize,
+    /// Why.
+    error: String,
+    /// The field at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+    /// The app it names, when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    app: Option<String>,
+}
+
+/// 422: nothing was applied.
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct ImportRefused {
+    /// How many lines, and the first one's reason.
+    error: String,
+    /// Always `body`.
+    field: &'static str,
+    /// Lines that cannot be imported.
+    problems: usize,
+    /// The first 1,000 of them.
+    lines: Vec<ShownProblem>,
+}
+
+/// What became of each app of an import that was applied (200), or partly (409).
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct Imported {
+    /// Apps written.
+    applied: usize,
+    /// Apps the store refused (a domain another app owns).
+    refused: usize,
+    /// One per app, in the file's order.
+    results: Vec<ImportResult>,
+}
+
+/// One app of an import.
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct ImportResult {
+    /// Its line.
+    line: usize,
+    /// Its name.
+    app: String,
+    /// `applied` or `refused`.
+    #[schemars(extend("enum" = ["applied", "refused"]))]
+    result: &'static str,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// The field at fault (`domains`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    field: Option<&'static str>,
 }
 
 pub(crate) async fn import_apps(
     State(state): State<AdminState>,
-    body: Bytes,
+    AppLines(body): AppLines,
 ) -> Result<Response, ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|e| ValidationError::new("body", format!("not UTF-8: {e}")))?;
@@ -78,16 +135,27 @@ pub(crate) async fn import_apps(
     let results = state.store.put_apps(apps).await?;
     state.applied_locally().await;
     let mut applied = 0usize;
-    let shown: Vec<Value> = results
+    let shown: Vec<ImportResult> = results
         .iter()
-        .zip(lines.iter().zip(&names))
-        .map(|(result, (line, name))| match result {
+        .zip(lines.into_iter().zip(names))
+        .map(|(result, (line, app))| match result {
             Ok(()) => {
                 applied += 1;
-                json!({"line": line, "app": name, "result": "applied"})
+                ImportResult {
+                    line,
+                    app,
+                    result: "applied",
+                    error: None,
+                    field: None,
+                }
             }
-            Err(refused) => json!({"line": line, "app": name, "result": "refused",
-                                   "error": refused.to_string(), "field": "domains"}),
+            Err(refused) => ImportResult {
+                line,
+                app,
+                result: "refused",
+                error: Some(refused.to_string()),
+                field: Some("domains"),
+            },
         })
         .collect();
     let refused = shown.len() - applied;
@@ -96,11 +164,12 @@ pub(crate) async fn import_apps(
     } else {
         StatusCode::CONFLICT
     };
-    Ok((
-        status,
-        Json(json!({"applied": applied, "refused": refused, "results": shown})),
-    )
-        .into_response())
+    let answer = Imported {
+        applied,
+        refused,
+        results: shown,
+    };
+    Ok((status, Json(answer)).into_response())
 }
 
 /// The apps of `text` with their line numbers, and every line that cannot be one.
@@ -188,23 +257,23 @@ fn parse_line(line: &str) -> Result<App, (Option<String>, ValidationError)> {
 
 /// 422: the lines that cannot be imported; nothing was written.
 fn refusal(problems: &[LineProblem]) -> Response {
-    let listed: Vec<Value> = problems
+    let lines: Vec<ShownProblem> = problems
         .iter()
         .take(MAX_LISTED_PROBLEMS)
-        .map(LineProblem::to_json)
+        .map(LineProblem::shown)
         .collect();
     let first = &problems[0];
-    let body = json!({
-        "error": format!(
+    let body = ImportRefused {
+        error: format!(
             "{} line(s) cannot be imported, nothing was applied; the first, line {}: {}",
             problems.len(),
             first.line,
             first.error.message
         ),
-        "field": "body",
-        "problems": problems.len(),
-        "lines": listed,
-    });
+        field: "body",
+        problems: problems.len(),
+        lines,
+    };
     (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
 }
 

@@ -2,6 +2,8 @@
 //! write goes to the store, and the proxy learns about it from the store's change events —
 //! this crate never touches the request path directly.
 
+mod answers;
+mod api_doc;
 mod error;
 mod handlers;
 mod import;
@@ -11,15 +13,19 @@ mod ui;
 use std::future::Future;
 use std::sync::Arc;
 
+use aide::axum::routing::{delete_with, get_with, post_with, put_with};
+use aide::axum::ApiRouter;
+use aide::openapi::OpenApi;
 use async_trait::async_trait;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::get;
 use axum::Router;
 use switchyard_store::{Store, StoreError};
 use tokio::net::TcpListener;
 
+pub use api_doc::document as openapi_document;
 pub use error::ApiError;
 
 /// Largest request body accepted (an app with a thousand domains fits comfortably).
@@ -54,7 +60,7 @@ pub trait LocalCaches: Send + Sync {
 /// What this router resolved its apps' backend names to.
 pub trait BackendNamesView: Send + Sync {
     /// One entry per named backend of `app`: its state, addresses and last error.
-    fn describe(&self, app: &switchyard_model::App) -> Vec<serde_json::Value>;
+    fn describe(&self, app: &switchyard_model::App) -> Vec<switchyard_model::ResolvedBackend>;
 }
 
 /// The router's own answer to "where does this host go, and why".
@@ -67,21 +73,21 @@ pub trait HostExplainer: Send + Sync {
         host: &str,
         path: &str,
         method: &str,
-    ) -> Result<serde_json::Value, StoreError>;
+    ) -> Result<switchyard_model::Explanation, StoreError>;
 }
 
 /// The router's recent traffic per app.
 pub trait TrafficView: Send + Sync {
     /// The busiest `limit` apps, by 5xx when `by_errors`, else by answers.
-    fn busiest(&self, by_errors: bool, limit: usize) -> serde_json::Value;
+    fn busiest(&self, by_errors: bool, limit: usize) -> switchyard_model::TrafficReport;
     /// The same for one app (`apps` empty when it had no traffic in the window).
-    fn of_app(&self, app: &str) -> serde_json::Value;
+    fn of_app(&self, app: &str) -> switchyard_model::TrafficReport;
 }
 
 /// The change events this router applied lately.
 pub trait ChangeLog: Send + Sync {
     /// The latest `limit` changes, newest first, and how many the log keeps.
-    fn recent(&self, limit: usize) -> serde_json::Value;
+    fn recent(&self, limit: usize) -> switchyard_model::RecentChangesReport;
 }
 
 /// What the handlers share.
@@ -175,46 +181,102 @@ impl AdminState {
     }
 }
 
+/// The routes anyone may call: nothing in them is secret.
+fn public_routes() -> ApiRouter<AdminState> {
+    ApiRouter::new()
+        .api_route("/healthz", get_with(handlers::healthz, api_doc::healthz))
+        .api_route(
+            "/v1/openapi.json",
+            get_with(handlers::openapi, api_doc::openapi),
+        )
+        .api_route(
+            "/v1/schema/app.json",
+            get_with(handlers::app_schema, api_doc::app_schema),
+        )
+}
+
+/// The routes behind the token.
+fn protected_routes() -> ApiRouter<AdminState> {
+    ApiRouter::new()
+        .api_route(
+            "/v1/apps",
+            get_with(handlers::list_apps, api_doc::list_apps),
+        )
+        .api_route(
+            "/v1/import/apps",
+            post_with(import::import_apps, api_doc::import_apps)
+                .layer(DefaultBodyLimit::max(import::MAX_IMPORT_BYTES)),
+        )
+        .api_route(
+            "/v1/apps/{name}",
+            put_with(handlers::put_app, api_doc::put_app)
+                .get_with(handlers::get_app, api_doc::get_app)
+                .delete_with(handlers::delete_app, api_doc::delete_app),
+        )
+        .api_route(
+            "/v1/apps/{name}/backends",
+            put_with(handlers::put_backends, api_doc::put_backends),
+        )
+        .api_route(
+            "/v1/apps/{name}/cache",
+            delete_with(handlers::purge_cache, api_doc::purge_cache),
+        )
+        .api_route(
+            "/v1/waf/reload",
+            post_with(handlers::reload_waf, api_doc::reload_waf),
+        )
+        .api_route(
+            "/v1/certs",
+            get_with(handlers::list_certs, api_doc::list_certs),
+        )
+        .api_route(
+            "/v1/acme",
+            get_with(handlers::acme_status, api_doc::acme_status),
+        )
+        .api_route(
+            "/v1/store",
+            get_with(handlers::store_status, api_doc::store_status),
+        )
+        .api_route("/v1/explain", get_with(handlers::explain, api_doc::explain))
+        .api_route(
+            "/v1/stats/apps",
+            get_with(handlers::busiest_apps, api_doc::busiest_apps),
+        )
+        .api_route(
+            "/v1/changes",
+            get_with(handlers::recent_changes, api_doc::recent_changes),
+        )
+        .api_route(
+            "/v1/ui/settings",
+            get_with(ui::settings, api_doc::ui_settings),
+        )
+        .api_route(
+            "/v1/certs/{domain}",
+            put_with(handlers::put_cert, api_doc::put_cert)
+                .get_with(handlers::get_cert, api_doc::get_cert)
+                .delete_with(handlers::delete_cert, api_doc::delete_cert),
+        )
+        .api_route("/metrics", get_with(handlers::metrics, api_doc::metrics))
+}
+
+/// Every documented route, as the OpenAPI document describes them.
+fn documented_routes() -> ApiRouter<AdminState> {
+    public_routes().merge(protected_routes())
+}
+
 /// The admin API's routes.
 pub fn router(state: AdminState) -> Router {
-    let protected = Router::new()
-        .route("/v1/apps", get(handlers::list_apps))
-        .route(
-            "/v1/import/apps",
-            post(import::import_apps).layer(DefaultBodyLimit::max(import::MAX_IMPORT_BYTES)),
-        )
-        .route(
-            "/v1/apps/{name}",
-            put(handlers::put_app)
-                .get(handlers::get_app)
-                .delete(handlers::delete_app),
-        )
-        .route("/v1/apps/{name}/backends", put(handlers::put_backends))
-        .route("/v1/apps/{name}/cache", delete(handlers::purge_cache))
-        .route("/v1/waf/reload", post(handlers::reload_waf))
-        .route("/v1/certs", get(handlers::list_certs))
-        .route("/v1/acme", get(handlers::acme_status))
-        .route("/v1/store", get(handlers::store_status))
-        .route("/v1/explain", get(handlers::explain))
-        .route("/v1/stats/apps", get(handlers::busiest_apps))
-        .route("/v1/changes", get(handlers::recent_changes))
-        .route("/v1/ui/settings", get(ui::settings))
-        .route(
-            "/v1/certs/{domain}",
-            put(handlers::put_cert)
-                .get(handlers::get_cert)
-                .delete(handlers::delete_cert),
-        )
-        .route("/metrics", get(handlers::metrics))
+    // The document is made apart (`api_doc::document`) from the same route lists.
+    let mut unused = OpenApi::default();
+    let protected = protected_routes()
+        .finish_api(&mut unused)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             refuse_browser_writes,
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
-        .route("/healthz", get(handlers::healthz))
-        .route("/v1/openapi.json", get(handlers::openapi))
-        .route("/v1/schema/app.json", get(handlers::app_schema))
+    public_routes()
+        .finish_api(&mut unused)
         .route("/ui", get(ui::to_index))
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::script))

@@ -7,7 +7,8 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use schemars::JsonSchema;
+use serde::Serialize;
 
 use crate::AdminState;
 
@@ -29,8 +30,17 @@ pub(crate) async fn style() -> Response {
 
 /// `GET /v1/ui/settings`: what the dashboard may do, so it shows write controls only when
 /// the API would accept them.
-pub(crate) async fn settings(State(state): State<AdminState>) -> Json<Value> {
-    Json(json!({"writes": state.ui_writes}))
+pub(crate) async fn settings(State(state): State<AdminState>) -> Json<UiSettings> {
+    Json(UiSettings {
+        writes: state.ui_writes,
+    })
+}
+
+/// What the dashboard may do.
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct UiSettings {
+    /// Whether the router takes writes made by a browser (`--admin-ui-writes on`).
+    writes: bool,
 }
 
 pub(crate) async fn to_index() -> Redirect {

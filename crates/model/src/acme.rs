@@ -18,7 +18,7 @@ const ARI_EVERY_S: i64 = 6 * HOUR;
 const WEEK: i64 = 7 * 86_400;
 
 /// Where a domain's ACME certificate stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AcmeStatus {
     /// Wanted, not ordered yet (or waiting for the issuer's turn).
@@ -56,7 +56,7 @@ impl AcmeStatus {
 }
 
 /// One domain's ACME state, as stored and shown by the admin API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AcmeDomain {
     /// The domain (exact, as the app lists it).
     pub domain: String,

@@ -13,6 +13,9 @@ use crate::{Domain, Mirror, ResponseCache};
 pub struct AppName(String);
 
 impl AppName {
+    /// What [`AppName::parse`] accepts, as a regular expression (for the OpenAPI document).
+    pub const PATTERN: &'static str = "^[a-z0-9][a-z0-9-]{0,62}$";
+
     /// Validates a name as given in a URL path or a store key.
     pub fn parse(input: &str) -> Result<Self, String> {
         let bytes = input.as_bytes();
@@ -92,6 +95,10 @@ pub enum BackendAddress {
 pub const SRV_PREFIX: &str = "srv:";
 
 impl BackendAddress {
+    /// The shape [`BackendAddress::parse`] takes, as a regular expression, with the
+    /// `=WEIGHT` an app file may add (for the app file schema; the parser checks more).
+    pub const PATTERN: &'static str = r"^(srv:[A-Za-z0-9_.-]{1,253}|[A-Za-z0-9.-]{1,253}:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})(=[0-9]{1,3})?$";
+
     /// Parses `ip:port`, `host:port` or `srv:NAME`.
     pub fn parse(text: &str) -> Result<Self, String> {
         if let Some(name) = text.strip_prefix(SRV_PREFIX) {

@@ -32,7 +32,7 @@ pub struct StoredCertificate {
 }
 
 /// What may be shown about a stored certificate: never the key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CertificateInfo {
     /// The domain it is stored under.
     pub domain: String,
@@ -50,6 +50,23 @@ pub struct CertificateInfo {
     pub sha256: String,
 }
 
+/// The body of `PUT /v1/certs/{domain}`, as the admin API's OpenAPI document describes it;
+/// [`parse_certificate_spec`] reads it field by field, to name the one at fault.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateUpload {
+    /// The leaf first, then its intermediates, PEM.
+    pub cert_pem: String,
+    /// The leaf's private key, PEM (RSA, ECDSA or Ed25519).
+    pub key_pem: String,
+    /// Stores a certificate outside its validity (for tests and clocks gone wrong).
+    #[serde(default)]
+    pub allow_expired: bool,
+}
+
+/// The fields of [`CertificateUpload`].
+const UPLOAD_FIELDS: [&str; 3] = ["cert_pem", "key_pem", "allow_expired"];
+
 /// Parses and validates the body of `PUT /v1/certs/{domain}`:
 /// `{"cert_pem": …, "key_pem": …, "allow_expired": false}`.
 ///
@@ -63,7 +80,7 @@ pub fn parse_certificate_spec(
 ) -> Result<StoredCertificate, ValidationError> {
     let domain = Domain::parse(domain).map_err(|m| ValidationError::new("domain", m))?;
     let fields = as_object(body, "")?;
-    refuse_unknown(fields, &["cert_pem", "key_pem", "allow_expired"], "")?;
+    refuse_unknown(fields, &UPLOAD_FIELDS, "")?;
     let cert_pem = pem_field(fields.get("cert_pem"), "cert_pem")?;
     let key_pem = pem_field(fields.get("key_pem"), "key_pem")?;
     let allow_expired = optional_bool(fields, "allow_expired", false)?;
@@ -272,6 +289,22 @@ fn unix_time(time: &Asn1TimeRef) -> Result<i64, ValidationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_documented_upload_has_the_fields_the_parser_takes() {
+        let schema =
+            serde_json::to_value(schemars::schema_for!(CertificateUpload)).expect("schema");
+        let mut documented: Vec<&str> = schema["properties"]
+            .as_object()
+            .expect("properties")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        documented.sort_unstable();
+        let mut parsed = UPLOAD_FIELDS.to_vec();
+        parsed.sort_unstable();
+        assert_eq!(documented, parsed);
+    }
 
     #[test]
     fn wildcard_names_cover_one_label() {

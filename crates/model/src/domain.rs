@@ -15,6 +15,14 @@ const MAX_HOSTNAME_LEN: usize = 253;
 const MAX_LABEL_LEN: usize = 63;
 
 impl Domain {
+    /// What [`Domain::parse`] accepts, as a regular expression (for the OpenAPI document):
+    /// DNS labels, a trailing dot allowed, `*.` in front for a wildcard. Beside it the
+    /// parser bounds the whole name's length.
+    pub const PATTERN: &'static str = r"^(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$";
+
+    /// Longest domain [`Domain::parse`] accepts.
+    pub const MAX_LEN: usize = MAX_HOSTNAME_LEN;
+
     /// Validates and normalises a domain as written by an operator.
     pub fn parse(input: &str) -> Result<Self, String> {
         let lowered = input.trim_end_matches('.').to_ascii_lowercase();

@@ -22,6 +22,7 @@ mod pages;
 mod redirects;
 mod schema;
 mod spec;
+mod views;
 mod waf;
 
 pub use acme::{
@@ -35,7 +36,9 @@ pub use app::{
 };
 pub use basic_auth::{BasicAuth, MAX_BCRYPT_COST};
 pub use cache::{CacheStore, ResponseCache};
-pub use certificate::{covers, parse_certificate_spec, CertificateInfo, StoredCertificate};
+pub use certificate::{
+    covers, parse_certificate_spec, CertificateInfo, CertificateUpload, StoredCertificate,
+};
 pub use change::Change;
 pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 pub use compress::{Compress, DEFAULT_COMPRESSED_TYPES};
@@ -53,6 +56,10 @@ pub use limits::{
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use pages::{ErrorPages, Maintenance, ERROR_PAGE_STATUSES, MAX_PAGE_BYTES};
 pub use redirects::{Redirect, MAX_REDIRECTS};
-pub use schema::app_file_schema;
+pub use schema::{app_file_schema, backends_body_schema};
 pub use spec::{parse_app_spec, parse_backends_spec};
+pub use views::{
+    AppTrafficReport, AppliedChange, BackendView, DomainRule, Explanation, NextBackend,
+    RecentChangesReport, ResolvedBackend, StageVerdict, StoredCopy, TrafficReport,
+};
 pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

@@ -11,11 +11,16 @@
 
 use serde_json::{json, Value};
 
-use crate::App;
+use crate::{App, BackendAddress};
 
-/// The schema of an app file.
+/// The schema of an app file. Self-contained (every part inlined, no `$defs`), so it can
+/// stand inside another document, as the admin API's OpenAPI one, unchanged.
 pub fn app_file_schema() -> Value {
-    let mut schema = serde_json::to_value(schemars::schema_for!(App)).unwrap_or(Value::Null);
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| settings.inline_subschemas = true)
+        .into_generator();
+    let mut schema =
+        serde_json::to_value(generator.into_root_schema_for::<App>()).unwrap_or(Value::Null);
     fit_for_input(&mut schema);
     if let Some(fields) = schema.as_object_mut() {
         fields.insert(
@@ -27,10 +32,29 @@ pub fn app_file_schema() -> Value {
         let object = backends.take();
         *backends = json!({"anyOf": [
             object,
-            {"type": "string", "description": "ip:port, host:port or srv:NAME, optionally =WEIGHT"}
+            {
+                "type": "string",
+                "description": "ip:port, host:port or srv:NAME, optionally =WEIGHT",
+                "pattern": BackendAddress::PATTERN,
+            }
         ]});
     }
     schema
+}
+
+/// The schema of `PUT /v1/apps/{name}/backends`' body: an app file's `backends`, alone.
+pub fn backends_body_schema() -> Value {
+    let backends = app_file_schema()
+        .pointer("/properties/backends")
+        .cloned()
+        .unwrap_or(Value::Null);
+    json!({
+        "type": "object",
+        "description": "The app's new backends, replacing the old; the rest of the app stays",
+        "properties": {"backends": backends},
+        "required": ["backends"],
+        "additionalProperties": false,
+    })
 }
 
 /// Every object schema: no field required, no unknown field allowed.
@@ -68,5 +92,13 @@ mod tests {
         assert_eq!(schema["additionalProperties"], false);
         assert!(schema["properties"]["backends"]["items"]["anyOf"].is_array());
         assert!(schema.get("required").is_none());
+        assert!(
+            schema.get("$defs").is_none(),
+            "inlined, to stand in other documents"
+        );
+        assert_eq!(
+            backends_body_schema()["properties"]["backends"],
+            schema["properties"]["backends"]
+        );
     }
 }

@@ -54,7 +54,7 @@ pub use routing::explain::explain as explain_host;
 pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
 pub use routing::names::{BackendNames, NameSettings};
-pub use routing::recent_changes::{AppliedChange, RecentChanges};
+pub use routing::recent_changes::RecentChanges;
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
 pub use shutdown::ShutdownWatch;
 pub use stage::https::advertise_http3;

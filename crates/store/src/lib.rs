@@ -54,7 +54,7 @@ pub(crate) fn expiry_key(not_after: i64, domain: &str) -> String {
 }
 
 /// Where the store stands, as `GET /v1/store` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct StoreStatus {
     /// `embedded`, `redis` or `redis+sentinel`.
     pub kind: &'static str,

@@ -3,8 +3,9 @@
 //! matching, the same stages and the same backend state — without changing any of it (the
 //! round-robin cursor is read, not advanced).
 
-use serde_json::{json, Value};
-use switchyard_model::{normalize_host, App, Balancer};
+use switchyard_model::{
+    normalize_host, App, BackendView, Balancer, DomainRule, Explanation, NextBackend, StageVerdict,
+};
 use switchyard_store::StoreError;
 
 use crate::response_cache::redis::CacheRedis;
@@ -20,46 +21,47 @@ pub async fn explain(
     host: &str,
     path: &str,
     method: &str,
-) -> Result<Value, StoreError> {
+) -> Result<Explanation, StoreError> {
     let Some(normalized) = normalize_host(host) else {
-        return Ok(json!({
-            "host": host,
-            "app": null,
-            "why": "not a host name an app can own (an IP literal, or not a valid name): 400 or 404",
-        }));
+        return Ok(Explanation::unserved(
+            host.to_string(),
+            Vec::new(),
+            "not a host name an app can own (an IP literal, or not a valid name): 400 or 404"
+                .to_string(),
+        ));
     };
     let Some((matched, name)) = routes.matching_domain(&normalized).await? else {
-        return Ok(json!({
-            "host": normalized,
-            "app": null,
-            "rule": null,
-            "tried": tried_domains(&normalized, None),
-            "why": "no app owns this host or a wildcard above it: 404",
-        }));
+        let tried = tried_domains(&normalized, None);
+        return Ok(Explanation::unserved(
+            normalized,
+            tried,
+            "no app owns this host or a wildcard above it: 404".to_string(),
+        ));
     };
     let Some(route) = routes.app(&name).await? else {
-        return Ok(json!({
-            "host": normalized,
-            "app": null,
-            "why": format!("the domain names app '{name}', which was deleted a moment ago: 404"),
-        }));
+        return Ok(Explanation::unserved(
+            normalized,
+            Vec::new(),
+            format!("the domain names app '{name}', which was deleted a moment ago: 404"),
+        ));
     };
     let (rule, domain) = match &matched {
-        DomainMatch::Exact => ("exact", normalized.clone()),
-        DomainMatch::Wildcard(domain) => ("wildcard", domain.clone()),
+        DomainMatch::Exact => (DomainRule::Exact, normalized.clone()),
+        DomainMatch::Wildcard(domain) => (DomainRule::Wildcard, domain.clone()),
     };
-    Ok(json!({
-        "host": normalized,
-        "path": path,
-        "method": method,
-        "app": name.as_ref(),
-        "rule": rule,
-        "domain": domain,
-        "tried": tried_domains(&normalized, Some(&domain)),
-        "stages": stages(&route.app, &normalized, method, path),
-        "stored": cache::stored_copies(&route, cache_redis, &normalized, path).await,
-        "backend": next_backend(&route.upstream, &route.app),
-    }))
+    Ok(Explanation {
+        tried: tried_domains(&normalized, Some(&domain)),
+        stages: stages(&route.app, &normalized, method, path),
+        stored: cache::stored_copies(&route, cache_redis, &normalized, path).await,
+        backend: Some(next_backend(&route.upstream, &route.app)),
+        host: normalized,
+        path: Some(path.to_string()),
+        method: Some(method.to_string()),
+        app: Some(name.to_string()),
+        rule: Some(rule),
+        domain: Some(domain),
+        why: None,
+    })
 }
 
 /// The stored domains looked up for `host`, in order, up to the one that matched.
@@ -78,11 +80,15 @@ fn tried_domains(host: &str, matched: Option<&str>) -> Vec<String> {
 }
 
 /// Each stage, in the order requests run them, and whether it acts on this request.
-fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
+fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> {
     let reads = method == "GET" || method == "HEAD";
     let mut stages = Vec::new();
-    let mut stage = |name: &str, applies: bool, why: String| {
-        stages.push(json!({"stage": name, "applies": applies, "why": why}));
+    let mut stage = |stage: &'static str, applies: bool, why: String| {
+        stages.push(StageVerdict {
+            stage,
+            applies,
+            why,
+        });
     };
     let (path_only, query) = path
         .split_once('?')
@@ -346,8 +352,8 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<Value> {
 }
 
 /// The backend the next request would take, why, and the state of every backend.
-fn next_backend(upstream: &Upstream, app: &App) -> Value {
-    let backends: Vec<Value> = upstream.backends().iter().map(|b| describe(b)).collect();
+fn next_backend(upstream: &Upstream, app: &App) -> NextBackend {
+    let backends: Vec<BackendView> = upstream.backends().iter().map(|b| describe(b)).collect();
     let (next, why) = match upstream.peek() {
         None if backends.is_empty() => (None, "the app has no backends: 503".to_string()),
         None => (
@@ -369,17 +375,22 @@ fn next_backend(upstream: &Upstream, app: &App) -> Value {
             (Some(backend.address.to_string()), format!("{how}{caveat}"))
         }
     };
-    json!({"next": next, "why": why, "balancer": app.balancer, "backends": backends})
+    NextBackend {
+        next,
+        why,
+        balancer: app.balancer,
+        backends,
+    }
 }
 
-fn describe(backend: &BackendState) -> Value {
-    json!({
-        "address": backend.address.to_string(),
-        "weight": backend.weight(),
-        "in_flight": backend.in_flight(),
-        "healthy": backend.is_usable(),
-        "failing_checks": !backend.passes_active_checks(),
-        "passively_down": backend.is_passively_down(),
-        "retired": backend.is_retired(),
-    })
+fn describe(backend: &BackendState) -> BackendView {
+    BackendView {
+        address: backend.address.to_string(),
+        weight: backend.weight(),
+        in_flight: backend.in_flight(),
+        healthy: backend.is_usable(),
+        failing_checks: !backend.passes_active_checks(),
+        passively_down: backend.is_passively_down(),
+        retired: backend.is_retired(),
+    }
 }

@@ -24,7 +24,7 @@ use hickory_resolver::config::{NameServerConfigGroup, ResolveHosts, ResolverConf
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::{Hosts, ResolveError, TokioResolver};
 use parking_lot::{Mutex, RwLock};
-use switchyard_model::{App, BackendAddress, MAX_WEIGHT};
+use switchyard_model::{App, BackendAddress, ResolvedBackend, MAX_WEIGHT};
 use tokio::sync::Notify;
 
 use crate::metrics;
@@ -243,30 +243,38 @@ impl BackendNames {
     }
 
     /// What this router knows of `app`'s named backends, for the admin API.
-    pub fn describe(&self, app: &App) -> Vec<serde_json::Value> {
+    pub fn describe(&self, app: &App) -> Vec<ResolvedBackend> {
         let entries = self.entries.lock();
         let now = Instant::now();
         app.backends
             .iter()
             .filter(|b| b.address.ip().is_none())
             .map(|backend| match entries.get(&backend.address) {
-                Some(entry) => serde_json::json!({
-                    "backend": backend.address.to_string(),
-                    "state": entry.state(),
-                    "addresses": entry.addresses.iter().map(|(a, w)| match w {
-                        Some(w) => format!("{a}={w}"),
-                        None => a.to_string(),
-                    }).collect::<Vec<_>>(),
-                    "last_success_unix": entry.last_success_unix,
-                    "error": entry.error,
-                    "next_resolution_in_ms":
+                Some(entry) => ResolvedBackend {
+                    backend: backend.address.to_string(),
+                    state: entry.state(),
+                    addresses: entry
+                        .addresses
+                        .iter()
+                        .map(|(a, w)| match w {
+                            Some(w) => format!("{a}={w}"),
+                            None => a.to_string(),
+                        })
+                        .collect(),
+                    last_success_unix: entry.last_success_unix,
+                    error: entry.error.clone(),
+                    next_resolution_in_ms: Some(
                         entry.next_at.saturating_duration_since(now).as_millis() as u64,
-                }),
-                None => serde_json::json!({
-                    "backend": backend.address.to_string(),
-                    "state": "not in use on this router",
-                    "addresses": [],
-                }),
+                    ),
+                },
+                None => ResolvedBackend {
+                    backend: backend.address.to_string(),
+                    state: "not in use on this router",
+                    addresses: Vec::new(),
+                    last_success_unix: None,
+                    error: None,
+                    next_resolution_in_ms: None,
+                },
             })
             .collect()
     }

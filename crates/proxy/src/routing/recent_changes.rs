@@ -6,9 +6,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::Serialize;
-use serde_json::json;
-use switchyard_model::Change;
+use switchyard_model::{AppliedChange, Change, RecentChangesReport};
 
 use crate::metrics;
 use crate::wall_clock::unix_ms;
@@ -17,32 +15,6 @@ use crate::wall_clock::unix_ms;
 pub(crate) const RECENT_CHANGES_KEPT: usize = 500;
 /// Domains kept per change; an app with more shows the first ones and the count.
 const DOMAINS_SHOWN: usize = 8;
-
-/// One applied change, as `GET /v1/changes` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AppliedChange {
-    /// When it was applied, milliseconds since the epoch.
-    pub at_unix_ms: u64,
-    /// `app`, `cert`, `cache_purge`, `resync` or `backend_addresses`.
-    pub kind: &'static str,
-    /// The app, or for a certificate its domain; empty for a resync.
-    pub subject: String,
-    /// The domains whose routing it touched (at most [`DOMAINS_SHOWN`]).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub domains: Vec<String>,
-    /// How many domains it touched in all.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub domains_total: usize,
-    /// What it says beyond its subject (a purge's path, how many events a resync covers).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub detail: String,
-    /// How long the caches took to apply it, in microseconds.
-    pub apply_us: u64,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
 
 /// The ring of the last [`RECENT_CHANGES_KEPT`] changes.
 pub struct RecentChanges {
@@ -132,11 +104,11 @@ impl RecentChanges {
     }
 
     /// `GET /v1/changes`'s answer.
-    pub fn to_json(&self, limit: usize) -> serde_json::Value {
-        json!({
-            "changes": self.latest(limit),
-            "kept_at_most": RECENT_CHANGES_KEPT,
-        })
+    pub fn report(&self, limit: usize) -> RecentChangesReport {
+        RecentChangesReport {
+            changes: self.latest(limit),
+            kept_at_most: RECENT_CHANGES_KEPT,
+        }
     }
 }
 

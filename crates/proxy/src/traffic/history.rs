@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use switchyard_model::{AppTrafficReport, TrafficReport};
 
 use crate::metrics;
 use crate::shutdown::ShutdownWatch;
@@ -202,16 +202,21 @@ impl TrafficHistory {
     }
 
     /// The busiest `limit` apps by `order`, each with its rates and its series.
-    pub fn busiest(&self, order: TrafficOrder, limit: usize) -> Value {
+    pub fn busiest(&self, order: TrafficOrder, limit: usize) -> TrafficReport {
         self.listed(order, limit, |_| true)
     }
 
     /// [`TrafficHistory::busiest`]'s answer for `app` alone.
-    pub fn of_app(&self, app: &str) -> Value {
+    pub fn of_app(&self, app: &str) -> TrafficReport {
         self.listed(TrafficOrder::Traffic, 1, |name| name == app)
     }
 
-    fn listed(&self, order: TrafficOrder, limit: usize, wanted: impl Fn(&str) -> bool) -> Value {
+    fn listed(
+        &self,
+        order: TrafficOrder,
+        limit: usize,
+        wanted: impl Fn(&str) -> bool,
+    ) -> TrafficReport {
         let state = self.state.lock();
         let mut rows: Vec<(&Box<str>, &AppTraffic, Sample)> = state
             .apps
@@ -225,34 +230,38 @@ impl TrafficHistory {
         };
         rows.sort_by(|a, b| key(&b.2).cmp(&key(&a.2)).then(a.0.cmp(b.0)));
         let interval = SAMPLE_EVERY.as_secs_f64();
-        let apps: Vec<Value> = rows
+        let apps: Vec<AppTrafficReport> = rows
             .into_iter()
             .take(limit)
             .map(|(app, traffic, minute)| {
                 let latest = traffic.samples.back().copied().unwrap_or(Sample::QUIET);
                 let window = traffic.samples.len().clamp(1, MINUTE) as f64 * interval;
-                json!({
-                    "app": app.as_ref(),
-                    "rps_10s": f64::from(latest.answers) / interval,
-                    "rps_1m": f64::from(minute.answers) / window,
-                    "error_ratio_1m": ratio(minute.server_errors, minute.answers),
-                    "client_error_ratio_1m": ratio(minute.client_errors, minute.answers),
-                    "p99_ms_10s": p99_ms(latest.p99_bucket),
-                    "p99_ms_1m": p99_ms(minute.p99_bucket),
-                    "requests": traffic.samples.iter().map(|s| s.answers).collect::<Vec<_>>(),
-                    "errors": traffic.samples.iter().map(|s| s.server_errors).collect::<Vec<_>>(),
-                    "p99_ms": traffic.samples.iter().map(|s| p99_ms(s.p99_bucket)).collect::<Vec<_>>(),
-                })
+                AppTrafficReport {
+                    app: app.to_string(),
+                    rps_10s: f64::from(latest.answers) / interval,
+                    rps_1m: f64::from(minute.answers) / window,
+                    error_ratio_1m: ratio(minute.server_errors, minute.answers),
+                    client_error_ratio_1m: ratio(minute.client_errors, minute.answers),
+                    p99_ms_10s: p99_ms(latest.p99_bucket),
+                    p99_ms_1m: p99_ms(minute.p99_bucket),
+                    requests: traffic.samples.iter().map(|s| s.answers).collect(),
+                    errors: traffic.samples.iter().map(|s| s.server_errors).collect(),
+                    p99_ms: traffic
+                        .samples
+                        .iter()
+                        .map(|s| p99_ms(s.p99_bucket))
+                        .collect(),
+                }
             })
             .collect();
-        json!({
-            "resolution_s": SAMPLE_EVERY.as_secs(),
-            "window_s": SAMPLE_EVERY.as_secs() * SAMPLES as u64,
-            "tracked_apps": state.apps.len(),
-            "max_apps": self.max_apps,
-            "memory_bytes": bytes(&state.apps),
-            "apps": apps,
-        })
+        TrafficReport {
+            resolution_s: SAMPLE_EVERY.as_secs(),
+            window_s: SAMPLE_EVERY.as_secs() * SAMPLES as u64,
+            tracked_apps: state.apps.len(),
+            max_apps: self.max_apps,
+            memory_bytes: bytes(&state.apps),
+            apps,
+        }
     }
 }
 
@@ -347,7 +356,11 @@ fn bytes(apps: &HashMap<Box<str>, AppTraffic>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    fn busiest(history: &TrafficHistory, order: TrafficOrder, limit: usize) -> Value {
+        serde_json::to_value(history.busiest(order, limit)).expect("JSON")
+    }
 
     #[test]
     fn busy_apps_are_kept_in_order_idle_ones_dropped_and_the_bound_holds() {
@@ -369,7 +382,7 @@ mod tests {
         }
         late.record(404, fast);
         history.sample_from(&counts);
-        let by_traffic = history.busiest(TrafficOrder::Traffic, 10);
+        let by_traffic = busiest(&history, TrafficOrder::Traffic, 10);
         let apps: Vec<&str> = by_traffic["apps"]
             .as_array()
             .into_iter()
@@ -383,7 +396,7 @@ mod tests {
         );
         assert_eq!(by_traffic["apps"][0]["requests"], json!([1, 50]));
         assert_eq!(by_traffic["apps"][0]["rps_10s"], 5.0);
-        let by_errors = history.busiest(TrafficOrder::Errors, 1);
+        let by_errors = busiest(&history, TrafficOrder::Errors, 1);
         assert_eq!(by_errors["apps"][0]["app"], "failing", "{by_errors}");
         assert_eq!(by_errors["apps"][0]["error_ratio_1m"], 1.0);
         assert_eq!(by_errors["apps"][0]["rps_10s"], 1.0);
@@ -398,7 +411,7 @@ mod tests {
             history.sample_from(&counts);
         }
         assert_eq!(
-            history.busiest(TrafficOrder::Traffic, 10)["tracked_apps"],
+            busiest(&history, TrafficOrder::Traffic, 10)["tracked_apps"],
             0
         );
     }

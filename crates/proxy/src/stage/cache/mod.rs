@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
-use switchyard_model::{CacheStore, ResponseCache};
+use switchyard_model::{CacheStore, ResponseCache, StoredCopy};
 
 use crate::context::RequestCtx;
 use crate::metrics;
@@ -801,10 +801,10 @@ pub(crate) async fn stored_copies(
     redis: Option<&CacheRedis>,
     host: &str,
     path: &str,
-) -> serde_json::Value {
+) -> Option<Vec<StoredCopy>> {
     let (Some(policy), Some(cache)) = (route.app.cache.as_deref(), route.response_cache.as_ref())
     else {
-        return serde_json::Value::Null;
+        return None;
     };
     let mut copies = Vec::new();
     for tls in [false, true] {
@@ -818,19 +818,19 @@ pub(crate) async fn stored_copies(
         };
         let described = match entry {
             None => continue,
-            Some(Entry::Varies { names, .. }) => serde_json::json!({
-                "url": key,
-                "varies_by": names.iter().map(HeaderName::as_str).collect::<Vec<_>>(),
-                "why": "one copy per variant of these request headers",
-            }),
+            Some(Entry::Varies { names, .. }) => StoredCopy::Varies {
+                url: key,
+                varies_by: names.iter().map(|n| n.as_str().to_string()).collect(),
+                why: "one copy per variant of these request headers",
+            },
             Some(Entry::Response(copy)) => describe_copy(&key, &copy),
         };
         copies.push(described);
     }
-    serde_json::Value::Array(copies)
+    Some(copies)
 }
 
-fn describe_copy(key: &str, copy: &CachedResponse) -> serde_json::Value {
+fn describe_copy(key: &str, copy: &CachedResponse) -> StoredCopy {
     let now = Instant::now();
     let state = if now < copy.fresh_until {
         "fresh"
@@ -839,17 +839,17 @@ fn describe_copy(key: &str, copy: &CachedResponse) -> serde_json::Value {
     } else {
         "stale: the app is asked on the next request"
     };
-    serde_json::json!({
-        "url": key,
-        "status": copy.status,
-        "age_s": copy.age_counts_from.elapsed().as_secs(),
-        "freshness_lifetime_s": copy.lifetime.as_secs(),
-        "decided_by": copy.decided_by,
-        "fresh_for_s": copy.fresh_until.saturating_duration_since(now).as_secs(),
-        "may_stand_in_for_errors_s": copy.stale_until.saturating_duration_since(now).as_secs(),
-        "state": state,
-        "bytes": copy.body.len(),
-    })
+    StoredCopy::Answer {
+        url: key.to_string(),
+        status: copy.status,
+        age_s: copy.age_counts_from.elapsed().as_secs(),
+        freshness_lifetime_s: copy.lifetime.as_secs(),
+        decided_by: copy.decided_by,
+        fresh_for_s: copy.fresh_until.saturating_duration_since(now).as_secs(),
+        may_stand_in_for_errors_s: copy.stale_until.saturating_duration_since(now).as_secs(),
+        state,
+        bytes: copy.body.len(),
+    }
 }
 
 fn count(ctx: &RequestCtx, status: CacheStatus) {
