@@ -45,19 +45,27 @@ fn the_committed_references_are_what_the_code_says() {
     }
 }
 
-#[test]
-fn the_router_serves_the_app_schema_that_is_committed() {
+/// The router's answer to `GET path`, which must equal docs/reference/`name`.
+fn served_as_committed(path: &str, name: &str) -> serde_json::Value {
     let router = RouterProcess::start();
-    let (status, served) = router.admin_call("GET", "/v1/schema/app.json", None);
+    let (status, served) = router.admin_call("GET", path, None);
     assert_eq!(status, 200);
     let committed: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/app.schema.json"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("docs/reference")
+                .join(name),
         )
-        .expect("docs/reference/app.schema.json"),
+        .expect("a committed reference"),
     )
     .expect("JSON");
-    assert_eq!(served, committed);
+    assert_eq!(served, committed, "{path} is not docs/reference/{name}");
+    committed
+}
+
+#[test]
+fn the_router_serves_the_app_schema_that_is_committed() {
+    let committed = served_as_committed("/v1/schema/app.json", "app.schema.json");
     let printed = Command::new(RouterProcess::binary())
         .args(["apps", "schema"])
         .output()
@@ -69,15 +77,5 @@ fn the_router_serves_the_app_schema_that_is_committed() {
 
 #[test]
 fn the_router_serves_the_openapi_document_that_is_committed() {
-    let router = RouterProcess::start();
-    let (status, served) = router.admin_call("GET", "/v1/openapi.json", None);
-    assert_eq!(status, 200);
-    let committed: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/openapi.json"),
-        )
-        .expect("docs/reference/openapi.json"),
-    )
-    .expect("JSON");
-    assert_eq!(served, committed);
+    served_as_committed("/v1/openapi.json", "openapi.json");
 }
