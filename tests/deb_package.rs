@@ -146,9 +146,26 @@ fn the_unpacked_package_runs_and_its_unit_verifies() {
     );
 }
 
-/// Whether this process may make the namespaces and mounts tests/deb/install_and_start.sh
-/// needs: root, with util-linux's unshare.
-fn can_install_apart() -> Result<(), String> {
+fn install_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deb/install_and_start.sh")
+}
+
+/// tests/deb/install_and_start.sh in its namespaces: `probe` only makes its overlay.
+fn install_apart(work: &Path, deb: &Path, probe: bool) -> std::io::Result<std::process::Output> {
+    Command::new("timeout")
+        .args([
+            "120", "unshare", "--mount", "--net", "--pid", "--fork", "sh",
+        ])
+        .arg(install_script())
+        .args(probe.then_some("probe"))
+        .env("WORK", work)
+        .env("DEB", deb)
+        .output()
+}
+
+/// Whether this machine lets the test make the namespaces and the overlay it installs in:
+/// root, util-linux's unshare, mount namespaces and overlayfs. Why not, otherwise.
+fn can_install_apart(deb: &Path) -> Result<(), String> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let root = status
         .lines()
@@ -158,31 +175,27 @@ fn can_install_apart() -> Result<(), String> {
     if !root {
         return Err("not root: installing apart needs mount and network namespaces".into());
     }
-    match Command::new("unshare").arg("--version").output() {
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    match install_apart(work.path(), deb, true) {
         Ok(output) if output.status.success() => Ok(()),
-        _ => Err("no unshare (util-linux)".into()),
+        Ok(output) => Err(format!(
+            "no namespaces or overlay here: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Err(e) => Err(format!("no unshare (util-linux): {e}")),
     }
 }
 
 #[test]
 fn the_package_installs_and_its_unit_starts_the_router() {
-    if let Err(why) = can_install_apart() {
-        // scripts/test runs as root on CI's machines, where this runs.
+    let deb = package();
+    if let Err(why) = can_install_apart(&deb) {
+        // CI's machines run scripts/test as root with both, and run this.
         eprintln!("skipped: {why}");
         return;
     }
-    let deb = package();
     let work = tempfile::tempdir().expect("a directory");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deb/install_and_start.sh");
-    let output = Command::new("timeout")
-        .args([
-            "120", "unshare", "--mount", "--net", "--pid", "--fork", "sh",
-        ])
-        .arg(&script)
-        .env("WORK", work.path())
-        .env("DEB", &deb)
-        .output()
-        .expect("unshare");
+    let output = install_apart(work.path(), &deb, false).expect("unshare");
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -3,10 +3,12 @@
 # copy of this machine: run by tests/deb_package.rs under `unshare --mount --net --pid`,
 # it mounts an overlay over / whose writes land in a tmpfs, so dpkg, the maintainer scripts
 # and the router change nothing outside. $WORK: an empty directory; $DEB: the package.
+# With the argument `probe`, it only makes the overlay: whether this machine allows it.
 set -eu
 mount -t tmpfs tmpfs "$WORK"
 mkdir "$WORK/upper" "$WORK/work" "$WORK/root"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$WORK/upper,workdir=$WORK/work" "$WORK/root"
+[ "${1:-}" = probe ] && exit 0
 root="$WORK/root"
 mount --rbind /dev "$root/dev"
 mount -t proc proc "$root/proc"
