@@ -3,7 +3,8 @@
 //! dependencies and conffiles, its files unpacked and run, its unit verified by systemd,
 //! its maintainer scripts valid, and an upgrade that reloads (the binary upgrade) rather
 //! than restarts; and installed by dpkg, with its maintainer scripts, and its unit started
-//! as systemd would start it (its user, state directory, capabilities, environment), in a
+//! as systemd would start it (its user, state directory, capabilities, environment) and
+//! reloaded by its ExecReload (the binary upgrade), in a
 //! copy of this machine that vanishes after the test (tests/deb/install_and_start.sh):
 //! systemd itself is not PID 1 on the machines this runs on.
 
@@ -212,7 +213,12 @@ fn the_package_installs_and_its_unit_starts_the_router() {
         // The app has no backends yet: the router answers for it on port 80.
         "port 80: 503",
         "state: 65534 700 ",
-        "exit: 0",
+        // `systemctl reload`'s command hands the sockets over and the old process ends.
+        "old router after reload: exit 0",
+        // The app, in the store the new process opened after the old one let it go.
+        "after reload, user: 65534",
+        "after reload, port 80: 503",
+        "stopped: yes",
         "removed, settings kept: yes",
         "purged: yes",
     ] {

@@ -49,10 +49,26 @@ echo "user: $(sed -n "s/^Uid:\t\([0-9]*\).*/\1/p" /proc/$router/status)"
 echo "put: $(curl -s -o /dev/null -w "%{http_code}" -X PUT -d "{\"domains\": [\"demo.test\"]}" "http://$admin/v1/apps/demo")"
 echo "port 80: $(curl -s -o /dev/null -w "%{http_code}" -H "Host: demo.test" http://127.0.0.1/)"
 echo "state: $(stat -c "%u %a" "$state") $(ls "$state" | tr "\n" " ")"
-kill -TERM "$router"
+
+# `systemctl reload`: ExecReload, run as the same user, is the binary upgrade; the
+# new process takes the sockets over and quits the old one, which ends by itself.
+env $(field Environment) setpriv --reuid 65534 --regid 65534 --clear-groups --no-new-privs \
+    --inh-caps "$caps" --ambient-caps "$caps" --bounding-set "-all,$caps" \
+    sh -c "$(field ExecReload)" >>/tmp/router.log 2>&1 || { echo "reload failed: $?"; cat /tmp/router.log; exit 1; }
+echo "reloaded"
 code=0
 wait "$router" || code=$?
-echo "exit: $code"
+echo "old router after reload: exit $code"
+successor=
+for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/exe" 2>/dev/null)" = /usr/bin/switchyard ] && successor=${p#/proc/}
+done
+[ -n "$successor" ] || { echo "no router after the reload:"; cat /tmp/router.log; exit 1; }
+echo "after reload, user: $(sed -n "s/^Uid:\t\([0-9]*\).*/\1/p" /proc/$successor/status)"
+echo "after reload, port 80: $(curl -s -o /dev/null -w "%{http_code}" -H "Host: demo.test" http://127.0.0.1/)"
+kill -TERM "$successor"
+for _ in $(seq 150); do [ -e "/proc/$successor" ] || break; sleep 0.2; done
+[ -e "/proc/$successor" ] && echo "still running after SIGTERM" || echo "stopped: yes"
 dpkg -r switchyard >>/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; exit 1; }
 [ -f "$settings" ] && echo "removed, settings kept: yes"
 dpkg -P switchyard >>/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; exit 1; }
