@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use openssl::pkey::{PKey, Private};
 use openssl::x509::X509;
-use parking_lot::RwLock;
 use quick_cache::sync::Cache;
 use switchyard_model::{Change, Domain, StoredCertificate};
 use switchyard_store::{Store, StoreError};
 
 use crate::metrics;
+use crate::tls::name_index::{NameIndex, MOST_STORED_NAMES};
 
 /// A certificate ready to hand to OpenSSL.
 pub struct ServedCert {
@@ -84,10 +84,6 @@ impl Default for CertCacheLimits {
     }
 }
 
-/// Most certificate names [`CertCache::warm`] indexes (about 64 bytes each); past it, a
-/// name not in memory is looked up as before.
-const MOST_STORED_NAMES: usize = 1_000_000;
-
 /// What a handshake is served.
 pub enum Selected {
     /// The certificate stored for the name or its wildcard.
@@ -110,10 +106,10 @@ pub struct CertCache {
     /// Set by [`warm`](Self::warm): a changed certificate is loaded again at once.
     kept_warm: AtomicBool,
     /// Every name the store holds a certificate under, once [`warm`](Self::warm) has read
-    /// them all and kept by the changes since; `None` before, or past
-    /// [`MOST_STORED_NAMES`]. With it, a name that is neither here nor in memory is known
-    /// to have no certificate without asking the store.
-    stored_names: RwLock<Option<HashSet<String>>>,
+    /// them all, kept by the changes since (and those during the read). With it, a name
+    /// that is neither there nor in memory is known to have no certificate without asking
+    /// the store.
+    stored_names: NameIndex,
     /// Bumped by every invalidation; a fill that read the store before the bump is not kept,
     /// so a certificate replaced during a cold handshake is never cached in its old version.
     generation: AtomicU64,
@@ -135,7 +131,7 @@ impl CertCache {
             absent_ttl: limits.absent_ttl,
             capacity: limits.certificates.max(1),
             kept_warm: AtomicBool::new(false),
-            stored_names: RwLock::new(None),
+            stored_names: NameIndex::default(),
             generation: AtomicU64::new(0),
         }
     }
@@ -181,7 +177,11 @@ impl CertCache {
                 all_known &= until.is_some();
                 all_current &= until.is_some_and(|u| u > Instant::now());
             }
-            if !all_known && self.known_unstored(name.as_str(), wildcard.as_deref()) {
+            if !all_known
+                && self
+                    .stored_names
+                    .knows_unstored(name.as_str(), wildcard.as_deref())
+            {
                 all_known = true;
                 all_current = true;
             }
@@ -212,9 +212,9 @@ impl CertCache {
     pub async fn warm(&self) -> Result<usize, StoreError> {
         const PAGE: usize = 500;
         self.kept_warm.store(true, Ordering::Relaxed);
-        // Changes from here on keep the index; a name changed during the read is read
-        // again by its change.
-        let generation = self.generation.load(Ordering::Acquire);
+        // Changes from here on are noted by the index and applied on top of this read; a
+        // read that fails or is given up on (dropped) leaves no index.
+        let read = self.stored_names.begin_read();
         let mut names = HashSet::new();
         let mut loaded = 0;
         let mut after = None;
@@ -233,20 +233,9 @@ impl CertCache {
                 None => break,
             }
         }
-        let complete = names.len() < MOST_STORED_NAMES
-            && self.generation.load(Ordering::Acquire) == generation;
-        *self.stored_names.write() = complete.then_some(names);
+        let complete = names.len() < MOST_STORED_NAMES;
+        read.finish(names, complete);
         Ok(loaded)
-    }
-
-    /// Whether the store is known to hold no certificate under `name` nor `wildcard`.
-    fn known_unstored(&self, name: &str, wildcard: Option<&str>) -> bool {
-        match &*self.stored_names.read() {
-            Some(names) => {
-                !names.contains(name) && wildcard.is_none_or(|wildcard| !names.contains(wildcard))
-            }
-            None => false,
-        }
     }
 
     /// The certificate stored under exactly `key`, from memory or the store.
@@ -303,17 +292,9 @@ impl CertCache {
                 if self.kept_warm.load(Ordering::Relaxed) {
                     // The new version in memory before QUIC's next handshake asks for it.
                     match self.lookup(domain).await {
-                        Ok(found) => {
-                            if let Some(names) = &mut *self.stored_names.write() {
-                                if found.is_some() {
-                                    names.insert(domain.clone());
-                                } else {
-                                    names.remove(domain);
-                                }
-                            }
-                        }
+                        Ok(found) => self.stored_names.note(domain, found.is_some()),
                         Err(e) => {
-                            *self.stored_names.write() = None;
+                            self.stored_names.forget();
                             log::warn!("certificate for {domain} not reloaded: {e}");
                         }
                     }
@@ -323,7 +304,7 @@ impl CertCache {
                 self.revalidate().await;
                 if self.kept_warm.load(Ordering::Relaxed) {
                     // Changes were missed: the index is read again from the store.
-                    *self.stored_names.write() = None;
+                    self.stored_names.forget();
                     if let Err(e) = self.warm().await {
                         log::warn!("certificates not read again after missed changes: {e}");
                     }

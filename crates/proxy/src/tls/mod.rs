@@ -6,5 +6,6 @@
 
 pub(crate) mod cert_cache;
 pub(crate) mod cert_expiry;
+mod name_index;
 pub(crate) mod quic;
 pub(crate) mod settings;
