@@ -128,6 +128,44 @@ async def reset_burst(args):
         print(json.dumps({"sent": sent, "blocked": len(quic._streams_blocked_bidi)}))
 
 
+async def reset_unsent(args):
+    """Opens streams and resets each before its HEADERS leave (aioquic then sends only the
+    RESET_STREAM, with no data), never past the credit the router gave (aioquic would reset
+    a stream still waiting for credit, which the router rightly takes as a violation), then
+    asks once more on the same connection. Prints how many were reset, whether credit ran
+    out for good (`starved`), and the last request's answer."""
+    cancelled = 0x10C  # H3_REQUEST_CANCELLED
+    async with connect("127.0.0.1", args.port, configuration=configuration(args),
+                       create_protocol=Client, wait_connected=True) as client:
+        quic = client._quic
+        sent, waited = 0, 0
+        while sent < args.reset_unsent and waited < 100:
+            available = quic._remote_max_streams_bidi - quic._local_next_stream_id_bidi // 4
+            if available <= 0:
+                waited += 1
+                await asyncio.sleep(0.05)
+                continue
+            waited = 0
+            for _ in range(min(50, available, args.reset_unsent - sent)):
+                stream = quic.get_next_available_stream_id()
+                client.h3.send_headers(stream, request_fields(args), end_stream=True)
+                quic.reset_stream(stream, cancelled)
+                sent += 1
+            client.transmit()
+            await asyncio.sleep(0.01)
+        client.done = asyncio.get_event_loop().create_future()
+        client.answer = {"status": None, "headers": [], "body": b""}
+        stream = quic.get_next_available_stream_id()
+        client.h3.send_headers(stream, request_fields(args), end_stream=True)
+        client.transmit()
+        try:
+            extra = await asyncio.wait_for(client.done, 5)
+        except asyncio.TimeoutError:
+            extra = {"timeout": True}
+        print(json.dumps({"sent": sent, "starved": waited >= 100,
+                          "after": {"status": client.answer["status"], **extra}}))
+
+
 def configuration(args):
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
                                server_name=args.server_name, verify_mode=ssl.CERT_REQUIRED)
@@ -157,7 +195,12 @@ async def main():
     # after it was sent: HTTP/2's "rapid reset" (CVE-2023-44487) over HTTP/3. Prints how
     # many were sent and how many still wait for the server's stream credit.
     parser.add_argument("--reset-burst", type=int, default=None)
+    # Streams reset before their HEADERS leave, then one request more.
+    parser.add_argument("--reset-unsent", type=int, default=None)
     args = parser.parse_args()
+    if args.reset_unsent is not None:
+        await reset_unsent(args)
+        return
     if args.reset_burst is not None:
         await reset_burst(args)
         return

@@ -539,6 +539,24 @@ fn zero_rtt_when_on_takes_safe_methods_with_early_data_and_answers_others_too_ea
 }
 
 #[test]
+fn streams_reset_before_any_of_their_data_return_their_credit() {
+    let rig = Rig::start();
+    let warm = rig.h3("shop.test", &[]);
+    assert_eq!(warm["status"], 200, "{warm}");
+    // 300 streams (128 at once) each reset before its HEADERS left: the router sees a
+    // RESET_STREAM and nothing else, and still gives each stream's credit back.
+    let burst = rig.h3("shop.test", &["--reset-unsent", "300"]);
+    assert_eq!(
+        (burst["sent"].as_u64(), burst["starved"].as_bool()),
+        (Some(300), Some(false)),
+        "{burst}\n{}",
+        rig.router.logs()
+    );
+    assert_eq!(burst["after"]["status"], 200, "{burst}");
+    assert_eq!(rig.backend.requests(), 2, "none of them reached the app");
+}
+
+#[test]
 fn streams_a_client_cancels_hold_no_more_than_its_stream_limit() {
     let rig = Rig::start();
     let warm = rig.h3("shop.test", &[]);
