@@ -657,6 +657,11 @@ fn start_access_log(choice: &AccessLogChoice) -> anyhow::Result<AccessLog> {
 
 fn init_logging() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        // aide marks every step of building the OpenAPI document as a tracing span, which
+        // tracing (its `log` feature is on for quinn) writes out at info; not the
+        // operator's business, whatever RUST_LOG says.
+        .filter_module("tracing::span", log::LevelFilter::Warn)
+        .filter_module("aide", log::LevelFilter::Warn)
         .target(env_logger::Target::Stderr)
         .init();
 }
