@@ -96,6 +96,7 @@ pub(crate) async fn handle(
         bytes_out: 0,
         answer_fields: None,
     });
+    let version = request.version();
     let (head, incoming) = request.into_parts();
     let mut unread = Some(incoming);
     let mut answer = proxy(
@@ -122,7 +123,9 @@ pub(crate) async fn handle(
     }
     let mut response = answer::write(answer, client_upgrade, end);
     if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
-        linger(incoming, &mut response);
+        if version <= Version::HTTP_11 {
+            linger(incoming, &mut response);
+        }
     }
     response
 }
@@ -135,11 +138,10 @@ const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
 /// refused upload, an unknown host): closing with its bytes unread would reset the
 /// connection, and the client could lose the answer. The connection closes after this
 /// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
-/// time. An HTTP/2 stream ends on its own (hyper resets the rest of it).
+/// time. An HTTP/2 or HTTP/3 stream ends on its own, the rest of it refused without
+/// touching the connection. (This asked the answer's version, which is never HTTP/2 here:
+/// HTTP/2 answers got `Connection: close`, which hyper strips, and a drain task.)
 fn linger(mut incoming: RequestBody, response: &mut Response<AnswerBody>) {
-    if response.version() == Version::HTTP_2 {
-        return;
-    }
     response
         .headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));
