@@ -22,7 +22,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, StreamReset
+from aioquic.quic.events import ConnectionTerminated, StopSendingReceived, StreamReset
 
 
 class Client(QuicConnectionProtocol):
@@ -31,8 +31,13 @@ class Client(QuicConnectionProtocol):
         self.h3 = H3Connection(self._quic)
         self.done = asyncio.get_event_loop().create_future()
         self.answer = {"status": None, "headers": [], "body": b""}
+        # The error code of a STOP_SENDING the server sent, if it asked the client to stop
+        # sending a body.
+        self.stop_sending = None
 
     def quic_event_received(self, event):
+        if isinstance(event, StopSendingReceived):
+            self.stop_sending = event.error_code
         if isinstance(event, StreamReset):
             self.finish({"reset": event.error_code})
         elif isinstance(event, ConnectionTerminated):
@@ -85,6 +90,8 @@ async def exchange(args, config, wait_connected=True, tickets=None):
             for i, piece in enumerate(pieces):
                 if i > 0:
                     await asyncio.sleep(args.chunk_interval_ms / 1000)
+                if client.stop_sending is not None or client.done.done():
+                    break  # answered, or asked to stop: the rest is not wanted
                 client.h3.send_data(stream, piece, end_stream=i == len(pieces) - 1)
                 client.transmit()
         client.transmit()
@@ -94,6 +101,8 @@ async def exchange(args, config, wait_connected=True, tickets=None):
         if peer is not None:
             extra["cert_sha256"] = peer.fingerprint(hashes.SHA256()).hex()
         extra["early_data_accepted"] = client._quic.tls.early_data_accepted
+        if client.stop_sending is not None:
+            extra["stop_sending"] = client.stop_sending
     return client, extra
 
 

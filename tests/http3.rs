@@ -539,6 +539,44 @@ fn zero_rtt_when_on_takes_safe_methods_with_early_data_and_answers_others_too_ea
 }
 
 #[test]
+fn a_body_the_router_answers_without_is_not_read_to_its_end() {
+    let rig = Rig::start();
+    rig.router.put_app(
+        "shop",
+        json!({
+            "domains": ["shop.test", "*.apps.test"],
+            "backends": [rig.backend.addr.to_string()],
+            "redirects": [{"path_prefix": "/old", "to": "/new"}],
+        }),
+    );
+    // An upload the router answers (a redirect) before its end: the answer goes out and
+    // the client is asked to stop sending (STOP_SENDING; quinn's code 0, which HTTP/3
+    // takes as H3_NO_ERROR, being unknown to it: RFC 9114 section 8.1) instead of the rest
+    // being read for seconds, as an HTTP/1 client's is.
+    let moved = rig.h3(
+        "shop.test",
+        &[
+            "--method",
+            "POST",
+            "--path",
+            "/old/form",
+            "--body-bytes",
+            "262144",
+            "--body-chunks",
+            "8",
+            "--chunk-interval-ms",
+            "50",
+        ],
+    );
+    assert_eq!(moved["status"], 301, "{moved}\n{}", rig.router.logs());
+    assert!(
+        moved["stop_sending"].is_u64(),
+        "asked to stop sending: {moved}"
+    );
+    assert_eq!(rig.backend.requests(), 0);
+}
+
+#[test]
 fn streams_reset_before_any_of_their_data_return_their_credit() {
     let rig = Rig::start();
     let warm = rig.h3("shop.test", &[]);
