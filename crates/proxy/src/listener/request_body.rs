@@ -60,6 +60,11 @@ pub(crate) enum RequestBody {
 }
 
 /// An HTTP/3 request's body, held to the length its Content-Length declares.
+///
+/// Dropped unread, quinn asks the client to stop sending with code 0, which HTTP/3 takes as
+/// H3_NO_ERROR (unknown codes are, RFC 9114 section 8.1). Not `stop_sending` from a Drop:
+/// h3-quinn 0.0.10 unwraps a stream its pending read has moved away, so stopping a body
+/// while a read is pending panics.
 pub(crate) struct H3Body {
     stream: H3Stream,
     /// A piece read when the request was taken, not handed on yet.
