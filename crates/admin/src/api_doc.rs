@@ -166,19 +166,21 @@ impl OperationInput for AppLines {
 
 fn body(content_type: &str, schema: Schema) -> RequestBody {
     RequestBody {
-        content: IndexMap::from_iter([(
-            content_type.to_string(),
-            MediaType {
-                schema: Some(SchemaObject {
-                    json_schema: schema,
-                    external_docs: None,
-                    example: None,
-                }),
-                ..MediaType::default()
-            },
-        )]),
+        content: IndexMap::from_iter([(content_type.to_string(), of_schema(schema))]),
         required: true,
         ..RequestBody::default()
+    }
+}
+
+/// Content of `schema`.
+fn of_schema(schema: Schema) -> MediaType {
+    MediaType {
+        schema: Some(SchemaObject {
+            json_schema: schema,
+            external_docs: None,
+            example: None,
+        }),
+        ..MediaType::default()
     }
 }
 
@@ -258,14 +260,7 @@ fn refusals<'t>(mut op: TransformOperation<'t>, list: &[Refusal]) -> TransformOp
                 description: (*meaning).to_string(),
                 content: IndexMap::from_iter([(
                     "application/json".to_string(),
-                    MediaType {
-                        schema: Some(SchemaObject {
-                            json_schema: schema.clone(),
-                            external_docs: None,
-                            example: None,
-                        }),
-                        ..MediaType::default()
-                    },
+                    of_schema(schema.clone()),
                 )]),
                 ..Response::default()
             }),

@@ -11,11 +11,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::{SystemTime, UNIX_EPOCH};
-use switchyard_model::{Explanation, RecentChangesReport, TrafficReport};
 
 use switchyard_model::{
     parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, App, AppName,
-    CacheStore, CertificateInfo, CertificateUpload, Change, Domain, ValidationError,
+    CacheStore, CertificateInfo, CertificateUpload, Change, Domain, Explanation,
+    RecentChangesReport, TrafficReport, ValidationError,
 };
 
 use crate::answers::{
@@ -118,11 +118,14 @@ pub(crate) async fn put_backends(
     Ok(Json(app))
 }
 
+/// Longest path a purge names.
+const MAX_PURGE_PATH: usize = 1024;
+
 /// `DELETE /v1/apps/{name}/cache`'s query.
 #[derive(Deserialize, JsonSchema)]
 pub(crate) struct PurgeQuery {
     /// The path whose cached responses go, e.g. `/news` (absolute, at most 1,024 bytes).
-    #[schemars(regex(pattern = r"^/[!-~]*$"), length(max = 1024))]
+    #[schemars(regex(pattern = r"^/[!-~]*$"), length(max = MAX_PURGE_PATH))]
     path: Option<String>,
     /// `true`: every path under it too.
     #[schemars(extend("enum" = ["true", "false"]))]
@@ -140,7 +143,9 @@ pub(crate) async fn purge_cache(
     let path = query
         .path
         .filter(|p| {
-            p.starts_with('/') && p.len() <= 1024 && p.bytes().all(|b| b.is_ascii_graphic())
+            p.starts_with('/')
+                && p.len() <= MAX_PURGE_PATH
+                && p.bytes().all(|b| b.is_ascii_graphic())
         })
         .ok_or_else(|| {
             ValidationError::new("path", "is required: an absolute path such as /news")

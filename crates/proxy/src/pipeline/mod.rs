@@ -122,10 +122,10 @@ pub(crate) async fn handle(
         }
     }
     let mut response = answer::write(answer, client_upgrade, end);
-    if let Some(incoming) = unread.filter(|body| !body.is_end_stream()) {
-        if version <= Version::HTTP_11 {
-            linger(incoming, &mut response);
-        }
+    if let Some(incoming) =
+        unread.filter(|body| version <= Version::HTTP_11 && !body.is_end_stream())
+    {
+        linger(incoming, &mut response);
     }
     response
 }
@@ -139,8 +139,8 @@ const REFUSED_BODY_LINGER: Duration = Duration::from_secs(5);
 /// connection, and the client could lose the answer. The connection closes after this
 /// answer instead, and the rest of the body is read and dropped meanwhile, for a bounded
 /// time. An HTTP/2 or HTTP/3 stream ends on its own, the rest of it refused without
-/// touching the connection. (This asked the answer's version, which is never HTTP/2 here:
-/// HTTP/2 answers got `Connection: close`, which hyper strips, and a drain task.)
+/// touching the connection; the answer's version cannot tell them apart (it is HTTP/1.1
+/// here whatever the client speaks), the request's does.
 fn linger(mut incoming: RequestBody, response: &mut Response<AnswerBody>) {
     response
         .headers_mut()

@@ -5,7 +5,6 @@
 //! briefly in a separate, larger cache, so a flood of unknown SNI names neither reaches the
 //! store for each handshake nor evicts the certificates that are in use.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use switchyard_model::{Change, Domain, StoredCertificate};
 use switchyard_store::{Store, StoreError};
 
 use crate::metrics;
-use crate::tls::name_index::{NameIndex, MOST_STORED_NAMES};
+use crate::tls::name_index::NameIndex;
 
 /// A certificate ready to hand to OpenSSL.
 pub struct ServedCert {
@@ -214,16 +213,13 @@ impl CertCache {
         self.kept_warm.store(true, Ordering::Relaxed);
         // Changes from here on are noted by the index and applied on top of this read; a
         // read that fails or is given up on (dropped) leaves no index.
-        let read = self.stored_names.begin_read();
-        let mut names = HashSet::new();
+        let mut read = self.stored_names.begin_read();
         let mut loaded = 0;
         let mut after = None;
         loop {
             let page = self.store.list_certs(after.as_deref(), PAGE).await?;
             for info in &page.certs {
-                if names.len() < MOST_STORED_NAMES {
-                    names.insert(info.domain.clone());
-                }
+                read.listed(&info.domain);
                 if loaded < self.capacity && self.lookup(&info.domain).await?.is_some() {
                     loaded += 1;
                 }
@@ -233,8 +229,7 @@ impl CertCache {
                 None => break,
             }
         }
-        let complete = names.len() < MOST_STORED_NAMES;
-        read.finish(names, complete);
+        read.finish();
         Ok(loaded)
     }
 

@@ -12,11 +12,21 @@ use parking_lot::Mutex;
 
 /// Most names indexed (about 64 bytes each); past it there is no index and a name not in
 /// memory is looked up in the store.
-pub(crate) const MOST_STORED_NAMES: usize = 1_000_000;
+const MOST_STORED_NAMES: usize = 1_000_000;
 
-#[derive(Default)]
 pub(crate) struct NameIndex {
     state: Mutex<State>,
+    /// [`MOST_STORED_NAMES`], smaller in tests.
+    most: usize,
+}
+
+impl Default for NameIndex {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            most: MOST_STORED_NAMES,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -46,6 +56,7 @@ impl NameIndex {
         }
         ReadGuard {
             index: self,
+            names: HashSet::new(),
             finished: false,
         }
     }
@@ -56,7 +67,7 @@ impl NameIndex {
         match &mut *state {
             State::Off => {}
             State::Reading { noted, overflowed } => {
-                if noted.len() < MOST_STORED_NAMES {
+                if noted.len() < self.most {
                     noted.push((domain.to_string(), stored));
                 } else {
                     *overflowed = true;
@@ -65,7 +76,7 @@ impl NameIndex {
             State::Ready(names) => {
                 if !stored {
                     names.remove(domain);
-                } else if names.len() < MOST_STORED_NAMES {
+                } else if names.len() < self.most {
                     names.insert(domain.to_string());
                 } else {
                     *state = State::Off;
@@ -93,16 +104,27 @@ impl NameIndex {
 /// A read of the store's list under way.
 pub(crate) struct ReadGuard<'a> {
     index: &'a NameIndex,
+    /// The names listed so far, up to the index's bound.
+    names: HashSet<String>,
     finished: bool,
 }
 
 impl ReadGuard<'_> {
-    /// The read ended with `names`, all the store listed unless not `complete` (past
-    /// [`MOST_STORED_NAMES`]); the changes noted meanwhile are applied on top. A read
+    /// A name the store lists.
+    pub(crate) fn listed(&mut self, name: &str) {
+        if self.names.len() < self.index.most {
+            self.names.insert(name.to_string());
+        }
+    }
+
+    /// The read ended: the changes noted meanwhile are applied on top of what it listed,
+    /// which becomes the index unless it reached the bound (there may be more). A read
     /// overtaken by another that finished first, or by a [`NameIndex::forget`], leaves
     /// the index as that one left it.
-    pub(crate) fn finish(mut self, mut names: HashSet<String>, complete: bool) {
+    pub(crate) fn finish(mut self) {
         self.finished = true;
+        let mut names = std::mem::take(&mut self.names);
+        let complete = names.len() < self.index.most;
         let mut state = self.index.state.lock();
         let State::Reading { noted, overflowed } = std::mem::take(&mut *state) else {
             return;
@@ -114,7 +136,7 @@ impl ReadGuard<'_> {
                 names.remove(&domain);
             }
         }
-        *state = if complete && !overflowed && names.len() <= MOST_STORED_NAMES {
+        *state = if complete && !overflowed && names.len() <= self.index.most {
             State::Ready(names)
         } else {
             State::Off
@@ -137,8 +159,12 @@ impl Drop for ReadGuard<'_> {
 mod tests {
     use super::*;
 
-    fn names(list: &[&str]) -> HashSet<String> {
-        list.iter().map(|n| n.to_string()).collect()
+    /// Ends `read` having listed `list`.
+    fn finish_with(mut read: ReadGuard<'_>, list: &[&str]) {
+        for name in list {
+            read.listed(name);
+        }
+        read.finish();
     }
 
     #[test]
@@ -152,7 +178,7 @@ mod tests {
             !index.knows_unstored("other.test", None),
             "no index while reading"
         );
-        read.finish(names(&["gone.test", "kept.test"]), true);
+        finish_with(read, &["gone.test", "kept.test"]);
         assert!(
             !index.knows_unstored("new.test", None),
             "added during the read"
@@ -173,12 +199,15 @@ mod tests {
 
     #[test]
     fn a_read_given_up_on_or_incomplete_leaves_no_index() {
-        let index = NameIndex::default();
+        let index = NameIndex {
+            most: 2,
+            ..NameIndex::default()
+        };
         drop(index.begin_read());
         assert!(!index.knows_unstored("any.test", None));
-        index.begin_read().finish(names(&["a.test"]), false);
+        finish_with(index.begin_read(), &["a.test", "b.test", "c.test"]);
         assert!(!index.knows_unstored("any.test", None), "past the bound");
-        index.begin_read().finish(names(&["a.test"]), true);
+        finish_with(index.begin_read(), &["a.test"]);
         assert!(index.knows_unstored("any.test", None));
         index.forget();
         assert!(!index.knows_unstored("any.test", None));
@@ -190,10 +219,10 @@ mod tests {
         let first = index.begin_read();
         let second = index.begin_read();
         index.note("new.test", true);
-        first.finish(names(&["a.test"]), true);
+        finish_with(first, &["a.test"]);
         index.note("newer.test", true);
         // Read before `newer.test` was stored: it must not undo that change.
-        second.finish(names(&["a.test"]), true);
+        finish_with(second, &["a.test"]);
         assert!(!index.knows_unstored("new.test", None));
         assert!(!index.knows_unstored("newer.test", None));
     }
