@@ -26,6 +26,7 @@ pub(crate) fn write(args: &ReferenceArgs, cli: clap::Command) -> anyhow::Result<
     for (name, text) in [
         ("settings.md", settings()),
         ("metrics.md", metrics()),
+        ("stages.md", stages()),
         ("cli.md", commands(cli)),
         ("app.schema.json", format!("{schema}\n")),
         ("openapi.json", format!("{openapi}\n")),
@@ -125,6 +126,19 @@ fn metrics() -> String {
         );
     }
     out
+}
+
+fn stages() -> String {
+    format!(
+        "{GENERATED}\n\n# Stages\n\n\
+         Every stage a request can meet, in the order it meets them: the one list \
+         (crates/proxy/src/stage/list.rs) the pipeline, `explain` and this page are made from. \
+         An app's chain holds the stages its settings switch on, built when it enters the \
+         route cache; the stages marked *every request* are the pipeline's own steps. Within \
+         a phase, the request's phases run the stages in this order, the answer's phases \
+         (answer head, answer body, end) in the reverse order.\n\n{}",
+        switchyard_proxy::stages_table()
+    )
 }
 
 fn commands(mut cli: clap::Command) -> String {

@@ -24,6 +24,7 @@ fn the_committed_references_are_what_the_code_says() {
     for name in [
         "settings.md",
         "metrics.md",
+        "stages.md",
         "cli.md",
         "app.schema.json",
         "openapi.json",
@@ -78,4 +79,33 @@ fn the_router_serves_the_app_schema_that_is_committed() {
 #[test]
 fn the_router_serves_the_openapi_document_that_is_committed() {
     served_as_committed("/v1/openapi.json", "openapi.json");
+}
+
+/// ARCHITECTURE.md's stage table is the generated reference's, row for row: the order is
+/// written once, in the stage list.
+#[test]
+fn the_architecture_page_shows_the_stage_list_as_generated() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let table = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|line| line.starts_with('|'))
+            .map(str::to_string)
+            .collect()
+    };
+    let reference = std::fs::read_to_string(root.join("docs/reference/stages.md"))
+        .expect("docs/reference/stages.md");
+    let architecture =
+        std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let section = architecture
+        .split("<!-- stages: from docs/reference/stages.md -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- /stages -->").next())
+        .expect("ARCHITECTURE.md marks its stage table");
+    let expected = table(&reference);
+    assert!(expected.len() > 2, "the reference has a table");
+    assert_eq!(
+        table(section),
+        expected,
+        "ARCHITECTURE.md's stage table differs from docs/reference/stages.md: copy it over"
+    );
 }

@@ -39,16 +39,21 @@ def valgrind(tool, out):
     return ["valgrind", f"--tool={tool}", f"{flag}={out}"]
 
 
-def start(name, work, backend, tool, out, tls):
-    """run.py's own starter for `name`, with one worker and under the tool."""
+def start(name, work, backend, tool, out, tls, app_options=None):
+    """run.py's own starter for `name`, with one worker and under the tool; `app_options`:
+    settings added to Switchyard's app."""
     one_worker = {"workers": 1} if name == "nginx" else {"threads": 1}
+    if app_options:
+        one_worker["app_options"] = app_options
     proc, port = R.PROXIES[name](work, backend, tls=tls, wrap=valgrind(tool, out), **one_worker)
     return proc, port, proc.tls_port
 
 
-def load(port, scheme, requests, rate):
-    """`requests` requests at `rate`/s over keep-alive; the number answered with success."""
-    target = f"GET {scheme}://127.0.0.1:{port}/\nHost: {R.HOST}\n"
+def load(port, scheme, requests, rate, fields=()):
+    """`requests` requests at `rate`/s over keep-alive; the number answered with success.
+    `fields`: more request fields, as `Name: value` lines."""
+    extra = "".join(f"{field}\n" for field in fields)
+    target = f"GET {scheme}://127.0.0.1:{port}/\nHost: {R.HOST}\n{extra}"
     attack = subprocess.run(
         [bench.VEGETA, "attack", f"-rate={rate}", f"-duration={requests / rate}s", "-timeout=10s",
          "-keepalive=true", "-connections=8", "-workers=8", "-max-workers=8", "-http2=false",
@@ -71,15 +76,15 @@ def total(tool, out, log):
     return tuple(int(g.replace(",", "")) for g in match.groups())
 
 
-def one_run(name, work, backend, args, tls, requests):
-    out = work / f"{name}-{args.tool}-{requests}.out"
-    proc, port, tls_port = start(name, work, backend, args.tool, out, tls)
+def one_run(name, work, backend, args, tls, requests, app_options=None, fields=(), label=None):
+    out = work / f"{label or name}-{args.tool}-{requests}.out"
+    proc, port, tls_port = start(name, work, backend, args.tool, out, tls, app_options)
     try:
         serving = tls_port if args.scheme == "https" else port
         # Warm-up: the first connections, pools and lazily built tables, in both runs.
-        answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate)
+        answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate, fields)
         if requests:
-            answered += load(serving, args.scheme, requests, args.rate)
+            answered += load(serving, args.scheme, requests, args.rate, fields)
     finally:
         proc.proc.send_signal(signal.SIGTERM)
         try:

@@ -163,11 +163,13 @@ backend app
     return proc, port
 
 
-def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=(), binary=None):
+def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=(), binary=None,
+                     app_options=None):
     """Switchyard, on hyper since the engine change (commit 2fef383; Pingora's code was
     removed after it, and its rows in the earlier runs are kept below for comparison).
     `wrap`: a command to run it under (valgrind); `binary`: another build than
-    target/release's (an earlier commit's, for a before/after in one run)."""
+    target/release's (an earlier commit's, for a before/after in one run); `app_options`:
+    settings added to the app's (bench/engines/price_list.py: one stage switched on)."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls else None
     cert = ["--default-cert", str(tls[0]), "--default-key", str(tls[1])] if tls else []
@@ -181,7 +183,8 @@ def start_switchyard(work, backend, host=HOST, tls=None, threads=2, wrap=(), bin
     for listening in (port, admin, tls_port):
         if listening:
             wait_port(listening, timeout=180)
-    put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"]})
+    put_app(admin, "app7", {"domains": [host], "backends": [f"127.0.0.1:{backend}"],
+                            **(app_options or {})})
     proc.tls_port = tls_port
     return proc, port
 

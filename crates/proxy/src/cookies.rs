@@ -1,19 +1,14 @@
 //! The cookies a request carries, as the stages that choose by one read them: the mirror's
 //! share by cookie, the sticky session's backend.
 
-use http::header::COOKIE;
-use http::HeaderMap;
-
-/// The value of the cookie `name` in each `Cookie` field of `headers` that has it (the
+/// The value of the cookie `name` in each of the `Cookie` fields `fields` that has it (the
 /// first in each), quotes taken off, in the fields' order.
 pub(crate) fn cookie_values<'h>(
-    headers: &'h HeaderMap,
+    fields: impl Iterator<Item = &'h [u8]> + 'h,
     name: &'h str,
 ) -> impl Iterator<Item = &'h str> + 'h {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+    fields
+        .filter_map(|v| std::str::from_utf8(v).ok())
         .filter_map(move |cookies| cookie_value(cookies, name))
 }
 
@@ -27,7 +22,12 @@ fn cookie_value<'c>(cookies: &'c str, name: &str) -> Option<&'c str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::header::COOKIE;
+    use http::{HeaderMap, HeaderValue};
+
+    fn cookies(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+        headers.get_all(COOKIE).iter().map(HeaderValue::as_bytes)
+    }
 
     #[test]
     fn cookie_values_are_found_as_sent_in_every_field() {
@@ -37,9 +37,9 @@ mod tests {
         headers.append(COOKIE, HeaderValue::from_static("theme=dark; sticky=a"));
         headers.append(COOKIE, HeaderValue::from_static("sticky=b"));
         assert_eq!(
-            cookie_values(&headers, "sticky").collect::<Vec<_>>(),
+            cookie_values(cookies(&headers), "sticky").collect::<Vec<_>>(),
             ["a", "b"]
         );
-        assert_eq!(cookie_values(&headers, "none").next(), None);
+        assert_eq!(cookie_values(cookies(&headers), "none").next(), None);
     }
 }

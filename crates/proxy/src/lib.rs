@@ -58,6 +58,7 @@ pub use routing::recent_changes::RecentChanges;
 pub use routing::route_cache::{RouteCache, RouteCacheLimits};
 pub use shutdown::ShutdownWatch;
 pub use stage::https::advertise_http3;
+pub use stage::list::stages_table;
 pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use tls::cert_expiry::CertExpiryScan;

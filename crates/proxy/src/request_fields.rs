@@ -194,6 +194,25 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Every value of the field `name` (lower case), in the order sent: for the stages
+    /// that read one field beyond the known ones without making the request a map.
+    pub(crate) fn values(self, name: &'static str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let (as_read, map) = match self {
+            Fields::AsRead(fields) => (Some(fields), None),
+            Fields::Map(map) => (None, Some(map.get_all(name))),
+        };
+        let read = as_read.into_iter().flat_map(move |fields| {
+            fields
+                .iter()
+                .filter(move |(field, _)| field.eq_ignore_ascii_case(name.as_bytes()))
+                .map(|(_, value)| value)
+        });
+        let mapped = map
+            .into_iter()
+            .flat_map(|values| values.into_iter().map(http::HeaderValue::as_bytes));
+        read.chain(mapped)
+    }
+
     /// Whether the request has a field `known`.
     pub(crate) fn contains(self, known: Known) -> bool {
         self.get(known).is_some()
@@ -245,6 +264,9 @@ mod tests {
             assert_eq!(fields.hosts(), 2);
             assert!(!fields.contains(Known::ContentLength));
             assert!(!fields.contains(Known::Upgrade));
+            let forwarded: Vec<&[u8]> = fields.values("x-forwarded-for").collect();
+            assert_eq!(forwarded, [&b"1"[..], &b"2"[..]]);
+            assert_eq!(fields.values("accept").count(), 0);
             assert_eq!(
                 fields.head_bytes(),
                 (4 + 6 + 4) + 2 * (15 + 1 + 4) + (4 + 1 + 4)

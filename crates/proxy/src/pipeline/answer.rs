@@ -19,6 +19,7 @@ use crate::listener::relay::{self, ClientUpgrade};
 use crate::respond::{self, LocalAnswer, Refusal};
 use crate::stage::cache::{self, FromCache};
 use crate::stage::https;
+use crate::stage::list::Stage;
 use crate::stage::static_files::StaticFile;
 use crate::stage::{app_pages, basic_auth, header_rules};
 use crate::upstream::backend_h1::BackendBody;
@@ -54,6 +55,9 @@ pub(crate) enum Answer {
     Refused(Refusal),
 }
 
+/// What a stage says of a request: it goes on, or this answers it.
+pub(crate) type Flow = std::ops::ControlFlow<Answer>;
+
 impl From<Refusal> for Answer {
     fn from(refusal: Refusal) -> Self {
         Self::Refused(refusal)
@@ -75,7 +79,7 @@ pub(super) fn write(
 ) -> Response<AnswerBody> {
     // Only the routes of apps with answer rules pay for the route's count.
     let edits = (end.ctx.route.as_ref())
-        .filter(|route| header_rules::edits_answers(&route.app))
+        .filter(|route| route.chain.runs(Stage::HeaderRules) && route.chain.reads_whole_answer)
         .cloned();
     let mut response = match answer {
         Answer::Backend {

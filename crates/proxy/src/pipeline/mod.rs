@@ -1,18 +1,23 @@
-//! The life of one request, the one place that orders the stages (`stage/mod.rs` lists
-//! them), in the phases Pingora's `ProxyHttp` names:
+//! The life of one request, in the phases Pingora's `ProxyHttp` names. The order of the
+//! stages is not written here but in `stage::list`; each phase runs the stages of the
+//! request's app's chain (`stage::chain`, built with its route) that take part in it,
+//! around the steps every request takes:
 //!
-//! 1. **request** — the head read whole: request id, framing, route, ACME challenge,
-//!    limits, HTTPS redirect. Each stage answers (a [`Refusal`], a redirect) or lets the
-//!    request go on.
-//! 2. **body** — the WAF reads and inspects the body it must see, and holds it
+//! 1. **request head** — request id, framing, route, ACME challenge (every request); then
+//!    the chain's (redirects, the app's pages, limits, HTTPS redirect, basic auth, the
+//!    notes of affinity and compression). Each answers (a [`Flow`] that breaks with a
+//!    [`Refusal`], a redirect) or lets the request go on.
+//! 2. **request body** — the WAF reads and inspects the body it must see, and holds it
 //!    (`stage::waf::inspect`).
 //! 3. **answer in place of the app** — a static file, a fresh copy from the cache, a
 //!    resized image.
-//! 4. **upstream** — a copy starts towards the mirror; the request goes to a backend
-//!    (`crate::upstream`: choose, connect, register, retry, mark down, map failures).
-//! 5. **response** — the cache decides on the app's answer (kept, or a stale copy in its
-//!    place); `answer::write` writes every answer, the app's or the router's own.
-//! 6. **logging** — when the answer is done or the client leaves, the request is logged and
+//! 4. **upstream request** — a copy starts towards the mirror, the cache asks for what it
+//!    needs; the request goes to a backend (`crate::upstream`: choose, connect, register,
+//!    retry, mark down, map failures).
+//! 5. **answer head** — backwards: compression, the cache's decision (kept, or a stale
+//!    copy in its place), the sticky cookie; `answer::write` writes every answer, the
+//!    app's or the router's own.
+//! 6. **end** — when the answer is done or the client leaves, the request is logged and
 //!    counted (`end::RequestEnd`, dropped with the answer's body).
 
 mod answer;
@@ -33,7 +38,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
 use http_body::Body as _;
 
 pub(crate) use answer::RouterFields;
-use answer::{Answer, X_CACHE};
+use answer::{Answer, Flow, X_CACHE};
 use answer_body::AnswerBody;
 use client::Client;
 use end::RequestEnd;
@@ -56,6 +61,7 @@ use crate::stage::header_rules;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
 use crate::stage::limits;
+use crate::stage::list::{Phase, Stage};
 use crate::stage::mirror;
 use crate::stage::redirects;
 use crate::stage::request_id::request_id;
@@ -117,7 +123,11 @@ pub(crate) async fn handle(
     }) = answer
     {
         // The app failed or could not be reached: a stale copy stands in if one may.
-        if let Some(stale) = cache::stand_in_for_failure(&mut end.ctx) {
+        let caches = (end.ctx.route.as_ref()).is_some_and(|route| route.chain.runs(Stage::Cache));
+        if let Some(stale) = caches
+            .then(|| cache::stand_in_for_failure(&mut end.ctx))
+            .flatten()
+        {
             answer = Answer::Cached(stale);
         }
     }
@@ -229,52 +239,22 @@ async fn request_phase(
     let Some(route) = ctx.route.clone() else {
         return Err(LocalAnswer::UnknownHost.into());
     };
-    if let Some((status, location)) = redirects::redirect(&head.uri, ctx) {
-        return Err(Answer::Redirect { status, location });
-    }
-    if as_read.is_some() && reads_whole_request(&route.app) {
+    let chain = route.chain;
+    if as_read.is_some() && chain.reads_whole_request {
         match as_read.take().map(|fields| fields.to_map()) {
             Some(Ok(map)) => head.headers = map,
             _ => return Err(Refusal::of_status(400).into()),
         }
     }
-    if route.app.affinity.is_some() {
-        affinity::note_cookie(ctx, &head.headers);
-    }
-    if route.app.compress.is_some() {
-        compress::note_request(ctx, &mut head.headers);
-    }
-    if app_pages::has_pages(&route.app) {
-        app_pages::note_html_client(ctx, &head.method, &head.headers);
-        if let Some(retry_after_s) = app_pages::in_maintenance(ctx) {
-            return Err(Answer::Maintenance { retry_after_s });
-        }
-    }
-    let inspected = shared.waf.is_some() && waf::policy_of(ctx).is_some();
-    let resized = shared.images.is_some() && images::wants_resize(ctx, head);
+    let inspected = shared.waf.is_some() && chain.runs(Stage::Waf);
+    let resized =
+        shared.images.is_some() && chain.runs(Stage::Images) && images::wants_resize(ctx, head);
     ctx.weight.start(inspected || resized);
-    if let Some(limits) = route.app.limits.as_deref() {
-        let request = limits::Request {
-            app: route.app.name.as_str(),
-            limits,
-            peer: client.ip(),
-            headers: &head.headers,
-            target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
-            declared_length: ctx.declared_length,
-        };
-        ctx.limit_places = shared.limiter.admit(request).await?;
-    }
-    if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
-        return Err(Answer::Redirect {
-            status: 308,
-            location,
-        });
-    }
-    if route.app.basic_auth.is_some() {
-        let pool = shared.pool.as_deref();
-        let checked = basic_auth::check(ctx, head.uri.path(), &head.headers, client.ip(), pool);
-        if let Err(denied) = Box::pin(checked).await {
-            return Err(denied_answer(denied, client));
+    for stage in chain.in_phase(Phase::RequestHead) {
+        let fields = as_read.as_ref();
+        if let Flow::Break(answer) = on_request_head(stage, head, fields, client, ctx, worker).await
+        {
+            return Err(answer);
         }
     }
     let body_deadline = shared.client_timeouts.body;
@@ -289,6 +269,71 @@ async fn request_phase(
     Ok(route)
 }
 
+/// A stage of the app's chain on the request's head: it answers, or the request goes on.
+async fn on_request_head(
+    stage: Stage,
+    head: &mut http::request::Parts,
+    as_read: Option<&RequestFields>,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Flow {
+    let shared = &worker.shared;
+    match stage {
+        Stage::Redirects => {
+            if let Some((status, location)) = redirects::redirect(&head.uri, ctx) {
+                return Flow::Break(Answer::Redirect { status, location });
+            }
+        }
+        Stage::AppPages => {
+            let fields = Fields::of(&head.headers, as_read);
+            app_pages::note_html_client(ctx, &head.method, fields);
+            if let Some(retry_after_s) = app_pages::in_maintenance(ctx) {
+                return Flow::Break(Answer::Maintenance { retry_after_s });
+            }
+        }
+        Stage::Limits => {
+            let Some(route) = ctx.route.clone() else {
+                return Flow::Continue(());
+            };
+            let Some(limits) = route.app.limits.as_deref() else {
+                return Flow::Continue(());
+            };
+            let request = limits::Request {
+                app: route.app.name.as_str(),
+                limits,
+                peer: client.ip(),
+                headers: &head.headers,
+                target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
+                declared_length: ctx.declared_length,
+            };
+            match shared.limiter.admit(request).await {
+                Ok(places) => ctx.limit_places = places,
+                Err(refusal) => return Flow::Break(refusal.into()),
+            }
+        }
+        Stage::Https => {
+            if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
+                return Flow::Break(Answer::Redirect {
+                    status: 308,
+                    location,
+                });
+            }
+        }
+        Stage::BasicAuth => {
+            let pool = shared.pool.as_deref();
+            let checked = basic_auth::check(ctx, head.uri.path(), &head.headers, client.ip(), pool);
+            if let Err(denied) = Box::pin(checked).await {
+                return Flow::Break(denied_answer(denied, client));
+            }
+        }
+        Stage::Affinity => affinity::note_cookie(ctx, Fields::of(&head.headers, as_read)),
+        Stage::Compress => compress::note_request(ctx, &mut head.headers),
+        _ => {}
+    }
+    Flow::Continue(())
+}
+
 /// The body phase: the part of the body the app's WAF must see, read, inspected and held
 /// to be sent on; `None` when nothing was held.
 async fn body_phase(
@@ -299,7 +344,8 @@ async fn body_phase(
     worker: &EventLoop,
     bytes_in: &Cell<usize>,
 ) -> Result<Option<Held>, Refusal> {
-    if waf::policy_of(ctx).is_none() {
+    let inspects = ctx.route.as_ref().is_some_and(|r| r.chain.runs(Stage::Waf));
+    if !inspects || waf::policy_of(ctx).is_none() {
         return Ok(None);
     }
     // The WAF, the cache and the images are awaited boxed, and only on the routes that
@@ -321,41 +367,73 @@ async fn body_phase(
         .inspect_err(|refusal| client.pacing.after(refusal))
 }
 
-/// The answers the router makes in place of the app's: a file under the app's static root,
-/// a fresh copy from its cache, a resized image.
+/// The answers the router makes in place of the app's, by the stages of its chain that
+/// make them: a file under the app's static root, a fresh copy from its cache, a resized
+/// image (after the cache: one the app lets be cached is made once).
 async fn answer_in_place_of_app(
     head: &http::request::Parts,
     client: &Client,
     ctx: &mut RequestCtx,
     worker: &EventLoop,
 ) -> Option<Answer> {
-    if let Some(file) = static_files::find(ctx, &head.method, head.uri.path()).await {
-        return Some(Answer::File(file));
-    }
-    let shared = &worker.shared;
-    if cache::applies(ctx) {
-        let redis = shared.cache_redis.as_ref();
-        if let Some(fresh) = Box::pin(cache::request_phase(ctx, head, redis)).await {
-            if let Some(refresh) = cache::take_background_refresh(ctx) {
-                let pool = worker.cache_refreshes.clone();
-                let connections = shared.connections.clone();
-                tokio::task::spawn_local(cache::background::run(refresh, pool, connections));
-            }
-            return Some(Answer::Cached(fresh));
+    let chain = ctx.route.as_ref()?.chain;
+    for stage in chain.in_phase(Phase::InPlaceOfApp) {
+        let answer = match stage {
+            Stage::StaticFiles => static_files::find(ctx, &head.method, head.uri.path())
+                .await
+                .map(Answer::File),
+            // The cache and the images are awaited boxed: their states (4.4 and 1.5 KiB)
+            // would otherwise size this future on every route.
+            Stage::Cache => Box::pin(fresh_copy(head, ctx, worker)).await,
+            Stage::Images => Box::pin(resized_image(head, client, ctx, worker)).await,
+            _ => None,
+        };
+        if answer.is_some() {
+            return answer;
         }
     }
-    // After the cache: a resized image the app lets be cached is made once.
+    None
+}
+
+/// A fresh copy from the app's cache, its background refresh started when it asks for one.
+async fn fresh_copy(
+    head: &http::request::Parts,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Option<Answer> {
+    if !cache::applies(ctx) {
+        return None;
+    }
+    let shared = &worker.shared;
+    let fresh = cache::request_phase(ctx, head, shared.cache_redis.as_ref()).await?;
+    if let Some(refresh) = cache::take_background_refresh(ctx) {
+        let pool = worker.cache_refreshes.clone();
+        let connections = shared.connections.clone();
+        tokio::task::spawn_local(cache::background::run(refresh, pool, connections));
+    }
+    Some(Answer::Cached(fresh))
+}
+
+/// The image the request asks for, resized on the worker pool.
+async fn resized_image(
+    head: &http::request::Parts,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Option<Answer> {
     if !images::wants_resize(ctx, head) {
         return None;
     }
-    let resized = Box::pin(images::resize_for(
+    let shared = &worker.shared;
+    let resized = images::resize_for(
         shared.images.as_ref(),
         &shared.connections,
         ctx,
         head,
         Some(client.ip()),
-    ));
-    let answer = image_answer(resized.await?, &head.headers, ctx);
+    )
+    .await?;
+    let answer = image_answer(resized, &head.headers, ctx);
     if let Answer::Refused(refusal) = &answer {
         client.pacing.after(refusal);
     }
@@ -382,17 +460,21 @@ async fn upstream_phase(
     let client_version = head.version;
     let upgrade = Fields::of(&head.headers, as_read.as_ref()).contains(Known::Upgrade);
     let body_ended = incoming.is_end_stream();
-    let mirror_feed = if upgrade {
-        None
-    } else {
-        let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
-        mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx)
-    };
-    cache::upstream_request_phase(ctx, &mut head.headers);
-    let answer_form = if head.version < Version::HTTP_2
-        && !cache::applies(ctx)
-        && !reads_whole_answer(&route.app)
-    {
+    let chain = route.chain;
+    let mut mirror_feed = None;
+    for stage in chain.in_phase(Phase::UpstreamRequest) {
+        match stage {
+            Stage::Mirror if !upgrade => {
+                let has_body = !body_ended || held.as_ref().is_some_and(|h| !h.data.is_empty());
+                mirror_feed =
+                    mirror::start_copy(&worker.mirrors, head, Some(client.ip()), has_body, ctx);
+            }
+            Stage::Cache => cache::upstream_request_phase(ctx, &mut head.headers),
+            // The app's rules edit the head once it is the backend's (below).
+            _ => {}
+        }
+    }
+    let answer_form = if head.version < Version::HTTP_2 && !chain.reads_whole_answer {
         AnswerForm::AsRead
     } else {
         AnswerForm::Map
@@ -402,7 +484,10 @@ async fn upstream_phase(
         head.version = Version::HTTP_11;
     } else {
         prepare_for_backend(head);
-        header_rules::edit_request(&route.app, &mut head.headers);
+        // A route whose rules edit requests has its request's map.
+        if chain.runs(Stage::HeaderRules) {
+            header_rules::edit_request(&route.app, &mut head.headers);
+        }
     }
     let forwarding = Forwarding::new(
         Fields::of(&head.headers, as_read.as_ref()).get(Known::ForwardedFor),
@@ -435,20 +520,26 @@ async fn upstream_phase(
         Ok(response) => response,
         Err(refusal) => return refusal.into(),
     };
-    // A route with a cache has its request's map (`reads_whole_request`).
+    // Backwards from the app: compression before the cache's decision (a copy is kept as
+    // the client gets it, one per coding), a sticky cookie after it (a client's cookie is
+    // never kept in a shared copy). The app's pages and its answer rules are the answer
+    // writer's, on every answer. A route with a cache has its request's map.
     let status = response.status().as_u16();
-    let fields = response.headers_mut();
-    if route.app.compress.is_some() {
-        // Before the cache's decision: a copy is kept as the client gets it, one per coding.
-        let head_only = head.method == http::Method::HEAD;
-        compress::prepare_answer(&route.app, ctx, status, head_only, fields);
-    }
-    if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
-        return Answer::Cached(copy);
-    }
-    // After the cache's decision: a client's cookie is never kept in a shared copy.
-    if route.app.affinity.is_some() {
-        affinity::add_cookie(ctx, response.headers_mut());
+    for stage in chain.in_phase(Phase::AnswerHead) {
+        let fields = response.headers_mut();
+        match stage {
+            Stage::Compress => {
+                let head_only = head.method == http::Method::HEAD;
+                compress::prepare_answer(&route.app, ctx, status, head_only, fields);
+            }
+            Stage::Cache => {
+                if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
+                    return Answer::Cached(copy);
+                }
+            }
+            Stage::Affinity => affinity::add_cookie(ctx, fields),
+            _ => {}
+        }
     }
     Answer::Backend {
         response,
@@ -491,27 +582,6 @@ fn prepare_for_backend(head: &mut http::request::Parts) {
     }
     head.version = Version::HTTP_11;
     framing::normalise_for_backend(headers);
-}
-
-/// Whether a stage on `app`'s route reads the request whole (through `http::request::Parts`):
-/// its fields are then made a map first.
-fn reads_whole_request(app: &switchyard_model::App) -> bool {
-    app.limits.is_some()
-        || app.cache.is_some()
-        || app.images.is_some()
-        || app.mirror.is_some()
-        || app.waf.is_some()
-        || app.basic_auth.is_some()
-        || app_pages::has_pages(app)
-        || header_rules::edits_requests(app)
-        || app.affinity.is_some()
-        || app.compress.is_some()
-}
-
-/// Whether a stage on `app`'s route reads or edits the app's answer fields (beside the
-/// cache, which decides per request): they are then read into a map.
-fn reads_whole_answer(app: &switchyard_model::App) -> bool {
-    header_rules::edits_answers(app) || app.affinity.is_some() || app.compress.is_some()
 }
 
 /// The answer to a request the app's password protection did not let through.

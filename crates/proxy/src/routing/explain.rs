@@ -12,6 +12,7 @@ use crate::response_cache::redis::CacheRedis;
 use crate::routing::balancer::{BackendState, Upstream};
 use crate::routing::route_cache::{wildcard_parents, DomainMatch, RouteCache};
 use crate::stage::cache;
+use crate::stage::list::{Stage, LIST};
 
 /// Explains `host` (as a client would send it, port allowed) and `path` for `method`;
 /// `cache_redis`: where apps with the shared store keep their copies.
@@ -79,39 +80,103 @@ fn tried_domains(host: &str, matched: Option<&str>) -> Vec<String> {
     tried
 }
 
-/// Each stage, in the order requests run them, and whether it acts on this request.
+/// Each stage of the list, in the order requests run them, and whether it acts on this
+/// request: each says it in its own function, called in the list's order.
 fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> {
-    let reads = method == "GET" || method == "HEAD";
-    let mut stages = Vec::new();
-    let mut stage = |stage: &'static str, applies: bool, why: String| {
-        stages.push(StageVerdict {
+    let (path_only, query) = path
+        .split_once('?')
+        .map_or((path, None), |(p, q)| (p, Some(q)));
+    let asked = Asked {
+        app,
+        host,
+        method,
+        path,
+        path_only,
+        query,
+        reads: method == "GET" || method == "HEAD",
+    };
+    let mut out = Verdicts::default();
+    for row in &LIST {
+        let explain: fn(&Asked<'_>, &mut Verdicts) = match row.stage {
+            Stage::Redirects => redirects,
+            Stage::AppPages => app_pages,
+            Stage::Limits => limits,
+            Stage::BasicAuth => basic_auth,
+            Stage::HeaderRules => header_rules,
+            Stage::Affinity => affinity,
+            Stage::Compress => compress,
+            Stage::Forwarding => forwarding,
+            Stage::Https => https,
+            Stage::Upstream => response_buffering,
+            Stage::Waf => waf,
+            Stage::StaticFiles => static_files,
+            Stage::Cache => cache,
+            Stage::Images => images,
+            Stage::Mirror => mirror,
+            _ => continue,
+        };
+        explain(&asked, &mut out);
+    }
+    out.0
+}
+
+/// The request `explain` is asked about.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    app: &'a App,
+    host: &'a str,
+    method: &'a str,
+    path: &'a str,
+    path_only: &'a str,
+    query: Option<&'a str>,
+    reads: bool,
+}
+
+/// What the stages say, in order.
+#[derive(Default)]
+struct Verdicts(Vec<StageVerdict>);
+
+impl Verdicts {
+    fn say(&mut self, stage: &'static str, applies: bool, why: String) {
+        self.0.push(StageVerdict {
             stage,
             applies,
             why,
         });
-    };
-    let (path_only, query) = path
-        .split_once('?')
-        .map_or((path, None), |(p, q)| (p, Some(q)));
+    }
+}
+
+fn redirects(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked {
+        app,
+        host,
+        path_only,
+        query,
+        ..
+    } = *asked;
     let moved = app
         .redirects
         .iter()
         .find_map(|r| Some((r.status, r.location(host, path_only, query)?)));
     match (app.redirects.len(), moved) {
-        (0, _) => stage("redirects", false, "the app lists no redirects".into()),
-        (_, Some((status, location))) => stage(
+        (0, _) => out.say("redirects", false, "the app lists no redirects".into()),
+        (_, Some((status, location))) => out.say(
             "redirects",
             true,
             format!("answered {status} to {location}"),
         ),
-        (n, None) => stage(
+        (n, None) => out.say(
             "redirects",
             false,
             format!("none of the app's {n} redirects takes this host and path"),
         ),
     }
+}
+
+fn app_pages(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match app.maintenance.as_deref() {
-        Some(m) if m.enabled => stage(
+        Some(m) if m.enabled => out.say(
             "maintenance",
             true,
             format!(
@@ -126,10 +191,10 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                     .unwrap_or_default()
             ),
         ),
-        _ => stage("maintenance", false, "the app is not in maintenance".into()),
+        _ => out.say("maintenance", false, "the app is not in maintenance".into()),
     }
     match app.error_pages.as_deref() {
-        Some(pages) if !pages.0.is_empty() => stage(
+        Some(pages) if !pages.0.is_empty() => out.say(
             "error_pages",
             true,
             format!(
@@ -142,10 +207,14 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                     .join(", ")
             ),
         ),
-        _ => stage("error_pages", false, "the router's own pages".into()),
+        _ => out.say("error_pages", false, "the router's own pages".into()),
     }
+}
+
+fn limits(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match &app.limits {
-        Some(limits) => stage(
+        Some(limits) => out.say(
             "limits",
             true,
             format!(
@@ -153,15 +222,19 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 serde_json::to_string(limits).unwrap_or_default()
             ),
         ),
-        None => stage("limits", false, "the app sets no limits".into()),
+        None => out.say("limits", false, "the app sets no limits".into()),
     }
+}
+
+fn basic_auth(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, path_only, .. } = *asked;
     match app.basic_auth.as_deref() {
-        Some(auth) if auth.is_open(path_only) => stage(
+        Some(auth) if auth.is_open(path_only) => out.say(
             "basic_auth",
             false,
             "the path is open: no password asked".into(),
         ),
-        Some(auth) => stage(
+        Some(auth) => out.say(
             "basic_auth",
             true,
             format!(
@@ -170,10 +243,14 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 auth.users.len()
             ),
         ),
-        None => stage("basic_auth", false, "the app asks no password".into()),
+        None => out.say("basic_auth", false, "the app asks no password".into()),
     }
+}
+
+fn header_rules(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match app.headers.as_deref() {
-        Some(rules) => stage(
+        Some(rules) => out.say(
             "header_rules",
             true,
             format!(
@@ -182,10 +259,14 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 serde_json::to_string(&rules.response).unwrap_or_default()
             ),
         ),
-        None => stage("header_rules", false, "the app edits no fields".into()),
+        None => out.say("header_rules", false, "the app edits no fields".into()),
     }
+}
+
+fn affinity(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match &app.affinity {
-        Some(affinity) => stage(
+        Some(affinity) => out.say(
             "affinity",
             true,
             format!(
@@ -198,10 +279,14 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                     .map_or("a session cookie".to_string(), |s| format!("Max-Age={s}"))
             ),
         ),
-        None => stage("affinity", false, "requests are balanced one by one".into()),
+        None => out.say("affinity", false, "requests are balanced one by one".into()),
     }
+}
+
+fn compress(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match &app.compress {
-        Some(compress) => stage(
+        Some(compress) => out.say(
             "compress",
             true,
             format!(
@@ -211,9 +296,13 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 compress.min_bytes
             ),
         ),
-        None => stage("compress", false, "answers go as the app sends them".into()),
+        None => out.say("compress", false, "answers go as the app sends them".into()),
     }
-    stage(
+}
+
+fn forwarding(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
+    out.say(
         "forwarding",
         true,
         format!(
@@ -233,7 +322,11 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
             }
         ),
     );
-    stage(
+}
+
+fn https(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
+    out.say(
         "https_redirect",
         app.https_redirect,
         if app.https_redirect {
@@ -243,23 +336,27 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
         },
     );
     match crate::stage::https::advertised_http3() {
-        Some(alt_svc) if app.advertise_http3 => stage(
+        Some(alt_svc) if app.advertise_http3 => out.say(
             "http3",
             true,
             format!("HTTPS answers carry Alt-Svc: {alt_svc}; browsers move to HTTP/3"),
         ),
-        Some(_) => stage(
+        Some(_) => out.say(
             "http3",
             false,
             "advertise_http3 is false: no Alt-Svc, clients stay on TCP".into(),
         ),
-        None => stage(
+        None => out.say(
             "http3",
             false,
             "the router serves no HTTP/3 (--http3)".into(),
         ),
     }
-    stage(
+}
+
+fn response_buffering(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
+    out.say(
         "response_buffering",
         app.response_buffering,
         if app.response_buffering {
@@ -270,8 +367,12 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
             "off: answers stream at the client's pace".into()
         },
     );
+}
+
+fn waf(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, .. } = *asked;
     match &app.waf {
-        Some(waf) => stage(
+        Some(waf) => out.say(
             "waf",
             true,
             format!(
@@ -279,31 +380,51 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 waf.mode, waf.paranoia, waf.max_body_bytes, waf.timeout_ms, waf.on_overload
             ),
         ),
-        None => stage("waf", false, "the app has no WAF".into()),
+        None => out.say("waf", false, "the app has no WAF".into()),
     }
+}
+
+fn static_files(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked {
+        app,
+        method,
+        path,
+        reads,
+        ..
+    } = *asked;
     match &app.static_root {
-        Some(root) if reads => stage(
+        Some(root) if reads => out.say(
             "static",
             true,
             format!("answered from {root}{path} if that file exists, else passed on"),
         ),
-        Some(_) => stage(
+        Some(_) => out.say(
             "static",
             false,
             format!("{method} is never served from files"),
         ),
-        None => stage("static", false, "the app has no static root".into()),
+        None => out.say("static", false, "the app has no static root".into()),
     }
+}
+
+fn cache(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked {
+        app,
+        method,
+        path,
+        reads,
+        ..
+    } = *asked;
     match &app.cache {
-        Some(_) if !reads => stage("cache", false, format!("{method} is not cached")),
+        Some(_) if !reads => out.say("cache", false, format!("{method} is not cached")),
         Some(cache) if !cache.paths.is_empty() && !cache.paths.iter().any(|p| p.matches(path)) => {
-            stage(
+            out.say(
                 "cache",
                 false,
                 "the path is not among the cached paths".into(),
             )
         }
-        Some(cache) => stage(
+        Some(cache) => out.say(
             "cache",
             true,
             format!(
@@ -315,23 +436,35 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                     .map_or(String::new(), |s| format!(" (at least {s} s fresh)"))
             ),
         ),
-        None => stage("cache", false, "the app caches nothing".into()),
+        None => out.say("cache", false, "the app caches nothing".into()),
     }
+}
+
+fn images(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked {
+        app, path, reads, ..
+    } = *asked;
     match &app.images {
-        Some(images) if path.starts_with(images.prefix.as_str()) && reads => stage(
+        Some(images) if path.starts_with(images.prefix.as_str()) && reads => out.say(
             "images",
             true,
             format!("resized on the worker pool ({}WxH/…)", images.prefix),
         ),
-        Some(images) => stage(
+        Some(images) => out.say(
             "images",
             false,
             format!("only {} GET/HEAD requests are resized", images.prefix),
         ),
-        None => stage("images", false, "the app resizes no images".into()),
+        None => out.say("images", false, "the app resizes no images".into()),
     }
+}
+
+fn mirror(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked {
+        app, method, path, ..
+    } = *asked;
     match &app.mirror {
-        Some(mirror) if mirror.applies_to(method, path) => stage(
+        Some(mirror) if mirror.applies_to(method, path) => out.say(
             "mirror",
             true,
             format!(
@@ -341,14 +474,13 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
                 mirror.backends
             ),
         ),
-        Some(_) => stage(
+        Some(_) => out.say(
             "mirror",
             false,
             "the method or path is outside the mirrored ones".into(),
         ),
-        None => stage("mirror", false, "the app mirrors nothing".into()),
+        None => out.say("mirror", false, "the app mirrors nothing".into()),
     }
-    stages
 }
 
 /// The backend the next request would take, why, and the state of every backend.
@@ -392,5 +524,30 @@ fn describe(backend: &BackendState) -> BackendView {
         failing_checks: !backend.passes_active_checks(),
         passively_down: backend.is_passively_down(),
         retired: backend.is_retired(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_model::parse_app_spec;
+
+    /// `explain` says what the list declares, stage by stage in the list's order.
+    #[test]
+    fn the_verdicts_follow_the_stage_list() {
+        let app = parse_app_spec(
+            "a",
+            &serde_json::json!({"domains": ["a.test"], "backends": ["127.0.0.1:9"]}),
+        )
+        .expect("a valid spec");
+        let said: Vec<&str> = stages(&app, "a.test", "GET", "/")
+            .iter()
+            .map(|verdict| verdict.stage)
+            .collect();
+        let declared: Vec<&str> = LIST
+            .iter()
+            .flat_map(|row| row.explained_as.iter().copied())
+            .collect();
+        assert_eq!(said, declared);
     }
 }

@@ -22,6 +22,7 @@ use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::balancer::Upstream;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
+use crate::stage::chain::Chain;
 use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
 
 const STRIPES: usize = 256;
@@ -64,6 +65,8 @@ pub(crate) struct AppRoute {
     pub(crate) requests: Arc<AppRequests>,
     /// Its backends' sticky-session tokens, when it has affinity (made on first use).
     pub(crate) affinity: Option<Box<std::sync::OnceLock<crate::routing::affinity_tokens::Tokens>>>,
+    /// The stages its settings switch on, built with the route.
+    pub(crate) chain: Chain,
 }
 
 /// Sizes of the route caches.
@@ -477,7 +480,9 @@ fn build_route(
     });
     let requests = REQUEST_COUNTS.for_app(app.name.as_str());
     let affinity = app.affinity.as_ref().map(|_| Box::default());
+    let chain = Chain::for_app(&app);
     AppRoute {
+        chain,
         app,
         upstream,
         mirror,

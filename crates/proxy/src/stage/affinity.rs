@@ -19,6 +19,7 @@ use http::{HeaderMap, HeaderValue};
 use crate::context::RequestCtx;
 use crate::cookies::cookie_values;
 use crate::metrics;
+use crate::request_fields::Fields;
 use crate::routing::affinity_tokens::{self, Sticky, Tokens};
 use crate::routing::route_cache::AppRoute;
 
@@ -32,7 +33,7 @@ fn tokens_of(route: &AppRoute) -> Option<&Tokens> {
 
 /// Notes, for a request to an app with affinity, what its cookie says: the backend it names
 /// (when it is one of the app's) is tried first by the upstream step.
-pub(crate) fn note_cookie(ctx: &mut RequestCtx, headers: &HeaderMap) {
+pub(crate) fn note_cookie(ctx: &mut RequestCtx, fields: Fields<'_>) {
     let Some(route) = ctx.route.as_ref() else {
         return;
     };
@@ -43,7 +44,7 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, headers: &HeaderMap) {
         metrics::AFFINITY.with_label_values(&["no_key"]).inc();
         return;
     };
-    let mut sent = cookie_values(headers, &affinity.cookie).peekable();
+    let mut sent = cookie_values(fields.values("cookie"), &affinity.cookie).peekable();
     if sent.peek().is_none() {
         return;
     }
@@ -120,7 +121,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         let cookie = format!("theme=dark; sticky={token}");
         headers.insert(COOKIE, HeaderValue::try_from(cookie).expect("value"));
-        note_cookie(&mut ctx, &headers);
+        note_cookie(&mut ctx, Fields::Map(&headers));
         assert_eq!(ctx.sticky.as_deref(), Some(&Sticky::Named(second)));
         assert!(set_cookie(&ctx, second).is_none(), "kept: no new cookie");
         let first: SocketAddr = "127.0.0.1:9001".parse().expect("address");
@@ -128,7 +129,7 @@ mod tests {
         assert!(moved.to_str().expect("ascii").starts_with("sticky="));
 
         headers.insert(COOKIE, HeaderValue::from_static("sticky=forged"));
-        note_cookie(&mut ctx, &headers);
+        note_cookie(&mut ctx, Fields::Map(&headers));
         assert_eq!(ctx.sticky.as_deref(), Some(&Sticky::Gone));
     }
 }

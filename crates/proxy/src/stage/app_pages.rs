@@ -5,28 +5,18 @@
 //! get the router's plain text, as Heroku's router does.
 
 use bytes::Bytes;
-use http::header::ACCEPT;
-use http::{HeaderMap, Method};
-use switchyard_model::App;
+use http::Method;
 
 use crate::context::RequestCtx;
+use crate::request_fields::Fields;
 
 /// The text of the maintenance answer for clients that get no HTML.
 pub(crate) const MAINTENANCE_TEXT: &str = "this app is under maintenance, try again later";
 
-/// Whether the app has pages of its own, for which the request's `Accept` is read.
-pub(crate) fn has_pages(app: &App) -> bool {
-    app.maintenance.as_ref().is_some_and(|m| m.enabled) || app.error_pages.is_some()
-}
-
 /// Notes whether this client gets the app's HTML pages: a request other than HEAD whose
 /// `Accept` names `text/html` (as browsers' navigations do).
-pub(crate) fn note_html_client(ctx: &mut RequestCtx, method: &Method, headers: &HeaderMap) {
-    ctx.wants_html = method != Method::HEAD
-        && headers
-            .get_all(ACCEPT)
-            .iter()
-            .any(|accept| names_html(accept.as_bytes()));
+pub(crate) fn note_html_client(ctx: &mut RequestCtx, method: &Method, fields: Fields<'_>) {
+    ctx.wants_html = method != Method::HEAD && fields.values("accept").any(names_html);
 }
 
 fn names_html(accept: &[u8]) -> bool {

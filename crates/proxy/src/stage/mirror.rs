@@ -27,6 +27,7 @@ use crate::cookies::cookie_values;
 use crate::forwarded;
 use crate::hop_by_hop;
 use crate::metrics;
+use crate::request_fields::Fields;
 use crate::routing::mirror_state::CopyInFlight;
 use crate::routing::route_cache::AppRoute;
 use crate::upstream::outbound::{ConnectError, SideBody, SidePool, Target, TlsTarget};
@@ -210,9 +211,11 @@ fn is_selected(mirror: &Mirror, request: &http::request::Parts, client_ip: Optio
             .query()
             .and_then(|query| query_value(query, name))
             .is_some_and(|v| mirror.selects(v.as_bytes())),
-        MirrorKey::Cookie(name) => cookie_values(&request.headers, name)
-            .next()
-            .is_some_and(|v| mirror.selects(v.as_bytes())),
+        MirrorKey::Cookie(name) => {
+            cookie_values(Fields::Map(&request.headers).values("cookie"), name)
+                .next()
+                .is_some_and(|v| mirror.selects(v.as_bytes()))
+        }
     }
 }
 
