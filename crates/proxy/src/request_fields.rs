@@ -196,7 +196,10 @@ impl<'a> Fields<'a> {
 
     /// Every value of the field `name` (lower case), in the order sent: for the stages
     /// that read one field beyond the known ones without making the request a map.
-    pub(crate) fn values(self, name: &'static str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub(crate) fn values<'n>(self, name: &'n str) -> impl Iterator<Item = &'a [u8]> + 'n
+    where
+        'a: 'n,
+    {
         let (as_read, map) = match self {
             Fields::AsRead(fields) => (Some(fields), None),
             Fields::Map(map) => (None, Some(map.get_all(name))),

@@ -303,7 +303,7 @@ async fn on_request_head(
                 app: route.app.name.as_str(),
                 limits,
                 peer: client.ip(),
-                headers: &head.headers,
+                fields: Fields::of(&head.headers, as_read),
                 target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
                 declared_length: ctx.declared_length,
             };
@@ -322,7 +322,8 @@ async fn on_request_head(
         }
         Stage::BasicAuth => {
             let pool = shared.pool.as_deref();
-            let checked = basic_auth::check(ctx, head.uri.path(), &head.headers, client.ip(), pool);
+            let fields = Fields::of(&head.headers, as_read);
+            let checked = basic_auth::check(ctx, head.uri.path(), fields, client.ip(), pool);
             if let Err(denied) = Box::pin(checked).await {
                 return Flow::Break(denied_answer(denied, client));
             }

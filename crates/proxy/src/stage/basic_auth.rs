@@ -13,12 +13,10 @@ use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use http::header::AUTHORIZATION;
-use http::HeaderMap;
-
 use crate::context::RequestCtx;
 use crate::isolation::worker_pool::WorkerPool;
 use crate::metrics;
+use crate::request_fields::Fields;
 
 /// How long credentials that passed are taken without a new check.
 const REMEMBERED_FOR: Duration = Duration::from_secs(600);
@@ -58,7 +56,7 @@ pub(crate) enum Denied {
 pub(crate) async fn check(
     ctx: &RequestCtx,
     path: &str,
-    headers: &HeaderMap,
+    fields: Fields<'_>,
     client: IpAddr,
     pool: Option<&WorkerPool>,
 ) -> Result<(), Denied> {
@@ -83,7 +81,7 @@ pub(crate) async fn check(
         return Err(Denied::LockedOut(wait));
     }
     let unauthorized = || Denied::Unauthorized(auth.realm.clone());
-    let Some((user, password)) = credentials(headers) else {
+    let Some((user, password)) = credentials(fields) else {
         // No credentials is a browser's first request, not an attempt: not counted.
         metrics::BASIC_AUTH_CHECKS
             .with_label_values(&["refused"])
@@ -129,8 +127,8 @@ pub(crate) async fn check(
 
 /// The user and password of a `Basic` Authorization (RFC 7617: the scheme in any case, the
 /// user before the first ':'); `None` when there is none or it cannot be read.
-fn credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+fn credentials(fields: Fields<'_>) -> Option<(String, String)> {
+    let value = std::str::from_utf8(fields.values("authorization").next()?).ok()?;
     let (scheme, encoded) = value.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
@@ -183,7 +181,8 @@ pub(crate) fn challenge(realm: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::header::AUTHORIZATION;
+    use http::{HeaderMap, HeaderValue};
 
     #[test]
     fn basic_credentials_are_read_in_any_case_of_the_scheme() {
@@ -194,16 +193,16 @@ mod tests {
             HeaderValue::from_static("bAsIc YWxpY2U6cGE6c3M="),
         );
         assert_eq!(
-            credentials(&headers),
+            credentials(Fields::Map(&headers)),
             Some(("alice".to_string(), "pa:ss".to_string()))
         );
         headers.insert(
             AUTHORIZATION,
             HeaderValue::from_static("Bearer YWxpY2U6cGE6c3M="),
         );
-        assert_eq!(credentials(&headers), None);
+        assert_eq!(credentials(Fields::Map(&headers)), None);
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Basic !!!"));
-        assert_eq!(credentials(&headers), None);
+        assert_eq!(credentials(Fields::Map(&headers)), None);
     }
 
     #[test]

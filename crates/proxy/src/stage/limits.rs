@@ -16,8 +16,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use http::header::COOKIE;
-use http::HeaderMap;
 use prometheus::{IntCounter, IntGauge};
 use quick_cache::sync::Cache;
 use switchyard_model::{ClientKey, IpNet, LimitMode, LimitScope, Limits, Rate};
@@ -25,6 +23,7 @@ use tokio::sync::Notify;
 
 use crate::fleet_rate::FleetRates;
 use crate::metrics;
+use crate::request_fields::Fields;
 use crate::respond::Refusal;
 
 /// Which limit decided.
@@ -225,7 +224,7 @@ pub(crate) struct Request<'a> {
     pub(crate) app: &'a str,
     pub(crate) limits: &'a Limits,
     pub(crate) peer: IpAddr,
-    pub(crate) headers: &'a HeaderMap,
+    pub(crate) fields: Fields<'a>,
     /// Path and query, as the client sent them.
     pub(crate) target_len: usize,
     pub(crate) declared_length: Option<u64>,
@@ -277,7 +276,7 @@ impl Limiter {
                 }
             }
         };
-        let client_ip = self.client_ip(request.peer, request.headers);
+        let client_ip = self.client_ip(request.peer, request.fields);
         if !limits.allow.is_empty() || !limits.deny.is_empty() {
             decide(Limit::Ip, !limits.denies(client_ip), DENIED)?;
         }
@@ -287,7 +286,7 @@ impl Limiter {
         if let Some(max) = limits.max_header_bytes {
             decide(
                 Limit::Header,
-                header_bytes(request.headers) <= max as usize,
+                request.fields.head_bytes() <= max as usize,
                 HEADERS_TOO_LARGE,
             )?;
         }
@@ -297,7 +296,7 @@ impl Limiter {
         let now = self.now();
         let mut places = Places::default();
         if let Some(per_client) = &limits.per_client {
-            let key = self.client_key(request.app, &per_client.key, client_ip, request.headers);
+            let key = self.client_key(request.app, &per_client.key, client_ip, request.fields);
             if let Some(rate) = per_client.rate {
                 let taken = take(&self.client_bucket(key), now, rate);
                 decide(Limit::ClientRate, taken.is_ok(), rate_limited(wait(taken)))?;
@@ -358,17 +357,15 @@ impl Limiter {
     /// The client's address: the peer's, or behind trusted proxies the last address in
     /// `X-Forwarded-For` that is not one of them (what a client puts in front is not
     /// believed).
-    pub(crate) fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub(crate) fn client_ip(&self, peer: IpAddr, fields: Fields<'_>) -> IpAddr {
         if !self.trusts(peer) {
             return peer;
         }
         let mut client = peer;
-        for value in headers
-            .get_all(crate::forwarded::X_FORWARDED_FOR)
-            .iter()
-            .rev()
-        {
-            let Ok(text) = value.to_str() else {
+        // Behind a trusted proxy only: the fields are walked backwards, from a list.
+        let forwarded: Vec<&[u8]> = fields.values("x-forwarded-for").collect();
+        for value in forwarded.into_iter().rev() {
+            let Ok(text) = std::str::from_utf8(value) else {
                 return client;
             };
             for hop in text.rsplit(',') {
@@ -390,13 +387,13 @@ impl Limiter {
         get_or_make(&self.apps, app, || AppCounters::new(app))
     }
 
-    fn client_key(&self, app: &str, key: &ClientKey, ip: IpAddr, headers: &HeaderMap) -> u64 {
+    fn client_key(&self, app: &str, key: &ClientKey, ip: IpAddr, fields: Fields<'_>) -> u64 {
         // A request without the header or cookie is keyed by its address: leaving it out
         // must not be a way around the limit.
         let value = match key {
             ClientKey::ClientIp => None,
-            ClientKey::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes()),
-            ClientKey::Cookie(name) => cookie(headers, name),
+            ClientKey::Header(name) => fields.values(name.as_str()).next(),
+            ClientKey::Cookie(name) => cookie(fields, name),
         };
         match value {
             Some(value) => self.hasher.hash_one((app, 1u8, value)),
@@ -517,18 +514,10 @@ async fn wait_for_place(
     place
 }
 
-/// The size of the header block as sent: each `name: value\r\n`.
-fn header_bytes(headers: &HeaderMap) -> usize {
-    headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum()
-}
-
 /// The value of cookie `name` in the request's `Cookie` headers.
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers.get_all(COOKIE).iter().find_map(|value| {
-        value.as_bytes().split(|b| *b == b';').find_map(|pair| {
+fn cookie<'h>(fields: Fields<'h>, name: &str) -> Option<&'h [u8]> {
+    fields.values("cookie").find_map(|value| {
+        value.split(|b| *b == b';').find_map(|pair| {
             let pair = pair.trim_ascii();
             let (key, value) = pair.split_at(pair.iter().position(|b| *b == b'=')?);
             (key == name.as_bytes()).then(|| &value[1..])
@@ -539,6 +528,8 @@ fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::COOKIE;
+    use http::HeaderMap;
 
     fn rate(requests_per_s: u32, burst: u32) -> Rate {
         Rate {
@@ -575,19 +566,22 @@ mod tests {
         let proxy: IpAddr = "10.0.0.2".parse().expect("ip");
         let stranger: IpAddr = "203.0.113.9".parse().expect("ip");
         assert_eq!(
-            limiter.client_ip(proxy, &headers),
+            limiter.client_ip(proxy, Fields::Map(&headers)),
             "198.51.100.7".parse::<IpAddr>().expect("ip")
         );
-        assert_eq!(limiter.client_ip(stranger, &headers), stranger);
-        assert_eq!(limiter.client_ip(proxy, &HeaderMap::new()), proxy);
+        assert_eq!(limiter.client_ip(stranger, Fields::Map(&headers)), stranger);
+        assert_eq!(
+            limiter.client_ip(proxy, Fields::Map(&HeaderMap::new())),
+            proxy
+        );
     }
 
     #[test]
     fn the_cookie_is_found_among_others() {
         let mut headers = HeaderMap::new();
         headers.insert(COOKIE, "a=1; session=abc; b=2".parse().expect("value"));
-        assert_eq!(cookie(&headers, "session"), Some(&b"abc"[..]));
-        assert_eq!(cookie(&headers, "sess"), None);
+        assert_eq!(cookie(Fields::Map(&headers), "session"), Some(&b"abc"[..]));
+        assert_eq!(cookie(Fields::Map(&headers), "sess"), None);
     }
 
     #[test]
@@ -595,7 +589,12 @@ mod tests {
         let limiter = Limiter::new(10, 1000, Vec::new());
         for i in 0..20_000u32 {
             let ip = IpAddr::from(i.to_be_bytes());
-            let key = limiter.client_key("app", &ClientKey::ClientIp, ip, &HeaderMap::new());
+            let key = limiter.client_key(
+                "app",
+                &ClientKey::ClientIp,
+                ip,
+                Fields::Map(&HeaderMap::new()),
+            );
             let _ = take(&limiter.client_bucket(key), limiter.now(), rate(1, 1));
         }
         assert!(limiter.clients.len() <= 1000, "{}", limiter.clients.len());

@@ -200,7 +200,6 @@ pub(crate) const LIST: [Declared; 20] = [
             "switchyard_app_in_flight",
         ],
         explained_as: &["limits"],
-        reads_whole_request: true,
         ..ROW
     },
     Declared {
@@ -227,7 +226,6 @@ pub(crate) const LIST: [Declared; 20] = [
             "switchyard_basic_auth_failing_clients",
         ],
         explained_as: &["basic_auth"],
-        reads_whole_request: true,
         ..ROW
     },
     Declared {
