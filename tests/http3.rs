@@ -629,3 +629,31 @@ fn streams_a_client_cancels_hold_no_more_than_its_stream_limit() {
     let after = rig.h3("shop.test", &[]);
     assert_eq!(after["status"], 200, "{after}");
 }
+
+/// Over HTTPS/1.1 an app's answer kept as read gets all three of the router's own fields —
+/// the request id, its HSTS and HTTP/3's Alt-Svc — written after its own (the HTTP/1
+/// driver's list of them had room for two: the third panicked the connection's task).
+#[test]
+fn an_https_answer_carries_the_request_id_hsts_and_alt_svc_together() {
+    let rig = Rig::start();
+    rig.router.put_app(
+        "strict",
+        json!({"domains": ["strict.apps.test"], "backends": [rig.backend.addr.to_string()],
+               "hsts": {"max_age_s": 600}}),
+    );
+    let mut tls = support::tls::connect(rig.router.https, Some("strict.apps.test"), &["http/1.1"])
+        .expect("a TLS handshake");
+    let answer = tls
+        .get("strict.apps.test", "/")
+        .unwrap_or_else(|e| panic!("{e}\nrouter: {}", rig.router.logs()));
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("strict-transport-security"),
+        Some("max-age=600")
+    );
+    assert_eq!(
+        answer.header("alt-svc"),
+        Some(format!("h3=\":{}\"; ma=86400", rig.h3_port).as_str())
+    );
+    assert!(answer.header("x-request-id").is_some());
+}

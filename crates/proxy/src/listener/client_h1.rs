@@ -674,7 +674,8 @@ where
             let own = &parts.headers;
             let router = body.request_ctx().map(RouterFields::of);
             // In a plain array: looked at once for each of the app's fields.
-            let mut router_fields: [(&[u8], &[u8]); 2] = [(b"", b""); 2];
+            let mut router_fields: [(&[u8], &[u8]); RouterFields::MOST] =
+                [(b"", b""); RouterFields::MOST];
             let mut count = 0;
             for (name, value) in router.iter().flat_map(RouterFields::iter) {
                 router_fields[count] = (name.as_str().as_bytes(), value);

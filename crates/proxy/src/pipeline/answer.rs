@@ -331,6 +331,9 @@ pub(crate) struct RouterFields<'a> {
 }
 
 impl<'a> RouterFields<'a> {
+    /// The most fields the router adds to an answer: what a writer keeps room for.
+    pub(crate) const MOST: usize = 3;
+
     pub(crate) fn of(ctx: &'a RequestCtx) -> Self {
         Self {
             request_id: &ctx.request_id,
@@ -344,13 +347,14 @@ impl<'a> RouterFields<'a> {
         static HSTS: HeaderName = STRICT_TRANSPORT_SECURITY;
         static ALT_SVC: HeaderName = http::header::ALT_SVC;
         let hsts = self.hsts.as_deref().map(str::as_bytes);
-        [
+        let fields: [_; RouterFields::MOST] = [
             (&REQUEST_ID, Some(self.request_id.as_bytes())),
             (&HSTS, hsts),
             (&ALT_SVC, self.alt_svc.map(str::as_bytes)),
-        ]
-        .into_iter()
-        .filter_map(|(name, value)| Some((name, value?)))
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?)))
     }
 }
 
