@@ -79,7 +79,9 @@ pub(super) fn write(
 ) -> Response<AnswerBody> {
     // Only the routes of apps with answer rules pay for the route's count.
     let edits = (end.ctx.route.as_ref())
-        .filter(|route| route.chain.runs(Stage::HeaderRules) && route.chain.reads_whole_answer)
+        .filter(|route| {
+            route.chain.runs(Stage::HeaderRules) && header_rules::edits_answers(&route.app)
+        })
         .cloned();
     let mut response = match answer {
         Answer::Backend {

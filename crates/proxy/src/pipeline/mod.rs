@@ -123,11 +123,7 @@ pub(crate) async fn handle(
     }) = answer
     {
         // The app failed or could not be reached: a stale copy stands in if one may.
-        let caches = (end.ctx.route.as_ref()).is_some_and(|route| route.chain.runs(Stage::Cache));
-        if let Some(stale) = caches
-            .then(|| cache::stand_in_for_failure(&mut end.ctx))
-            .flatten()
-        {
+        if let Some(stale) = cache::stand_in_for_failure(&mut end.ctx) {
             answer = Answer::Cached(stale);
         }
     }
@@ -252,8 +248,8 @@ async fn request_phase(
     ctx.weight.start(inspected || resized);
     for stage in chain.in_phase(Phase::RequestHead) {
         let fields = as_read.as_ref();
-        if let Flow::Break(answer) = on_request_head(stage, head, fields, client, ctx, worker).await
-        {
+        let flow = on_request_head(stage, &route, head, fields, client, ctx, worker).await;
+        if let Flow::Break(answer) = flow {
             return Err(answer);
         }
     }
@@ -272,6 +268,7 @@ async fn request_phase(
 /// A stage of the app's chain on the request's head: it answers, or the request goes on.
 async fn on_request_head(
     stage: Stage,
+    route: &AppRoute,
     head: &mut http::request::Parts,
     as_read: Option<&RequestFields>,
     client: &Client,
@@ -293,9 +290,6 @@ async fn on_request_head(
             }
         }
         Stage::Limits => {
-            let Some(route) = ctx.route.clone() else {
-                return Flow::Continue(());
-            };
             let Some(limits) = route.app.limits.as_deref() else {
                 return Flow::Continue(());
             };
@@ -345,8 +339,7 @@ async fn body_phase(
     worker: &EventLoop,
     bytes_in: &Cell<usize>,
 ) -> Result<Option<Held>, Refusal> {
-    let inspects = ctx.route.as_ref().is_some_and(|r| r.chain.runs(Stage::Waf));
-    if !inspects || waf::policy_of(ctx).is_none() {
+    if waf::policy_of(ctx).is_none() {
         return Ok(None);
     }
     // The WAF, the cache and the images are awaited boxed, and only on the routes that

@@ -9,6 +9,7 @@
 
 use switchyard_model::App;
 
+use super::header_rules::{edits_answers, edits_requests};
 use super::list::{Phase, Stage, LIST};
 
 /// The stages an app's settings switch on, one bit each, by their place in [`LIST`]. Four
@@ -33,11 +34,9 @@ impl Chain {
                 continue;
             }
             chain.on |= bit(row.stage);
-            let (request, answer) = match (row.stage, app.headers.as_deref()) {
+            let (request, answer) = match row.stage {
                 // Header rules read only the side they edit.
-                (Stage::HeaderRules, Some(rules)) => {
-                    (!rules.request.is_empty(), !rules.response.is_empty())
-                }
+                Stage::HeaderRules => (edits_requests(app), edits_answers(app)),
                 _ => (row.reads_whole_request, row.reads_whole_answer),
             };
             chain.reads_whole_request |= request;
@@ -86,10 +85,7 @@ fn switched_on(stage: Stage, app: &App) -> bool {
         Stage::Cache => app.cache.is_some(),
         Stage::Images => app.images.is_some(),
         Stage::Compress => app.compress.is_some(),
-        Stage::HeaderRules => app
-            .headers
-            .as_deref()
-            .is_some_and(|r| !r.request.is_empty() || !r.response.is_empty()),
+        Stage::HeaderRules => edits_requests(app) || edits_answers(app),
         Stage::RequestId
         | Stage::Framing
         | Stage::Route

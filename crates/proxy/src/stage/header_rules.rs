@@ -6,6 +6,16 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use switchyard_model::{App, HeaderEdits};
 
+/// Whether the app edits its requests' fields: they are then made a map first.
+pub(crate) fn edits_requests(app: &App) -> bool {
+    app.headers.as_ref().is_some_and(|r| !r.request.is_empty())
+}
+
+/// Whether the app edits its answers' fields: a backend's answer is then read into a map.
+pub(crate) fn edits_answers(app: &App) -> bool {
+    app.headers.as_ref().is_some_and(|r| !r.response.is_empty())
+}
+
 /// The app's request rules applied to `headers`.
 pub(crate) fn edit_request(app: &App, headers: &mut HeaderMap) {
     if let Some(rules) = app.headers.as_deref() {
@@ -61,6 +71,7 @@ mod tests {
             }),
         )
         .expect("valid app");
+        assert!(edits_answers(&app) && !edits_requests(&app));
         let mut headers = HeaderMap::new();
         headers.insert("server", HeaderValue::from_static("gunicorn"));
         headers.insert("x-frame-options", HeaderValue::from_static("SAMEORIGIN"));
