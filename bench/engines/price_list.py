@@ -10,17 +10,19 @@ Each row is instructions.py's two-run measure (a few requests, then --requests m
 difference over the difference): one Switchyard thread under valgrind, vegeta at a constant
 rate over keep-alive, HTTP, to run.py's origin (nginx answering "ok\\n", 3 bytes). Every
 request of a row is one the stage lets through to the app: a redirect that takes another
-path, a password that checks, a rate above the load. Needs valgrind, vegeta and htpasswd
-(apache2-utils). Writes nothing but its own output: copy the table to bench/ENGINE.md.
+path, a password that checks, a rate above the load. Needs what bench/run installs
+(valgrind, vegeta, python3-bcrypt). Writes nothing but its own output: copy the table to
+bench/ENGINE.md.
 """
 
 import argparse
 import base64
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import bcrypt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,10 +34,8 @@ USER, PASSWORD = "bench", "a password for the bench"
 
 
 def bcrypt_hash():
-    """htpasswd's bcrypt (cost 5, as the tests use) of PASSWORD."""
-    made = subprocess.run(["htpasswd", "-nbB", "-C", "5", USER, PASSWORD], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    return made.split(":", 1)[1]
+    """A bcrypt hash of PASSWORD at cost 5, as the tests and bench/switches.py make them."""
+    return bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(5)).decode()
 
 
 def rows(hash_):
@@ -81,9 +81,8 @@ def main():
                         help="switchyard-before: the build at $SWITCHYARD_BEFORE_BIN")
     args = parser.parse_args()
     args.tool, args.scheme = "callgrind", "http"
-    for tool in ("valgrind", "htpasswd"):
-        if not shutil.which(tool):
-            sys.exit(f"{tool} is missing (Debian's valgrind, apache2-utils)")
+    if not shutil.which("valgrind"):
+        sys.exit("valgrind is missing: bench/run installs it (Debian's valgrind package)")
     work = Path(tempfile.mkdtemp(prefix="price-list-"))
     measured = {}
     with bench.Started() as processes:
