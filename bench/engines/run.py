@@ -15,7 +15,10 @@ one route (Host app7.bench → an nginx origin answering "ok"). Per proxy:
 - backend connections opened per 10,000 requests, in that run: the origin's accepted
   connections (nginx stub_status) before and after.
 - closed-loop throughput: wrk -t2 -c64, median of 3 runs.
-- idle CPU: CPU time the proxy used over --idle-seconds with no traffic, after the load.
+- idle CPU: CPU time the proxy used over --idle-seconds with no traffic, after the load,
+  with no connection open and again with --connections idle keep-alive connections held;
+  beside it the wake-ups a second of all its threads (context switches), the finer figure
+  where CPU time counts in 10 ms ticks.
 - memory per idle keep-alive client connection: resident set growth (all its processes)
   with --connections client connections open, each having had one request answered.
 - memory per idle WebSocket: bench/conformance/websockets.py's measurement (an echo backend,
@@ -284,14 +287,29 @@ def closed_loop(port, seconds):
             "errors": [errors for _, errors in runs if errors]}
 
 
+def context_switches(pid):
+    """Voluntary and involuntary context switches of every thread of the process tree."""
+    total = 0
+    for process in bench.process_tree(pid):
+        for status in Path(f"/proc/{process}/task").glob("*/status"):
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:
+                continue  # a thread that ended meanwhile
+            total += sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line)
+    return total
+
+
 def idle_cpu(proxy, seconds):
-    before = bench.tree_cpu_seconds(proxy.pid)
+    before, switches = bench.tree_cpu_seconds(proxy.pid), context_switches(proxy.pid)
     time.sleep(seconds)
-    return {"seconds": seconds, "cpu_ms_per_s": (bench.tree_cpu_seconds(proxy.pid) - before) * 1000 / seconds}
+    return {"seconds": seconds, "cpu_ms_per_s": (bench.tree_cpu_seconds(proxy.pid) - before) * 1000 / seconds,
+            "wakes_per_s": (context_switches(proxy.pid) - switches) / seconds}
 
 
-def keepalive_memory(proxy, port, count):
-    """Resident growth per idle keep-alive client connection that had one request answered."""
+def keepalive_memory(proxy, port, count, idle_seconds):
+    """Resident growth per idle keep-alive client connection that had one request answered,
+    and the idle CPU while they are held."""
     time.sleep(1)
     before = resident_kib(proxy.pid)
     sockets = []
@@ -308,11 +326,12 @@ def keepalive_memory(proxy, port, count):
             sockets.append(s)
         time.sleep(1)
         held = resident_kib(proxy.pid)
+        idle = idle_cpu(proxy, idle_seconds)
     finally:
         for s in sockets:
             s.close()
     return {"connections": count, "rss_before_kib": before, "rss_held_kib": held,
-            "bytes_per_connection": (held - before) * 1024 / count}
+            "bytes_per_connection": (held - before) * 1024 / count, "idle": idle}
 
 
 def measure_proxy(name, start, work, args, procs, tls):
@@ -334,7 +353,7 @@ def measure_proxy(name, start, work, args, procs, tls):
                       and http2_constant_rate(proxy, tls_port, args.rate, args.seconds)) or None,
         "closed_loop": closed_loop(port, max(args.seconds // 2, 3)),
         "idle": idle_cpu(proxy, args.idle_seconds),
-        "keepalive_memory": keepalive_memory(proxy, port, args.connections),
+        "keepalive_memory": keepalive_memory(proxy, port, args.connections, args.idle_seconds),
     }
     proxy.stop()
     origin.stop()
@@ -373,6 +392,10 @@ def ratio(value, base):
     return f"{value / base:.2f}×" if base else "–"
 
 
+def idle(measured):
+    return f"{measured['cpu_ms_per_s']:.1f} ({measured['wakes_per_s']:.0f})" if measured else "–"
+
+
 def table(results):
     proxies = results["proxies"]
     nginx = proxies.get("nginx")
@@ -401,7 +424,7 @@ def table(results):
     rows += [
         "",
         "| proxy | backend conns / 10k req (HTTP run) | closed-loop req/s (median of 3) | vs nginx | "
-        "idle CPU ms/s | KiB per keep-alive conn | KiB per idle WebSocket | vs nginx |",
+        "idle CPU ms/s (wakes/s): none open / keep-alive conns held | KiB per keep-alive conn | KiB per idle WebSocket | vs nginx |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in proxies.items():
@@ -410,7 +433,7 @@ def table(results):
         rows.append(
             f"| {name} | {c['backend_connections_per_10k']:.1f} | {loop['median_rps']:.0f} | "
             f"{ratio(loop['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | "
-            f"{r['idle']['cpu_ms_per_s']:.2f} | {ka['bytes_per_connection'] / 1024:.1f} | "
+            f"{idle(r['idle'])} / {idle(ka.get('idle'))} | {ka['bytes_per_connection'] / 1024:.1f} | "
             f"{wsm['bytes_per_connection'] / 1024:.1f} | "
             f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
     for router_name, floor_name in (("switchyard", "hyper-floor"), ("switchyard", "h1-floor"),
@@ -502,7 +525,7 @@ def main():
     parser.add_argument("--rate", type=int, default=2000, help="constant rate, req/s")
     parser.add_argument("--tls-new-rate", type=int, default=500,
                         help="constant rate of new HTTPS connections (one request each), per s")
-    parser.add_argument("--idle-seconds", type=int, default=5)
+    parser.add_argument("--idle-seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=2000, help="idle keep-alive connections held")
     parser.add_argument("--websockets", type=int, default=2000, help="idle WebSockets held")
     parser.add_argument("--only", action="append", choices=sorted(PROXIES), help="measure only these")

@@ -18,9 +18,6 @@ use crate::metrics;
 /// Records waiting for the writer before new ones are dropped.
 pub(crate) const ACCESS_LOG_QUEUE_CAPACITY: usize = 65_536;
 
-/// How often the writer flushes a local sink when records trickle in.
-const WRITER_TICK: Duration = Duration::from_millis(200);
-
 /// What the access log needs to know of a request besides its context.
 pub(crate) struct Exchange<'a> {
     pub(crate) method: &'a http::Method,
@@ -218,17 +215,23 @@ impl Sink {
         }
     }
 
-    fn wait(&self) -> Duration {
+    /// How long the writer may wait for the next line: local lines are flushed after each
+    /// burst, so an idle local writer sleeps until a line comes; a batch has a due time.
+    fn wait(&self) -> Option<Duration> {
         match self {
-            Self::Local(_) => WRITER_TICK,
-            Self::Ship(batcher) => batcher.next_tick().max(Duration::from_millis(1)),
+            Self::Local(_) => None,
+            Self::Ship(batcher) => Some(batcher.next_tick().max(Duration::from_millis(1))),
         }
     }
 }
 
 fn write_entries(entries: Receiver<Entry>, mut sink: Sink) {
     loop {
-        match entries.recv_timeout(sink.wait()) {
+        let next = match sink.wait() {
+            Some(wait) => entries.recv_timeout(wait),
+            None => entries.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match next {
             Ok(entry) => {
                 let mut next = Some(entry);
                 // Write the rest of the burst, then flush once.

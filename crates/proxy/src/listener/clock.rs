@@ -9,8 +9,14 @@
 //! instructions and these ticks 1% (bench/ENGINE.md, "Deadlines, and what a tokio timer
 //! costs"); nginx's `timer_resolution` makes the same trade. A deadline passes at most two
 //! ticks after it is due and never before.
+//!
+//! A thread with no deadline due within the next ticks does not tick: the clock arms its
+//! timerfd once for the earliest deadline (or not at all) and sleeps, so 2,000 idle
+//! keep-alive connections wake nobody until the first of them times out, as with nginx.
+//! The first deadline made or set while it sleeps reads the time and starts the ticks
+//! again: a system call or two a tick under traffic, none per request.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -29,6 +35,9 @@ const TICK_MS: u64 = TICK.as_millis() as u64;
 /// The due time of a deadline that is not set.
 const NEVER: u64 = u64::MAX;
 
+/// The clock sleeps when no deadline is due within this many milliseconds of a tick.
+const SLEEP_WHEN_NONE_DUE_WITHIN_MS: u64 = 2 * TICK_MS;
+
 /// One thread's clock. The deadlines it watches are those alive (a connection's, an
 /// exchange's) and those dropped since the last tick, which each tick forgets: the list
 /// is bounded by the thread's connections and exchanges plus one tick's worth of ended
@@ -38,6 +47,12 @@ pub(crate) struct Clock {
     /// Milliseconds from `started` to the last tick.
     now_ms: Cell<u64>,
     watched: RefCell<Vec<Weak<Watch>>>,
+    /// Set by `run`; without it (no timerfd) the clock ticks on a tokio interval and never
+    /// sleeps.
+    timer: OnceCell<tokio::io::unix::AsyncFd<TickTimer>>,
+    /// Not ticking: the timerfd is armed once for the earliest deadline, or not at all,
+    /// and `now_ms` is as old as the last tick.
+    asleep: Cell<bool>,
 }
 
 struct Watch {
@@ -62,11 +77,16 @@ impl Clock {
             started: Instant::now(),
             now_ms: Cell::new(0),
             watched: RefCell::new(Vec::new()),
+            timer: OnceCell::new(),
+            asleep: Cell::new(false),
         })
     }
 
     /// A deadline on this clock, not set.
     pub(crate) fn deadline(self: &Rc<Self>) -> Deadline {
+        // Made while asleep, it would be watched by nobody until the next wake; and the
+        // list of dropped ones is forgotten only on ticks.
+        self.wake();
         let watch = Rc::new(Watch {
             due_ms: Cell::new(NEVER),
             waker: Cell::new(None),
@@ -95,7 +115,7 @@ impl Clock {
     /// the timerfd be refused, the interval it is.
     pub(crate) async fn run(self: Rc<Self>) {
         let timer = match tick_timer() {
-            Ok(timer) => timer,
+            Ok(timer) => self.timer.get_or_init(|| timer),
             Err(e) => {
                 log::warn!("listener: no timerfd for the deadlines' clock ({e}); ticking on a tokio interval");
                 let mut ticks = tokio::time::interval(TICK);
@@ -123,20 +143,77 @@ impl Clock {
         }
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NEVER - 1)
+    }
+
     fn tick(&self) {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NEVER - 1);
+        let now = self.elapsed_ms();
         self.now_ms.set(now);
+        let mut earliest_to_come = NEVER;
         self.watched.borrow_mut().retain(|watched| {
             let Some(watch) = watched.upgrade() else {
                 return false;
             };
-            if watch.due_ms.get() <= now {
+            let due = watch.due_ms.get();
+            if due <= now {
                 if let Some(waker) = watch.waker.take() {
                     waker.wake();
                 }
+            } else {
+                earliest_to_come = earliest_to_come.min(due);
             }
             true
         });
+        if earliest_to_come > now.saturating_add(SLEEP_WHEN_NONE_DUE_WITHIN_MS) {
+            self.sleep_until(now, earliest_to_come);
+        } else if self.asleep.get() {
+            // Woken by its one arming: a deadline is near, tick again.
+            self.start_ticking();
+        }
+    }
+
+    /// Arms the timerfd once for `due` (never, for no deadline) instead of every tick.
+    fn sleep_until(&self, now: u64, due: u64) {
+        let Some(timer) = self.timer.get() else {
+            return;
+        };
+        let timer = &timer.get_ref().0;
+        let armed = if due == NEVER {
+            timer.unset()
+        } else {
+            let after = i64::try_from(due - now).unwrap_or(i64::MAX);
+            timer.set(
+                Expiration::OneShot(TimeSpec::milliseconds(after)),
+                TimerSetTimeFlags::empty(),
+            )
+        };
+        match armed {
+            Ok(()) => self.asleep.set(true),
+            Err(e) => log::error!("listener: the deadlines' clock could not sleep: {e}"),
+        }
+    }
+
+    fn start_ticking(&self) {
+        let Some(timer) = self.timer.get() else {
+            return;
+        };
+        match timer.get_ref().0.set(
+            Expiration::Interval(TimeSpec::milliseconds(TICK_MS as i64)),
+            TimerSetTimeFlags::empty(),
+        ) {
+            Ok(()) => self.asleep.set(false),
+            Err(e) => log::error!("listener: the deadlines' clock could not tick again: {e}"),
+        }
+    }
+
+    /// Brings a sleeping clock's time up to date and starts its ticks again, before a
+    /// deadline is made or set.
+    fn wake(&self) {
+        if self.asleep.get() {
+            self.now_ms.set(self.elapsed_ms());
+            self.start_ticking();
+        }
     }
 }
 
@@ -144,6 +221,7 @@ impl Deadline {
     /// Due `after` from now. The clock's time is the last tick's, up to a tick behind, so
     /// a tick is added: the deadline never passes early.
     pub(crate) fn set_in(&self, after: Duration) {
+        self.clock.wake();
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(NEVER);
         let due = self
             .clock
@@ -191,7 +269,7 @@ impl Deadline {
     }
 }
 
-/// A timerfd ticking every [`TICK`], in tokio's epoll set.
+/// A timerfd ticking every [`TICK`], in tokio's epoll set (until the clock first sleeps).
 fn tick_timer() -> io::Result<tokio::io::unix::AsyncFd<TickTimer>> {
     let timer = TimerFd::new(
         ClockId::CLOCK_MONOTONIC,
@@ -253,6 +331,49 @@ mod tests {
             assert_eq!(deadline.bound(quick).await.ok(), Some(7));
             let never = std::pin::pin!(std::future::pending::<()>());
             assert!(deadline.bound(never).await.is_err());
+        });
+    }
+
+    #[test]
+    fn with_no_deadline_near_the_clock_sleeps_and_a_deadline_set_then_still_passes_in_time() {
+        in_local_runtime(async {
+            let clock = Clock::new();
+            tokio::task::spawn_local(clock.clone().run());
+            // A far deadline, as an idle keep-alive connection's: nothing due near.
+            let far = clock.deadline_in(Duration::from_secs(60));
+            tokio::time::sleep(3 * TICK).await;
+            assert!(clock.asleep.get(), "ticking with nothing due for 60 s");
+            let slept_from = clock.now_ms.get();
+            tokio::time::sleep(3 * TICK).await;
+            assert_eq!(clock.now_ms.get(), slept_from, "ticked while asleep");
+
+            // The time a deadline is set from is read anew, so it passes neither early
+            // nor more than two ticks late.
+            let started = Instant::now();
+            let near = clock.deadline_in(Duration::from_millis(250));
+            assert!(!clock.asleep.get());
+            near.passed().await;
+            let waited = started.elapsed();
+            assert!(waited >= Duration::from_millis(250), "{waited:?}");
+            assert!(waited < Duration::from_millis(250) + 3 * TICK, "{waited:?}");
+            assert!(!far.has_passed());
+        });
+    }
+
+    #[test]
+    fn a_sleeping_clock_wakes_for_its_earliest_deadline() {
+        in_local_runtime(async {
+            let clock = Clock::new();
+            tokio::task::spawn_local(clock.clone().run());
+            let started = Instant::now();
+            let deadline = clock.deadline_in(Duration::from_millis(700));
+            // It sleeps from its first tick, armed once for the deadline.
+            tokio::time::sleep(2 * TICK).await;
+            assert!(clock.asleep.get());
+            deadline.passed().await;
+            let waited = started.elapsed();
+            assert!(waited >= Duration::from_millis(700), "{waited:?}");
+            assert!(waited < Duration::from_millis(700) + 3 * TICK, "{waited:?}");
         });
     }
 

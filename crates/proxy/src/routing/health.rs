@@ -44,9 +44,21 @@ impl HealthChecker {
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => return,
             }
+            let routes = self.routes.health_checked_routes();
+            if routes.is_empty() {
+                // Nothing to probe: no tick until an app with a check is routed, so an idle
+                // router does not wake ten times a second for nothing.
+                next_due.clear();
+                tokio::select! {
+                    () = self.routes.health_check_added() => {}
+                    _ = shutdown.changed() => return,
+                }
+                ticker.reset_immediately();
+                continue;
+            }
             let now = Instant::now();
             let mut seen = Vec::new();
-            for route in self.routes.health_checked_routes() {
+            for route in routes {
                 let Some(check) = route.app.health_check.clone() else {
                     continue;
                 };

@@ -309,17 +309,24 @@ impl BackendNames {
                 .await;
             self.resolved.notify_waiters();
             self.publish_counts();
+            // With no name followed, nothing reads the hosts file: no timer until a route
+            // names one (the file is checked again then, a second having passed).
             let next = self
                 .entries
                 .lock()
                 .values()
                 .map(|e| e.next_at)
                 .min()
-                .unwrap_or_else(|| Instant::now() + HOSTS_CHECK_EVERY)
-                .min(hosts_checked + HOSTS_CHECK_EVERY);
+                .map(|due| due.min(hosts_checked + HOSTS_CHECK_EVERY));
+            let due = async {
+                match next {
+                    Some(next) => tokio::time::sleep_until(next.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep_until(next.into()) => {}
-                _ = self.wake.notified() => {}
+                () = due => {}
+                () = self.wake.notified() => {}
                 _ = shutdown.changed() => return,
             }
         }

@@ -99,6 +99,9 @@ pub struct RouteCache {
     /// Names of cached apps that have active health checks: the health checker walks this
     /// short list instead of every cached route.
     health_checked: Mutex<HashSet<String>>,
+    /// Told when an app with a health check enters the list: the checker waits on it while
+    /// the list is empty instead of ticking on an idle router.
+    health_check_added: tokio::sync::Notify,
     response_budget: Arc<CacheBudget>,
     /// Addresses of backends given by name; without it, named backends get no address.
     names: Option<Arc<BackendNames>>,
@@ -122,6 +125,7 @@ impl RouteCache {
             epochs: (0..STRIPES).map(|_| Mutex::new(0)).collect(),
             hasher: RandomState::new(),
             health_checked: Mutex::new(HashSet::new()),
+            health_check_added: tokio::sync::Notify::new(),
             response_budget: CacheBudget::new(limits.response_bytes),
             names: None,
             deleted: DeletedApps::default(),
@@ -380,11 +384,20 @@ impl RouteCache {
         routes
     }
 
+    /// Resolves once an app with a health check has entered the list since the checker last
+    /// found it empty (a permit is kept for a checker not yet waiting).
+    pub(crate) async fn health_check_added(&self) {
+        self.health_check_added.notified().await;
+    }
+
     fn note_health_check(&self, route: &AppRoute) {
-        if route.app.health_check.is_some() {
-            self.health_checked
+        if route.app.health_check.is_some()
+            && self
+                .health_checked
                 .lock()
-                .insert(route.app.name.to_string());
+                .insert(route.app.name.to_string())
+        {
+            self.health_check_added.notify_one();
         }
     }
 
