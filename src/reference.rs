@@ -27,6 +27,7 @@ pub(crate) fn write(args: &ReferenceArgs, cli: clap::Command) -> anyhow::Result<
         ("settings.md", settings()),
         ("metrics.md", metrics()),
         ("stages.md", stages()),
+        ("refusals.md", refusals()),
         ("cli.md", commands(cli)),
         ("app.schema.json", format!("{schema}\n")),
         ("openapi.json", format!("{openapi}\n")),
@@ -138,6 +139,21 @@ fn stages() -> String {
          a phase, the request's phases run the stages in this order, the answer's phases \
          (answer head, answer body, end) in the reverse order.\n\n{}",
         switchyard_proxy::stages_table()
+    )
+}
+
+fn refusals() -> String {
+    format!(
+        "{GENERATED}\n\n# Refusals\n\n\
+         Every answer the router makes itself instead of the app's, from the one table \
+         (crates/proxy/src/respond.rs) every stage refuses through. The reason is the access \
+         log's `refused` field and the `reason` label of `switchyard_refusals_total`. \
+         Some refusals carry a text made for the request (a limit's numbers, an image's \
+         size) in place of the one below, or a `Retry-After` of their own (a rate limit's \
+         wait); `image_original_refused` passes on the app's own error status. An app's \
+         page stands in for the text for clients that ask for HTML (see `error_pages` and \
+         `maintenance` in the app's settings).\n\n{}",
+        switchyard_proxy::refusals_table()
     )
 }
 

@@ -130,37 +130,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         Some(_) => Some(start_tls(&config, &store, default_cert, &mut tasks)?),
         None => None,
     };
-    // One single-threaded runtime per thread, each with its own SO_REUSEPORT listening
-    // sockets, as nginx's workers: each keeps its own idle backend connections, so a
-    // connection is only ever taken again by the thread whose runtime watches it
-    // (bench/ENGINE.md). Routes, caches, limits and logs are shared.
-    let mut listener = Listener::new(config.threads)
-        .listen_http(config.http, &mut inherited_sockets)
-        .with_context(|| format!("cannot listen for http on {}", config.http))?;
-    if let (Some(address), Some((certs, tickets))) = (config.https, &certs) {
-        let tls = ListenerTls::new(certs.clone(), tickets.clone(), store.clone())
-            .map_err(anyhow::Error::msg)?;
-        listener = listener
-            .listen_https(address, tls, &mut inherited_sockets)
-            .with_context(|| format!("cannot listen for https on {address}"))?;
-    }
-    if let (Some(address), Some((certs, _))) = (config.http3, &certs) {
-        listener = listener
-            .listen_http3(
-                address,
-                certs.clone(),
-                &inherited_sockets,
-                config.http3_early_data,
-            )
-            .with_context(|| format!("cannot listen for http/3 on {address} (udp)"))?;
-        switchyard_proxy::advertise_http3(address.port());
-    }
-    for address in inherited_sockets.unused() {
-        log::warn!("taken over a socket on {address}, where this router does not listen: closed");
-    }
-    let listener = listener
-        .start(&router, &config.data_dir)
-        .context("cannot start the listener")?;
+    let listener = start_listener(
+        &config,
+        &router,
+        certs.as_ref(),
+        &store,
+        &mut inherited_sockets,
+    )?;
     let certs = certs.map(|(certs, _)| certs);
 
     let mut follower = ChangeFollower::new(routes.clone(), certs, drain, changes)
@@ -171,6 +147,103 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let follower_progress = FollowerProgress(follower.applied());
     let recent_changes = follower.recent_changes();
     tasks.spawn(|watch| async move { follower.run(watch).await });
+    spawn_services(
+        &config,
+        &mut tasks,
+        &store,
+        fleet_limit_sync,
+        &backend_names,
+        &routes,
+    )?;
+    let explainer = RouteExplainer {
+        routes: routes.clone(),
+        cache_redis: cache_redis.clone(),
+    };
+    let history = Arc::new(TrafficHistory::new(config.history_max_apps));
+    {
+        let history = history.clone();
+        tasks.spawn(|watch| async move { history.run(watch).await });
+    }
+    let mut admin_state = AdminState::new(store, config.admin_token.clone())
+        .with_local_caches(Arc::new(follower_progress))
+        .with_backend_names(Arc::new(NamesView(backend_names)))
+        .with_explainer(Arc::new(explainer))
+        .with_traffic(Arc::new(Traffic(history)))
+        .with_change_log(Arc::new(Changes(recent_changes)))
+        .with_ui_writes(config.admin_ui_writes);
+    if let Some(cache_redis) = cache_redis {
+        admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
+    }
+    if let Some(inspector) = inspector {
+        admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
+    }
+    tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
+
+    log_serving(&config);
+    crate::service_manager::notify(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=serving",
+        std::process::id()
+    ));
+    let stop = background.block_on(signals.next());
+    stop_serving(stop, &config, tasks, &listener, embedded);
+    // Every request has finished: what the access log still holds is delivered or spooled.
+    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
+    background.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The listening sockets, taken over or bound, started on their threads. One
+/// single-threaded runtime per thread, each with its own SO_REUSEPORT listening sockets, as
+/// nginx's workers: each keeps its own idle backend connections, so a connection is only
+/// ever taken again by the thread whose runtime watches it (bench/ENGINE.md). Routes,
+/// caches, limits and logs are shared.
+fn start_listener(
+    config: &Config,
+    router: &Router,
+    certs: Option<&(Arc<CertCache>, Arc<TicketKeys>)>,
+    store: &Arc<dyn Store>,
+    inherited_sockets: &mut InheritedSockets,
+) -> anyhow::Result<ListenerStop> {
+    let mut listener = Listener::new(config.threads)
+        .listen_http(config.http, inherited_sockets)
+        .with_context(|| format!("cannot listen for http on {}", config.http))?;
+    if let (Some(address), Some((certs, tickets))) = (config.https, certs) {
+        let tls = ListenerTls::new(certs.clone(), tickets.clone(), store.clone())
+            .map_err(anyhow::Error::msg)?;
+        listener = listener
+            .listen_https(address, tls, inherited_sockets)
+            .with_context(|| format!("cannot listen for https on {address}"))?;
+    }
+    if let (Some(address), Some((certs, _))) = (config.http3, certs) {
+        listener = listener
+            .listen_http3(
+                address,
+                certs.clone(),
+                inherited_sockets,
+                config.http3_early_data,
+            )
+            .with_context(|| format!("cannot listen for http/3 on {address} (udp)"))?;
+        switchyard_proxy::advertise_http3(address.port());
+    }
+    for address in inherited_sockets.unused() {
+        log::warn!("taken over a socket on {address}, where this router does not listen: closed");
+    }
+    listener
+        .start(router, &config.data_dir)
+        .context("cannot start the listener")
+}
+
+/// The background services that follow the store and the backends: the store's change
+/// feed, the affinity key, the fleet's rate sync, the names' resolution, the health
+/// checks and the ACME issuer.
+fn spawn_services(
+    config: &Config,
+    tasks: &mut BackgroundTasks<'_>,
+    store: &Arc<dyn Store>,
+    fleet_limit_sync: Option<FleetLimitSync>,
+    backend_names: &Arc<BackendNames>,
+    routes: &Arc<RouteCache>,
+) -> anyhow::Result<()> {
     {
         let (store, stopped) = (store.clone(), tasks.stopped());
         tasks.spawn(|_| async move { store.follow_changes(Box::pin(stopped)).await });
@@ -193,16 +266,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let still_uses = move |app: &str, name: &_| routes.uses_backend(app, name);
         tasks.spawn(|watch| async move { names.run(still_uses, watch).await });
     }
-    let explainer = RouteExplainer {
-        routes: routes.clone(),
-        cache_redis: cache_redis.clone(),
-    };
-    let history = Arc::new(TrafficHistory::new(config.history_max_apps));
-    {
-        let history = history.clone();
-        tasks.spawn(|watch| async move { history.run(watch).await });
-    }
-    let health = HealthChecker::new(routes);
+    let health = HealthChecker::new(routes.clone());
     tasks.spawn(|watch| async move { health.run(watch).await });
     if let Some(settings) = config.acme.clone() {
         let issuer = switchyard_acme::Issuer::new(settings, store.clone())
@@ -211,21 +275,10 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let stopped = tasks.stopped();
         tasks.spawn(|_| issuer.run(stopped));
     }
-    let mut admin_state = AdminState::new(store, config.admin_token.clone())
-        .with_local_caches(Arc::new(follower_progress))
-        .with_backend_names(Arc::new(NamesView(backend_names)))
-        .with_explainer(Arc::new(explainer))
-        .with_traffic(Arc::new(Traffic(history)))
-        .with_change_log(Arc::new(Changes(recent_changes)))
-        .with_ui_writes(config.admin_ui_writes);
-    if let Some(cache_redis) = cache_redis {
-        admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
-    }
-    if let Some(inspector) = inspector {
-        admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
-    }
-    tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
+    Ok(())
+}
 
+fn log_serving(config: &Config) {
     log::info!(
         "switchyard serving: http on {}, https on {}, http/3 on {}, admin on {}, store {:?} in {}",
         config.http,
@@ -239,11 +292,16 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         config.store,
         config.data_dir.display(),
     );
-    crate::service_manager::notify(&format!(
-        "READY=1\nMAINPID={}\nSTATUS=serving",
-        std::process::id()
-    ));
-    let stop = background.block_on(signals.next());
+}
+
+/// Ends the router as `stop` asks: at once, or after the requests under way finish.
+fn stop_serving(
+    stop: Stop,
+    config: &Config,
+    tasks: BackgroundTasks<'_>,
+    listener: &ListenerStop,
+    embedded: Option<EmbeddedStore>,
+) {
     if stop != Stop::Graceful("SIGQUIT") {
         // SIGQUIT is a hand-over: the unit goes on in the router taking over.
         crate::service_manager::notify("STOPPING=1");
@@ -256,7 +314,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
                 config.shutdown_grace
             );
             tasks.tell_to_stop();
-            stop_accepting(&listener, embedded);
+            stop_accepting(listener, embedded);
             // The background tasks end on the signal (the admin port is let go of for the
             // router taking over); then the connections still open get the grace period.
             tasks.wait();
@@ -266,10 +324,6 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     }
-    // Every request has finished: what the access log still holds is delivered or spooled.
-    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
-    background.shutdown_timeout(Duration::from_secs(1));
-    Ok(())
 }
 
 /// The tasks on the background runtime, each told by the same watch to stop.

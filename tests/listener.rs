@@ -100,9 +100,29 @@ fn the_listener_routes_by_host_and_answers_for_itself_when_it_must() {
                     && record["app"] == "blog"
                     && record["path"] == "/path?q=1"
                     && record["upstream"] == blog.addr.to_string()
+                    && record["refused"].is_null()
             })
         },
     );
+    // The router's own answers say why, by the refusals' table's label: in the access log
+    // and in their count (the head without a Host never became a request: counted only).
+    support::eventually(
+        Duration::from_secs(3),
+        "the refusals in the access log",
+        || {
+            let records = router.access_records();
+            let refused = |status: u64, reason: &str| {
+                records
+                    .iter()
+                    .any(|r| r["status"] == status && r["refused"] == reason)
+            };
+            refused(404, "unknown_host") && refused(503, "no_backends")
+        },
+    );
+    for reason in ["unknown_host", "no_backends", "malformed_head"] {
+        let series = format!("switchyard_refusals_total{{reason=\"{reason}\"}}");
+        assert_eq!(router.metric(&series), 1.0, "{series}");
+    }
 }
 
 #[test]

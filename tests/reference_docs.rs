@@ -25,6 +25,7 @@ fn the_committed_references_are_what_the_code_says() {
         "settings.md",
         "metrics.md",
         "stages.md",
+        "refusals.md",
         "cli.md",
         "app.schema.json",
         "openapi.json",

@@ -105,89 +105,33 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     let https_redirect = optional_bool(fields, "https_redirect", false)?;
     let response_buffering = optional_bool(fields, "response_buffering", true)?;
     let advertise_http3 = optional_bool(fields, "advertise_http3", true)?;
-    let hsts = match fields.get("hsts") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(parse_hsts(v).map_err(|e| e.under("hsts"))?),
-    };
-    let mirror = match fields.get("mirror") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(parse_mirror(v).map_err(|e| e.under("mirror"))?)),
-    };
-    let cache = match fields.get("cache") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(parse_cache(v).map_err(|e| e.under("cache"))?)),
-    };
-    let static_root = match fields.get("static_root") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(parse_static_root(v).map_err(|m| ValidationError::new("static_root", m))?),
-    };
-    let waf = match fields.get("waf") {
-        None | Some(Value::Null) => None,
-        Some(v) => crate::waf::parse_waf(v).map_err(|e| e.under("waf"))?,
-    };
-    let images = match fields.get("images") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::images::parse_images(v).map_err(|e| e.under("images"))?,
-        )),
-    };
-    let drain = match fields.get("drain") {
-        None | Some(Value::Null) => Drain::default(),
-        Some(v) => parse_drain(v).map_err(|e| e.under("drain"))?,
-    };
-    let tls = match fields.get("tls") {
-        None | Some(Value::Null) => AppTls::default(),
-        Some(v) => parse_tls(v).map_err(|e| e.under("tls"))?,
-    };
-    let limits = match fields.get("limits") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::limits::parse_limits(v).map_err(|e| e.under("limits"))?,
-        )),
-    };
-    let redirects = match fields.get("redirects") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(v) => {
-            crate::redirects::parse_redirects(v, &domains).map_err(|e| e.under("redirects"))?
-        }
-    };
-    let maintenance = match fields.get("maintenance") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::pages::parse_maintenance(v).map_err(|e| e.under("maintenance"))?,
-        )),
-    };
-    let error_pages = match fields.get("error_pages") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::pages::parse_error_pages(v).map_err(|e| e.under("error_pages"))?,
-        )),
-    };
-    let headers = match fields.get("headers") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::header_rules::parse_header_rules(v).map_err(|e| e.under("headers"))?,
-        ))
-        .filter(|rules| !rules.request.is_empty() || !rules.response.is_empty()),
-    };
-    let basic_auth = match fields.get("basic_auth") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Box::new(
-            crate::basic_auth::parse_basic_auth(v).map_err(|e| e.under("basic_auth"))?,
-        )),
-    };
-    let forwarding = match fields.get("forwarding") {
-        None | Some(Value::Null) => crate::AppForwarding::default(),
-        Some(v) => parse_forwarding(v).map_err(|e| e.under("forwarding"))?,
-    };
-    let affinity = match fields.get("affinity") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(crate::affinity::parse_affinity(v).map_err(|e| e.under("affinity"))?),
-    };
-    let compress = match fields.get("compress") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(crate::compress::parse_compress(v).map_err(|e| e.under("compress"))?),
-    };
+    let hsts = setting(fields, "hsts", parse_hsts)?;
+    let mirror = setting(fields, "mirror", parse_mirror)?.map(Box::new);
+    let cache = setting(fields, "cache", parse_cache)?.map(Box::new);
+    let static_root = setting(fields, "static_root", |v| {
+        parse_static_root(v).map_err(|m| ValidationError::new("", m))
+    })?;
+    let waf = setting(fields, "waf", crate::waf::parse_waf)?.flatten();
+    let images = setting(fields, "images", crate::images::parse_images)?.map(Box::new);
+    let drain = setting(fields, "drain", parse_drain)?.unwrap_or_default();
+    let tls = setting(fields, "tls", parse_tls)?.unwrap_or_default();
+    let limits = setting(fields, "limits", crate::limits::parse_limits)?.map(Box::new);
+    let redirects = setting(fields, "redirects", |v| {
+        crate::redirects::parse_redirects(v, &domains)
+    })?
+    .unwrap_or_default();
+    let maintenance =
+        setting(fields, "maintenance", crate::pages::parse_maintenance)?.map(Box::new);
+    let error_pages =
+        setting(fields, "error_pages", crate::pages::parse_error_pages)?.map(Box::new);
+    let headers = setting(fields, "headers", crate::header_rules::parse_header_rules)?
+        .map(Box::new)
+        .filter(|rules| !rules.request.is_empty() || !rules.response.is_empty());
+    let basic_auth =
+        setting(fields, "basic_auth", crate::basic_auth::parse_basic_auth)?.map(Box::new);
+    let forwarding = setting(fields, "forwarding", parse_forwarding)?.unwrap_or_default();
+    let affinity = setting(fields, "affinity", crate::affinity::parse_affinity)?;
+    let compress = setting(fields, "compress", crate::compress::parse_compress)?;
     Ok(App {
         name,
         compress,
@@ -217,6 +161,19 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         response_buffering,
         advertise_http3,
     })
+}
+
+/// The optional setting `key` as `parse` reads it, its errors placed under the key;
+/// `None` when it is absent or null.
+fn setting<T>(
+    fields: Fields<'_>,
+    key: &str,
+    parse: impl FnOnce(&Value) -> Result<T, ValidationError>,
+) -> Result<Option<T>, ValidationError> {
+    match fields.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => parse(value).map(Some).map_err(|e| e.under(key)),
+    }
 }
 
 /// Parses the body of `PUT /v1/apps/{name}/backends`: `{"backends": [...]}`.

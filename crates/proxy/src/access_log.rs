@@ -115,6 +115,7 @@ impl AccessLog {
             attempts: ctx.tried.len(),
             client: exchange.client.map(|ip| ip.to_string()),
             upgraded: ctx.upgraded,
+            refused: ctx.refused.map(|reason| reason.label()),
         };
         let Ok(line) = serde_json::to_string(&record) else {
             return;
@@ -172,6 +173,9 @@ struct Record<'a> {
     attempts: usize,
     client: Option<String>,
     upgraded: bool,
+    /// Why the router answered itself (docs/reference/refusals.md); null for the app's
+    /// answers.
+    refused: Option<&'static str>,
 }
 
 enum Sink {

@@ -10,6 +10,7 @@ use crate::content_coding::{Coding, Encoder};
 use crate::forwarded::Hop;
 use crate::isolation::RequestWeight;
 use crate::metrics;
+use crate::respond::Reason;
 use crate::routing::affinity_tokens::Sticky;
 use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
@@ -56,8 +57,8 @@ pub(crate) struct RequestCtx {
     pub(crate) upstream_time: Option<Duration>,
     /// Whether the response switched protocols (WebSocket or another upgrade).
     pub(crate) upgraded: bool,
-    /// Status sent by the router itself (not the backend), for the log.
-    pub(crate) local_status: Option<u16>,
+    /// Why the router answered itself instead of the app, for the access log.
+    pub(crate) refused: Option<Reason>,
     /// The response cache's state, for apps that cache.
     pub(crate) cache: Option<CacheCtx>,
     /// Its places among the app's and its client's requests in flight, held until the
@@ -90,7 +91,7 @@ impl RequestCtx {
             attempt_started: None,
             upstream_time: None,
             upgraded: false,
-            local_status: None,
+            refused: None,
             cache: None,
             limit_places: Places::default(),
             weight: RequestWeight::default(),

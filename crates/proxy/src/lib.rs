@@ -45,6 +45,7 @@ mod wall_clock;
 pub use access_log::{AccessLog, AccessLogTarget};
 pub use isolation::worker_pool::{PoolScheduling, WorkerPool};
 pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
+pub use respond::refusals_table;
 pub use response_cache::redis::CacheRedis;
 pub use router::{FleetLimitSync, Router};
 pub use routing::affinity_tokens::set_key as set_affinity_key;

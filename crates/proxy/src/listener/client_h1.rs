@@ -23,8 +23,8 @@ use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame};
 use switchyard_h1::{
-    header_slots, parse_request, AnswerConnection, AnswerFraming, ChunkedReframer, MAX_HEADERS,
-    MAX_HEAD_BYTES,
+    header_slots, parse_request, AnswerConnection, AnswerFields, AnswerFraming, ChunkedReframer,
+    MAX_HEADERS, MAX_HEAD_BYTES,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
@@ -40,6 +40,7 @@ use crate::pipeline::answer_body::AnswerBody;
 use crate::pipeline::client::Client;
 use crate::pipeline::{self, RouterFields};
 use crate::request_fields::{KnownFields, RequestFields};
+use crate::respond::Reason;
 
 /// Bytes read at once for a head or a body.
 const READ_PIECE: usize = 16 * 1024;
@@ -272,8 +273,8 @@ struct HeadFacts {
 #[allow(clippy::large_enum_variant)]
 enum HeadRead {
     Request(Request<RequestBody>, Option<RequestFields>, HeadFacts),
-    /// Refused: answer this status and close.
-    Refused(u16),
+    /// Refused: answer as this reason's row says, and close.
+    Refused(Reason),
     /// The client closed, the wait ran out, or the router is stopping: close.
     Close,
 }
@@ -305,9 +306,9 @@ where
         let (request, as_read, facts) =
             match read_head(&inbound, stop.as_mut(), &client, &deadline, served).await {
                 HeadRead::Request(request, as_read, facts) => (request, as_read, facts),
-                HeadRead::Refused(status) => {
+                HeadRead::Refused(reason) => {
                     // Boxed: the connection's task keeps no room for this rare path's state.
-                    Box::pin(refuse(&inbound, status)).await;
+                    Box::pin(refuse(&inbound, reason)).await;
                     return;
                 }
                 HeadRead::Close => return,
@@ -407,10 +408,10 @@ where
                         return HeadRead::Request(request, as_read, facts);
                     }
                     Ok(None) if guard.read.len() >= MAX_HEAD_BYTES => {
-                        return HeadRead::Refused(431)
+                        return HeadRead::Refused(Reason::HeadersTooLarge)
                     }
                     Ok(None) => {}
-                    Err(status) => return HeadRead::Refused(status),
+                    Err(reason) => return HeadRead::Refused(reason),
                 }
             } else if guard.read.capacity() > 0 && served > 0 {
                 // Idle between requests: the buffer goes back (to the thread's spare ones)
@@ -454,8 +455,8 @@ type TakenHead = (Request<()>, Option<RequestFields>, HeadFacts);
 
 /// The head at the start of the read buffer, taken out of it as an `http::Request` whose
 /// fields point into it (or are kept as read); `Ok(None)` while it is incomplete; `Err`
-/// with the status that refuses it.
-fn take_head<S>(inbound: &mut Inbound<S>) -> Result<Option<TakenHead>, u16> {
+/// with the reason that refuses it.
+fn take_head<S>(inbound: &mut Inbound<S>) -> Result<Option<TakenHead>, Reason> {
     PLACES.with_borrow_mut(|places| take_head_into(inbound, places))
 }
 
@@ -470,7 +471,7 @@ thread_local! {
 fn take_head_into<S>(
     inbound: &mut Inbound<S>,
     places: &mut Vec<Place>,
-) -> Result<Option<TakenHead>, u16> {
+) -> Result<Option<TakenHead>, Reason> {
     // Where each piece sits in the buffer, so that the fields can share it once the head is
     // split off (the parse borrows it until then).
     let mut slots = header_slots();
@@ -485,7 +486,8 @@ fn take_head_into<S>(
     let (head_len, target, method, facts, body, expects_continue) =
         match parse_request(&inbound.read, &mut slots) {
             Ok(None) => return Ok(None),
-            Err(error) => return Err(error.status()),
+            Err(switchyard_h1::RequestError::HeadTooLarge) => return Err(Reason::HeadersTooLarge),
+            Err(_) => return Err(Reason::MalformedHead),
             Ok(Some(head)) => {
                 for (index, field) in head.headers.iter().enumerate() {
                     known.note(index, field.name.as_bytes(), field.value.len());
@@ -500,7 +502,8 @@ fn take_head_into<S>(
                 }
                 needs_map = !head.target.starts_with('/') || known.reframes();
                 let target = offset(head.target.as_bytes());
-                let method = Method::from_bytes(head.method.as_bytes()).map_err(|_| 400u16)?;
+                let method = Method::from_bytes(head.method.as_bytes())
+                    .map_err(|_| Reason::MalformedHead)?;
                 let facts = HeadFacts {
                     minor_version: head.minor_version,
                     keeps_connection: head.keeps_connection(),
@@ -517,9 +520,11 @@ fn take_head_into<S>(
             }
         };
     let bytes = inbound.read.split_to(head_len).freeze();
-    let uri = Uri::from_maybe_shared(bytes.slice(target.0..target.1)).map_err(|_| 400u16)?;
+    let uri = Uri::from_maybe_shared(bytes.slice(target.0..target.1))
+        .map_err(|_| Reason::MalformedHead)?;
     let (headers, as_read) = if needs_map {
-        let headers = switchyard_h1::fields_map(&bytes, places).map_err(|_| 400u16)?;
+        let headers =
+            switchyard_h1::fields_map(&bytes, places).map_err(|_| Reason::MalformedHead)?;
         (headers, None)
     } else {
         (
@@ -549,25 +554,27 @@ fn take_head_into<S>(
     Ok(Some((request, as_read, facts)))
 }
 
-/// Answers a refused head with `status`, then closes, reading and dropping what the client
-/// still sends for a moment first.
-async fn refuse<S>(inbound: &RefCell<Inbound<S>>, status: u16)
+/// Answers a refused head as its reason's row says (no request exists yet, so no stage, no
+/// request id and no app's page), then closes, reading and dropping what the client still
+/// sends for a moment first.
+async fn refuse<S>(inbound: &RefCell<Inbound<S>>, reason: Reason)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    let answer = pipeline::before_request(reason);
     metrics::CLIENT_HEADS_REFUSED
-        .with_label_values(&[status.as_str()])
+        .with_label_values(&[answer.status().as_str()])
         .inc();
-    let mut head = Vec::with_capacity(128);
+    let mut head = Vec::with_capacity(192);
     switchyard_h1::write_response_parts(
         &mut head,
-        status,
-        &HeaderMap::new(),
-        AnswerFraming::Length(0),
+        answer.status(),
+        answer.headers(),
+        AnswerFraming::Length(answer.body().len() as u64),
         AnswerConnection::Closed,
         http_date,
     );
+    head.extend_from_slice(answer.body());
     let lingered = async {
         write_all(inbound, &head).await?;
         shutdown(inbound).await?;
@@ -612,102 +619,27 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (parts, mut body) = response.into_parts();
-    let status = parts.status;
     // The backend's fields as read, when no stage made a map of them; the map then holds
     // only the router's own, which replace a field of the same name the app sent.
     let as_read = body.take_answer_fields();
-    let (codings, length) = match &as_read {
-        Some(fields) => (fields.has_codings(), fields.content_length()),
-        None => (
-            parts.headers.contains_key(TRANSFER_ENCODING),
-            parts
-                .headers
-                .get(CONTENT_LENGTH)
-                .and_then(|v| switchyard_h1::content_length_value(v.as_bytes())),
-        ),
-    };
     // A final answer goes before any body was asked for: no 100 is owed any more.
     if let Ok(mut inbound) = inbound.try_borrow_mut() {
         inbound.continue_owed = None;
     }
-    let switched = status == StatusCode::SWITCHING_PROTOCOLS;
+    let switched = parts.status == StatusCode::SWITCHING_PROTOCOLS;
     let body_read = inbound
         .try_borrow()
         .is_ok_and(|i| matches!(i.body, BodyLeft::Done));
-    let mut keep = facts.keeps_connection
+    let keep = facts.keeps_connection
         && body_read
         && !client.closing()
         && !parts
             .headers
             .get(CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let framing = if facts.is_head
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        AnswerFraming::NoBody
-    } else if codings && facts.minor_version == 1 {
-        AnswerFraming::Chunked
-    } else if let Some(length) = length {
-        AnswerFraming::Length(length)
-    } else if let Some(length) = body.size_hint().exact() {
-        AnswerFraming::Length(length)
-    } else if facts.minor_version == 1 {
-        AnswerFraming::Chunked
-    } else {
-        keep = false;
-        AnswerFraming::UntilClose
-    };
-    let connection = if switched {
-        AnswerConnection::Switched
-    } else if !keep {
-        AnswerConnection::Closed
-    } else if facts.minor_version == 0 {
-        AnswerConnection::KeptForHttp10
-    } else {
-        AnswerConnection::Kept
-    };
+    let (framing, connection, keep) = answer_framing(&parts, &body, as_read.as_ref(), facts, keep);
     out.clear();
-    match &as_read {
-        Some(as_read) => {
-            let own = &parts.headers;
-            let router = body.request_ctx().map(RouterFields::of);
-            // In a plain array: looked at once for each of the app's fields.
-            let mut router_fields: [(&[u8], &[u8]); RouterFields::MOST] =
-                [(b"", b""); RouterFields::MOST];
-            let mut count = 0;
-            for (name, value) in router.iter().flat_map(RouterFields::iter) {
-                router_fields[count] = (name.as_str().as_bytes(), value);
-                count += 1;
-            }
-            let router_fields = &router_fields[..count];
-            let replaced = |name: &[u8]| {
-                router_fields
-                    .iter()
-                    .any(|(own, _)| name.eq_ignore_ascii_case(own))
-                    || (!own.is_empty()
-                        && own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref())))
-            };
-            let fields = || {
-                let apps = as_read.iter().filter(|(name, _)| !replaced(name));
-                apps.chain(
-                    own.iter()
-                        .map(|(name, value)| (name.as_ref(), value.as_bytes())),
-                )
-                .chain(router_fields.iter().copied())
-            };
-            switchyard_h1::write_answer_head(out, status, fields, framing, connection, http_date);
-        }
-        None => switchyard_h1::write_response_parts(
-            out,
-            status,
-            &parts.headers,
-            framing,
-            connection,
-            http_date,
-        ),
-    }
+    write_head(out, &parts, &body, as_read.as_ref(), framing, connection);
     drop(as_read);
     drop(parts);
     if framing == AnswerFraming::NoBody {
@@ -798,6 +730,105 @@ where
     } else {
         Written::Closed
     })
+}
+
+/// How the answer is framed for the client and what becomes of the connection after it;
+/// `keep` turns false for an HTTP/1.0 answer whose end only the close can tell.
+fn answer_framing(
+    parts: &http::response::Parts,
+    body: &AnswerBody,
+    as_read: Option<&AnswerFields>,
+    facts: &HeadFacts,
+    mut keep: bool,
+) -> (AnswerFraming, AnswerConnection, bool) {
+    let status = parts.status;
+    let (codings, length) = match as_read {
+        Some(fields) => (fields.has_codings(), fields.content_length()),
+        None => (
+            parts.headers.contains_key(TRANSFER_ENCODING),
+            parts
+                .headers
+                .get(CONTENT_LENGTH)
+                .and_then(|v| switchyard_h1::content_length_value(v.as_bytes())),
+        ),
+    };
+    let framing = if facts.is_head
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        AnswerFraming::NoBody
+    } else if codings && facts.minor_version == 1 {
+        AnswerFraming::Chunked
+    } else if let Some(length) = length {
+        AnswerFraming::Length(length)
+    } else if let Some(length) = body.size_hint().exact() {
+        AnswerFraming::Length(length)
+    } else if facts.minor_version == 1 {
+        AnswerFraming::Chunked
+    } else {
+        keep = false;
+        AnswerFraming::UntilClose
+    };
+    let connection = if status == StatusCode::SWITCHING_PROTOCOLS {
+        AnswerConnection::Switched
+    } else if !keep {
+        AnswerConnection::Closed
+    } else if facts.minor_version == 0 {
+        AnswerConnection::KeptForHttp10
+    } else {
+        AnswerConnection::Kept
+    };
+    (framing, connection, keep)
+}
+
+/// The answer's head into `out`: the app's fields as read (less those the router's own
+/// replace) then the router's, or the answer's map.
+fn write_head(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: &AnswerBody,
+    as_read: Option<&AnswerFields>,
+    framing: AnswerFraming,
+    connection: AnswerConnection,
+) {
+    let status = parts.status;
+    let Some(as_read) = as_read else {
+        switchyard_h1::write_response_parts(
+            out,
+            status,
+            &parts.headers,
+            framing,
+            connection,
+            http_date,
+        );
+        return;
+    };
+    let own = &parts.headers;
+    let router = body.request_ctx().map(RouterFields::of);
+    // In a plain array: looked at once for each of the app's fields.
+    let mut router_fields: [(&[u8], &[u8]); RouterFields::MOST] = [(b"", b""); RouterFields::MOST];
+    let mut count = 0;
+    for (name, value) in router.iter().flat_map(RouterFields::iter) {
+        router_fields[count] = (name.as_str().as_bytes(), value);
+        count += 1;
+    }
+    let router_fields = &router_fields[..count];
+    let replaced = |name: &[u8]| {
+        router_fields
+            .iter()
+            .any(|(own, _)| name.eq_ignore_ascii_case(own))
+            || (!own.is_empty() && own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref())))
+    };
+    let fields = || {
+        let apps = as_read.iter().filter(|(name, _)| !replaced(name));
+        apps.chain(
+            own.iter()
+                .map(|(name, value)| (name.as_ref(), value.as_bytes())),
+        )
+        .chain(router_fields.iter().copied())
+    };
+    switchyard_h1::write_answer_head(out, status, fields, framing, connection, http_date);
 }
 
 async fn write_all<S>(inbound: &RefCell<Inbound<S>>, mut data: &[u8]) -> std::io::Result<()>

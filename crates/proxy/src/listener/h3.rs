@@ -48,6 +48,7 @@ use crate::metrics;
 use crate::pipeline;
 use crate::pipeline::answer_body::AnswerBody;
 use crate::pipeline::client::Client;
+use crate::respond::Reason;
 use crate::tls::cert_cache::CertCache;
 
 /// Requests one connection may have open at once (HTTP/2's limit, `h2.rs`).
@@ -418,16 +419,10 @@ fn safe_early(method: &http::Method) -> bool {
 /// RFC 8470's answer to an unsafe request sent in early data: the client sends it again
 /// once its handshake is done.
 fn too_early() -> Response<AnswerBody> {
-    const TEXT: &[u8] = b"425 too early: sent before the handshake ended; send it again\n";
-    let mut response = Response::new(AnswerBody::local(Bytes::from_static(TEXT), None));
-    *response.status_mut() = http::StatusCode::TOO_EARLY;
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain"),
-    );
-    headers.insert(CONTENT_LENGTH, http::HeaderValue::from(TEXT.len()));
-    response
+    let mut response = pipeline::before_request(Reason::TooEarly);
+    let length = http::HeaderValue::from(response.body().len());
+    response.headers_mut().insert(CONTENT_LENGTH, length);
+    response.map(|text| AnswerBody::local(text, None))
 }
 
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;

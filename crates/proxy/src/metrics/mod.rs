@@ -233,6 +233,13 @@ switchyard_metrics::declare_metrics! {
          64 KiB of head); the connection closes after the answer.",
         &["status"]
     ));
+    pub(crate) static REFUSALS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_refusals_total",
+        "Answers the router made itself instead of the app's, by reason: the rows of \
+         docs/reference/refusals.md (a refused head, an unknown host, a limit, a password, the \
+         WAF, an image, the client's body, a backend that failed or timed out).",
+        &["reason"]
+    ));
 
     pub(crate) static H2_CONNECTIONS_CLOSED_FOR_RESETS: IntCounter = registered(register_int_counter!(
         "switchyard_h2_connections_closed_for_resets_total",

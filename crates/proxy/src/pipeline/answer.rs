@@ -16,7 +16,8 @@ use super::end::RequestEnd;
 use crate::context::RequestCtx;
 use crate::forwarded::X_REQUEST_ID;
 use crate::listener::relay::{self, ClientUpgrade};
-use crate::respond::{self, LocalAnswer, Refusal};
+use crate::metrics;
+use crate::respond::{self, Reason, Refusal};
 use crate::stage::cache::{self, FromCache};
 use crate::stage::https;
 use crate::stage::list::Stage;
@@ -64,8 +65,8 @@ impl From<Refusal> for Answer {
     }
 }
 
-impl From<LocalAnswer> for Answer {
-    fn from(answer: LocalAnswer) -> Self {
+impl From<Reason> for Answer {
+    fn from(answer: Reason) -> Self {
         Self::Refused(answer.into())
     }
 }
@@ -93,15 +94,12 @@ pub(super) fn write(
             local_response(status, Bytes::from(body), Some(location), end)
         }
         Answer::Maintenance { retry_after_s } => {
-            let refusal = Refusal {
-                retry_after_s,
-                ..Refusal::new(503, app_pages::MAINTENANCE_TEXT)
-            };
-            let page = app_pages::html_for(&end.ctx, 503, true);
-            refusal_with_page(refusal, page, end)
+            let mut refusal = Refusal::new(Reason::Maintenance);
+            refusal.retry_after_s = retry_after_s;
+            refusal_response(refusal, end)
         }
         Answer::Unauthorized { realm } => {
-            let refusal = Refusal::new(401, "this app asks for a user name and password");
+            let refusal = Refusal::new(Reason::Unauthorized);
             let mut response = refusal_response(refusal, end);
             if let Ok(challenge) = HeaderValue::try_from(basic_auth::challenge(&realm)) {
                 response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
@@ -122,29 +120,26 @@ pub(super) fn write(
     response
 }
 
-/// The router's own answer instead of the app's: the status, the text with the request id,
-/// and `Retry-After`.
-fn refusal_response(refusal: Refusal, end: Box<RequestEnd>) -> Response<AnswerBody> {
-    let page = app_pages::html_for(&end.ctx, refusal.status, false);
-    refusal_with_page(refusal, page, end)
-}
-
-/// A refusal's answer, with the app's HTML `page` in place of the router's text when there
-/// is one for this client.
-fn refusal_with_page(
-    refusal: Refusal,
-    page: Option<Bytes>,
-    end: Box<RequestEnd>,
-) -> Response<AnswerBody> {
+/// The router's own answer instead of the app's, as its reason's row says: the status, the
+/// text with the request id (or the app's HTML page for it, when it has one for this
+/// client), and `Retry-After`; counted and noted for the access log by its reason.
+fn refusal_response(refusal: Refusal, mut end: Box<RequestEnd>) -> Response<AnswerBody> {
+    let status = refusal.status();
+    let maintenance = refusal.reason.row().page == respond::Page::Maintenance;
+    let page = app_pages::html_for(&end.ctx, status, maintenance);
+    metrics::REFUSALS
+        .with_label_values(&[refusal.reason.label()])
+        .inc();
+    end.ctx.refused = Some(refusal.reason);
     let html = page.is_some();
     let body = page.unwrap_or_else(|| {
         Bytes::from(respond::error_body(
-            refusal.status,
-            &refusal.text,
+            status,
+            refusal.text(),
             &end.ctx.request_id,
         ))
     });
-    let mut response = local_response(refusal.status, body, None, end);
+    let mut response = local_response(status, body, None, end);
     if html {
         response.headers_mut().insert(
             CONTENT_TYPE,
@@ -155,6 +150,27 @@ fn refusal_with_page(
         response
             .headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
+/// The router's answer to what never became a request (a refused HTTP/1 head, an HTTP/3
+/// request in 0-RTT data): its reason's row, with no request id and no app's page, which
+/// need a request. Counted by its reason as every refusal is.
+pub(crate) fn before_request(reason: Reason) -> Response<Bytes> {
+    let row = reason.row();
+    metrics::REFUSALS.with_label_values(&[row.label]).inc();
+    let body = Bytes::from(format!("{} {}\n", row.status, row.text));
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::from_u16(row.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(seconds) = row.retry_after_s {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }
@@ -187,7 +203,7 @@ fn backend_response(
                 end.ctx.request_id,
                 end.ctx.app_name()
             );
-            return refusal_response(Refusal::of_status(502), end);
+            return refusal_response(Reason::UnaskedUpgrade.into(), end);
         };
         let (parts, body) = response.into_parts();
         tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));
@@ -234,7 +250,6 @@ fn local_response(
     location: Option<String>,
     mut end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
-    end.ctx.local_status = Some(status);
     end.status = status;
     let mut response = Response::new(());
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -264,7 +279,6 @@ fn made_response(
     body: Bytes,
     mut end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
-    end.ctx.local_status = Some(status);
     end.status = status;
     let mut response = Response::new(());
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -279,7 +293,6 @@ fn made_response(
 }
 
 fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<AnswerBody> {
-    end.ctx.local_status = Some(200);
     end.status = 200;
     let mut response = Response::new(());
     let headers = response.headers_mut();

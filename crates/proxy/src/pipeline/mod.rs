@@ -37,7 +37,7 @@ use http::header::{CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOK
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
 use http_body::Body as _;
 
-pub(crate) use answer::RouterFields;
+pub(crate) use answer::{before_request, RouterFields};
 use answer::{Answer, Flow, X_CACHE};
 use answer_body::AnswerBody;
 use client::Client;
@@ -49,7 +49,7 @@ use crate::forwarded::Forwarding;
 use crate::listener::relay::ClientUpgrade;
 use crate::listener::request_body::RequestBody;
 use crate::request_fields::{Fields, Known, RequestFields};
-use crate::respond::{LocalAnswer, Refusal};
+use crate::respond::{Reason, Refusal};
 use crate::stage::acme_challenge;
 use crate::stage::affinity;
 use crate::stage::app_pages;
@@ -116,12 +116,7 @@ pub(crate) async fn handle(
     )
     .await;
     end.ctx.weight.answer_ready();
-    if let Answer::Refused(Refusal {
-        status: 500..,
-        retry_after_s: None,
-        ..
-    }) = answer
-    {
+    if matches!(&answer, Answer::Refused(refusal) if refusal.is_failure()) {
         // The app failed or could not be reached: a stale copy stands in if one may.
         if let Some(stale) = cache::stand_in_for_failure(&mut end.ctx) {
             answer = Answer::Cached(stale);
@@ -233,13 +228,13 @@ async fn request_phase(
         });
     }
     let Some(route) = ctx.route.clone() else {
-        return Err(LocalAnswer::UnknownHost.into());
+        return Err(Reason::UnknownHost.into());
     };
     let chain = route.chain;
     if as_read.is_some() && chain.reads_whole_request {
         match as_read.take().map(|fields| fields.to_map()) {
             Some(Ok(map)) => head.headers = map,
-            _ => return Err(Refusal::of_status(400).into()),
+            _ => return Err(Reason::UnreadableFields.into()),
         }
     }
     let inspected = shared.waf.is_some() && chain.runs(Stage::Waf);
@@ -260,7 +255,7 @@ async fn request_phase(
         && !incoming.is_end_stream()
         && !empty_body_ends(incoming, body_deadline).await
     {
-        return Err(LocalAnswer::AmbiguousFraming.into());
+        return Err(Reason::AmbiguousFraming.into());
     }
     Ok(route)
 }
@@ -583,17 +578,11 @@ fn denied_answer(denied: basic_auth::Denied, client: &Client) -> Answer {
     match denied {
         basic_auth::Denied::Unauthorized(realm) => Answer::Unauthorized { realm },
         basic_auth::Denied::LockedOut(seconds) => {
-            let refusal = Refusal::new(429, "too many failed passwords, try again later")
-                .come_back_in(seconds);
+            let refusal = Refusal::new(Reason::PasswordsLockedOut).come_back_in(seconds);
             client.pacing.after(&refusal);
             refusal.into()
         }
-        basic_auth::Denied::Overloaded => Refusal::new(
-            503,
-            "the password could not be checked in time, try again shortly",
-        )
-        .come_back_in(crate::respond::POOL_BUSY_RETRY_AFTER_S)
-        .into(),
+        basic_auth::Denied::Overloaded => Reason::PasswordCheckBusy.into(),
     }
 }
 

@@ -10,9 +10,6 @@ use http::Method;
 use crate::context::RequestCtx;
 use crate::request_fields::Fields;
 
-/// The text of the maintenance answer for clients that get no HTML.
-pub(crate) const MAINTENANCE_TEXT: &str = "this app is under maintenance, try again later";
-
 /// Notes whether this client gets the app's HTML pages: a request other than HEAD whose
 /// `Accept` names `text/html` (as browsers' navigations do).
 pub(crate) fn note_html_client(ctx: &mut RequestCtx, method: &Method, fields: Fields<'_>) {

@@ -10,13 +10,13 @@
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
 
-use crate::respond::LocalAnswer;
+use crate::respond::Reason;
 
 /// Refuses what cannot be made unambiguous and drops an upgrade the router will not tunnel.
 /// Runs on the request as read, before routing, so later stages see the normalised form.
 /// Returns the body length the request declares, for the stages after it: `None` for a
 /// chunked body or none at all (hyper has refused a malformed or contradictory length).
-pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<Option<u64>, LocalAnswer> {
+pub(crate) fn check_request(headers: &mut HeaderMap) -> Result<Option<u64>, Reason> {
     check_codings(headers)?;
     if has_non_websocket_upgrade(headers) {
         for name in NON_WEBSOCKET_UPGRADE_HEADERS {
@@ -37,13 +37,13 @@ pub(crate) fn declared_length(content_length: Option<&[u8]>) -> Option<u64> {
     content_length.and_then(switchyard_h1::content_length_value)
 }
 
-fn check_codings(headers: &HeaderMap) -> Result<(), LocalAnswer> {
+fn check_codings(headers: &HeaderMap) -> Result<(), Reason> {
     let chunked_count = transfer_codings(headers)
         .filter(|coding| coding.eq_ignore_ascii_case("chunked"))
         .count();
     // Chunked applied twice cannot be forwarded faithfully: the body is de-chunked once.
     if chunked_count > 1 {
-        return Err(LocalAnswer::AmbiguousFraming);
+        return Err(Reason::AmbiguousFraming);
     }
     Ok(())
 }
@@ -159,10 +159,7 @@ mod tests {
     #[test]
     fn chunked_twice_is_refused() {
         let mut request = request_with(&[("transfer-encoding", "chunked, chunked")]);
-        assert_eq!(
-            check_request(&mut request),
-            Err(LocalAnswer::AmbiguousFraming)
-        );
+        assert_eq!(check_request(&mut request), Err(Reason::AmbiguousFraming));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::context::RequestCtx;
 use crate::forwarded;
 use crate::isolation::worker_pool::{PoolRefusal, WorkerPool};
 use crate::metrics;
-use crate::respond::{Refusal, POOL_BUSY_RETRY_AFTER_S};
+use crate::respond::{Reason, Refusal};
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::thumbnail::{self, Encoding, Fit, Resize};
 use crate::upstream::attempt::{self, SideConnectFailure};
@@ -204,17 +204,17 @@ pub(crate) async fn resize_for(
     let images = route.app.images.as_ref()?;
     let app = route.app.name.as_str();
     let refused =
-        |status: u16, text: String| ImageAnswer::Refused(Refusal::explained(status, text));
+        |reason: Reason, text: String| ImageAnswer::Refused(Refusal::explained(reason, text));
     let asked = match parse(images, request.uri.path(), request.uri.query()) {
         Ok(asked) => asked,
         Err(reason) => {
             count(app, "bad_request");
-            return Some(refused(400, reason));
+            return Some(refused(Reason::ImageBadRequest, reason));
         }
     };
     let Some(stage) = stage else {
         count(app, "overloaded");
-        return Some(refused(503, "image resizing is not available".into()));
+        return Some(ImageAnswer::Refused(Reason::ImagesUnavailable.into()));
     };
     let deadline = Instant::now()
         + ctx
@@ -257,7 +257,10 @@ pub(crate) async fn resize_for(
                 ctx.request_id,
                 asked.original_path
             );
-            return Some(refused(422, unprocessable.to_string()));
+            return Some(refused(
+                Reason::ImageUnprocessable,
+                unprocessable.to_string(),
+            ));
         }
         Err(refusal) => return Some(refuse_for_now(app, refusal)),
     };
@@ -281,13 +284,15 @@ pub(crate) async fn resize_for(
 /// missed deadline.
 fn refuse_for_now(app: &str, refusal: PoolRefusal) -> ImageAnswer {
     count(app, "overloaded");
-    let why = match refusal {
+    ImageAnswer::Refused(match refusal {
         PoolRefusal::Full | PoolRefusal::WouldMissDeadline | PoolRefusal::Shed => {
-            "the image workers are busy, try again shortly"
+            Reason::ImageWorkersBusy.into()
         }
-        PoolRefusal::TimedOut => "the image could not be resized in time, try again shortly",
-    };
-    ImageAnswer::Refused(Refusal::new(503, why).come_back_in(POOL_BUSY_RETRY_AFTER_S))
+        PoolRefusal::TimedOut => Refusal::explained(
+            Reason::ImageWorkersBusy,
+            "the image could not be resized in time, try again shortly".into(),
+        ),
+    })
 }
 
 fn count(app: &str, result: &str) {
@@ -369,16 +374,16 @@ struct FetchFailure {
 }
 
 impl FetchFailure {
-    fn new(status: u16, text: impl Into<String>, label: &'static str) -> Self {
+    fn new(reason: Reason, text: impl Into<String>, label: &'static str) -> Self {
         Self {
-            refusal: Refusal::explained(status, text.into()),
+            refusal: Refusal::explained(reason, text.into()),
             label,
         }
     }
 
     fn too_large(limit: u64) -> Self {
         Self::new(
-            422,
+            Reason::ImageUnprocessable,
             format!("the original is larger than max_source_bytes ({limit})"),
             "unprocessable",
         )
@@ -424,7 +429,7 @@ async fn from_static_root(
         .await
         .map_err(|e| {
             FetchFailure::new(
-                500,
+                Reason::ImageOriginalUnreadable,
                 format!("cannot read the original: {e}"),
                 "fetch_failed",
             )
@@ -463,11 +468,9 @@ async fn from_backend(
     let mut connection = attempt::connect_side(ctx, &stage.originals, connect_timeout)
         .await
         .map_err(|failure| match failure {
-            SideConnectFailure::NoBackend(answer) => FetchFailure::new(
-                answer.status(),
-                "the app has no reachable container",
-                "fetch_failed",
-            ),
+            SideConnectFailure::NoBackend(reason) => {
+                FetchFailure::new(reason, "the app has no reachable container", "fetch_failed")
+            }
             SideConnectFailure::Connect(ConnectError::TimedOut) => late(),
             SideConnectFailure::Connect(e) => unreachable(&e),
         })?;
@@ -475,11 +478,10 @@ async fn from_backend(
     attempt::register_connection(ctx, connections, shutdown.clone());
     let original = tokio::select! {
         original = read_original(request, &mut connection, images, read_timeout) => original,
-        () = shutdown.requested() => Err(FetchFailure::new(
-            502,
-            "the app's container was removed while sending the original",
-            "fetch_failed",
-        )),
+        () = shutdown.requested() => Err(FetchFailure {
+            refusal: Reason::ImageOriginalCut.into(),
+            label: "fetch_failed",
+        }),
     };
     // The backend is no longer this request's while the image is resized: not counted in
     // flight for it, not found by a drain.
@@ -546,11 +548,14 @@ async fn read_original(
         .map_err(|e| unreachable(&e))?;
     let status = response.status().as_u16();
     if status != 200 {
-        return Err(FetchFailure::new(
-            status,
-            format!("the app answered {status} for the original"),
-            "fetch_failed",
-        ));
+        return Err(FetchFailure {
+            refusal: Refusal::explained(
+                Reason::ImageOriginalRefused,
+                format!("the app answered {status} for the original"),
+            )
+            .with_apps_status(status),
+            label: "fetch_failed",
+        });
     }
     let declared: Option<u64> = response
         .headers()

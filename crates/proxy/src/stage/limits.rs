@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::fleet_rate::FleetRates;
 use crate::metrics;
 use crate::request_fields::Fields;
-use crate::respond::Refusal;
+use crate::respond::{Reason, Refusal};
 
 /// Which limit decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,19 +94,15 @@ impl Decision {
     }
 }
 
-const DENIED: Refusal = Refusal::new(403, "forbidden: this app does not accept your network");
-const URI_TOO_LONG: Refusal = Refusal::new(414, "the request target is too long for this app");
-const HEADERS_TOO_LARGE: Refusal =
-    Refusal::new(431, "the request headers are too large for this app");
-const BODY_TOO_LARGE: Refusal = Refusal::new(413, "the request body is too large for this app");
-const BUSY: Refusal =
-    Refusal::new(503, "this app has too many requests in progress").come_back_in(1);
-
-const TOO_MANY_CONNECTIONS: Refusal =
-    Refusal::new(429, "too many requests in progress from you to this app").come_back_in(1);
+const DENIED: Refusal = Refusal::new(Reason::NetworkDenied);
+const URI_TOO_LONG: Refusal = Refusal::new(Reason::TargetTooLong);
+const HEADERS_TOO_LARGE: Refusal = Refusal::new(Reason::FieldsTooLargeForApp);
+const BODY_TOO_LARGE: Refusal = Refusal::new(Reason::BodyTooLarge);
+const BUSY: Refusal = Refusal::new(Reason::AppBusy);
+const TOO_MANY_CONNECTIONS: Refusal = Refusal::new(Reason::ClientBusy);
 
 fn rate_limited(wait: Duration) -> Refusal {
-    Refusal::new(429, "too many requests").come_back_in(wait.as_secs_f64().ceil().max(1.0) as u32)
+    Refusal::new(Reason::RateLimited).come_back_in(wait.as_secs_f64().ceil().max(1.0) as u32)
 }
 
 /// The limits of every app, shared by the listener threads.

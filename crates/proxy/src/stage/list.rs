@@ -94,8 +94,11 @@ pub(crate) struct Declared {
     pub(crate) switched_on_by: Option<&'static str>,
     /// What it does, in a sentence.
     pub(crate) does: &'static str,
-    /// The answers it can make in place of the app's.
+    /// The answers it can make in place of the app's, other than refusals.
     pub(crate) answers: &'static str,
+    /// The refusals it can make: their statuses and texts are the refusals' table's
+    /// (`respond::Reason::row`).
+    pub(crate) refuses: &'static [Reason],
     /// The metrics it counts in.
     pub(crate) metrics: &'static [&'static str],
     /// The names `explain` gives its verdicts on a request (none: not explained per app).
@@ -107,6 +110,7 @@ pub(crate) struct Declared {
     pub(crate) reads_whole_answer: bool,
 }
 
+use crate::respond::Reason;
 use Phase::*;
 
 /// A row with the defaults every stage shares.
@@ -117,6 +121,7 @@ const ROW: Declared = Declared {
     switched_on_by: None,
     does: "",
     answers: "",
+    refuses: &[],
     metrics: &[],
     explained_as: &[],
     reads_whole_request: false,
@@ -140,7 +145,7 @@ pub(crate) const LIST: [Declared; 20] = [
         does: "the body's declared length noted once; a framing no backend could read \
                unambiguously refused, an upgrade other than WebSocket dropped; one framing \
                for the backend",
-        answers: "400",
+        refuses: &[Reason::AmbiguousFraming],
         ..ROW
     },
     Declared {
@@ -149,7 +154,13 @@ pub(crate) const LIST: [Declared; 20] = [
         phases: &[RequestHead],
         does: "Host (or :authority) to app, exact name then wildcards, from the route cache; \
                the app's chain comes with its route",
-        answers: "404, 400, 431, 503",
+        refuses: &[
+            Reason::HeadersTooLarge,
+            Reason::MissingHost,
+            Reason::UnknownHost,
+            Reason::RouteUnavailable,
+            Reason::UnreadableFields,
+        ],
         metrics: &[
             "switchyard_route_cache_hits_total",
             "switchyard_route_cache_misses_total",
@@ -183,7 +194,7 @@ pub(crate) const LIST: [Declared; 20] = [
         does: "in maintenance every request is answered with the app's page; the router's \
                own 502, 503 and 504 carry the app's error pages (HTML to browsers, text to \
                the rest)",
-        answers: "503",
+        refuses: &[Reason::Maintenance],
         explained_as: &["maintenance", "error_pages"],
         ..ROW
     },
@@ -194,7 +205,15 @@ pub(crate) const LIST: [Declared; 20] = [
         switched_on_by: Some("limits"),
         does: "the app's guardrails: allow and deny lists, sizes, rates of the client and \
                the app, requests in flight",
-        answers: "403, 413, 414, 429, 431, 503",
+        refuses: &[
+            Reason::NetworkDenied,
+            Reason::TargetTooLong,
+            Reason::FieldsTooLargeForApp,
+            Reason::BodyTooLarge,
+            Reason::AppBusy,
+            Reason::ClientBusy,
+            Reason::RateLimited,
+        ],
         metrics: &[
             "switchyard_limit_decisions_total",
             "switchyard_app_in_flight",
@@ -220,7 +239,11 @@ pub(crate) const LIST: [Declared; 20] = [
         switched_on_by: Some("basic_auth"),
         does: "password protection, the password checked on the worker pool (a verified \
                one cached); too many failures of one client locked out",
-        answers: "401, 429, 503",
+        refuses: &[
+            Reason::Unauthorized,
+            Reason::PasswordsLockedOut,
+            Reason::PasswordCheckBusy,
+        ],
         metrics: &[
             "switchyard_basic_auth_checks_total",
             "switchyard_basic_auth_failing_clients",
@@ -235,7 +258,13 @@ pub(crate) const LIST: [Declared; 20] = [
         switched_on_by: Some("waf (with the router's --waf on)"),
         does: "the request, and a body within the app's limit, inspected by ModSecurity and \
                the OWASP CRS on the worker pool and held to be sent on",
-        answers: "403, 503 (by the app's overload policy)",
+        refuses: &[
+            Reason::WafBlocked,
+            Reason::WafOverloaded,
+            Reason::WafSpoolUnreadable,
+            Reason::WafBodyBroken,
+            Reason::WafBodyTimedOut,
+        ],
         metrics: &[
             "switchyard_waf_requests_total",
             "switchyard_waf_body_uninspected_total",
@@ -298,6 +327,7 @@ pub(crate) const LIST: [Declared; 20] = [
         explained_as: &["cache"],
         reads_whole_request: true,
         reads_whole_answer: true,
+        ..ROW
     },
     Declared {
         stage: Stage::Images,
@@ -305,7 +335,16 @@ pub(crate) const LIST: [Declared; 20] = [
         phases: &[InPlaceOfApp],
         switched_on_by: Some("images"),
         does: "`/_img/WxH/…` resized on the worker pool from the app's original",
-        answers: "200 (the image), 400, 422, 503",
+        answers: "200 (the image)",
+        refuses: &[
+            Reason::ImageBadRequest,
+            Reason::ImagesUnavailable,
+            Reason::ImageWorkersBusy,
+            Reason::ImageUnprocessable,
+            Reason::ImageOriginalUnreadable,
+            Reason::ImageOriginalRefused,
+            Reason::ImageOriginalCut,
+        ],
         metrics: &["switchyard_image_requests_total"],
         explained_as: &["images"],
         reads_whole_request: true,
@@ -350,7 +389,16 @@ pub(crate) const LIST: [Declared; 20] = [
         phases: &[UpstreamRequest, AnswerHead, AnswerBody],
         does: "a backend picked (balancer, health), its pooled connection, retries, the \
                answer read ahead of a slow client",
-        answers: "502, 503, 504; 400, 408, 413 for a failing client body",
+        refuses: &[
+            Reason::NoBackends,
+            Reason::NoHealthyBackend,
+            Reason::UpstreamFailed,
+            Reason::UpstreamTimedOut,
+            Reason::UnaskedUpgrade,
+            Reason::ClientBodyTimedOut,
+            Reason::ClientBodyBroken,
+            Reason::ClientBodyTooLarge,
+        ],
         metrics: &[
             "switchyard_upstream_errors_total",
             "switchyard_upstream_retries_total",
@@ -403,6 +451,14 @@ pub fn stages_table() -> String {
             }
         };
         let explained: Vec<String> = row.explained_as.iter().map(|e| format!("`{e}`")).collect();
+        let mut answers: Vec<String> = Vec::new();
+        if !row.answers.is_empty() {
+            answers.push(cell(row.answers));
+        }
+        answers.extend(row.refuses.iter().map(|reason| {
+            let refusal = reason.row();
+            format!("{} `{}`", refusal.status, refusal.label)
+        }));
         out.push_str(&format!(
             "| {} | `{}` | {} | {} | {} | {} | {} | {} |\n",
             place + 1,
@@ -411,7 +467,7 @@ pub fn stages_table() -> String {
             row.switched_on_by
                 .map_or("every request".to_string(), |s| format!("`{}`", cell(s))),
             cell(row.does),
-            or_dash(cell(row.answers)),
+            or_dash(answers.join(", ")),
             or_dash(metrics.join(", ")),
             or_dash(explained.join(", ")),
         ));
@@ -433,6 +489,25 @@ mod tests {
                 "{} takes part in no phase",
                 row.name
             );
+        }
+    }
+
+    #[test]
+    fn every_refusal_is_made_by_one_stage_or_before_any() {
+        // Made before a request exists: by the HTTP/1 head's reader and HTTP/3's 0-RTT check
+        // (the route stage checks the head's size again for HTTP/2 and HTTP/3).
+        let before_any = [Reason::MalformedHead, Reason::TooEarly];
+        for reason in Reason::all() {
+            let makers: Vec<&str> = LIST
+                .iter()
+                .filter(|row| row.refuses.contains(&reason))
+                .map(|row| row.name)
+                .collect();
+            if before_any.contains(&reason) {
+                assert!(makers.is_empty(), "{reason:?} listed by {makers:?}");
+            } else {
+                assert_eq!(makers.len(), 1, "{reason:?} listed by {makers:?}");
+            }
         }
     }
 

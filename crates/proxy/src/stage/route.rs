@@ -6,7 +6,7 @@ use switchyard_model::normalize_host;
 
 use crate::context::RequestCtx;
 use crate::request_fields::{Fields, Known};
-use crate::respond::LocalAnswer;
+use crate::respond::Reason;
 use crate::routing::route_cache::RouteCache;
 
 /// Request line and headers larger than this are refused with 431 before routing. hyper
@@ -20,17 +20,17 @@ pub(crate) async fn route(
     fields: Fields<'_>,
     ctx: &mut RequestCtx,
     routes: &RouteCache,
-) -> Result<(), LocalAnswer> {
+) -> Result<(), Reason> {
     let target_bytes = target.path_and_query().map_or(1, |p| p.as_str().len())
         + target.authority().map_or(0, |a| a.as_str().len());
     let head_bytes = target_bytes + fields.head_bytes();
     if head_bytes > MAX_REQUEST_HEAD_BYTES {
-        return Err(LocalAnswer::HeadersTooLarge);
+        return Err(Reason::HeadersTooLarge);
     }
     // Two Host lines could route differently here and at the backend: refused, as RFC 9112
     // §3.2 requires (whatever the authority says).
     if fields.hosts() > 1 {
-        return Err(LocalAnswer::MissingHost);
+        return Err(Reason::MissingHost);
     }
     // An authority and a Host naming different hosts would be routed here by one and at the
     // backend (or a cache between) by the other: refused (RFC 9113 §8.3.1 for HTTP/2).
@@ -38,7 +38,7 @@ pub(crate) async fn route(
     if let (Some(authority), Some(host)) = (target.authority(), host_field) {
         let host = std::str::from_utf8(host).ok().and_then(normalize_host);
         if host.is_none() || host != normalize_host(authority.as_str()) {
-            return Err(LocalAnswer::MissingHost);
+            return Err(Reason::MissingHost);
         }
     }
     let raw_host = match target.authority() {
@@ -46,11 +46,11 @@ pub(crate) async fn route(
         None => host_field.and_then(|h| std::str::from_utf8(h).ok()),
     };
     let Some(raw_host) = raw_host else {
-        return Err(LocalAnswer::MissingHost);
+        return Err(Reason::MissingHost);
     };
     // Userinfo in an authority (`user@host`) never names a host we serve.
     let Some(host) = normalize_host(raw_host) else {
-        return Err(LocalAnswer::UnknownHost);
+        return Err(Reason::UnknownHost);
     };
     let resolved = routes.resolve(&host).await;
     ctx.host = Some(host);
@@ -59,14 +59,14 @@ pub(crate) async fn route(
             ctx.route = Some(route);
             Ok(())
         }
-        Ok(None) => Err(LocalAnswer::UnknownHost),
+        Ok(None) => Err(Reason::UnknownHost),
         Err(e) => {
             log::error!(
                 "request {}: cannot route host {:?}: {e}",
                 ctx.request_id,
                 ctx.host.as_deref().unwrap_or("")
             );
-            Err(LocalAnswer::RouteUnavailable)
+            Err(Reason::RouteUnavailable)
         }
     }
 }
@@ -99,32 +99,28 @@ mod tests {
         let (routes, _dir) = empty_routes();
         let big = "x".repeat(MAX_REQUEST_HEAD_BYTES);
         for (target, headers, expected) in [
-            ("/", vec![("host", "a.test")], Err(LocalAnswer::UnknownHost)),
-            ("/", vec![], Err(LocalAnswer::MissingHost)),
+            ("/", vec![("host", "a.test")], Err(Reason::UnknownHost)),
+            ("/", vec![], Err(Reason::MissingHost)),
             (
                 "/",
                 vec![("host", "a.test"), ("host", "b.test")],
-                Err(LocalAnswer::MissingHost),
+                Err(Reason::MissingHost),
             ),
             (
                 "http://a.test/",
                 vec![("host", "b.test")],
-                Err(LocalAnswer::MissingHost),
+                Err(Reason::MissingHost),
             ),
             (
                 "http://a.test/",
                 vec![("host", "A.TEST.")],
-                Err(LocalAnswer::UnknownHost),
+                Err(Reason::UnknownHost),
             ),
-            (
-                "/",
-                vec![("host", "user@a.test")],
-                Err(LocalAnswer::UnknownHost),
-            ),
+            ("/", vec![("host", "user@a.test")], Err(Reason::UnknownHost)),
             (
                 "/",
                 vec![("host", "a.test"), ("x-big", big.as_str())],
-                Err(LocalAnswer::HeadersTooLarge),
+                Err(Reason::HeadersTooLarge),
             ),
         ] {
             let mut map = http::HeaderMap::new();

@@ -9,17 +9,17 @@ use std::time::{Duration, Instant};
 
 use crate::context::RequestCtx;
 use crate::metrics;
-use crate::respond::LocalAnswer;
+use crate::respond::Reason;
 use crate::routing::balancer::Pick;
 use crate::routing::connections::{ConnectionTable, ShutdownRequest};
 use crate::upstream::outbound::{ConnectError, SideConnection, SidePool, Target};
 
 /// Starts the next attempt: picks a backend the request has not tried, counts it in
 /// flight and returns its address; or says why none can be used.
-pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAnswer> {
+pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, Reason> {
     ctx.release_attempt();
     let Some(route) = ctx.route.clone() else {
-        return Err(LocalAnswer::UnknownHost);
+        return Err(Reason::UnknownHost);
     };
     let picked = match ctx.sticky.as_deref().and_then(|sticky| sticky.backend()) {
         Some(sticky) => route.upstream.pick_preferring(sticky, &ctx.tried),
@@ -27,8 +27,8 @@ pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAns
     };
     let guard = match picked {
         Pick::Backend(guard) => guard,
-        Pick::NoBackends => return Err(LocalAnswer::NoBackends),
-        Pick::NoneHealthy => return Err(LocalAnswer::NoHealthyBackend),
+        Pick::NoBackends => return Err(Reason::NoBackends),
+        Pick::NoneHealthy => return Err(Reason::NoHealthyBackend),
     };
     let address = guard.backend().address;
     ctx.tried.push(address);
@@ -41,7 +41,7 @@ pub(crate) fn begin_attempt(ctx: &mut RequestCtx) -> Result<SocketAddr, LocalAns
 #[derive(Debug)]
 pub(crate) enum SideConnectFailure {
     /// No backend could be tried (none, none healthy, or every one tried).
-    NoBackend(LocalAnswer),
+    NoBackend(Reason),
     /// The last backend tried could not be reached, and no retry was left.
     Connect(ConnectError),
 }

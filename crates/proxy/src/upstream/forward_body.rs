@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::body_read::{data_len, poll_with_deadline, BodyError, ReadDeadline};
 use crate::listener::request_body::RequestBody;
-use crate::respond::Refusal;
+use crate::respond::{Reason, Refusal};
 use crate::stage::mirror::MirrorFeed;
 use crate::stage::waf::inspect::Held;
 
@@ -30,19 +30,19 @@ pub(crate) enum ClientBodyFailure {
     TooLarge,
 }
 
-impl ClientBodyFailure {
-    pub(crate) fn status(self) -> u16 {
-        match self {
-            Self::TimedOut => 408,
-            Self::Broken => 400,
-            Self::TooLarge => 413,
+impl From<ClientBodyFailure> for Reason {
+    fn from(failure: ClientBodyFailure) -> Self {
+        match failure {
+            ClientBodyFailure::TimedOut => Self::ClientBodyTimedOut,
+            ClientBodyFailure::Broken => Self::ClientBodyBroken,
+            ClientBodyFailure::TooLarge => Self::ClientBodyTooLarge,
         }
     }
 }
 
 impl From<ClientBodyFailure> for Refusal {
     fn from(failure: ClientBodyFailure) -> Self {
-        Self::of_status(failure.status())
+        Self::new(failure.into())
     }
 }
 

@@ -15,7 +15,7 @@ use http_body::{Body as _, Frame};
 use super::{self as waf, BodyInspection, Endpoints, Inspector, OwnedRequest, SpoolRefusal};
 use crate::context::RequestCtx;
 use crate::listener::request_body::RequestBody;
-use crate::respond::{LocalAnswer, Refusal};
+use crate::respond::{Reason, Refusal};
 
 /// The part of a request's body read for its inspection, sent on before the rest.
 #[derive(Clone, Default)]
@@ -104,7 +104,7 @@ pub(crate) async fn inspect(
     }
 }
 
-fn go_on(refusal: Option<LocalAnswer>) -> Result<Option<Held>, Refusal> {
+fn go_on(refusal: Option<Reason>) -> Result<Option<Held>, Refusal> {
     match refusal {
         Some(answer) => Err(answer.into()),
         None => Ok(None),
@@ -116,7 +116,7 @@ fn refused(refusal: SpoolRefusal) -> Refusal {
         SpoolRefusal::Answer(answer) => answer.into(),
         SpoolRefusal::Unreadable(e) => {
             log::error!("the WAF spool could not be read back: {e}");
-            Refusal::of_status(500)
+            Reason::WafSpoolUnreadable.into()
         }
     }
 }
@@ -159,7 +159,7 @@ impl InspectedBody<'_> {
                         "request {}: the body for the WAF stopped: {e}",
                         ctx.request_id
                     );
-                    return Err(Refusal::of_status(400));
+                    return Err(Reason::WafBodyBroken.into());
                 }
                 Err(_) => {
                     log::debug!(
@@ -167,7 +167,7 @@ impl InspectedBody<'_> {
                         ctx.request_id,
                         self.read_deadline
                     );
-                    return Err(Refusal::of_status(408));
+                    return Err(Reason::WafBodyTimedOut.into());
                 }
             };
             match Frame::into_data(frame) {

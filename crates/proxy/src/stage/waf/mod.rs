@@ -40,7 +40,7 @@ use crate::byte_budget::ByteBudget;
 use crate::context::RequestCtx;
 use crate::isolation::worker_pool::{PoolRefusal, WorkerPool};
 use crate::metrics;
-use crate::respond::LocalAnswer;
+use crate::respond::Reason;
 
 /// Bodies of a declared length up to this are read into memory and inspected before the
 /// request goes on (a small upload in one piece; the WAF of nginx reads as much in memory).
@@ -252,7 +252,7 @@ pub(crate) async fn inspect_now(
     inspector: Option<&Inspector>,
     policy: WafPolicy,
     request: OwnedRequest,
-) -> Option<LocalAnswer> {
+) -> Option<Reason> {
     let app = ctx.app_name();
     let Some(inspector) = inspector else {
         report_no_waf(app);
@@ -286,7 +286,7 @@ pub(crate) async fn refuse_on_head(
     inspector: &Inspector,
     policy: WafPolicy,
     request: OwnedRequest,
-) -> Option<LocalAnswer> {
+) -> Option<Reason> {
     if policy.mode != WafMode::Block {
         return None;
     }
@@ -303,7 +303,7 @@ pub(crate) async fn refuse_on_head(
 #[derive(Debug)]
 pub(crate) enum SpoolRefusal {
     /// Refused by the rules, or by `on_overload` (no room, inspection overloaded).
-    Answer(LocalAnswer),
+    Answer(Reason),
     /// What was spooled could not be read back.
     Unreadable(std::io::Error),
 }
@@ -315,7 +315,7 @@ fn judge(
     policy: &WafPolicy,
     allowed: Duration,
     verdict: Result<Verdict, PoolRefusal>,
-) -> Option<LocalAnswer> {
+) -> Option<Reason> {
     let verdict = match verdict {
         Ok(verdict) => verdict,
         Err(refusal) => {
@@ -361,13 +361,13 @@ fn judge(
     metrics::WAF_INSPECTIONS
         .with_label_values(&[app, result])
         .inc();
-    blocked.then_some(LocalAnswer::WafBlocked)
+    blocked.then_some(Reason::WafBlocked)
 }
 
-fn overloaded(app: &str, policy: WafOverload) -> Option<LocalAnswer> {
+fn overloaded(app: &str, policy: WafOverload) -> Option<Reason> {
     let (result, answer) = match policy {
         WafOverload::Open => ("overload_passed", None),
-        WafOverload::Closed => ("overload_refused", Some(LocalAnswer::WafOverloaded)),
+        WafOverload::Closed => ("overload_refused", Some(Reason::WafOverloaded)),
     };
     metrics::WAF_INSPECTIONS
         .with_label_values(&[app, result])
