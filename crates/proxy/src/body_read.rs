@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 use tokio::time::Sleep;
 
-use crate::listener::request_body::PeerError;
+use crate::request_body::PeerError;
 use crate::upstream::failure::BackendFailure;
 
 /// Why a body stopped short.

@@ -15,7 +15,7 @@ use crate::routing::affinity_tokens::Sticky;
 use crate::routing::balancer::InFlight;
 use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
-use crate::stage::cache::CacheCtx;
+use crate::stage::cache::state::CacheCtx;
 use crate::stage::limits::Places;
 use crate::traffic::app_requests::REQUEST_COUNTS;
 

@@ -14,6 +14,7 @@
 
 mod access_log;
 mod app_files;
+mod body_feed;
 mod body_read;
 mod byte_budget;
 mod connection;
@@ -29,6 +30,8 @@ mod isolation;
 mod listener;
 mod metrics;
 mod pipeline;
+mod proxy_protocol;
+mod request_body;
 mod request_fields;
 mod respond;
 mod response_cache;

@@ -33,12 +33,12 @@ use super::clock::Deadline;
 use super::connection::Connection;
 use super::read_buffers;
 use super::relay::{ClientSide, IntoClientSide};
-use super::request_body::{ConnectionBody, PeerError, RequestBody};
 use super::send_deadline::SendDeadline;
 use crate::metrics;
 use crate::pipeline::answer_body::AnswerBody;
 use crate::pipeline::client::Client;
 use crate::pipeline::{self, RouterFields};
+use crate::request_body::{ConnectionBody, PeerError, RequestBody};
 use crate::request_fields::{KnownFields, RequestFields};
 use crate::respond::Reason;
 

@@ -17,10 +17,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::connection::{peek_until, Connection};
-use super::request_body::RequestBody;
 use super::send_deadline::SendDeadline;
 use crate::connection::h2_resets::{Cancellations, CANCELLATION_WINDOW, MOST_CANCELLED_STREAMS};
 use crate::pipeline::{self, client::Client};
+use crate::request_body::RequestBody;
 
 /// The HTTP/2 connection preface a client with prior knowledge opens with (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

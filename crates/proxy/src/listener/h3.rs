@@ -42,12 +42,12 @@ use tokio::sync::watch;
 
 use super::connection::OpenConnection;
 use super::quic_steering::{self, CidGeneration, GenerationCids};
-use super::request_body::{H3Body, RequestBody};
 use crate::event_loop::EventLoop;
 use crate::metrics;
 use crate::pipeline;
 use crate::pipeline::answer_body::AnswerBody;
 use crate::pipeline::client::Client;
+use crate::request_body::{H3Body, RequestBody};
 use crate::respond::Reason;
 use crate::tls::cert_cache::CertCache;
 

@@ -17,7 +17,6 @@ mod handover;
 mod quic_steering;
 pub(crate) mod read_buffers;
 pub(crate) mod relay;
-pub(crate) mod request_body;
 mod send_deadline;
 mod tls;
 

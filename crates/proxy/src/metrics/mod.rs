@@ -7,8 +7,6 @@
 
 #![allow(missing_docs)]
 
-pub(crate) mod deleted_apps;
-
 use std::collections::{HashMap, HashSet};
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};

@@ -10,8 +10,8 @@ use http::HeaderValue;
 use switchyard_model::ProxyProtocol;
 
 use crate::isolation::Pacing;
+use crate::proxy_protocol::{Announced, ClientEnds};
 use crate::stage::waf::Endpoints;
-use crate::upstream::proxy_protocol::{Announced, ClientEnds};
 
 /// The client end of a connection, as each of its requests needs it.
 pub(crate) struct Client {

@@ -15,9 +15,9 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::metrics;
+use crate::proxy_protocol::Announced;
 use crate::routing::balancer::BackendState;
 use crate::routing::route_cache::RouteCache;
-use crate::upstream::proxy_protocol::Announced;
 
 const TICK: Duration = Duration::from_millis(100);
 /// Probes running at once, across all apps.

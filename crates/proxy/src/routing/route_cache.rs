@@ -17,13 +17,13 @@ use switchyard_model::{App, BackendAddress, CacheStore, Change};
 use switchyard_store::{Store, StoreError};
 
 use crate::metrics;
-use crate::metrics::deleted_apps::DeletedApps;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::balancer::Upstream;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
 use crate::stage::chain::Chain;
 use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
+use crate::traffic::deleted_apps::DeletedApps;
 
 const STRIPES: usize = 256;
 /// Deepest wildcard parent tried for one host: bounds the lookups an odd Host can cost.

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use switchyard_model::{Mirror, MirrorKey};
 use tokio::sync::mpsc;
 
+use crate::body_feed::{BodyEvent, BodyFeed};
 use crate::context::RequestCtx;
 use crate::cookies::cookie_values;
 use crate::forwarded;
@@ -63,23 +64,6 @@ impl MirrorClient {
     }
 }
 
-/// The request path's end of a copy in progress: body chunks are pushed here as they
-/// arrive from the client.
-#[derive(Debug)]
-pub(crate) struct MirrorFeed {
-    sender: mpsc::UnboundedSender<BodyEvent>,
-    limit: u64,
-    /// Body bytes handed to the copy so far.
-    forwarded: u64,
-}
-
-#[derive(Debug)]
-enum BodyEvent {
-    Data(Bytes),
-    End,
-    OverLimit,
-}
-
 /// Why a copy was not delivered; the label of `switchyard_mirror_dropped_total`.
 #[derive(Debug, Clone, Copy)]
 enum Dropped {
@@ -117,7 +101,7 @@ pub(crate) fn start_copy(
     client_ip: Option<IpAddr>,
     has_body: bool,
     ctx: &RequestCtx,
-) -> Option<MirrorFeed> {
+) -> Option<BodyFeed> {
     let route = ctx.route.as_ref()?;
     let (Some(mirror), Some(state)) = (route.app.mirror.as_ref(), route.mirror.as_ref()) else {
         return None;
@@ -149,13 +133,7 @@ pub(crate) fn start_copy(
     };
     let address = state.pick(&mirror.backends)?;
     let (feed, body) = if has_body {
-        // Unbounded in count but not in bytes: the feed stops at `max_body_bytes`.
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let feed = MirrorFeed {
-            sender,
-            limit: mirror.max_body_bytes,
-            forwarded: 0,
-        };
+        let (feed, receiver) = BodyFeed::new(mirror.max_body_bytes);
         (Some(feed), Some(receiver))
     } else {
         (None, None)
@@ -171,29 +149,6 @@ pub(crate) fn start_copy(
     };
     tokio::spawn(copy.run(client.clone()));
     feed
-}
-
-impl MirrorFeed {
-    /// Hands a piece of the client's body to the copy. Never waits. False once the copy
-    /// needs nothing more (the body ended, passed the limit, or the copy is over).
-    pub(crate) fn push(&mut self, chunk: Option<&Bytes>, end_of_stream: bool) -> bool {
-        let mut keep = true;
-        if let Some(chunk) = chunk.filter(|c| !c.is_empty()) {
-            self.forwarded += chunk.len() as u64;
-            keep = if self.forwarded > self.limit {
-                let _ = self.sender.send(BodyEvent::OverLimit);
-                false
-            } else {
-                // An error means the copy already ended (e.g. the shadow was unreachable).
-                self.sender.send(BodyEvent::Data(chunk.clone())).is_ok()
-            };
-        }
-        if keep && end_of_stream {
-            let _ = self.sender.send(BodyEvent::End);
-            keep = false;
-        }
-        keep
-    }
 }
 
 fn is_selected(mirror: &Mirror, request: &http::request::Parts, client_ip: Option<IpAddr>) -> bool {

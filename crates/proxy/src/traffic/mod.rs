@@ -3,4 +3,5 @@
 //! (`history`). Counting, not routing: the route cache only hands each route its slot.
 
 pub(crate) mod app_requests;
+pub(crate) mod deleted_apps;
 pub(crate) mod history;

@@ -31,9 +31,9 @@ use tokio::sync::oneshot;
 
 use super::failure::BackendFailure;
 use super::forward_body::ForwardBody;
-use super::proxy_protocol::Destination;
 use crate::forwarded::Forwarding;
 use crate::listener::read_buffers;
+use crate::proxy_protocol::Destination;
 use crate::request_fields::{Fields, Known, RequestFields};
 use crate::routing::connections::ShutdownRequest;
 
@@ -225,7 +225,9 @@ impl BackendConnection {
         let fields = Fields::of(&parts.headers, as_read);
         let upgrade = fields.get(Known::Upgrade);
         let codings = fields.get(Known::TransferEncoding);
-        let declared = crate::stage::framing::declared_length(fields.get(Known::ContentLength));
+        let declared = fields
+            .get(Known::ContentLength)
+            .and_then(switchyard_h1::content_length_value);
         // The framing checked when the request came in: codings other than chunked are the
         // app's to undo (their line goes on as it came, normalised), chunked is re-made
         // from the body's pieces, a length is kept and held to.

@@ -12,11 +12,11 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
+use crate::body_feed::BodyFeed;
 use crate::body_read::{data_len, poll_with_deadline, BodyError, ReadDeadline};
-use crate::listener::request_body::RequestBody;
+use crate::request_body::Held;
+use crate::request_body::RequestBody;
 use crate::respond::{Reason, Refusal};
-use crate::stage::mirror::MirrorFeed;
-use crate::stage::waf::inspect::Held;
 
 /// How the client's body failed on its way to the backend: the request's answer is then
 /// the client's doing (408, 400), not the backend's (502).
@@ -59,7 +59,7 @@ pub(crate) struct ForwardBody {
     bytes_in: Rc<Cell<usize>>,
     /// A copy of the body for the app's shadow backend, pushed as it is read; dropped (the
     /// copy then aborts) if the body stops short.
-    mirror: Option<MirrorFeed>,
+    mirror: Option<BodyFeed>,
     /// The app's `max_body_bytes`: the body is cut where it passes it.
     limit: Option<u64>,
 }
@@ -116,7 +116,7 @@ impl ForwardBody {
 
     /// Each piece read is also pushed into `feed`.
     #[inline]
-    pub(crate) fn mirrored_into(mut self, feed: Option<MirrorFeed>) -> Self {
+    pub(crate) fn mirrored_into(mut self, feed: Option<BodyFeed>) -> Self {
         self.mirror = feed;
         self
     }

@@ -18,7 +18,6 @@ pub(crate) mod failure;
 pub(crate) mod forward_body;
 pub(crate) mod outbound;
 pub(crate) mod pool;
-pub(crate) mod proxy_protocol;
 pub(crate) mod read_ahead;
 pub(crate) mod response_buffers;
 
@@ -31,13 +30,13 @@ use crate::context::RequestCtx;
 use crate::event_loop::EventLoop;
 use crate::forwarded::Forwarding;
 use crate::metrics;
+use crate::proxy_protocol::{Announced, Destination};
+use crate::request_body::Held;
 use crate::request_fields::RequestFields;
 use crate::respond::Refusal;
-use crate::stage::waf::inspect::Held;
 use backend_h1::{AnswerForm, BackendBody};
 use failure::ConnectFailure;
 use forward_body::{ClientBodyFailure, ForwardBody};
-use proxy_protocol::{Announced, Destination};
 
 /// A request on its way to the app, as the upstream sends it.
 pub(crate) struct Outgoing<'a> {

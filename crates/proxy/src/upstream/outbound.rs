@@ -21,8 +21,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
-use super::proxy_protocol::Announced;
 use crate::idle_connections::{self, IdleConnections, Keepable};
+use crate::proxy_protocol::Announced;
 
 /// The body of a request the router makes: any stream of bytes that may fail.
 pub(crate) type SideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;

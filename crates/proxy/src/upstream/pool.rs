@@ -11,9 +11,9 @@ use tokio::net::TcpStream;
 
 pub(crate) use super::backend_h1::BackendConnection;
 use super::failure::ConnectFailure;
-use super::proxy_protocol::Destination;
 use crate::idle_connections::{IdleConnections, Keepable};
 use crate::metrics;
+use crate::proxy_protocol::Destination;
 use crate::routing::connections::ShutdownRequest;
 
 impl Keepable for Box<BackendConnection> {

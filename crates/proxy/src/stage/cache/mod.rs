@@ -29,6 +29,7 @@ pub(crate) mod background;
 mod copies;
 mod freshness;
 mod ranges;
+pub(crate) mod state;
 mod validators;
 
 use copies::{copy_of, forget, refreshed_copy, replace, storable, store, stored_fields, Refresh};
@@ -42,89 +43,14 @@ use switchyard_model::{CacheStore, ResponseCache, StoredCopy};
 
 use crate::context::RequestCtx;
 use crate::metrics;
-use crate::response_cache::memory::{
-    AppResponseCache, CachedResponse, Entry, FillGuard, FillTicket,
-};
+use crate::response_cache::memory::{CachedResponse, Entry, FillGuard, FillTicket};
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::route_cache::AppRoute;
-use freshness::Freshness;
+pub(crate) use state::{CacheCtx, CacheStatus};
+use state::{Fill, PendingResponse};
 
 /// Longest a miss waits for another request filling the same URL.
 const FILL_WAIT_CEILING: Duration = Duration::from_secs(10);
-/// The `X-Cache` verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CacheStatus {
-    Hit,
-    Miss,
-    /// A stale copy the app confirmed with a 304.
-    Revalidated,
-    Stale,
-    Bypass,
-}
-
-impl CacheStatus {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Hit => "HIT",
-            Self::Miss => "MISS",
-            Self::Revalidated => "REVALIDATED",
-            Self::Stale => "STALE",
-            Self::Bypass => "BYPASS",
-        }
-    }
-}
-
-/// What the cache stage knows about one request of an app that caches. The app's policy is
-/// read from the request's route, which is fixed for the request.
-pub(crate) struct CacheCtx {
-    status: CacheStatus,
-    cache: Arc<AppResponseCache>,
-    /// The cache Redis, for apps whose responses are kept there (`redis` store).
-    shared: Option<Arc<CacheRedis>>,
-    key: String,
-    /// The request's method is unsafe: a success invalidates what is stored for the URL.
-    invalidates: bool,
-    /// The generation of the URL's variants when its answers vary (`Entry::Varies`).
-    generation: Option<u64>,
-    /// An expired copy (and its key): revalidated with the app, or standing in if it fails.
-    stale: Option<(Arc<CachedResponse>, String)>,
-    /// Set when this request may store its response.
-    fill: Option<Fill>,
-    /// The request went to the app with the stale copy's validators.
-    revalidating: bool,
-    /// When the request went to the app: the copy's age counts the exchange.
-    sent_at: Option<SystemTime>,
-    /// The client's conditionals, taken out of a request that fills the cache.
-    client_conditionals: Option<HeaderMap>,
-    /// A stale copy answered at once, to be revalidated in the background.
-    background: Option<Refresh>,
-}
-
-impl std::fmt::Debug for CacheCtx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CacheCtx")
-            .field("status", &self.status)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-struct Fill {
-    /// Released once the response can be read back, waking the requests waiting for it.
-    guard: Option<FillGuard>,
-    vary: Option<Arc<[HeaderName]>>,
-    stored_key: String,
-    response: Option<PendingResponse>,
-    body: BytesMut,
-}
-
-struct PendingResponse {
-    status: u16,
-    headers: HeaderMap,
-    freshness: Freshness,
-    received: Instant,
-}
-
 /// An answer from the cache: the copy, its `X-Cache`, and the part of it the client's own
 /// request asks for (a 304 for its conditional, a range).
 #[derive(Debug)]

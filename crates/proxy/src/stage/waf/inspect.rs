@@ -14,16 +14,8 @@ use http_body::{Body as _, Frame};
 
 use super::{self as waf, BodyInspection, Endpoints, Inspector, OwnedRequest, SpoolRefusal};
 use crate::context::RequestCtx;
-use crate::listener::request_body::RequestBody;
+use crate::request_body::{Held, RequestBody};
 use crate::respond::{Reason, Refusal};
-
-/// The part of a request's body read for its inspection, sent on before the rest.
-#[derive(Clone, Default)]
-pub(crate) struct Held {
-    pub(crate) data: Bytes,
-    /// Trailers, when the body was read to its end and had some.
-    pub(crate) trailers: Option<HeaderMap>,
-}
 
 /// Inspects a request of an app with a WAF: `Ok` with the body read for it (if any) when it
 /// may go on, `Err` with the answer otherwise. `incoming` is left where the inspection

@@ -8,6 +8,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
@@ -183,4 +184,13 @@ impl Body for RequestBody {
             },
         }
     }
+}
+
+/// The part of a request's body a stage read before it goes on (the WAF's inspection), sent
+/// on before the rest.
+#[derive(Clone, Default)]
+pub(crate) struct Held {
+    pub(crate) data: Bytes,
+    /// Trailers, when the body was read to its end and had some.
+    pub(crate) trailers: Option<HeaderMap>,
 }
