@@ -14,7 +14,13 @@ one route (Host app7.bench → an nginx origin answering "ok"). Per proxy:
   percentiles and the share answered, of the same runs. One ECDSA P-256 certificate.
 - backend connections opened per 10,000 requests, in that run: the origin's accepted
   connections (nginx stub_status) before and after.
-- closed-loop throughput: wrk -t2 -c64, median of 3 runs.
+- closed-loop throughput: wrk -t2 -c64, median of 3 runs, each after the machine is quiet,
+  beside the proxy's own CPU per request in them, its share of the 2 cores (wrk and the
+  origin share them too: closed-loop req/s is that share over the CPU per request) and
+  the origin's connections per 10k requests (a proxy that churns its backend connections
+  shows there). nginx's upstream keeps 256 idle connections per worker: with 64 clients
+  and the seed's `keepalive 16` it opened 2,300 connections per 10k requests and ran at
+  0.66× its own figure with 256 (bench/ENGINE.md, 2026-12-07), which flattered the others.
 - idle CPU: CPU time the proxy used over --idle-seconds with no traffic, after the load,
   with no connection open and again with --connections idle keep-alive connections held;
   beside it the wake-ups a second of all its threads (context switches), the finer figure
@@ -109,7 +115,10 @@ def start_nginx(work, backend, host=HOST, tls=None, workers=2, wrap=()):
     port = free_port()
     apps = work / "nginx-apps"
     apps.mkdir(exist_ok=True)
-    app = nginx_app_conf(7, port, backend).replace("app7.bench", host)
+    # Idle upstream connections kept per worker: more than the closed loop's 64 clients, as
+    # a platform would size it (with the seed's 16, nginx churned its backend connections).
+    app = (nginx_app_conf(7, port, backend).replace("app7.bench", host)
+           .replace("keepalive 16;", "keepalive 256;"))
     tls_port = None
     if tls:
         tls_port = free_port()
@@ -281,10 +290,23 @@ def http2_constant_rate(proxy, tls_port, rate, seconds, clients=16, streams=10):
             "success": succeeded / max(total, 1)}
 
 
-def closed_loop(port, seconds):
-    runs = [bench.wrk_throughput(port, seconds, host=HOST) for _ in range(3)]
-    return {"runs_rps": [rps for rps, _ in runs], "median_rps": statistics.median(rps for rps, _ in runs),
-            "errors": [errors for _, errors in runs if errors]}
+def closed_loop(proxy, port, status_port, seconds):
+    runs = []
+    for _ in range(3):
+        bench.wait_for_quiet()
+        cpu_before, accepts_before = bench.tree_cpu_seconds(proxy.pid), origin_accepts(status_port)
+        rps, errors = bench.wrk_throughput(port, seconds, host=HOST)
+        cpu = bench.tree_cpu_seconds(proxy.pid) - cpu_before
+        answered = max(rps * seconds, 1)
+        runs.append({"rps": rps, "errors": errors, "cpu_us_per_request": cpu * 1e6 / answered,
+                     "cpu_share": cpu / seconds / bench.THREADS,
+                     "origin_connections_per_10k": (origin_accepts(status_port) - accepts_before)
+                     * 10_000 / answered})
+    median = lambda key: statistics.median(run[key] for run in runs)  # noqa: E731
+    return {"runs_rps": [run["rps"] for run in runs], "median_rps": median("rps"),
+            "cpu_us_per_request": median("cpu_us_per_request"), "cpu_share": median("cpu_share"),
+            "origin_connections_per_10k": median("origin_connections_per_10k"),
+            "errors": [run["errors"] for run in runs if run["errors"]]}
 
 
 def context_switches(pid):
@@ -351,7 +373,7 @@ def measure_proxy(name, start, work, args, procs, tls):
                                                            scheme="https", keepalive=False),
         "http2_tls": (tls_port and name in HTTP2
                       and http2_constant_rate(proxy, tls_port, args.rate, args.seconds)) or None,
-        "closed_loop": closed_loop(port, max(args.seconds // 2, 3)),
+        "closed_loop": closed_loop(proxy, port, status_port, max(args.seconds // 2, 3)),
         "idle": idle_cpu(proxy, args.idle_seconds),
         "keepalive_memory": keepalive_memory(proxy, port, args.connections, args.idle_seconds),
     }
@@ -424,15 +446,19 @@ def table(results):
     rows += [
         "",
         "| proxy | backend conns / 10k req (HTTP run) | closed-loop req/s (median of 3) | vs nginx | "
+        "closed-loop µs/req, share of the cores, origin conns / 10k | "
         "idle CPU ms/s (wakes/s): none open / keep-alive conns held | KiB per keep-alive conn | KiB per idle WebSocket | vs nginx |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in proxies.items():
         c, loop = r["constant_rate"], r["closed_loop"]
+        # Older result files have the throughput only.
+        loop_cpu = (f"{loop['cpu_us_per_request']:.1f}, {loop['cpu_share'] * 100:.0f}%, "
+                    f"{loop['origin_connections_per_10k']:.1f}" if "cpu_share" in loop else "–")
         ka, wsm = r["keepalive_memory"], r["websocket_memory"]
         rows.append(
             f"| {name} | {c['backend_connections_per_10k']:.1f} | {loop['median_rps']:.0f} | "
-            f"{ratio(loop['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | "
+            f"{ratio(loop['median_rps'], nginx and nginx['closed_loop']['median_rps'])} | {loop_cpu} | "
             f"{idle(r['idle'])} / {idle(ka.get('idle'))} | {ka['bytes_per_connection'] / 1024:.1f} | "
             f"{wsm['bytes_per_connection'] / 1024:.1f} | "
             f"{ratio(wsm['bytes_per_connection'], nginx and nginx['websocket_memory']['bytes_per_connection'])} |")
