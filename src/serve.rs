@@ -112,7 +112,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let shutdown_log = access_log.clone();
+    let access_log_kept = access_log.clone();
     let https_port = config.https.and(config.tls.redirect_port);
     let router = Router::new(
         routes.clone(),
@@ -184,10 +184,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         "READY=1\nMAINPID={}\nSTATUS=serving",
         std::process::id()
     ));
-    let stop = background.block_on(signals.next());
+    let stop = background.block_on(signals.next(|signal| {
+        log::info!("{signal}: reopening the access log");
+        access_log_kept.reopen();
+    }));
     stop_serving(stop, &config, tasks, &listener, embedded);
     // Every request has finished: what the access log still holds is delivered or spooled.
-    shutdown_log.finish(LOG_SHUTDOWN_GRACE);
+    access_log_kept.finish(LOG_SHUTDOWN_GRACE);
     background.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }
@@ -636,6 +639,10 @@ struct Signals {
     terminate: tokio::signal::unix::Signal,
     quit: tokio::signal::unix::Signal,
     interrupt: tokio::signal::unix::Signal,
+    /// SIGHUP and SIGUSR1 reopen the files the router writes, as nginx's USR1 and
+    /// logrotate's `postrotate kill -HUP` habit expect; neither ends the process.
+    hangup: tokio::signal::unix::Signal,
+    user1: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -645,14 +652,22 @@ impl Signals {
             terminate: take(SignalKind::terminate())?,
             quit: take(SignalKind::quit())?,
             interrupt: take(SignalKind::interrupt())?,
+            hangup: take(SignalKind::hangup())?,
+            user1: take(SignalKind::user_defined1())?,
         })
     }
 
-    async fn next(mut self) -> Stop {
-        tokio::select! {
-            _ = self.terminate.recv() => Stop::Graceful("SIGTERM"),
-            _ = self.quit.recv() => Stop::Graceful("SIGQUIT"),
-            _ = self.interrupt.recv() => Stop::Fast,
+    /// The signal that stops the router; `reopen` is called on each SIGHUP or SIGUSR1
+    /// until then.
+    async fn next(mut self, reopen: impl Fn(&str)) -> Stop {
+        loop {
+            tokio::select! {
+                _ = self.terminate.recv() => return Stop::Graceful("SIGTERM"),
+                _ = self.quit.recv() => return Stop::Graceful("SIGQUIT"),
+                _ = self.interrupt.recv() => return Stop::Fast,
+                _ = self.hangup.recv() => reopen("SIGHUP"),
+                _ = self.user1.recv() => reopen("SIGUSR1"),
+            }
         }
     }
 }

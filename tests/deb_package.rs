@@ -50,7 +50,16 @@ fn the_package_depends_on_what_the_binary_links_and_keeps_the_settings_as_a_conf
     let control = tempfile::tempdir().expect("a directory");
     dpkg_deb(&["--control", deb, control.path().to_str().expect("a path")]);
     let conffiles = std::fs::read_to_string(control.path().join("conffiles")).expect("conffiles");
-    assert_eq!(conffiles.trim(), "/etc/switchyard/switchyard.toml");
+    assert_eq!(
+        conffiles.trim(),
+        "/etc/switchyard/switchyard.toml\n/etc/logrotate.d/switchyard"
+    );
+    // The access log the settings write is rotated, the router told by SIGHUP to reopen it.
+    let contents = dpkg_deb(&["--contents", deb]);
+    assert!(
+        contents.contains("./etc/logrotate.d/switchyard"),
+        "{contents}"
+    );
     for script in ["postinst", "prerm", "postrm"] {
         let path = control.path().join(script);
         let status = Command::new("sh")

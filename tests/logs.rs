@@ -277,6 +277,61 @@ fn rotation_and_an_external_logrotate_during_traffic_lose_nothing() {
 }
 
 #[test]
+fn sighup_and_sigusr1_reopen_a_moved_access_log_and_lose_no_line() {
+    let router = Arc::new(RouterProcess::start());
+    let backend = Backend::start("web");
+    app(&router, "shop", &backend);
+    let log = router.access_log();
+    let traffic = Traffic::start(&router, "h");
+    traffic.wait_for_more(20);
+    let has_lines = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    // What logrotate does with `postrotate kill -HUP` (or nginx's USR1): move the file,
+    // then signal. Until the signal the router writes on in the moved file.
+    let moved = [log.with_extension("log.1"), log.with_extension("log.2")];
+    for (signal, moved) in ["HUP", "USR1"].into_iter().zip(&moved) {
+        std::fs::rename(&log, moved).expect("rename the access log");
+        traffic.wait_for_more(5);
+        router.signal(signal);
+        eventually(
+            DELIVERY,
+            &format!("a new access log after SIG{signal}"),
+            || has_lines(&log),
+        );
+        traffic.wait_for_more(20);
+    }
+    let total = traffic.stop();
+
+    let paths = || {
+        let mut seen: std::collections::HashMap<String, usize> = Default::default();
+        for file in [&log, &moved[0], &moved[1]] {
+            for line in std::fs::read_to_string(file).unwrap_or_default().lines() {
+                let record: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+                if let Some(path) = record["path"].as_str() {
+                    *seen.entry(path.to_string()).or_default() += 1;
+                }
+            }
+        }
+        seen
+    };
+    eventually(DELIVERY, "every request's line", || paths().len() >= total);
+    let seen = paths();
+    let expected: HashSet<String> = (0..total).map(|n| format!("/h/{n}")).collect();
+    let logged: HashSet<String> = seen
+        .keys()
+        .filter(|p| p.starts_with("/h/"))
+        .cloned()
+        .collect();
+    assert_eq!(logged, expected, "every request in one file or another");
+    assert!(seen.values().all(|&n| n == 1), "no line twice");
+    assert!(
+        moved.iter().all(|m| has_lines(m)),
+        "lines before each move stay in it"
+    );
+    // Neither signal ended the router.
+    assert_eq!(router.get("shop.test", "/after-the-signals").status, 200);
+}
+
+#[test]
 fn conflicting_or_bad_shipping_settings_refuse_to_start() {
     let (status, stderr) =
         RouterProcess::refused_start(["--log-to", "no-port", "--access-log", "off"]);

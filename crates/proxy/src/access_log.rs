@@ -4,7 +4,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,6 +48,9 @@ enum Entry {
     },
     /// Ship what is batched now and answer; sent at shutdown.
     Flush(SyncSender<()>),
+    /// Reopen the file written to (SIGHUP, SIGUSR1): the lines queued before go to the
+    /// file that was open, those after to the file at the path now.
+    Reopen,
 }
 
 /// Hands access-log lines to the writer thread.
@@ -69,13 +72,10 @@ impl AccessLog {
                     shipper: None,
                 })
             }
-            AccessLogTarget::Stdout => (Sink::Local(local(std::io::stdout())), None),
-            AccessLogTarget::File(path) => (
-                Sink::Local(local(
-                    OpenOptions::new().create(true).append(true).open(path)?,
-                )),
-                None,
-            ),
+            AccessLogTarget::Stdout => (Sink::Local(local(std::io::stdout()), None), None),
+            AccessLogTarget::File(path) => {
+                (Sink::Local(local(open_file(&path)?), Some(path)), None)
+            }
             AccessLogTarget::Ship(config) => {
                 let (shipper, batcher) = Shipper::start(&config)?;
                 (Sink::Ship(batcher), Some(Arc::new(shipper)))
@@ -131,6 +131,16 @@ impl AccessLog {
         }
     }
 
+    /// Reopens the access log's file, as logrotate's `postrotate` asks with SIGHUP: the
+    /// file moved away gets the lines queued before, the new one every line after. Waits
+    /// behind the lines queued (a full queue is written out first); nothing for standard
+    /// output or shipping (the log service reopens its own files).
+    pub fn reopen(&self) {
+        if let Some(queue) = &self.queue {
+            let _ = queue.send(Entry::Reopen);
+        }
+    }
+
     /// At shutdown, once no request is left: ships what is batched, delivers what it can
     /// within `grace` and keeps the rest in the spool for the next start. Local sinks are
     /// flushed as records arrive and need nothing.
@@ -179,7 +189,8 @@ struct Record<'a> {
 }
 
 enum Sink {
-    Local(BufWriter<Box<dyn Write + Send>>),
+    /// Standard output, or the file at the path (reopened on SIGHUP).
+    Local(BufWriter<Box<dyn Write + Send>>, Option<PathBuf>),
     Ship(Batcher),
 }
 
@@ -187,11 +198,15 @@ fn local(out: impl Write + Send + 'static) -> BufWriter<Box<dyn Write + Send>> {
     BufWriter::with_capacity(64 * 1024, Box::new(out))
 }
 
+fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
 impl Sink {
     fn write(&mut self, app: &str, line: &str) {
         metrics::ACCESS_LOG_QUEUE.dec();
         match self {
-            Self::Local(out) => {
+            Self::Local(out, _) => {
                 if writeln!(out, "{line}").is_err() {
                     metrics::ACCESS_LOG_DROPPED.inc();
                 }
@@ -203,7 +218,7 @@ impl Sink {
     /// After a burst: local lines appear promptly; a batch ships when full or due.
     fn burst_done(&mut self) {
         match self {
-            Self::Local(out) => {
+            Self::Local(out, _) => {
                 let _ = out.flush();
             }
             Self::Ship(batcher) => batcher.tick(),
@@ -212,10 +227,30 @@ impl Sink {
 
     fn flush(&mut self) {
         match self {
-            Self::Local(out) => {
+            Self::Local(out, _) => {
                 let _ = out.flush();
             }
             Self::Ship(batcher) => batcher.flush(),
+        }
+    }
+
+    /// The file at the path again, after what was written to the one open is flushed; the
+    /// one open is kept if the path cannot be opened (logged: the lines still go
+    /// somewhere).
+    fn reopen(&mut self) {
+        let Self::Local(out, Some(path)) = self else {
+            return;
+        };
+        let _ = out.flush();
+        match open_file(path) {
+            Ok(file) => {
+                *out = local(file);
+                log::info!("access log: reopened {}", path.display());
+            }
+            Err(e) => log::error!(
+                "access log: cannot reopen {} ({e}); still writing to the file open",
+                path.display()
+            ),
         }
     }
 
@@ -223,7 +258,7 @@ impl Sink {
     /// burst, so an idle local writer sleeps until a line comes; a batch has a due time.
     fn wait(&self) -> Option<Duration> {
         match self {
-            Self::Local(_) => None,
+            Self::Local(..) => None,
             Self::Ship(batcher) => Some(batcher.next_tick().max(Duration::from_millis(1))),
         }
     }
@@ -246,6 +281,7 @@ fn write_entries(entries: Receiver<Entry>, mut sink: Sink) {
                             sink.flush();
                             let _ = done.try_send(());
                         }
+                        Entry::Reopen => sink.reopen(),
                     }
                     next = entries.try_recv().ok();
                 }

@@ -323,6 +323,15 @@ impl RouterProcess {
         child.wait().expect("wait for switchyard")
     }
 
+    /// Sends a signal by name (`HUP`, `USR1`) without waiting.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
     /// Sends SIGTERM without waiting.
     pub fn signal_terminate(&self) {
         let pid = self.pid().to_string();
