@@ -55,6 +55,21 @@ fn an_opted_in_app_gets_certificates_served_on_the_next_handshake_and_kept_over_
     let http_port = free_port();
     let pebble = Pebble::start(http_port);
     let mut router = acme_router(&pebble, http_port, &[]);
+    // Holding the lease with nothing issued yet, the router knows no expiry: the metric is
+    // absent, not 0 (which fired SwitchyardAcmeCertificateNearExpiry on every new router).
+    support::eventually(Duration::from_secs(10), "the fleet's lease", || {
+        router.metric("switchyard_acme_lease_held") == 1.0
+    });
+    let (_, scraped) = router.admin_call("GET", "/metrics", None);
+    let scraped = scraped.as_str().unwrap_or_default().to_string();
+    assert!(
+        scraped.contains("switchyard_acme_lease_held 1"),
+        "{scraped}"
+    );
+    assert!(
+        !scraped.contains("switchyard_acme_soonest_expiry_days"),
+        "an expiry exported before any certificate"
+    );
     let backend = Backend::start("shop");
     router.put_app(
         "shop",

@@ -254,6 +254,7 @@ fn a_purge_on_one_router_empties_the_entry_on_every_router() {
         support::eventually(Duration::from_secs(5), "the change subscription", || {
             router.metric("switchyard_store_subscription_connected") == 1.0
         });
+        assert_eq!(router.metric("switchyard_store_available"), 1.0);
         router
     };
     let (a, b) = (subscribed(), subscribed());
@@ -385,6 +386,16 @@ fn rails_cache_response(redis: &support::RedisServer, full_url: &str, body: &str
 fn the_redis_versioned_layout_written_by_the_app_is_served() {
     let mut redis = support::RedisServer::start();
     let router = RouterProcess::start_with(&["--cache-redis", &redis.url()]);
+    // Routes in the embedded store: the cache's Redis link says nothing of a store's
+    // availability (at 0 it fired SwitchyardStoreUnreachable for ever).
+    let (_, scraped) = router.admin_call("GET", "/metrics", None);
+    assert!(
+        !scraped
+            .as_str()
+            .unwrap_or_default()
+            .contains("switchyard_store_available"),
+        "store availability exported on an embedded store"
+    );
     let backend = Backend::start("app");
     cached_app(
         &router,

@@ -198,6 +198,7 @@ impl Issuer {
             log::debug!("acme: could not release the lease: {e}");
         }
         metrics::LEASE_HELD.set(0);
+        metrics::SOONEST_EXPIRY_DAYS.forget();
     }
 
     /// Every opted-in domain: what is due is ordered, what no app lists is forgotten, and
@@ -228,8 +229,11 @@ impl Issuer {
                 .with_label_values(&[status.label()])
                 .set(by_status.get(&status).copied().unwrap_or(0));
         }
-        if let Some(not_after) = soonest_expiry {
-            metrics::SOONEST_EXPIRY_DAYS.set((not_after - unix_now()) as f64 / 86_400.0);
+        match soonest_expiry {
+            Some(not_after) => {
+                metrics::SOONEST_EXPIRY_DAYS.set((not_after - unix_now()) as f64 / 86_400.0);
+            }
+            None => metrics::SOONEST_EXPIRY_DAYS.forget(),
         }
     }
 
@@ -269,6 +273,10 @@ impl Issuer {
             }
         };
         metrics::LEASE_HELD.set(i64::from(held));
+        if !held {
+            // Another router counts the fleet's certificates now: its figure is the one.
+            metrics::SOONEST_EXPIRY_DAYS.forget();
+        }
         held
     }
 

@@ -2,11 +2,13 @@
 
 #![allow(missing_docs)]
 
+use std::sync::Arc;
+
 use prometheus::{
-    register_gauge, register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Gauge,
-    IntCounterVec, IntGauge, IntGaugeVec,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, IntCounterVec, IntGauge,
+    IntGaugeVec,
 };
-use switchyard_metrics::registered;
+use switchyard_metrics::{known_gauge, registered, KnownGauge};
 
 switchyard_metrics::declare_metrics! {
     pub(crate) static ORDERS: IntCounterVec = registered(register_int_counter_vec!(
@@ -22,9 +24,11 @@ switchyard_metrics::declare_metrics! {
         &["state"]
     ));
 
-    pub(crate) static SOONEST_EXPIRY_DAYS: Gauge = registered(register_gauge!(
+    pub(crate) static SOONEST_EXPIRY_DAYS: Arc<KnownGauge> = registered(known_gauge(
         "switchyard_acme_soonest_expiry_days",
-        "Days until the soonest end of validity among ACME-issued certificates."
+        "Days until the soonest end of validity among ACME-issued certificates, as the \
+         fleet's lease holder last counted them; absent on a router that does not hold the \
+         lease or has seen no issued certificate (not 0, which would read as expired)."
     ));
 
     pub(crate) static LEASE_HELD: IntGauge = registered(register_int_gauge!(

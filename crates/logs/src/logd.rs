@@ -284,6 +284,7 @@ fn write_batches(
             Err(e) => {
                 // Nothing of the group is acknowledged: routers send it again.
                 log::error!("cannot write a group of {} batches: {e}", group.len());
+                metrics::LOGD_WRITE_FAILURES.inc();
                 group.clear();
                 std::thread::sleep(Duration::from_millis(200));
                 continue;

@@ -94,6 +94,12 @@ switchyard_metrics::declare_metrics! {
         &["result"]
     ));
 
+    pub(crate) static LOGD_WRITE_FAILURES: IntCounter = registered(register_int_counter!(
+        "switchyard_logd_write_failures_total",
+        "Groups of batches that could not be written (a full or failing disk): none of them \
+         is acknowledged, so the routers keep them and send them again."
+    ));
+
     pub(crate) static LOGD_ROTATIONS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_logd_rotations_total",
         "File rotations, by reason (size, time).",

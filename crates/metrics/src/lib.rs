@@ -110,3 +110,113 @@ pub fn describe(collector: &dyn prometheus::core::Collector) -> Vec<MetricDoc> {
         })
         .collect()
 }
+
+/// A gauge exported only once its value is known: absent from a scrape until the first
+/// `set`, and again after `forget`. An alert on it then says nothing where nothing is known
+/// (no certificate issued yet, no shared store), where a gauge at zero would page.
+pub struct KnownGauge {
+    gauge: prometheus::Gauge,
+    known: std::sync::atomic::AtomicBool,
+}
+
+impl KnownGauge {
+    /// A gauge named `name` with `help`, not known yet. Register it with
+    /// `prometheus::register(Box::new(…))`, as [`known_gauge`] does.
+    pub fn new(name: &str, help: &str) -> prometheus::Result<Self> {
+        Ok(Self {
+            gauge: prometheus::Gauge::new(name, help)?,
+            known: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The value, known from now on.
+    pub fn set(&self, value: f64) {
+        self.gauge.set(value);
+        self.known.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Not known any more: left out of scrapes until the next `set`.
+    pub fn forget(&self) {
+        self.known
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a scrape shows it.
+    pub fn is_known(&self) -> bool {
+        self.known.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl prometheus::core::Collector for KnownGauge {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        if self.is_known() {
+            self.gauge.collect()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl Documented for KnownGauge {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        describe(&self.gauge)
+    }
+}
+
+/// A [`KnownGauge`] registered in the default registry, for [`declare_metrics!`]'s statics.
+pub fn known_gauge(name: &str, help: &str) -> prometheus::Result<std::sync::Arc<KnownGauge>> {
+    let gauge = std::sync::Arc::new(KnownGauge::new(name, help)?);
+    prometheus::register(Box::new(SharedGauge(gauge.clone())))?;
+    Ok(gauge)
+}
+
+/// The registry's handle on a [`KnownGauge`] the static keeps too.
+struct SharedGauge(std::sync::Arc<KnownGauge>);
+
+impl prometheus::core::Collector for SharedGauge {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.0.collect()
+    }
+}
+
+impl<T: Documented> Documented for std::sync::Arc<T> {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        (**self).metric_docs()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_gauge_is_scraped_only_while_its_value_is_known() {
+        let registry = prometheus::Registry::new();
+        let gauge = std::sync::Arc::new(KnownGauge::new("test_known", "a test").expect("gauge"));
+        registry
+            .register(Box::new(SharedGauge(gauge.clone())))
+            .expect("registered");
+        let scraped = |registry: &prometheus::Registry| {
+            registry
+                .gather()
+                .iter()
+                .map(|family| family.get_name().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert!(scraped(&registry).is_empty(), "exported before it is known");
+        gauge.set(0.0);
+        assert_eq!(scraped(&registry), ["test_known"]);
+        gauge.forget();
+        assert!(scraped(&registry).is_empty(), "exported once forgotten");
+        let docs = gauge.metric_docs();
+        assert_eq!(docs[0].kind, "gauge");
+    }
+}

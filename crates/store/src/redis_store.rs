@@ -206,6 +206,8 @@ impl RedisStore {
         let link =
             RedisLink::new(url, "route store", timeouts, 1).map_err(StoreError::Unavailable)?;
         metrics::register_all();
+        // Known from now on, on this router only: its routes are in Redis, not reached yet.
+        metrics::STORE_AVAILABLE.set(0.0);
         Ok(Self {
             link: Arc::new(link),
             changes: Arc::default(),
@@ -238,7 +240,7 @@ impl RedisStore {
 
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
-        metrics::STORE_AVAILABLE.set(i64::from(healthy));
+        metrics::STORE_AVAILABLE.set(f64::from(u8::from(healthy)));
     }
 
     /// Runs one call against Redis within the operation deadline; failures are counted and
