@@ -38,6 +38,24 @@ pub(crate) async fn serve_admin(
     }
 }
 
+/// Serves /metrics and /healthz, without a token, on the metrics listener until `shutdown`
+/// changes.
+pub(crate) async fn serve_metrics(listener: TcpListener, mut shutdown: ShutdownWatch) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log::error!("metrics listener cannot start: {e}");
+            return;
+        }
+    };
+    let stop = async move {
+        let _ = shutdown.changed().await;
+    };
+    if let Err(e) = switchyard_admin::serve_metrics(listener, stop).await {
+        log::error!("metrics listener stopped: {e}");
+    }
+}
+
 /// Purges of apps whose responses live in the cache Redis, made by the router that receives
 /// the purge.
 pub(crate) struct CacheRedisPurge(pub(crate) Arc<CacheRedis>);

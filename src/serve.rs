@@ -28,8 +28,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::admin_service::{
-    serve_admin, CacheRedisPurge, Changes, FollowerProgress, NamesView, RouteExplainer, Traffic,
-    WafReload,
+    serve_admin, serve_metrics, CacheRedisPurge, Changes, FollowerProgress, NamesView,
+    RouteExplainer, Traffic, WafReload,
 };
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
@@ -85,6 +85,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let admin_listener = bind_when_released(config.admin, handover_wait)
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
     admin_listener.set_nonblocking(true)?;
+    let metrics_listener = match config.metrics {
+        Some(address) => {
+            let listener = bind_when_released(address, handover_wait)
+                .with_context(|| format!("cannot listen for metrics on {address}"))?;
+            listener.set_nonblocking(true)?;
+            Some(listener)
+        }
+        None => None,
+    };
 
     let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
@@ -178,6 +187,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
     }
     tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
+    if let Some(listener) = metrics_listener {
+        tasks.spawn(|watch| serve_metrics(listener, watch));
+    }
 
     log_serving(&config);
     crate::service_manager::notify(&format!(
@@ -283,7 +295,7 @@ fn spawn_services(
 
 fn log_serving(config: &Config) {
     log::info!(
-        "switchyard serving: http on {}, https on {}, http/3 on {}, admin on {}, store {:?} in {}",
+        "switchyard serving: http on {}, https on {}, http/3 on {}, admin on {}, metrics on {}, store {:?} in {}",
         config.http,
         config
             .https
@@ -292,6 +304,9 @@ fn log_serving(config: &Config) {
             .http3
             .map_or_else(|| "off".to_string(), |a| a.to_string()),
         config.admin,
+        config
+            .metrics
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
         config.store,
         config.data_dir.display(),
     );

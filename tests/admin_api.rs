@@ -3,6 +3,7 @@
 
 use switchyard_test_support as support;
 
+use std::net::SocketAddr;
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -419,6 +420,65 @@ fn a_configured_token_guards_everything_but_healthz() {
             .expect("response")
             .status,
         200
+    );
+}
+
+#[test]
+fn the_metrics_listener_serves_metrics_and_health_without_the_token_and_nothing_else() {
+    let metrics_port = support::free_port();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let address = metrics.to_string();
+    let router =
+        RouterProcess::start_with(&["--admin-token", "s3cret-token", "--metrics", &address]);
+    let backend = support::Backend::start("web");
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test"], "backends": [backend.addr.to_string()]}),
+    );
+    assert_eq!(router.get("shop.test", "/").status, 200);
+    let scraped = support::get(metrics, "scraper", "/metrics").expect("a scrape");
+    assert_eq!(scraped.status, 200);
+    assert!(
+        scraped
+            .text()
+            .contains("switchyard_requests_total{app=\"shop\",class=\"2xx\"}"),
+        "{}",
+        scraped.text()
+    );
+    let one_app = support::get(metrics, "scraper", "/metrics?app=shop").expect("a scrape");
+    assert_eq!(one_app.status, 200);
+    assert_eq!(
+        support::get(metrics, "scraper", "/healthz")
+            .expect("response")
+            .status,
+        200
+    );
+    // Nothing of the admin API, with or without the token.
+    for path in ["/v1/apps", "/v1/apps/shop", "/ui/", "/v1/openapi.json"] {
+        let refused = support::request(
+            metrics,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer s3cret-token\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+        )
+        .expect("response");
+        assert_eq!(refused.status, 404, "{path} on the metrics listener");
+    }
+    let delete = support::request(
+        metrics,
+        "DELETE /v1/apps/shop HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer s3cret-token\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .expect("response");
+    assert_eq!(delete.status, 404);
+    // The admin listener keeps its token for /metrics.
+    let unauthenticated = support::get(router.admin, "admin", "/metrics").expect("response");
+    assert_eq!(unauthenticated.status, 401);
+    assert_eq!(
+        router.get("shop.test", "/").status,
+        200,
+        "the app is still there"
     );
 }
 

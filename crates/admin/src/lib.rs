@@ -289,6 +289,28 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// The metrics listener's routes: `/metrics` (with its `app` filter) and `/healthz`, no
+/// token, nothing else, as Traefik's metrics entry point and HAProxy's stats socket serve
+/// scrapers apart from the API that changes the fleet.
+pub fn metrics_router() -> Router {
+    Router::new()
+        .route("/metrics", get(handlers::metrics))
+        .route("/healthz", get(handlers::healthz))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(middleware::from_fn(json_rejections))
+}
+
+/// Serves [`metrics_router`] on `listener` until `shutdown` completes.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, metrics_router())
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// Serves the admin API on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,

@@ -82,6 +82,8 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Admin API listener.
     pub admin: SocketAddr,
+    /// The listener of /metrics and /healthz alone, without a token; `None`: off.
+    pub metrics: Option<SocketAddr>,
     /// Embedded store, spools and the upgrade socket.
     pub data_dir: PathBuf,
     /// Where routes and certificates are kept.
@@ -221,14 +223,9 @@ impl Config {
         let data_dir = settings.data_dir.resolved()?;
         let http = settings.http.address(source)?;
         let admin = settings.admin.address(source)?;
-        let https = match settings.https.value.as_deref() {
-            Some("off") => None,
-            _ => Some(settings.https.address(source)?),
-        };
-        let http3 = match settings.http3.value.as_deref() {
-            None | Some("off") => None,
-            _ => Some(settings.http3.address(source)?),
-        };
+        let metrics = settings.metrics.address_or_off(source)?;
+        let https = settings.https.address_or_off(source)?;
+        let http3 = settings.http3.address_or_off(source)?;
         if http3.is_some() && https.is_none() {
             bail!("http3 needs the https listener (its certificates): https is off");
         }
@@ -319,6 +316,7 @@ impl Config {
             http3,
             tls,
             admin,
+            metrics,
             store,
             admin_token,
             http3_early_data: settings

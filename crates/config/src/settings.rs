@@ -162,6 +162,10 @@ settings! {
     cert_expiry_scan_s: u64 = "SWITCHYARD_CERT_EXPIRY_SCAN_S", default 300, check at_least_one;
     /// Admin API address.
     admin: String = "SWITCHYARD_ADMIN", default "127.0.0.1:8081";
+    /// Address of a listener that serves /metrics and /healthz without a token and nothing
+    /// else (for Prometheus on another machine: the admin token can change every app), or
+    /// `off`.
+    metrics: String = "SWITCHYARD_METRICS", default "off";
     /// Directory of the embedded store.
     data_dir: PathBuf = "SWITCHYARD_DATA_DIR", default "./switchyard-data";
     /// `embedded`, or for a fleet `redis://HOST:PORT/DB` or
@@ -402,6 +406,15 @@ impl Setting<u64> {
 }
 
 impl Setting<String> {
+    /// An `ip:port` address, or `None` for `off` (given, or the default).
+    pub(crate) fn address_or_off(self, source: &Source<'_>) -> anyhow::Result<Option<SocketAddr>> {
+        let off = self.value.as_deref().or(self.default.as_deref()) == Some("off");
+        if off {
+            return Ok(None);
+        }
+        self.address(source).map(Some)
+    }
+
     /// An `ip:port` address.
     pub(crate) fn address(self, source: &Source<'_>) -> anyhow::Result<SocketAddr> {
         let at = self.at(source);
