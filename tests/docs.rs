@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use switchyard_test_support as support;
 use switchyard_test_support::RouterProcess;
 
 fn root() -> PathBuf {
@@ -222,4 +223,65 @@ fn the_app_schema_takes_every_example_and_flags_a_typo() {
     assert!(!output.status.success(), "{said}");
     assert!(said.contains("'healthcheck' was unexpected"), "{said}");
     assert!(said.contains("balancer: 'fastest'"), "{said}");
+}
+
+/// The README's quickstart block, as a shell script: its first ```sh block under
+/// `## Quickstart`.
+fn quickstart() -> String {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## Quickstart\n")
+        .nth(1)
+        .expect("a Quickstart section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("a sh block");
+    block.to_string()
+}
+
+#[test]
+fn the_readme_quickstart_runs_as_written() {
+    let script = quickstart();
+    assert!(script.contains("scripts/run &"), "{script}");
+    // As pasted, but on free ports, with the binary the suite built (`scripts/run` is that
+    // build, then `switchyard serve` with its defaults), in a directory of its own.
+    let work = tempfile::tempdir().expect("a directory");
+    let binary = RouterProcess::binary();
+    let ports: Vec<(String, String)> = ["8080", "8081", "9001", "9002"]
+        .into_iter()
+        .map(|port| (port.to_string(), support::free_port().to_string()))
+        .collect();
+    let mut runnable = script.replace(
+        "scripts/run &",
+        "\"$SWITCHYARD_BIN\" serve --https off --access-log off --data-dir \"$WORK/data\" &",
+    );
+    runnable = runnable.replace("./target/release/switchyard", "\"$SWITCHYARD_BIN\"");
+    for (port, free) in &ports {
+        runnable = runnable.replace(&format!(":{port}"), &format!(":{free}"));
+        runnable = runnable.replace(&format!(" {port} "), &format!(" {free} "));
+    }
+    let (http, admin) = (&ports[0].1, &ports[1].1);
+    let wrapped = format!(
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n\
+         export SWITCHYARD_HTTP=127.0.0.1:{http} SWITCHYARD_ADMIN=127.0.0.1:{admin}\n\
+         cd \"$WORK\"\n{runnable}\n"
+    );
+    let output = Command::new("timeout")
+        .args(["60", "bash", "-c", &wrapped])
+        .env("SWITCHYARD_BIN", &binary)
+        .env("WORK", work.path())
+        .output()
+        .expect("bash");
+    let said = format!(
+        "{}\n{}\n--- the script ---\n{wrapped}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    // The container answered through the router (http.server's listing of the directory),
+    // and explain named the app.
+    assert!(said.contains("Directory listing"), "{said}");
+    assert!(said.contains("web"), "{said}");
 }
