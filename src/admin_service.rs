@@ -1,6 +1,7 @@
 //! The admin API as one of the router's background tasks, so it starts and stops with it,
 //! and what the admin API asks of the router's own parts (purges, WAF reloads, progress).
 
+use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,41 +19,45 @@ use switchyard_store::StoreError;
 use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up, until the router stops.
-pub(crate) async fn serve_admin(
-    listener: TcpListener,
-    state: AdminState,
-    mut shutdown: ShutdownWatch,
-) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(listener) => listener,
-        Err(e) => {
-            log::error!("admin API cannot start: {e}");
-            return;
-        }
-    };
-    let stop = async move {
-        let _ = shutdown.changed().await;
-    };
-    if let Err(e) = switchyard_admin::serve(listener, state, stop).await {
-        log::error!("admin API stopped: {e}");
-    }
+pub(crate) async fn serve_admin(listener: TcpListener, state: AdminState, shutdown: ShutdownWatch) {
+    serve_until_stopped("admin API", listener, shutdown, |listener, stop| {
+        switchyard_admin::serve(listener, state, stop)
+    })
+    .await;
 }
 
-/// Serves /metrics and /healthz, without a token, on the metrics listener until `shutdown`
-/// changes.
-pub(crate) async fn serve_metrics(listener: TcpListener, mut shutdown: ShutdownWatch) {
+/// Serves /metrics and /healthz, without a token, on the metrics listener until the router
+/// stops.
+pub(crate) async fn serve_metrics(listener: TcpListener, shutdown: ShutdownWatch) {
+    serve_until_stopped("metrics listener", listener, shutdown, |listener, stop| {
+        switchyard_admin::serve_metrics(listener, stop)
+    })
+    .await;
+}
+
+/// Runs `serve` on `listener` (bound at start-up) until `shutdown` changes; what stops it
+/// early is logged under `name`.
+async fn serve_until_stopped<F, S>(
+    name: &str,
+    listener: TcpListener,
+    mut shutdown: ShutdownWatch,
+    serve: S,
+) where
+    S: FnOnce(tokio::net::TcpListener, std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+    F: Future<Output = std::io::Result<()>>,
+{
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(e) => {
-            log::error!("metrics listener cannot start: {e}");
+            log::error!("{name} cannot start: {e}");
             return;
         }
     };
-    let stop = async move {
+    let stop = Box::pin(async move {
         let _ = shutdown.changed().await;
-    };
-    if let Err(e) = switchyard_admin::serve_metrics(listener, stop).await {
-        log::error!("metrics listener stopped: {e}");
+    });
+    if let Err(e) = serve(listener, stop).await {
+        log::error!("{name} stopped: {e}");
     }
 }
 

@@ -53,6 +53,15 @@ pub fn static_root(big: &str) -> (tempfile::TempDir, tempfile::TempDir) {
 /// `bind(0)` ports of test backends or with the local ports of outgoing connections (a router
 /// told to listen on a port a backend took a moment earlier would fail to start, while the
 /// harness, seeing something answer, would talk to the backend instead).
+/// Sends the signal `name` (`HUP`, `USR1`, `TERM`) to process `pid`.
+pub fn send_signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
 pub fn free_port() -> u16 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let Some((low, span)) = harness_port_range() else {

@@ -88,11 +88,7 @@ impl LogdProcess {
 
     /// Sends a signal by name (`HUP`, `TERM`).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        super::send_signal(self.pid(), name);
     }
 
     pub fn stderr(&self) -> String {

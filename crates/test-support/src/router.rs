@@ -325,11 +325,7 @@ impl RouterProcess {
 
     /// Sends a signal by name (`HUP`, `USR1`) without waiting.
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        super::send_signal(self.pid(), name);
     }
 
     /// Sends SIGTERM without waiting.
