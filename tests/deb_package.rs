@@ -60,6 +60,11 @@ fn the_package_depends_on_what_the_binary_links_and_keeps_the_settings_as_a_conf
         contents.contains("./etc/logrotate.d/switchyard"),
         "{contents}"
     );
+    // The log service's unit ships beside the router's.
+    assert!(
+        contents.contains("./lib/systemd/system/switchyard-logd.service"),
+        "{contents}"
+    );
     for script in ["postinst", "prerm", "postrm"] {
         let path = control.path().join(script);
         let status = Command::new("sh")

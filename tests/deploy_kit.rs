@@ -32,28 +32,31 @@ fn said(output: &Output) -> String {
 }
 
 #[test]
-fn the_systemd_unit_verifies() {
-    // Verified as installed, with the binary where the unit names it: this build's.
-    let unit = std::fs::read_to_string(deploy().join("systemd/switchyard.service"))
+fn the_systemd_units_verify() {
+    let router = std::fs::read_to_string(deploy().join("systemd/switchyard.service"))
         .expect("deploy/systemd/switchyard.service");
-    assert!(unit.contains("ExecReload=") && unit.contains("--quit-predecessor"));
-    let binary = RouterProcess::binary();
-    let installed = unit.replace("/usr/bin/switchyard", binary.to_str().expect("a path"));
-    let dir = tempfile::tempdir().expect("a directory");
-    let path = dir.path().join("switchyard.service");
-    std::fs::write(&path, installed).expect("write the unit");
-    let output = run(
-        "systemd-analyze",
-        &["verify", path.to_str().expect("a path")],
-        dir.path(),
-    );
-    // Unknown keys are only warned about: any word from the tool about this unit is a
-    // failure here (the units it names, such as redis-server's, are not ours to judge).
-    let said = said(&output);
-    assert!(
-        output.status.success() && !said.lines().any(|line| line.contains("switchyard")),
-        "systemd-analyze verify: {said}"
-    );
+    assert!(router.contains("ExecReload=") && router.contains("--quit-predecessor"));
+    for name in ["switchyard.service", "switchyard-logd.service"] {
+        // Verified as installed, with the binary where the unit names it: this build's.
+        let unit = std::fs::read_to_string(deploy().join("systemd").join(name)).expect(name);
+        let binary = RouterProcess::binary();
+        let installed = unit.replace("/usr/bin/switchyard", binary.to_str().expect("a path"));
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join(name);
+        std::fs::write(&path, installed).expect("write the unit");
+        let output = run(
+            "systemd-analyze",
+            &["verify", path.to_str().expect("a path")],
+            dir.path(),
+        );
+        // Unknown keys are only warned about: any word from the tool about this unit is a
+        // failure here (the units it names, such as redis-server's, are not ours to judge).
+        let said = said(&output);
+        assert!(
+            output.status.success() && !said.lines().any(|line| line.contains("switchyard")),
+            "systemd-analyze verify {name}: {said}"
+        );
+    }
 }
 
 /// promtool: on the PATH, or where scripts/test unpacks Debian's package.
