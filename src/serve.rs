@@ -82,18 +82,15 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let (handover_wait, mut inherited_sockets) = listening_sockets(&config)?;
     let (store, embedded) = open_store(&config, handover_wait)?;
     let default_cert = load_default_cert(&config.tls)?;
-    let admin_listener = bind_when_released(config.admin, handover_wait)
+    let admin_listener = bind_service(config.admin, handover_wait)
         .with_context(|| format!("cannot listen on the admin address {}", config.admin))?;
-    admin_listener.set_nonblocking(true)?;
-    let metrics_listener = match config.metrics {
-        Some(address) => {
-            let listener = bind_when_released(address, handover_wait)
-                .with_context(|| format!("cannot listen for metrics on {address}"))?;
-            listener.set_nonblocking(true)?;
-            Some(listener)
-        }
-        None => None,
-    };
+    let metrics_listener = config
+        .metrics
+        .map(|address| {
+            bind_service(address, handover_wait)
+                .with_context(|| format!("cannot listen for metrics on {address}"))
+        })
+        .transpose()?;
 
     let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
@@ -294,19 +291,15 @@ fn spawn_services(
 }
 
 fn log_serving(config: &Config) {
+    let or_off =
+        |address: Option<SocketAddr>| address.map_or_else(|| "off".to_string(), |a| a.to_string());
     log::info!(
         "switchyard serving: http on {}, https on {}, http/3 on {}, admin on {}, metrics on {}, store {:?} in {}",
         config.http,
-        config
-            .https
-            .map_or_else(|| "off".to_string(), |a| a.to_string()),
-        config
-            .http3
-            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        or_off(config.https),
+        or_off(config.http3),
         config.admin,
-        config
-            .metrics
-            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        or_off(config.metrics),
         config.store,
         config.data_dir.display(),
     );
@@ -702,6 +695,14 @@ fn load_default_cert(tls: &TlsConfig) -> anyhow::Result<Option<ServedCert>> {
         )
     })?;
     Ok(Some(cert))
+}
+
+/// The listening socket of a service on the background runtime, non-blocking, bound as
+/// [`bind_when_released`] binds.
+fn bind_service(address: SocketAddr, wait: Duration) -> std::io::Result<TcpListener> {
+    let listener = bind_when_released(address, wait)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 /// Binds `address`, waiting up to `wait` while another process (the router this one

@@ -2,8 +2,6 @@
 
 #![allow(missing_docs)]
 
-use std::sync::Arc;
-
 use prometheus::{
     register_int_counter_vec, register_int_gauge, register_int_gauge_vec, IntCounterVec, IntGauge,
     IntGaugeVec,
@@ -24,7 +22,7 @@ switchyard_metrics::declare_metrics! {
         &["state"]
     ));
 
-    pub(crate) static SOONEST_EXPIRY_DAYS: Arc<KnownGauge> = registered(known_gauge(
+    pub(crate) static SOONEST_EXPIRY_DAYS: KnownGauge = registered(known_gauge(
         "switchyard_acme_soonest_expiry_days",
         "Days until the soonest end of validity among ACME-issued certificates, as the \
          fleet's lease holder last counted them; absent on a router that does not hold the \

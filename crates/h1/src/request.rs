@@ -41,14 +41,6 @@ pub enum RequestError {
 }
 
 impl RequestError {
-    /// The status the client is answered with; the connection closes after it.
-    pub fn status(self) -> u16 {
-        match self {
-            RequestError::HeadTooLarge => 431,
-            _ => 400,
-        }
-    }
-
     fn from_length(error: LengthError) -> Self {
         match error {
             LengthError::BadContentLength => RequestError::BadContentLength,

@@ -113,19 +113,22 @@ pub fn describe(collector: &dyn prometheus::core::Collector) -> Vec<MetricDoc> {
 
 /// A gauge exported only once its value is known: absent from a scrape until the first
 /// `set`, and again after `forget`. An alert on it then says nothing where nothing is known
-/// (no certificate issued yet, no shared store), where a gauge at zero would page.
+/// (no certificate issued yet, no shared store), where a gauge at zero would page. Its
+/// clones share the value and whether it is known, as a `prometheus::Gauge`'s share its
+/// value: the registry holds one, the static another.
+#[derive(Clone)]
 pub struct KnownGauge {
     gauge: prometheus::Gauge,
-    known: std::sync::atomic::AtomicBool,
+    known: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl KnownGauge {
-    /// A gauge named `name` with `help`, not known yet. Register it with
-    /// `prometheus::register(Box::new(…))`, as [`known_gauge`] does.
+    /// A gauge named `name` with `help`, not known yet and not registered ([`known_gauge`]
+    /// registers one).
     pub fn new(name: &str, help: &str) -> prometheus::Result<Self> {
         Ok(Self {
             gauge: prometheus::Gauge::new(name, help)?,
-            known: std::sync::atomic::AtomicBool::new(false),
+            known: std::sync::Arc::default(),
         })
     }
 
@@ -168,29 +171,10 @@ impl Documented for KnownGauge {
 }
 
 /// A [`KnownGauge`] registered in the default registry, for [`declare_metrics!`]'s statics.
-pub fn known_gauge(name: &str, help: &str) -> prometheus::Result<std::sync::Arc<KnownGauge>> {
-    let gauge = std::sync::Arc::new(KnownGauge::new(name, help)?);
-    prometheus::register(Box::new(SharedGauge(gauge.clone())))?;
+pub fn known_gauge(name: &str, help: &str) -> prometheus::Result<KnownGauge> {
+    let gauge = KnownGauge::new(name, help)?;
+    prometheus::register(Box::new(gauge.clone()))?;
     Ok(gauge)
-}
-
-/// The registry's handle on a [`KnownGauge`] the static keeps too.
-struct SharedGauge(std::sync::Arc<KnownGauge>);
-
-impl prometheus::core::Collector for SharedGauge {
-    fn desc(&self) -> Vec<&prometheus::core::Desc> {
-        self.0.desc()
-    }
-
-    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
-        self.0.collect()
-    }
-}
-
-impl<T: Documented> Documented for std::sync::Arc<T> {
-    fn metric_docs(&self) -> Vec<MetricDoc> {
-        (**self).metric_docs()
-    }
 }
 
 #[cfg(test)]
@@ -200,9 +184,9 @@ mod tests {
     #[test]
     fn a_known_gauge_is_scraped_only_while_its_value_is_known() {
         let registry = prometheus::Registry::new();
-        let gauge = std::sync::Arc::new(KnownGauge::new("test_known", "a test").expect("gauge"));
+        let gauge = KnownGauge::new("test_known", "a test").expect("gauge");
         registry
-            .register(Box::new(SharedGauge(gauge.clone())))
+            .register(Box::new(gauge.clone()))
             .expect("registered");
         let scraped = |registry: &prometheus::Registry| {
             registry

@@ -489,6 +489,17 @@ impl Refusal {
     }
 }
 
+impl From<switchyard_h1::RequestError> for Reason {
+    /// A head the HTTP/1 reader refused: 431 for its size, 400 for everything else it
+    /// breaks; the connection closes after either.
+    fn from(error: switchyard_h1::RequestError) -> Self {
+        match error {
+            switchyard_h1::RequestError::HeadTooLarge => Self::HeadersTooLarge,
+            _ => Self::MalformedHead,
+        }
+    }
+}
+
 impl From<Reason> for Refusal {
     fn from(reason: Reason) -> Self {
         Self::new(reason)
@@ -505,8 +516,12 @@ pub(crate) const BODY_PIECE: usize = 64 * 1024;
 
 /// The body of an answer the router makes itself: short, with nothing internal but the
 /// request id.
-pub(crate) fn error_body(status: u16, text: &str, request_id: &str) -> String {
-    format!("{status} {text}\nrequest id: {request_id}\n")
+pub(crate) fn error_body(status: u16, text: &str, request_id: Option<&str>) -> String {
+    match request_id {
+        Some(id) => format!("{status} {text}\nrequest id: {id}\n"),
+        // Before a request exists (a refused head): no id to give.
+        None => format!("{status} {text}\n"),
+    }
 }
 
 /// The refusals' table in Markdown, for `docs/reference/refusals.md`.

@@ -7,12 +7,10 @@ use prometheus::{
     register_int_counter, register_int_counter_vec, register_int_gauge, IntCounter, IntCounterVec,
     IntGauge,
 };
-use std::sync::Arc;
-
 use switchyard_metrics::{known_gauge, registered, KnownGauge};
 
 switchyard_metrics::declare_metrics! {
-    pub(crate) static STORE_AVAILABLE: Arc<KnownGauge> = registered(known_gauge(
+    pub(crate) static STORE_AVAILABLE: KnownGauge = registered(known_gauge(
         "switchyard_store_available",
         "1 when the last call to the shared store (Redis) succeeded, 0 while it is \
          unreachable; absent on a router whose routes are in the embedded store."

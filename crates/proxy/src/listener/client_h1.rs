@@ -486,8 +486,7 @@ fn take_head_into<S>(
     let (head_len, target, method, facts, body, expects_continue) =
         match parse_request(&inbound.read, &mut slots) {
             Ok(None) => return Ok(None),
-            Err(switchyard_h1::RequestError::HeadTooLarge) => return Err(Reason::HeadersTooLarge),
-            Err(_) => return Err(Reason::MalformedHead),
+            Err(error) => return Err(error.into()),
             Ok(Some(head)) => {
                 for (index, field) in head.headers.iter().enumerate() {
                     known.note(index, field.name.as_bytes(), field.value.len());

@@ -198,10 +198,7 @@ impl Clock {
         let Some(timer) = self.timer.get() else {
             return;
         };
-        match timer.get_ref().0.set(
-            Expiration::Interval(TimeSpec::milliseconds(TICK_MS as i64)),
-            TimerSetTimeFlags::empty(),
-        ) {
+        match tick_every_tick(&timer.get_ref().0) {
             Ok(()) => self.asleep.set(false),
             Err(e) => log::error!("listener: the deadlines' clock could not tick again: {e}"),
         }
@@ -275,14 +272,19 @@ fn tick_timer() -> io::Result<tokio::io::unix::AsyncFd<TickTimer>> {
         ClockId::CLOCK_MONOTONIC,
         TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
     )?;
-    timer.set(
-        Expiration::Interval(TimeSpec::milliseconds(TICK_MS as i64)),
-        TimerSetTimeFlags::empty(),
-    )?;
+    tick_every_tick(&timer)?;
     // AsyncFd::new is deprecated for types that could close their descriptor while it is
     // registered; TickTimer owns its TimerFd for as long as the AsyncFd holds it.
     #[allow(deprecated)]
     tokio::io::unix::AsyncFd::new(TickTimer(timer))
+}
+
+/// Arms `timer` to fire every [`TICK`].
+fn tick_every_tick(timer: &TimerFd) -> nix::Result<()> {
+    timer.set(
+        Expiration::Interval(TimeSpec::milliseconds(TICK_MS as i64)),
+        TimerSetTimeFlags::empty(),
+    )
 }
 
 /// The clock's timerfd, as tokio's AsyncFd takes it (a raw descriptor).

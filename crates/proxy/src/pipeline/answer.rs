@@ -127,16 +127,14 @@ fn refusal_response(refusal: Refusal, mut end: Box<RequestEnd>) -> Response<Answ
     let status = refusal.status();
     let maintenance = refusal.reason.row().page == respond::Page::Maintenance;
     let page = app_pages::html_for(&end.ctx, status, maintenance);
-    metrics::REFUSALS
-        .with_label_values(&[refusal.reason.label()])
-        .inc();
+    count(refusal.reason);
     end.ctx.refused = Some(refusal.reason);
     let html = page.is_some();
     let body = page.unwrap_or_else(|| {
         Bytes::from(respond::error_body(
             status,
             refusal.text(),
-            &end.ctx.request_id,
+            Some(&end.ctx.request_id),
         ))
     });
     let mut response = local_response(status, body, None, end);
@@ -159,8 +157,8 @@ fn refusal_response(refusal: Refusal, mut end: Box<RequestEnd>) -> Response<Answ
 /// need a request. Counted by its reason as every refusal is.
 pub(crate) fn before_request(reason: Reason) -> Response<Bytes> {
     let row = reason.row();
-    metrics::REFUSALS.with_label_values(&[row.label]).inc();
-    let body = Bytes::from(format!("{} {}\n", row.status, row.text));
+    count(reason);
+    let body = Bytes::from(respond::error_body(row.status, row.text, None));
     let mut response = Response::new(body);
     *response.status_mut() = StatusCode::from_u16(row.status).unwrap_or(StatusCode::BAD_REQUEST);
     let headers = response.headers_mut();
@@ -173,6 +171,11 @@ pub(crate) fn before_request(reason: Reason) -> Response<Bytes> {
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+/// Every refusal, whichever writer makes it, in `switchyard_refusals_total`.
+fn count(reason: Reason) {
+    metrics::REFUSALS.with_label_values(&[reason.label()]).inc();
 }
 
 fn backend_response(
