@@ -15,7 +15,7 @@ use switchyard_proxy::{
     BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch, TrafficHistory,
     TrafficOrder,
 };
-use switchyard_store::StoreError;
+use switchyard_store::{Store, StoreError};
 use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up, until the router stops.
@@ -26,11 +26,15 @@ pub(crate) async fn serve_admin(listener: TcpListener, state: AdminState, shutdo
     .await;
 }
 
-/// Serves /metrics and /healthz, without a token, on the metrics listener until the router
-/// stops.
-pub(crate) async fn serve_metrics(listener: TcpListener, shutdown: ShutdownWatch) {
+/// Serves /metrics, /healthz and /readyz, without a token, on the metrics listener until
+/// the router stops.
+pub(crate) async fn serve_metrics(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    shutdown: ShutdownWatch,
+) {
     serve_until_stopped("metrics listener", listener, shutdown, |listener, stop| {
-        switchyard_admin::serve_metrics(listener, stop)
+        switchyard_admin::serve_metrics(listener, store, stop)
     })
     .await;
 }

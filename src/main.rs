@@ -39,6 +39,8 @@ enum Command {
     Explain(cli::ExplainArgs),
     /// A live view of the busiest apps: requests/s, 5xx and 4xx shares, 15 minutes of traffic.
     Top(cli::TopArgs),
+    /// Back up the store while the router serves, restore it, see where it stands.
+    Store(cli::StoreArgs),
     /// Run the log service: receives routers' access-log batches, writes one file per app.
     Logd(logd::LogdArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Command::Certs(args) => cli::run_certs(args),
         Command::Explain(args) => cli::run_explain(args),
         Command::Top(args) => cli::run_top(args),
+        Command::Store(args) => cli::run_store(args),
         Command::Reference(args) => {
             match reference::write(&args, <Cli as clap::CommandFactory>::command()) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -78,7 +78,7 @@ fn settings() -> String {
             out,
             "| `{}` | {env} | {key} | {} | {default} | {} |",
             setting.flag(),
-            cell(setting.kind),
+            cell(setting.operator_type()),
             cell(&setting.doc)
         );
     }

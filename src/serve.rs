@@ -170,6 +170,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let history = history.clone();
         tasks.spawn(|watch| async move { history.run(watch).await });
     }
+    let metrics_store = store.clone();
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress))
         .with_backend_names(Arc::new(NamesView(backend_names)))
@@ -185,7 +186,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     }
     tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
     if let Some(listener) = metrics_listener {
-        tasks.spawn(|watch| serve_metrics(listener, watch));
+        tasks.spawn(|watch| serve_metrics(listener, metrics_store, watch));
     }
 
     log_serving(&config);
@@ -694,6 +695,7 @@ fn load_default_cert(tls: &TlsConfig) -> anyhow::Result<Option<ServedCert>> {
             key_path.display()
         )
     })?;
+    switchyard_proxy::watch_default_cert(&cert);
     Ok(Some(cert))
 }
 

@@ -314,7 +314,7 @@ fn the_openapi_document_describes_every_route_that_answers() {
         }
     }
     // Every method of every route in crates/admin's router.
-    assert_eq!(operations, 22, "operations documented");
+    assert_eq!(operations, 24, "operations documented");
 }
 
 #[test]
@@ -453,6 +453,10 @@ fn the_metrics_listener_serves_metrics_and_health_without_the_token_and_nothing_
             .status,
         200
     );
+    let ready = support::get(metrics, "balancer", "/readyz").expect("response");
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    assert_eq!(ready.json()["status"], "ready");
+    assert_eq!(ready.json()["store"], "embedded");
     // Nothing of the admin API, with or without the token.
     for path in ["/v1/apps", "/v1/apps/shop", "/ui/", "/v1/openapi.json"] {
         let refused = support::request(
@@ -627,4 +631,29 @@ fn the_cli_manages_apps_with_readable_output_and_exit_codes() {
         })
         .expect("run");
     assert!(!ok && err.contains("cannot reach"), "{err}");
+}
+
+#[test]
+fn the_token_can_come_from_a_systemd_credential() {
+    let credentials = tempfile::tempdir().expect("temp dir");
+    std::fs::write(credentials.path().join("admin_token"), "from-credential\n").expect("write");
+    let directory = credentials.path().to_str().expect("utf-8 path");
+    let router = RouterProcess::start_with_env(&[], &[("CREDENTIALS_DIRECTORY", directory)]);
+    let call = |token: &str| {
+        support::request(
+            router.admin,
+            &format!(
+                "GET /v1/apps HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+        )
+        .expect("response")
+        .status
+    };
+    assert_eq!(
+        call("from-credential"),
+        200,
+        "the line break is not part of it"
+    );
+    assert_eq!(call("other"), 401);
 }

@@ -175,6 +175,10 @@ fn install_apart(work: &Path, deb: &Path, probe: bool) -> std::io::Result<std::p
         .args(probe.then_some("probe"))
         .env("WORK", work)
         .env("DEB", deb)
+        .env(
+            "SANDBOX",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/unit_sandbox.py"),
+        )
         .output()
 }
 
@@ -223,10 +227,13 @@ fn the_package_installs_and_its_unit_starts_the_router() {
         r#"healthz: {"status":"ok"}"#,
         // The unit's own user, not root: port 80 is bound by its ambient capability.
         "user: 65534",
+        // Under the unit's system-call filter (2: a seccomp filter), files its own (UMask).
+        "seccomp: 2",
         "put: 200",
         // The app has no backends yet: the router answers for it on port 80.
         "port 80: 503",
         "state: 65534 700 ",
+        "store mode: 600",
         // `systemctl reload`'s command hands the sockets over and the old process ends.
         "old router after reload: exit 0",
         // The app, in the store the new process opened after the old one let it go.

@@ -293,8 +293,14 @@ fn a_router_started_while_redis_is_down_comes_up_and_serves_when_it_appears() {
         "the outage is reported:\n{}",
         router.logs()
     );
+    // Not ready for a load balancer: it knows no app yet.
+    let (status, readiness) = router.admin_call("GET", "/readyz", None);
+    assert_eq!((status, &readiness["status"]), (503, &json!("starting")));
 
     redis.spawn();
+    eventually(Duration::from_secs(5), "ready once Redis answers", || {
+        router.admin_call("GET", "/readyz", None).0 == 200
+    });
     eventually(Duration::from_secs(5), "admin writes to succeed", || {
         router
             .admin_call(
@@ -330,6 +336,17 @@ fn the_store_status_shows_the_subscription_and_the_last_revision_seen() {
         redis.url()
     );
     let before = shown["last_revision"].as_i64().expect("a revision");
+    // Redis keeps its own backups (RDB, AOF): the router says so, naming the field.
+    let (status, refused) = b.admin_call("GET", "/v1/store/backup", None);
+    assert_eq!(
+        (status, &refused["field"]),
+        (409, &json!("store")),
+        "{refused}"
+    );
+    assert!(
+        refused["error"].as_str().unwrap_or("").contains("RDB"),
+        "{refused}"
+    );
     assert!(shown["seconds_since_last_sync"].as_i64().expect("since") < 30);
 
     a.put_app(
@@ -352,6 +369,11 @@ fn the_store_status_shows_the_subscription_and_the_last_revision_seen() {
     // `available` is the last call's outcome: a read that finds Redis away turns it.
     assert_eq!(b.admin_call("GET", "/v1/apps/counted", None).0, 503);
     assert_eq!(b.admin_call("GET", "/v1/store", None).1["available"], false);
+    // Still ready: it routes from memory, and a fleet leaving its load balancer over a
+    // Redis outage would be down for nothing.
+    let (status, readiness) = b.admin_call("GET", "/readyz", None);
+    assert_eq!(status, 200, "{readiness}");
+    assert_eq!(readiness["store_available"], false);
 
     let embedded = RouterProcess::start();
     let shown = embedded.admin_call("GET", "/v1/store", None).1;
@@ -364,4 +386,58 @@ fn the_store_status_shows_the_subscription_and_the_last_revision_seen() {
         "{shown}"
     );
     assert!(shown.get("subscribed").is_none(), "{shown}");
+}
+
+#[test]
+fn a_router_runs_on_the_redis_acl_user_the_security_page_gives() {
+    let redis = RedisServer::start();
+    // The line of docs/security.md, as an operator would paste it.
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md"))
+        .expect("docs/security.md");
+    let line = page
+        .lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("ACL SETUSER switchyard "))
+        .expect("an ACL line in docs/security.md");
+    let mut command = redis::cmd("ACL");
+    for word in line.split_whitespace().skip(1) {
+        command.arg(word.replace("PASSWORD", "router-secret"));
+    }
+    let mut admin = redis.connection().expect("a connection");
+    command
+        .query::<()>(&mut admin)
+        .expect("the ACL line is taken");
+
+    let url = redis
+        .url()
+        .replace("redis://", "redis://switchyard:router-secret@");
+    let a = RouterProcess::start_with(&["--store", &url, "--redis-timeout-ms", "300"]);
+    let b = RouterProcess::start_with(&["--store", &url, "--redis-timeout-ms", "300"]);
+    for router in [&a, &b] {
+        eventually(Duration::from_secs(5), "the change subscription", || {
+            router.metric("switchyard_store_subscription_connected") == 1.0
+        });
+    }
+    let backend = Backend::start("acl");
+    a.put_app(
+        "limited",
+        json!({"domains": ["limited.test"], "backends": [backend.addr.to_string()]}),
+    );
+    eventually(
+        Duration::from_secs(2),
+        "router B routes by A's write",
+        || backend_name(&b, "limited.test").as_deref() == Some("acl"),
+    );
+    let (status, shown) = b.admin_call("GET", "/v1/store", None);
+    assert_eq!(
+        (status, &shown["available"]),
+        (200, &json!(true)),
+        "{shown}"
+    );
+    assert!(
+        !a.logs().contains("NOPERM") && !b.logs().contains("NOPERM"),
+        "no call refused by the ACL:\n{}\n{}",
+        a.logs(),
+        b.logs()
+    );
 }

@@ -135,6 +135,23 @@ fn the_default_certificate_answers_names_without_their_own() {
     );
     let no_sni = tls::connect(https, None, &[]).expect("handshake without SNI");
     assert_eq!(no_sni.fingerprint, default.fingerprint);
+    // Its end of validity is exported for the alert no store scan would raise.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let days_left =
+        (router.metric("switchyard_default_certificate_expiry_timestamp_seconds") - now) / 86_400.0;
+    assert!((29.9..=30.0).contains(&days_left), "{days_left} days left");
+    let plain = RouterProcess::start();
+    let (_, scraped) = plain.admin_call("GET", "/metrics", None);
+    assert!(
+        !scraped
+            .as_str()
+            .unwrap_or_default()
+            .contains("switchyard_default_certificate_expiry_timestamp_seconds "),
+        "absent without a default certificate"
+    );
 
     // A default certificate whose key does not match refuses to start, with the reason.
     let other = ca.issue(&["x.invalid"], -1, 30);

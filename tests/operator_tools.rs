@@ -6,9 +6,11 @@ use switchyard_test_support as support;
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Backend, RouterProcess};
+use support::{eventually, Backend, RouterProcess};
 
 /// Runs the CLI against `router`: success, stdout, stderr.
 fn cli(router: &RouterProcess, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
@@ -360,4 +362,123 @@ fn top_shows_the_busiest_apps_from_the_traffic_history() {
         .position(|l| l.starts_with("quiet "))
         .expect("quiet listed");
     assert!(busy < quiet, "{out}");
+}
+
+/// Puts `count` apps named `{prefix}-{n}` in order, each acknowledged before the next.
+fn put_apps_in_order(router: &RouterProcess, prefix: &str, count: usize, backend: &str) {
+    for n in 0..count {
+        let spec = json!({"domains": [format!("{prefix}-{n}.backup.test")], "backends": [backend]});
+        router.put_app(&format!("{prefix}-{n}"), spec);
+    }
+}
+
+#[test]
+fn a_backup_taken_under_writes_is_consistent_and_restores_into_a_stopped_router() {
+    let mut router = RouterProcess::start();
+    let backend = Backend::start("kept");
+    let backend_addr = backend.addr.to_string();
+    put_apps_in_order(&router, "before", 40, &backend_addr);
+    let files = tempfile::tempdir().expect("temp dir");
+    let copy = files.path().join("store.redb");
+    let copy_arg = copy.to_string_lossy().into_owned();
+
+    // Writes go on, one after another, while the copy is taken: a consistent copy holds
+    // an unbroken run of them, never a later one without an earlier.
+    let acknowledged = AtomicUsize::new(0);
+    let copying = AtomicBool::new(true);
+    let (backup, seen_before, seen_after) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut n = 0;
+            while copying.load(Ordering::SeqCst) || n < 5 {
+                let spec = json!({"domains": [format!("during-{n}.backup.test")], "backends": [backend_addr]});
+                router.put_app(&format!("during-{n}"), spec);
+                n += 1;
+                acknowledged.store(n, Ordering::SeqCst);
+            }
+        });
+        eventually(Duration::from_secs(5), "writes under way", || {
+            acknowledged.load(Ordering::SeqCst) >= 5
+        });
+        let seen_before = acknowledged.load(Ordering::SeqCst);
+        let backup = cli(&router, &["store", "backup", &copy_arg, "--json"], &[]);
+        let seen_after = acknowledged.load(Ordering::SeqCst);
+        copying.store(false, Ordering::SeqCst);
+        (backup, seen_before, seen_after)
+    });
+    let written = app_count(&router);
+    let (ok, out, err) = backup;
+    assert!(ok, "{out}{err}");
+    let reported: Value = serde_json::from_str(&out).expect("JSON");
+    let apps_in_copy = reported["apps"].as_u64().expect("apps") as usize;
+    // Every write acknowledged before the copy began is in it; none made after it ended.
+    assert!(
+        (40 + seen_before..=40 + seen_after + 1).contains(&apps_in_copy),
+        "{reported}: {seen_before}..{seen_after} writes acknowledged around the copy"
+    );
+    assert!(written > apps_in_copy, "writes went on after the copy");
+
+    // Refused while a router serves from the data directory; nothing replaced.
+    let data_dir = router.data_dir();
+    let data_arg = data_dir.to_string_lossy().into_owned();
+    let (ok, _, err) = cli(
+        &router,
+        &["store", "restore", &copy_arg, "--data-dir", &data_arg],
+        &[],
+    );
+    assert!(!ok && err.contains("stop it first"), "{err}");
+    assert_eq!(app_count(&router), written);
+
+    // A file that is no backup is refused before anything is touched.
+    let garbage = write(files.path(), "notes.txt", "not a store");
+    router.terminate();
+    let (ok, _, err) = cli(
+        &router,
+        &["store", "restore", &garbage, "--data-dir", &data_arg],
+        &[],
+    );
+    assert!(!ok && err.contains("is not a Switchyard store"), "{err}");
+
+    let (ok, out, err) = cli(
+        &router,
+        &["store", "restore", &copy_arg, "--data-dir", &data_arg],
+        &[],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(&format!("restored {apps_in_copy} apps")),
+        "{out}"
+    );
+    router.restart();
+    let (status, page) = router.admin_call("GET", "/v1/apps?limit=1000", None);
+    assert_eq!(status, 200, "{page}");
+    let names: Vec<&str> = page["apps"]
+        .as_array()
+        .expect("apps")
+        .iter()
+        .filter_map(|app| app["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), apps_in_copy, "{names:?}");
+    let during = apps_in_copy - 40;
+    for n in 0..during {
+        assert!(
+            names.contains(&format!("during-{n}").as_str()),
+            "during-{n} in {names:?}"
+        );
+    }
+    assert!(!names.contains(&format!("during-{during}").as_str()));
+    // The restored store routes.
+    let response = router.get("before-7.backup.test", "/");
+    assert_eq!(response.status, 200);
+    assert_eq!(response.json()["backend"], "kept");
+    // The store it replaced is kept beside it.
+    let kept = std::fs::read_dir(&data_dir)
+        .expect("data dir")
+        .filter_map(Result::ok)
+        .any(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("switchyard.redb.before-restore-")
+        });
+    assert!(kept, "the replaced store is kept");
 }

@@ -6,6 +6,7 @@ mod apps;
 mod certs;
 mod explain;
 mod files;
+mod store;
 mod top;
 
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ use serde_json::Value;
 pub(crate) use apps::{run as run_apps, AppsArgs};
 pub(crate) use certs::{run as run_certs, CertsArgs};
 pub(crate) use explain::{run as run_explain, ExplainArgs};
+pub(crate) use store::{run as run_store, StoreArgs};
 pub(crate) use top::{run as run_top, TopArgs};
 
 /// Options shared by every admin command.
@@ -173,15 +175,23 @@ impl AdminClient {
             Ok(response) => response
                 .into_json()
                 .map_err(|e| format!("unreadable answer from {}: {e}", self.base)),
-            Err(ureq::Error::Status(status, response)) => {
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    /// A failed call in words: the API's message and the field it names, or why the API
+    /// could not be reached.
+    fn failure(&self, error: ureq::Error) -> String {
+        match error {
+            ureq::Error::Status(status, response) => {
                 let body: Value = response.into_json().unwrap_or(Value::Null);
                 let message = body["error"].as_str().unwrap_or("request refused");
-                Err(match body["field"].as_str() {
+                match body["field"].as_str() {
                     Some(field) => format!("{field}: {message} (HTTP {status})"),
                     None => format!("{message} (HTTP {status})"),
-                })
+                }
             }
-            Err(e) => Err(format!("cannot reach the admin API at {}: {e}", self.base)),
+            e => format!("cannot reach the admin API at {}: {e}", self.base),
         }
     }
 }

@@ -3,7 +3,9 @@
 # copy of this machine: run by tests/deb_package.rs under `unshare --mount --net --pid`,
 # it mounts an overlay over / whose writes land in a tmpfs, so dpkg, the maintainer scripts
 # and the router change nothing outside. $WORK: an empty directory; $DEB: the package.
-# With the argument `probe`, it only makes the overlay: whether this machine allows it.
+# $SANDBOX: tests/unit_sandbox.py, which applies the unit's system-call filter, address
+# families and umask as systemd would. With the argument `probe`, it only makes the
+# overlay: whether this machine allows it.
 set -eu
 mount -t tmpfs tmpfs "$WORK"
 mkdir "$WORK/upper" "$WORK/work" "$WORK/root"
@@ -11,7 +13,8 @@ mount -t overlay overlay -o "lowerdir=/,upperdir=$WORK/upper,workdir=$WORK/work"
 [ "${1:-}" = probe ] && exit 0
 root="$WORK/root"
 mount --rbind /dev "$root/dev"
-mount -t proc proc "$root/proc"
+# ProtectProc=invisible: other users' processes hidden.
+mount -t proc -o hidepid=invisible proc "$root/proc"
 mount -t tmpfs tmpfs "$root/tmp"
 # No /run/systemd/system: the maintainer scripts see a machine without systemd running.
 mount -t tmpfs tmpfs "$root/run"
@@ -24,7 +27,7 @@ echo "status: $(dpkg-query -W -f="\${Status}" switchyard)"
 
 # What systemd would do for the unit: its environment, a user of its own (DynamicUser:
 # here nobody), its state directory owned by that user, its ambient capabilities and
-# bounding set, no new privileges, then its ExecStart.
+# bounding set, no new privileges, its system-call filter and umask, then its ExecStart.
 unit=/usr/lib/systemd/system/switchyard.service
 field() { sed -n "s/^$1=//p" "$unit"; }
 state="/var/lib/$(field StateDirectory)"
@@ -36,7 +39,7 @@ settings=$(field ExecStart | sed -n "s/.*--config \([^ ]*\).*/\1/p")
 admin=$(sed -n "s/^admin = \"\(.*\)\"/\1/p" "$settings")
 env $(field Environment) setpriv --reuid 65534 --regid 65534 --clear-groups --no-new-privs \
     --inh-caps "$caps" --ambient-caps "$caps" --bounding-set "-all,$caps" \
-    $(field ExecStart) >/tmp/router.log 2>&1 &
+    /usr/bin/python3 "$SANDBOX" "$unit" $(field ExecStart) >/tmp/router.log 2>&1 &
 router=$!
 up=no
 for _ in $(seq 150); do
@@ -46,15 +49,17 @@ done
 [ "$up" = yes ] || { echo "the router did not answer:"; cat /tmp/router.log; exit 1; }
 echo "healthz: $(curl -s "http://$admin/healthz")"
 echo "user: $(sed -n "s/^Uid:\t\([0-9]*\).*/\1/p" /proc/$router/status)"
+echo "seccomp: $(sed -n "s/^Seccomp:\t//p" /proc/$router/status)"
 echo "put: $(curl -s -o /dev/null -w "%{http_code}" -X PUT -d "{\"domains\": [\"demo.test\"]}" "http://$admin/v1/apps/demo")"
 echo "port 80: $(curl -s -o /dev/null -w "%{http_code}" -H "Host: demo.test" http://127.0.0.1/)"
 echo "state: $(stat -c "%u %a" "$state") $(ls "$state" | tr "\n" " ")"
+echo "store mode: $(stat -c "%a" "$state/switchyard.redb")"
 
 # `systemctl reload`: ExecReload, run as the same user, is the binary upgrade; the
 # new process takes the sockets over and quits the old one, which ends by itself.
 env $(field Environment) setpriv --reuid 65534 --regid 65534 --clear-groups --no-new-privs \
     --inh-caps "$caps" --ambient-caps "$caps" --bounding-set "-all,$caps" \
-    sh -c "$(field ExecReload)" >>/tmp/router.log 2>&1 || { echo "reload failed: $?"; cat /tmp/router.log; exit 1; }
+    /usr/bin/python3 "$SANDBOX" "$unit" /bin/sh -c "$(field ExecReload)" >>/tmp/router.log 2>&1 || { echo "reload failed: $?"; cat /tmp/router.log; exit 1; }
 echo "reloaded"
 code=0
 wait "$router" || code=$?

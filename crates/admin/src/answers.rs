@@ -24,6 +24,19 @@ pub(crate) struct Health {
     pub(crate) status: &'static str,
 }
 
+/// `GET /readyz`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct Readiness {
+    /// `ready`: this router routes by the store's apps (from memory while a Redis store is
+    /// away); `starting`: it has not reached its store once yet; `handed-over`: a newer
+    /// router process serves from this store now.
+    pub(crate) status: &'static str,
+    /// The store's kind: `embedded`, `redis` or `redis+sentinel`.
+    pub(crate) store: &'static str,
+    /// Whether the store answered its last call.
+    pub(crate) store_available: bool,
+}
+
 /// A page of apps, by name.
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct AppsPage {

@@ -46,7 +46,7 @@ pub fn document() -> Value {
             description: Some(
                 "Routes, backends and certificates of a Switchyard router (or fleet). Every \
                  error is JSON: {\"error\": \"...\", \"field\": \"...\"}. With --admin-token, \
-                 every path but /healthz, /v1/openapi.json and /v1/schema/app.json needs \
+                 every path but /healthz, /readyz, /v1/openapi.json and /v1/schema/app.json needs \
                  `Authorization: Bearer TOKEN`. Writes sent by a browser (carrying Origin) are \
                  refused with 403 unless --admin-ui-writes is on: the dashboard is read-only \
                  by default. Generated from the router's code (aide, schemars)."
@@ -309,6 +309,16 @@ pub(crate) fn healthz(op: TransformOperation<'_>) -> TransformOperation<'_> {
     answer(op.summary("Liveness"), 200, "Up")
 }
 
+pub(crate) fn readyz(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    op.summary(
+        "Readiness for a load balancer: 200 once this router routes by its store's apps (and \
+         on through a Redis outage, from memory); 503 while it has not reached its store yet \
+         or after it handed its embedded store to a newer process",
+    )
+    .response_with::<200, Json<crate::answers::Readiness>, _>(|r| r.description("Ready"))
+    .response_with::<503, Json<crate::answers::Readiness>, _>(|r| r.description("Not ready"))
+}
+
 pub(crate) fn openapi(op: TransformOperation<'_>) -> TransformOperation<'_> {
     op.summary("This document")
         .response_with::<200, Json<Value>, _>(|r| r.description("The OpenAPI document"))
@@ -332,6 +342,27 @@ pub(crate) fn metrics(op: TransformOperation<'_>) -> TransformOperation<'_> {
             r.description("Metrics in the text exposition format")
         });
     refusals(op, &[INVALID, UNAUTHORIZED])
+}
+
+pub(crate) fn store_backup(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = op
+        .summary(
+            "A consistent copy of the embedded store (a redb file), taken while it serves; \
+             `switchyard store backup FILE` saves it and `switchyard store restore` puts it \
+             back. Headers x-switchyard-apps and x-switchyard-certificates count what it holds",
+        )
+        .response_with::<200, Vec<u8>, _>(|r| r.description("The store file"));
+    refusals(
+        op,
+        &[
+            UNAUTHORIZED,
+            (
+                409,
+                "A backup is being taken already, or the store is Redis (backed up by Redis)",
+            ),
+            STORE_DOWN,
+        ],
+    )
 }
 
 pub(crate) fn list_apps(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -612,8 +643,13 @@ mod tests {
                         parameter["name"]
                     );
                 }
-                let protected = !["/healthz", "/v1/openapi.json", "/v1/schema/app.json"]
-                    .contains(&path.as_str());
+                let protected = ![
+                    "/healthz",
+                    "/readyz",
+                    "/v1/openapi.json",
+                    "/v1/schema/app.json",
+                ]
+                .contains(&path.as_str());
                 assert_eq!(
                     responses.contains_key("401"),
                     protected,
@@ -621,7 +657,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(operations, 22, "operations documented");
+        assert_eq!(operations, 24, "operations documented");
         let mut found = Vec::new();
         schema_references(&document, &mut found);
         assert!(!found.is_empty());

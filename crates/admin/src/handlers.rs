@@ -19,8 +19,8 @@ use switchyard_model::{
 };
 
 use crate::answers::{
-    AcmeLease, AcmeOverview, AppsPage, CertsPage, Health, ListedCert, Purged, ShownApp, ShownCert,
-    ShownStore, WafReloaded,
+    AcmeLease, AcmeOverview, AppsPage, CertsPage, Health, ListedCert, Purged, Readiness, ShownApp,
+    ShownCert, ShownStore, WafReloaded,
 };
 use crate::api_doc::{AppFile, AppPath, BackendsBody, DomainPath, JsonBody};
 use crate::{AdminState, ApiError};
@@ -31,6 +31,87 @@ const MAX_PAGE: usize = 10_000;
 
 pub(crate) async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
+}
+
+/// `GET /readyz`: 200 once this router can route by its store's apps, 503 before. A Redis
+/// store away after that keeps it ready: it routes from memory, and a fleet whose routers
+/// all left their load balancer at once over a Redis outage would be down for nothing.
+pub(crate) async fn readyz(State(state): State<AdminState>) -> Response {
+    readiness(state.store.status()).into_response()
+}
+
+fn readiness(store: switchyard_store::StoreStatus) -> (StatusCode, Json<Readiness>) {
+    let status = match store.kind {
+        "embedded" if store.available => "ready",
+        "embedded" => "handed-over",
+        _ if store.available || store.last_sync_unix.is_some() => "ready",
+        _ => "starting",
+    };
+    let code = if status == "ready" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let answer = Readiness {
+        status,
+        store: store.kind,
+        store_available: store.available,
+    };
+    (code, Json(answer))
+}
+
+/// `GET /v1/store/backup`: a consistent copy of the embedded store, taken while it serves,
+/// one at a time (each reads and writes the whole store).
+pub(crate) async fn store_backup(State(state): State<AdminState>) -> Result<Response, ApiError> {
+    let Ok(_one_at_a_time) = state.backup_running.clone().try_lock_owned() else {
+        return Err(ApiError::Conflict {
+            message: "a backup is being taken: try again once it ends".into(),
+            field: "store",
+        });
+    };
+    let Some(backup) = state.store.backup().await? else {
+        return Err(ApiError::Conflict {
+            message: "the Redis store is backed up by Redis itself (RDB snapshots or AOF): see \
+                      docs/operations.md, \"Backups\""
+                .into(),
+            field: "store",
+        });
+    };
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let headers = [
+        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+        (header::CONTENT_LENGTH, backup.bytes.to_string()),
+        (
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"switchyard-store-{stamp}.redb\""),
+        ),
+        (
+            header::HeaderName::from_static("x-switchyard-apps"),
+            backup.contents.apps.to_string(),
+        ),
+        (
+            header::HeaderName::from_static("x-switchyard-certificates"),
+            backup.contents.certificates.to_string(),
+        ),
+    ];
+    Ok((headers, file_body(tokio::fs::File::from_std(backup.file))).into_response())
+}
+
+/// `file` sent in chunks, never whole in memory.
+fn file_body(file: tokio::fs::File) -> axum::body::Body {
+    const CHUNK: usize = 256 * 1024;
+    let chunks = futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut chunk = bytes::BytesMut::with_capacity(CHUNK);
+        match tokio::io::AsyncReadExt::read_buf(&mut file, &mut chunk).await {
+            Ok(0) => None,
+            Ok(_) => Some((Ok(chunk.freeze()), Some(file))),
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    axum::body::Body::from_stream(chunks)
 }
 
 /// This API's OpenAPI document, generated from its routes (`api_doc`).

@@ -104,6 +104,8 @@ pub struct AdminState {
     changes: Option<Arc<dyn ChangeLog>>,
     /// Whether writes from a browser (the dashboard) are accepted.
     ui_writes: bool,
+    /// Held while a backup is taken: one at a time.
+    backup_running: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl AdminState {
@@ -120,6 +122,7 @@ impl AdminState {
             traffic: None,
             changes: None,
             ui_writes: false,
+            backup_running: Arc::default(),
         }
     }
 
@@ -185,6 +188,7 @@ impl AdminState {
 fn public_routes() -> ApiRouter<AdminState> {
     ApiRouter::new()
         .api_route("/healthz", get_with(handlers::healthz, api_doc::healthz))
+        .api_route("/readyz", get_with(handlers::readyz, api_doc::readyz))
         .api_route(
             "/v1/openapi.json",
             get_with(handlers::openapi, api_doc::openapi),
@@ -236,6 +240,10 @@ fn protected_routes() -> ApiRouter<AdminState> {
         .api_route(
             "/v1/store",
             get_with(handlers::store_status, api_doc::store_status),
+        )
+        .api_route(
+            "/v1/store/backup",
+            get_with(handlers::store_backup, api_doc::store_backup),
         )
         .api_route("/v1/explain", get_with(handlers::explain, api_doc::explain))
         .api_route(
@@ -289,24 +297,27 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// The metrics listener's routes: `/metrics` (with its `app` filter) and `/healthz`, no
-/// token, nothing else, as Traefik's metrics entry point and HAProxy's stats socket serve
-/// scrapers apart from the API that changes the fleet.
-pub fn metrics_router() -> Router {
+/// The metrics listener's routes: `/metrics` (with its `app` filter), `/healthz` and
+/// `/readyz`, no token, nothing else, as Traefik's metrics entry point and HAProxy's stats
+/// socket serve scrapers and load balancers apart from the API that changes the fleet.
+pub fn metrics_router(store: Arc<dyn Store>) -> Router {
     Router::new()
         .route("/metrics", get(handlers::metrics))
         .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(middleware::from_fn(json_rejections))
+        .with_state(AdminState::new(store, None))
 }
 
 /// Serves [`metrics_router`] on `listener` until `shutdown` completes.
 pub async fn serve_metrics(
     listener: TcpListener,
+    store: Arc<dyn Store>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, metrics_router())
+    axum::serve(listener, metrics_router(store))
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -244,7 +244,10 @@ impl Config {
             expiry_scan: settings.cert_expiry_scan_s.seconds()?,
         };
         let store = store_choice(source, settings.store, settings.redis_timeout_ms)?;
-        let admin_token = settings.admin_token.value.filter(|t| !t.is_empty());
+        let admin_token = match settings.admin_token.value.filter(|t| !t.is_empty()) {
+            Some(token) => Some(token),
+            None => credential("admin_token")?,
+        };
         if admin_token.is_none() && !admin.ip().is_loopback() {
             bail!(
                 "the admin API on {admin} would be reachable from other hosts without a token; \
@@ -381,7 +384,7 @@ fn store_choice(
                 bail!("{at}: {reason}");
             }
             StoreChoice::Redis {
-                url: with_password(url, std::env::var("SWITCHYARD_REDIS_PASSWORD").ok()),
+                url: with_password(url, redis_password()?),
                 timeout: redis_timeout,
             }
         }
@@ -598,6 +601,36 @@ fn access_log_choice(
 
 /// Puts `password` (from the environment) into a Redis URL that has none, so it need not
 /// appear in a config file or a process listing.
+/// The Redis password from `SWITCHYARD_REDIS_PASSWORD`, or else the `redis_password`
+/// credential.
+fn redis_password() -> anyhow::Result<Option<String>> {
+    match std::env::var("SWITCHYARD_REDIS_PASSWORD") {
+        Ok(password) if !password.is_empty() => Ok(Some(password)),
+        _ => credential("redis_password"),
+    }
+}
+
+/// The secret `name` systemd hands the service (`LoadCredential=name:FILE`), from the
+/// directory it names in `CREDENTIALS_DIRECTORY`, readable by the service alone; `None`
+/// without one. A trailing line break is not part of it.
+fn credential(name: &str) -> anyhow::Result<Option<String>> {
+    let Some(directory) = std::env::var_os("CREDENTIALS_DIRECTORY") else {
+        return Ok(None);
+    };
+    let path = std::path::Path::new(&directory).join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(secret) => {
+            let secret = secret.trim_end_matches(['\n', '\r']);
+            if secret.is_empty() {
+                bail!("the credential {} is empty", path.display());
+            }
+            Ok(Some(secret.to_string()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => bail!("cannot read the credential {}: {e}", path.display()),
+    }
+}
+
 fn with_password(url: &str, password: Option<String>) -> String {
     let Some(password) = password.filter(|p| !p.is_empty()) else {
         return url.to_string();
@@ -629,6 +662,19 @@ mod tests {
     use clap::Args;
 
     use super::*;
+
+    #[test]
+    fn the_reference_types_every_setting_as_an_operator_reads_it() {
+        for setting in settings_reference() {
+            let shown = setting.operator_type();
+            assert!(
+                !["text", "String", "u64", "usize", "PathBuf"].contains(&shown),
+                "{} is typed `{shown}` in the reference: name what it holds (settings.rs, \
+                 text_type) or give its key the suffix of its unit",
+                setting.key
+            );
+        }
+    }
 
     fn with_file(contents: &str) -> anyhow::Result<Config> {
         let dir = tempfile::tempdir()?;

@@ -494,6 +494,29 @@ macro_rules! shown_as_displayed {
 
 shown_as_displayed!(u16, u64, usize);
 
+/// What a text setting holds, as its documentation says; "text" for a name not listed
+/// (a test insists every text setting is).
+fn text_type(key: &str) -> &'static str {
+    match key {
+        "http" | "admin" => "address (IP:PORT)",
+        "https" | "http3" | "metrics" => "address (IP:PORT) or `off`",
+        "http3_early_data" | "admin_ui_writes" | "waf" => "`on` or `off`",
+        "store" => "`embedded` or Redis URL",
+        "cache_redis" => "Redis URL",
+        "access_log" => "`stdout`, `off` or path",
+        "trusted_proxies" => "list of CIDRs",
+        "dns_servers" => "list of IP:PORT",
+        "waf_rules" => "path",
+        "pool_sched" => "`idle` or `nice`",
+        "acme_directory" => "URL",
+        "acme_email" => "email address",
+        "acme_challenge" => "`http-01` or `tls-alpn-01`",
+        "admin_token" | "acme_eab_hmac" => "secret",
+        "acme_eab_kid" => "key identifier",
+        _ => "text",
+    }
+}
+
 /// A default as the reference shows it: a default computed on the machine (`cores()`) is
 /// named by its expression, not by this machine's value.
 fn reference_default(expression: &str, value: String) -> String {
@@ -537,6 +560,28 @@ impl SettingDoc {
             in_file,
             default,
             doc: doc.split_whitespace().collect::<Vec<_>>().join(" "),
+        }
+    }
+
+    /// The value's type as an operator reads it: the unit a number counts in, what a text
+    /// names.
+    pub fn operator_type(&self) -> &'static str {
+        let key = self.key;
+        match self.kind {
+            "PathBuf" | "path" => "path",
+            "u16" => "port",
+            "u64" | "usize" => [
+                ("_ms", "milliseconds"),
+                ("_s", "seconds"),
+                ("_mb", "MiB"),
+                ("_kb", "KiB"),
+                ("_bytes", "bytes"),
+            ]
+            .iter()
+            .find(|(suffix, _)| key.ends_with(suffix))
+            .map_or("number", |(_, unit)| unit),
+            "String" => text_type(key),
+            other => other,
         }
     }
 

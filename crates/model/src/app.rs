@@ -480,3 +480,27 @@ impl Hsts {
 pub(crate) fn default_retries() -> u8 {
     2
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mixed-version fleet of docs/operations.md: an app a newer router stored, with a
+    /// field this version does not know, is read (the field ignored), and one an older
+    /// router stored, without this version's options, takes their defaults.
+    #[test]
+    fn apps_stored_by_another_version_are_read() {
+        let newer = serde_json::json!({
+            "name": "shop",
+            "domains": ["shop.test"],
+            "backends": [],
+            "an_option_of_a_later_version": {"on": true},
+        });
+        let app: App = serde_json::from_value(newer).expect("a newer app is read");
+        assert_eq!(app.name.as_str(), "shop");
+        let older = serde_json::json!({"name": "shop", "domains": ["shop.test"], "backends": []});
+        let app: App = serde_json::from_value(older).expect("an older app is read");
+        assert_eq!(app.retries, default_retries());
+        assert!(app.hsts.is_none());
+    }
+}

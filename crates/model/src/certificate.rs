@@ -278,12 +278,14 @@ fn name_text(name: &X509NameRef) -> String {
 }
 
 fn unix_time(time: &Asn1TimeRef) -> Result<i64, ValidationError> {
-    let epoch = Asn1Time::from_unix(0)
-        .map_err(|_| ValidationError::new("cert_pem", "cannot read the validity dates"))?;
-    let diff = epoch
-        .diff(time)
-        .map_err(|_| ValidationError::new("cert_pem", "cannot read the validity dates"))?;
-    Ok(i64::from(diff.days) * 86_400 + i64::from(diff.secs))
+    unix_seconds(time)
+        .ok_or_else(|| ValidationError::new("cert_pem", "cannot read the validity dates"))
+}
+
+/// A certificate's time (its `notBefore` or `notAfter`) in seconds since the epoch.
+pub fn unix_seconds(time: &Asn1TimeRef) -> Option<i64> {
+    let diff = Asn1Time::from_unix(0).ok()?.diff(time).ok()?;
+    Some(i64::from(diff.days) * 86_400 + i64::from(diff.secs))
 }
 
 #[cfg(test)]

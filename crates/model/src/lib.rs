@@ -37,7 +37,8 @@ pub use app::{
 pub use basic_auth::{BasicAuth, MAX_BCRYPT_COST};
 pub use cache::{CacheStore, ResponseCache};
 pub use certificate::{
-    covers, parse_certificate_spec, CertificateInfo, CertificateUpload, StoredCertificate,
+    covers, parse_certificate_spec, unix_seconds, CertificateInfo, CertificateUpload,
+    StoredCertificate,
 };
 pub use change::Change;
 pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};

@@ -65,7 +65,7 @@ pub use stage::https::advertise_http3;
 pub use stage::list::stages_table;
 pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
-pub use tls::cert_expiry::CertExpiryScan;
+pub use tls::cert_expiry::{watch_default_cert, CertExpiryScan};
 pub use tls::settings::TicketKeyRotation;
 pub use traffic::history::{TrafficHistory, TrafficOrder};
 pub use upstream::response_buffers::ResponseBuffers;

@@ -18,25 +18,25 @@ use crate::{
 };
 
 /// App name → the app as JSON.
-const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
+pub(crate) const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
 /// Domain (as stored) → owning app name: the routing index.
-const DOMAINS: TableDefinition<&str, &str> = TableDefinition::new("domains");
+pub(crate) const DOMAINS: TableDefinition<&str, &str> = TableDefinition::new("domains");
 
 /// Domain → certificate with key, as JSON: read on a handshake's cache miss only.
-const CERTS: TableDefinition<&str, &[u8]> = TableDefinition::new("certs");
+pub(crate) const CERTS: TableDefinition<&str, &[u8]> = TableDefinition::new("certs");
 /// Domain → certificate description, as JSON: listings and expiry scans read these small
 /// records without touching keys.
-const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info");
+pub(crate) const CERT_INFO: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_info");
 /// [`expiry_key`] → domain: certificates ordered by expiry, for listings that start with
 /// those expiring soonest.
-const CERT_EXPIRY: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_expiry");
+pub(crate) const CERT_EXPIRY: TableDefinition<&str, &[u8]> = TableDefinition::new("cert_expiry");
 
 /// The ACME issuer's records, keyed `account:{directory}`, `domain:{domain}` and
 /// `challenge:{token}`; each value is its expiry (seconds since the epoch, big-endian, 0 for
 /// never) followed by its JSON.
-const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
+pub(crate) const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
 /// The fleet's secrets by name (`Store::fleet_secret`), written once.
-const SECRETS: TableDefinition<&str, &str> = TableDefinition::new("secrets");
+pub(crate) const SECRETS: TableDefinition<&str, &str> = TableDefinition::new("secrets");
 /// The key ranges of the ACME records written with an expiry: the answers of open orders.
 const EXPIRING_RECORDS: [(&str, &str); 2] =
     [("challenge:", "challenge;"), ("tls-alpn:", "tls-alpn;")];
@@ -48,7 +48,7 @@ const NEVER_EXPIRES: u64 = 0;
 /// 100,000 apps), not the leaves, which the kernel's page cache keeps anyway. At 16 MiB it
 /// filled with leaves and cost 168 B per app at 100,000 apps.
 const PAGE_CACHE_BYTES: usize = 4 * 1024 * 1024;
-const FILE_NAME: &str = "switchyard.redb";
+pub(crate) const FILE_NAME: &str = "switchyard.redb";
 /// How often a router taking over from another (binary upgrade) tries the file again.
 const HANDOVER_POLL: Duration = Duration::from_millis(10);
 
@@ -433,6 +433,15 @@ impl Store for EmbeddedStore {
         Ok(existed)
     }
 
+    async fn backup(&self) -> Result<Option<crate::Backup>, StoreError> {
+        let db = self.db()?;
+        let dir = self.file.parent().unwrap_or(Path::new(".")).to_path_buf();
+        // Copying reads and writes the whole file: off the runtime's threads.
+        tokio::task::spawn_blocking(move || crate::backup::snapshot(&db, &dir).map(Some))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("backup task failed: {e}")))?
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             kind: "embedded",
@@ -743,7 +752,7 @@ fn unexpired(value: &[u8], now: u64) -> Option<&str> {
     std::str::from_utf8(json).ok()
 }
 
-fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {
+pub(crate) fn decode_app(key: &str, bytes: &[u8]) -> Result<App, StoreError> {
     decode(key, bytes)
 }
 
@@ -754,7 +763,7 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, 
     })
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 

@@ -5,6 +5,7 @@
 //! embedded redb file (one router) and Redis (a fleet of routers sharing one store).
 
 pub mod acme;
+mod backup;
 mod embedded;
 mod error;
 mod feed;
@@ -15,6 +16,7 @@ mod redis_store;
 mod redis_target;
 
 use async_trait::async_trait;
+pub use backup::{inspect as inspect_backup, restore, Backup, BackupContents, Restored};
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use feed::{ChangeFeed, Subscription};
@@ -241,6 +243,12 @@ pub trait Store: Send + Sync {
 
     /// Where the store stands: kind, location, subscription, last revision seen.
     fn status(&self) -> StoreStatus;
+
+    /// A consistent copy of the whole store, taken while it serves. `None`: this store is
+    /// backed up by its own server (Redis: its RDB snapshots or AOF).
+    async fn backup(&self) -> Result<Option<Backup>, StoreError> {
+        Ok(None)
+    }
 
     /// Change events from now on. A subscriber that falls more than
     /// [`CHANGE_CHANNEL_CAPACITY`] events behind sees `Lagged` and must resync.

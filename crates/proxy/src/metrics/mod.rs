@@ -15,7 +15,7 @@ use prometheus::{
     register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Counter, Histogram,
     HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
-use switchyard_metrics::registered;
+use switchyard_metrics::{known_gauge, registered, KnownGauge};
 
 switchyard_metrics::declare_metrics! {
     pub(crate) static DNS_NAMES: IntGaugeVec = registered(register_int_gauge_vec!(
@@ -310,6 +310,12 @@ switchyard_metrics::declare_metrics! {
     pub(crate) static CERTS_EXPIRING_SOON: IntGauge = registered(register_int_gauge!(
         "switchyard_certificates_expiring_soon",
         "Stored certificates expiring within 14 days (or already expired), as of the last scan."
+    ));
+
+    pub(crate) static DEFAULT_CERT_EXPIRY: KnownGauge = registered(known_gauge(
+        "switchyard_default_certificate_expiry_timestamp_seconds",
+        "End of validity of the --default-cert served to names without a certificate of \
+         their own (seconds since the epoch); absent without one."
     ));
 
     pub(crate) static TICKET_KEY_ROTATIONS: IntCounter = registered(register_int_counter!(

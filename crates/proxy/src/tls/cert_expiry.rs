@@ -14,6 +14,16 @@ use crate::metrics;
 pub(crate) const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 86_400);
 const PAGE: usize = 1000;
 
+/// Exports the end of validity of the certificate served to names without one of their own
+/// (`--default-cert`), which no store scan sees: a file on disk renewed by hand or by a
+/// tool of the operator's, the one most easily forgotten.
+pub fn watch_default_cert(cert: &crate::ServedCert) {
+    match switchyard_model::unix_seconds(cert.leaf.not_after()) {
+        Some(not_after) => metrics::DEFAULT_CERT_EXPIRY.set(not_after as f64),
+        None => log::warn!("the default certificate's end of validity cannot be read"),
+    }
+}
+
 /// The periodic expiry scan.
 pub struct CertExpiryScan {
     store: Arc<dyn Store>,
