@@ -657,3 +657,124 @@ fn the_token_can_come_from_a_systemd_credential() {
     );
     assert_eq!(call("other"), 401);
 }
+
+/// An `If-Match` write on `router`'s app `name`: the status and the answer's ETag.
+fn write_if_match(
+    router: &RouterProcess,
+    method: &str,
+    path: &str,
+    if_match: &str,
+    body: &str,
+) -> (u16, Option<String>, serde_json::Value) {
+    let response = support::request(
+        router.admin,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: a\r\nIf-Match: {if_match}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .expect("response");
+    let tag = response.header("etag").map(str::to_string);
+    let json = serde_json::from_slice(&response.body).unwrap_or(serde_json::Value::Null);
+    (response.status, tag, json)
+}
+
+#[test]
+fn writes_with_if_match_never_overwrite_a_change_they_did_not_see() {
+    let router = RouterProcess::start();
+    let spec = |retries: u8| json!({"domains": ["tagged.test"], "retries": retries}).to_string();
+    let (status, _) = router.admin_call("PUT", "/v1/apps/tagged", Some(&spec(1)));
+    assert_eq!(status, 200);
+    let read = support::get(router.admin, "admin", "/v1/apps/tagged").expect("response");
+    let first = read.header("etag").expect("an ETag").to_string();
+    assert!(first.starts_with('"') && first.len() == 34, "{first}");
+
+    // Another writer moves the app on; a write made from the first read is refused.
+    let (status, second, _) = write_if_match(&router, "PUT", "/v1/apps/tagged", &first, &spec(2));
+    assert_eq!(status, 200);
+    let second = second.expect("the new ETag");
+    assert_ne!(second, first);
+    let (status, _, refused) = write_if_match(&router, "PUT", "/v1/apps/tagged", &first, &spec(3));
+    assert_eq!(
+        (status, &refused["field"]),
+        (412, &json!("if-match")),
+        "{refused}"
+    );
+    let backends = r#"{"backends": ["127.0.0.1:9"]}"#;
+    let path = "/v1/apps/tagged/backends";
+    assert_eq!(
+        write_if_match(&router, "PUT", path, &first, backends).0,
+        412
+    );
+    assert_eq!(
+        write_if_match(&router, "DELETE", "/v1/apps/tagged", &first, "").0,
+        412
+    );
+    assert_eq!(
+        router.admin_call("GET", "/v1/apps/tagged", None).1["retries"],
+        2
+    );
+
+    // The current tag, or `*`, lets each write through.
+    let (status, third, _) = write_if_match(&router, "PUT", path, &second, backends);
+    assert_eq!(status, 200);
+    let third = third.expect("the new ETag");
+    assert_eq!(
+        write_if_match(&router, "PUT", "/v1/apps/tagged", "*", &spec(4)).0,
+        200
+    );
+    assert_eq!(
+        write_if_match(&router, "DELETE", "/v1/apps/tagged", &third, "").0,
+        412
+    );
+    let current = support::get(router.admin, "admin", "/v1/apps/tagged").expect("response");
+    let current = current.header("etag").expect("an ETag").to_string();
+    assert_eq!(
+        write_if_match(&router, "DELETE", "/v1/apps/tagged", &current, "").0,
+        204
+    );
+    // No app, no match: `*` does not create one.
+    assert_eq!(
+        write_if_match(&router, "PUT", "/v1/apps/tagged", "*", &spec(5)).0,
+        412
+    );
+    assert_eq!(router.admin_call("GET", "/v1/apps/tagged", None).0, 404);
+}
+
+#[test]
+fn certificates_carry_an_etag_and_if_match_guards_their_writes() {
+    let router = RouterProcess::start();
+    let ca = Ca::root("Tagged Root");
+    let (first, second) = (
+        ca.issue(&["tagged.test"], -1, 30),
+        ca.issue(&["tagged.test"], -1, 60),
+    );
+    let upload = |cert: &support::pki::Issued| {
+        json!({"cert_pem": cert.cert_pem, "key_pem": cert.key_pem}).to_string()
+    };
+    router.store_cert("tagged.test", &first);
+    let read = support::get(router.admin, "admin", "/v1/certs/tagged.test").expect("response");
+    let old = read.header("etag").expect("an ETag").to_string();
+    // Renewed meanwhile by another writer: a write or delete made from the first read loses.
+    let path = "/v1/certs/tagged.test";
+    let (status, renewed, _) = write_if_match(&router, "PUT", path, &old, &upload(&second));
+    assert_eq!(status, 200);
+    let renewed = renewed.expect("the new ETag");
+    assert_ne!(renewed, old);
+    let (status, _, refused) = write_if_match(&router, "PUT", path, &old, &upload(&first));
+    assert_eq!(
+        (status, &refused["field"]),
+        (412, &json!("if-match")),
+        "{refused}"
+    );
+    assert_eq!(write_if_match(&router, "DELETE", path, &old, "").0, 412);
+    let (_, shown) = router.admin_call("GET", path, None);
+    let second_sha256: String = second
+        .fingerprint
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(shown["sha256"], json!(second_sha256), "{shown}");
+    assert_eq!(write_if_match(&router, "DELETE", path, &renewed, "").0, 204);
+}

@@ -441,3 +441,54 @@ fn a_router_runs_on_the_redis_acl_user_the_security_page_gives() {
         b.logs()
     );
 }
+
+/// `DELETE path` on `router` with `If-Match: tag`: the status.
+fn delete_if_match(router: &RouterProcess, path: &str, tag: &str) -> u16 {
+    let request = format!(
+        "DELETE {path} HTTP/1.1\r\nHost: a\r\nIf-Match: {tag}\r\nConnection: close\r\n\r\n"
+    );
+    support::request(router.admin, &request)
+        .expect("response")
+        .status
+}
+
+#[test]
+fn an_if_match_write_through_one_router_loses_to_a_change_made_through_another() {
+    let redis = RedisServer::start();
+    let (a, b) = (subscribed_router_on(&redis), subscribed_router_on(&redis));
+    a.put_app("raced", json!({"domains": ["raced.test"], "retries": 1}));
+    let read = support::get(a.admin, "admin", "/v1/apps/raced").expect("response");
+    let tag = read.header("etag").expect("an ETag").to_string();
+    let seen_by_b = support::get(b.admin, "admin", "/v1/apps/raced").expect("response");
+    assert_eq!(
+        seen_by_b.header("etag"),
+        Some(tag.as_str()),
+        "one tag on every router"
+    );
+    b.put_app("raced", json!({"domains": ["raced.test"], "retries": 2}));
+    let body = json!({"domains": ["raced.test"], "retries": 3}).to_string();
+    let stale = support::request(
+        a.admin,
+        &format!(
+            "PUT /v1/apps/raced HTTP/1.1\r\nHost: a\r\nIf-Match: {tag}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .expect("response");
+    assert_eq!(stale.status, 412, "{}", stale.text());
+    assert_eq!(a.admin_call("GET", "/v1/apps/raced", None).1["retries"], 2);
+    assert_eq!(delete_if_match(&a, "/v1/apps/raced", &tag), 412);
+    let current = support::get(a.admin, "admin", "/v1/apps/raced").expect("response");
+    let current = current.header("etag").expect("an ETag").to_string();
+    assert_eq!(delete_if_match(&a, "/v1/apps/raced", &current), 204);
+
+    // Certificates the same: renewed through B, a delete from A's older read loses.
+    let ca = Ca::root("Raced Root");
+    a.store_cert("raced.test", &ca.issue(&["raced.test"], -1, 30));
+    let read = support::get(a.admin, "admin", "/v1/certs/raced.test").expect("response");
+    let tag = read.header("etag").expect("an ETag").to_string();
+    b.store_cert("raced.test", &ca.issue(&["raced.test"], -1, 60));
+    assert_eq!(delete_if_match(&a, "/v1/certs/raced.test", &tag), 412);
+    assert_eq!(a.admin_call("GET", "/v1/certs/raced.test", None).0, 200);
+}

@@ -220,6 +220,32 @@ fn apps_round_trip_through_toml_and_json_files_and_the_editor() {
         &[("EDITOR", &unchanged)],
     );
     assert!(ok && out.contains("unchanged"), "{out}");
+
+    // Another write lands while the app is being edited: the edit is refused, not laid over
+    // it, and the other write stays.
+    let racer = write(
+        files.path(),
+        "racer.sh",
+        &format!(
+            "#!/bin/sh
+\"{binary}\" apps scale files --backend {first} --admin {admin} >/dev/null
+             sed -i 's/{second}/{first}/; s/retries = 2/retries = 1/' \"$1\"
+",
+            binary = RouterProcess::binary().display(),
+            first = first.addr,
+            second = second.addr,
+            admin = router.admin,
+        ),
+    );
+    make_executable(&racer);
+    let (ok, out, err) = cli(&router, &["apps", "edit", "files"], &[("EDITOR", &racer)]);
+    assert!(
+        !ok && err.contains("changed while you edited it") && err.contains("HTTP 412"),
+        "{out}{err}"
+    );
+    let (_, stored) = router.admin_call("GET", "/v1/apps/files", None);
+    assert_eq!(stored["retries"], 2, "the edit was not stored: {stored}");
+    assert_eq!(router.get("files.test", "/").json()["backend"], "first");
 }
 
 fn make_executable(path: &str) {

@@ -182,7 +182,26 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             }),
         AppsCommand::Edit { name } => {
             files::edit_app(&client, name).and_then(|edited| match edited {
-                Some(app) => put_whole(&client, name, app),
+                // Stored only if nobody changed the app meanwhile: an edit never overwrites
+                // a write it did not see.
+                Some(edited) => client
+                    .call_if_match(
+                        "PUT",
+                        &format!("/v1/apps/{name}"),
+                        Some(edited.app),
+                        edited.read_as.as_deref(),
+                    )
+                    .map(|app| (format!("app {name} stored\n{}", describe(&app)), app))
+                    .map_err(|e| {
+                        if e.contains("HTTP 412") {
+                            format!(
+                                "app {name} changed while you edited it; nothing stored. Run \
+                                 `switchyard apps edit {name}` again on the current app ({e})"
+                            )
+                        } else {
+                            e
+                        }
+                    }),
                 None => Ok((format!("app {name} unchanged"), Value::Null)),
             })
         }

@@ -96,8 +96,14 @@ fn without_nulls(value: Value) -> Value {
 /// Opens the app in `$EDITOR` (then `$VISUAL`, then `vi`) as TOML; `None` when it comes
 /// back unchanged. A file that does not parse keeps its path in the error, so no edit is
 /// lost.
-pub(super) fn edit_app(client: &AdminClient, name: &str) -> Result<Option<Value>, String> {
-    let app = client.call("GET", &format!("/v1/apps/{name}"), None)?;
+/// An app edited in `$EDITOR`: what to store, and the `ETag` it was read with.
+pub(super) struct Edited {
+    pub(super) app: Value,
+    pub(super) read_as: Option<String>,
+}
+
+pub(super) fn edit_app(client: &AdminClient, name: &str) -> Result<Option<Edited>, String> {
+    let (app, read_as) = client.get_tagged(&format!("/v1/apps/{name}"))?;
     let original = render_app(&app, "toml")?;
     let path = edit_path(name);
     std::fs::write(&path, &original).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -123,7 +129,7 @@ pub(super) fn edit_app(client: &AdminClient, name: &str) -> Result<Option<Value>
     }
     let app = parse_app(&edited).map_err(kept)?;
     // Removed only once parsed: a refusal by the API below prints the path too.
-    Ok(Some(app)).inspect(|_| {
+    Ok(Some(Edited { app, read_as })).inspect(|_| {
         eprintln!("(the edit is in {} until it is stored)", path.display());
     })
 }

@@ -153,6 +153,35 @@ impl AdminClient {
         self.answer(self.request(method, path), body)
     }
 
+    /// `GET path`'s JSON and the `ETag` of the record it shows.
+    fn get_tagged(&self, path: &str) -> Result<(Value, Option<String>), String> {
+        let response = self
+            .request("GET", path)
+            .call()
+            .map_err(|e| self.failure(e))?;
+        let tag = response.header("etag").map(str::to_string);
+        let body = response
+            .into_json()
+            .map_err(|e| format!("unreadable answer from {}: {e}", self.base))?;
+        Ok((body, tag))
+    }
+
+    /// A write that lands only if the record still has the entity tag `if_match`.
+    fn call_if_match(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        if_match: Option<&str>,
+    ) -> Result<Value, String> {
+        let request = self.request(method, path);
+        let request = match if_match {
+            Some(tag) => request.set("If-Match", tag),
+            None => request,
+        };
+        self.answer(request, body)
+    }
+
     /// `GET path` with `query`'s pairs, percent-encoded by ureq.
     fn get_with_query(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, String> {
         let request = query

@@ -7,6 +7,37 @@ use serde::Serialize;
 use switchyard_model::{AcmeDomain, App, CertificateInfo, ResolvedBackend};
 use switchyard_store::StoreStatus;
 
+/// A JSON answer with the entity tag of the record it shows (`ETag`; none for a record
+/// not stored yet), for a later write's `If-Match`; documented as the JSON it carries.
+pub(crate) struct Tagged<T>(pub(crate) Option<String>, pub(crate) axum::Json<T>);
+
+impl<T: Serialize> axum::response::IntoResponse for Tagged<T> {
+    fn into_response(self) -> axum::response::Response {
+        match self.0 {
+            Some(tag) => ([(axum::http::header::ETAG, tag)], self.1).into_response(),
+            None => self.1.into_response(),
+        }
+    }
+}
+
+impl<T: JsonSchema> aide::OperationOutput for Tagged<T> {
+    type Inner = T;
+
+    fn operation_response(
+        ctx: &mut aide::generate::GenContext,
+        operation: &mut aide::openapi::Operation,
+    ) -> Option<aide::openapi::Response> {
+        axum::Json::<T>::operation_response(ctx, operation)
+    }
+
+    fn inferred_responses(
+        ctx: &mut aide::generate::GenContext,
+        operation: &mut aide::openapi::Operation,
+    ) -> Vec<(Option<aide::openapi::StatusCode>, aide::openapi::Response)> {
+        axum::Json::<T>::inferred_responses(ctx, operation)
+    }
+}
+
 /// Every refusal and failure.
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct ErrorBody {

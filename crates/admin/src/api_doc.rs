@@ -241,6 +241,10 @@ const BROWSER_WRITE: Refusal = (
 );
 const NOT_FOUND: Refusal = (404, "No such resource");
 const TOO_LARGE: Refusal = (413, "Body over 1 MiB");
+const MOVED_ON: Refusal = (
+    412,
+    "If-Match given and the record stored now has another ETag (or none): nothing written",
+);
 const STORE_DOWN: Refusal = (
     503,
     "The store (or the shared cache) is unavailable; nothing changed",
@@ -371,31 +375,45 @@ pub(crate) fn list_apps(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 pub(crate) fn put_app(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = answer(
-        op.summary("Create or replace an app; answers once this router routes by it"),
+        op.summary(
+            "Create or replace an app; answers once this router routes by it. With \
+             `If-Match: ETAG` (from a GET), only if the app has not changed since",
+        ),
         200,
-        "The stored app",
+        "The stored app, with its new ETag",
     );
-    write(op, &[(409, "A domain another app owns"), TOO_LARGE])
+    write(
+        op,
+        &[(409, "A domain another app owns"), MOVED_ON, TOO_LARGE],
+    )
 }
 
 pub(crate) fn get_app(op: TransformOperation<'_>) -> TransformOperation<'_> {
-    refusals(store_read(op.summary("One app"), "The app"), &[NOT_FOUND])
+    refusals(
+        store_read(
+            op.summary("One app, with its ETag for a later write's If-Match"),
+            "The app",
+        ),
+        &[NOT_FOUND],
+    )
 }
 
 pub(crate) fn delete_app(op: TransformOperation<'_>) -> TransformOperation<'_> {
     write(
-        deleted(op.summary("Delete an app (its connections drain)")),
-        &[NOT_FOUND],
+        deleted(
+            op.summary("Delete an app (its connections drain); with If-Match, only if unchanged"),
+        ),
+        &[NOT_FOUND, MOVED_ON],
     )
 }
 
 pub(crate) fn put_backends(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = answer(
-        op.summary("Replace an app's backends (scale, deploy)"),
+        op.summary("Replace an app's backends (scale, deploy); with If-Match, only if unchanged"),
         200,
-        "The app",
+        "The app, with its new ETag",
     );
-    write(op, &[NOT_FOUND, TOO_LARGE])
+    write(op, &[NOT_FOUND, MOVED_ON, TOO_LARGE])
 }
 
 pub(crate) fn purge_cache(op: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -435,20 +453,29 @@ pub(crate) fn list_certs(op: TransformOperation<'_>) -> TransformOperation<'_> {
 
 pub(crate) fn put_cert(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = answer(
-        op.summary("Store the certificate (chain and key, PEM) for a domain"),
+        op.summary(
+            "Store the certificate (chain and key, PEM) for a domain; with If-Match, only if \
+             the stored one has not changed",
+        ),
         200,
-        "The stored certificate's description",
+        "The stored certificate's description, with its ETag",
     );
-    write(op, &[TOO_LARGE])
+    write(op, &[MOVED_ON, TOO_LARGE])
 }
 
 pub(crate) fn get_cert(op: TransformOperation<'_>) -> TransformOperation<'_> {
-    let op = store_read(op.summary("A certificate's description"), "The description");
+    let op = store_read(
+        op.summary("A certificate's description, with its ETag (once stored)"),
+        "The description",
+    );
     refusals(op, &[NOT_FOUND])
 }
 
 pub(crate) fn delete_cert(op: TransformOperation<'_>) -> TransformOperation<'_> {
-    write(deleted(op.summary("Delete a certificate")), &[NOT_FOUND])
+    write(
+        deleted(op.summary("Delete a certificate; with If-Match, only if unchanged")),
+        &[NOT_FOUND, MOVED_ON],
+    )
 }
 
 pub(crate) fn store_status(op: TransformOperation<'_>) -> TransformOperation<'_> {

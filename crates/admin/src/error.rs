@@ -28,6 +28,8 @@ pub enum ApiError {
         /// The field at fault.
         field: &'static str,
     },
+    /// An `If-Match` the stored record no longer satisfies: 412, nothing written.
+    PreconditionFailed(String),
     /// Missing or wrong bearer token: 401.
     Unauthorized,
     /// Allowed to this caller only by a setting that is off: 403.
@@ -74,6 +76,7 @@ impl From<StoreError> for ApiError {
                 message: e.to_string(),
                 field: "domains",
             },
+            StoreError::PreconditionFailed(_) => Self::PreconditionFailed(e.to_string()),
             StoreError::Unavailable(_) | StoreError::Corrupt { .. } => {
                 log::error!("admin call failed in the store: {e}");
                 Self::Unavailable(e.to_string())
@@ -88,6 +91,11 @@ impl IntoResponse for ApiError {
             Self::Invalid(e) => (StatusCode::BAD_REQUEST, e.message, e.field),
             Self::NotFound { what, field } => (StatusCode::NOT_FOUND, what, field.to_string()),
             Self::Conflict { message, field } => (StatusCode::CONFLICT, message, field.to_string()),
+            Self::PreconditionFailed(message) => (
+                StatusCode::PRECONDITION_FAILED,
+                message,
+                "if-match".to_string(),
+            ),
             Self::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
                 "missing or invalid bearer token".to_string(),

@@ -2,7 +2,7 @@
 //! malformed JSON and invalid fields get the same JSON error shape.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
@@ -13,14 +13,14 @@ use serde_json::Value;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use switchyard_model::{
-    parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, App, AppName,
-    CacheStore, CertificateInfo, CertificateUpload, Change, Domain, Explanation,
+    entity_tag_of, parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, App,
+    AppName, CacheStore, CertificateInfo, CertificateUpload, Change, Domain, Explanation, IfMatch,
     RecentChangesReport, TrafficReport, ValidationError,
 };
 
 use crate::answers::{
     AcmeLease, AcmeOverview, AppsPage, CertsPage, Health, ListedCert, Purged, Readiness, ShownApp,
-    ShownCert, ShownStore, WafReloaded,
+    ShownCert, ShownStore, Tagged, WafReloaded,
 };
 use crate::api_doc::{AppFile, AppPath, BackendsBody, DomainPath, JsonBody};
 use crate::{AdminState, ApiError};
@@ -143,20 +143,38 @@ pub(crate) async fn method_not_allowed() -> ApiError {
 pub(crate) async fn put_app(
     State(state): State<AdminState>,
     Path(AppPath { name }): Path<AppPath>,
+    headers: HeaderMap,
     JsonBody(body, ..): JsonBody<AppFile>,
-) -> Result<Json<App>, ApiError> {
+) -> Result<Tagged<App>, ApiError> {
     let spec = parse_json(&body)?;
     let mut app = parse_app_spec(&name, &spec)?;
     crate::page_fetch::fill_maintenance_page(&mut app).await?;
-    let stored = state.store.put_app(app).await?;
+    let stored = match if_match(&headers)? {
+        Some(precondition) => state.store.put_app_if(app, &precondition).await?,
+        None => state.store.put_app(app).await?,
+    };
     state.applied_locally().await;
-    Ok(Json(stored))
+    Ok(Tagged(Some(entity_tag_of(&stored)), Json(stored)))
+}
+
+/// The request's `If-Match`, if it has one.
+fn if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let value = value.to_str().map_err(|_| {
+        ApiError::Invalid(ValidationError::new(
+            "if-match",
+            "If-Match must be `*` or entity tags in ASCII",
+        ))
+    })?;
+    Ok(Some(IfMatch::parse(value)))
 }
 
 pub(crate) async fn get_app(
     State(state): State<AdminState>,
     Path(AppPath { name }): Path<AppPath>,
-) -> Result<Json<ShownApp>, ApiError> {
+) -> Result<Tagged<ShownApp>, ApiError> {
     let name = valid_name(&name)?;
     match state.store.get_app(name.as_str()).await? {
         Some(app) => {
@@ -165,10 +183,13 @@ pub(crate) async fn get_app(
                 .as_ref()
                 .map(|names| names.describe(&app))
                 .unwrap_or_default();
-            Ok(Json(ShownApp {
-                app,
-                resolved_backends,
-            }))
+            Ok(Tagged(
+                Some(entity_tag_of(&app)),
+                Json(ShownApp {
+                    app,
+                    resolved_backends,
+                }),
+            ))
         }
         None => Err(app_not_found(&name)),
     }
@@ -177,9 +198,19 @@ pub(crate) async fn get_app(
 pub(crate) async fn delete_app(
     State(state): State<AdminState>,
     Path(AppPath { name }): Path<AppPath>,
+    headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let name = valid_name(&name)?;
-    if state.store.delete_app(name.as_str()).await? {
+    let deleted = match if_match(&headers)? {
+        Some(precondition) => {
+            state
+                .store
+                .delete_app_if(name.as_str(), &precondition)
+                .await?
+        }
+        None => state.store.delete_app(name.as_str()).await?,
+    };
+    if deleted {
         state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -190,13 +221,22 @@ pub(crate) async fn delete_app(
 pub(crate) async fn put_backends(
     State(state): State<AdminState>,
     Path(AppPath { name }): Path<AppPath>,
+    headers: HeaderMap,
     JsonBody(body, ..): JsonBody<BackendsBody>,
-) -> Result<Json<App>, ApiError> {
+) -> Result<Tagged<App>, ApiError> {
     let name = valid_name(&name)?;
     let backends = parse_backends_spec(&parse_json(&body)?)?;
-    let app = state.store.set_backends(name.as_str(), backends).await?;
+    let app = match if_match(&headers)? {
+        Some(precondition) => {
+            let store = &state.store;
+            store
+                .set_backends_if(name.as_str(), backends, &precondition)
+                .await?
+        }
+        None => state.store.set_backends(name.as_str(), backends).await?,
+    };
     state.applied_locally().await;
-    Ok(Json(app))
+    Ok(Tagged(Some(entity_tag_of(&app)), Json(app)))
 }
 
 /// Longest path a purge names.
@@ -337,34 +377,44 @@ pub(crate) async fn list_apps(
 pub(crate) async fn put_cert(
     State(state): State<AdminState>,
     Path(DomainPath { domain }): Path<DomainPath>,
+    headers: HeaderMap,
     JsonBody(body, ..): JsonBody<CertificateUpload>,
-) -> Result<Json<CertificateInfo>, ApiError> {
+) -> Result<Tagged<CertificateInfo>, ApiError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
     let cert = parse_certificate_spec(&domain, &parse_json(&body)?, now)?;
-    let info = state.store.put_cert(cert).await?;
+    let info = match if_match(&headers)? {
+        Some(precondition) => state.store.put_cert_if(cert, &precondition).await?,
+        None => state.store.put_cert(cert).await?,
+    };
     state.applied_locally().await;
-    Ok(Json(info))
+    Ok(Tagged(Some(entity_tag_of(&info)), Json(info)))
 }
 
 pub(crate) async fn get_cert(
     State(state): State<AdminState>,
     Path(DomainPath { domain }): Path<DomainPath>,
-) -> Result<Json<ShownCert>, ApiError> {
+) -> Result<Tagged<ShownCert>, ApiError> {
     let domain = valid_domain(&domain)?;
     let acme = acme::domain(state.store.as_ref(), domain.as_str()).await?;
     match (state.store.get_cert(domain.as_str()).await?, acme) {
-        (Some(cert), acme) => Ok(Json(ShownCert::Stored {
-            info: cert.info,
-            acme,
-        })),
+        (Some(cert), acme) => Ok(Tagged(
+            Some(entity_tag_of(&cert.info)),
+            Json(ShownCert::Stored {
+                info: cert.info,
+                acme,
+            }),
+        )),
         // Ordered but not issued yet (or failing): its state says where it stands.
-        (None, Some(acme)) => Ok(Json(ShownCert::Ordered {
-            domain: domain.to_string(),
-            acme,
-        })),
+        (None, Some(acme)) => Ok(Tagged(
+            None,
+            Json(ShownCert::Ordered {
+                domain: domain.to_string(),
+                acme,
+            }),
+        )),
         (None, None) => Err(cert_not_found(&domain)),
     }
 }
@@ -563,9 +613,17 @@ pub(crate) async fn acme_status(
 pub(crate) async fn delete_cert(
     State(state): State<AdminState>,
     Path(DomainPath { domain }): Path<DomainPath>,
+    headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let domain = valid_domain(&domain)?;
-    if state.store.delete_cert(domain.as_str()).await? {
+    let deleted = match if_match(&headers)? {
+        Some(precondition) => {
+            let store = &state.store;
+            store.delete_cert_if(domain.as_str(), &precondition).await?
+        }
+        None => state.store.delete_cert(domain.as_str()).await?,
+    };
+    if deleted {
         state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -13,6 +13,7 @@ mod change;
 mod client;
 mod compress;
 mod domain;
+mod entity_tag;
 mod error;
 mod header_rules;
 mod images;
@@ -44,6 +45,7 @@ pub use change::Change;
 pub use client::{ClientTimeouts, DEFAULT_CLIENT_TIMEOUT_S};
 pub use compress::{Compress, DEFAULT_COMPRESSED_TYPES};
 pub use domain::{normalize_host, Domain};
+pub use entity_tag::{entity_tag_of, IfMatch};
 pub use error::ValidationError;
 pub use header_rules::{
     HeaderEdits, HeaderRules, PROTECTED_REQUEST_FIELDS, PROTECTED_RESPONSE_FIELDS,

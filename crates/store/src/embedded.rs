@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransaction};
-use switchyard_model::{AcmeDomain, App, Backend, CertificateInfo, Change, StoredCertificate};
+use switchyard_model::{
+    AcmeDomain, App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate,
+};
 
 use crate::json::encode;
-use crate::{expiry_key, unix_now};
+use crate::{expiry_key, require_match, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
@@ -147,8 +149,12 @@ impl EmbeddedStore {
         value.map(|v| decode_app(name, v.value())).transpose()
     }
 
-    fn write_app(&self, app: &App) -> Result<Change, StoreError> {
+    fn write_app(&self, app: &App, if_match: Option<&IfMatch>) -> Result<Change, StoreError> {
         let txn = self.db()?.begin_write().map_err(unavailable)?;
+        if let Some(if_match) = if_match {
+            let current = read_app_in(&txn, app.name.as_str())?;
+            require_match(app.name.as_str(), current.as_ref(), if_match)?;
+        }
         let change = write_app_in(&txn, app)?;
         // The transaction is aborted on drop if `write_app_in` failed: nothing half-written.
         txn.commit().map_err(unavailable)?;
@@ -192,14 +198,25 @@ impl EmbeddedStore {
         txn.commit().map_err(unavailable)
     }
 
-    fn write_cert(&self, cert: &StoredCertificate) -> Result<(), StoreError> {
+    fn write_cert(
+        &self,
+        cert: &StoredCertificate,
+        if_match: Option<&IfMatch>,
+    ) -> Result<(), StoreError> {
         let txn = self.db()?.begin_write().map_err(unavailable)?;
+        if let Some(if_match) = if_match {
+            let domain = cert.domain.as_str();
+            require_match(domain, read_cert_info_in(&txn, domain)?.as_ref(), if_match)?;
+        }
         write_cert_in(&txn, cert)?;
         txn.commit().map_err(unavailable)
     }
 
-    fn remove_cert(&self, domain: &str) -> Result<bool, StoreError> {
+    fn remove_cert(&self, domain: &str, if_match: Option<&IfMatch>) -> Result<bool, StoreError> {
         let txn = self.db()?.begin_write().map_err(unavailable)?;
+        if let Some(if_match) = if_match {
+            require_match(domain, read_cert_info_in(&txn, domain)?.as_ref(), if_match)?;
+        }
         let existed = {
             let mut certs = txn.open_table(CERTS).map_err(unavailable)?;
             let mut info = txn.open_table(CERT_INFO).map_err(unavailable)?;
@@ -217,8 +234,15 @@ impl EmbeddedStore {
         Ok(existed)
     }
 
-    fn remove_app(&self, name: &str) -> Result<Option<Change>, StoreError> {
+    fn remove_app(
+        &self,
+        name: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<Option<Change>, StoreError> {
         let txn = self.db()?.begin_write().map_err(unavailable)?;
+        if let Some(if_match) = if_match {
+            require_match(name, read_app_in(&txn, name)?.as_ref(), if_match)?;
+        }
         let removed = {
             let mut apps = txn.open_table(APPS).map_err(unavailable)?;
             let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
@@ -246,6 +270,81 @@ impl EmbeddedStore {
 
     fn announce(&self, change: Change) {
         self.changes.announce(change);
+    }
+
+    /// Replaces an app's backends, under `if_match` when given.
+    async fn scale(
+        &self,
+        name: &str,
+        backends: Vec<Backend>,
+        if_match: Option<IfMatch>,
+    ) -> Result<App, StoreError> {
+        let name = name.to_string();
+        let (app, change) = self
+            .blocking(move |store| {
+                // Read and written in one write transaction: redb allows one writer at a
+                // time, so a PUT of the same app lands wholly before or after this, never
+                // between the read and the write (where its other fields would be lost).
+                let txn = store.db()?.begin_write().map_err(unavailable)?;
+                let current = read_app_in(&txn, &name)?;
+                if let Some(if_match) = &if_match {
+                    require_match(&name, current.as_ref(), if_match)?;
+                }
+                let mut app = current.ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
+                app.backends = backends;
+                let change = write_app_in(&txn, &app)?;
+                txn.commit().map_err(unavailable)?;
+                Ok((app, change))
+            })
+            .await?;
+        self.announce(change);
+        Ok(app)
+    }
+
+    /// Deletes an app, under `if_match` when given.
+    async fn delete(&self, name: &str, if_match: Option<IfMatch>) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        let change = self
+            .blocking(move |store| store.remove_app(&name, if_match.as_ref()))
+            .await?;
+        match change {
+            Some(change) => {
+                self.announce(change);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Stores a certificate, under `if_match` when given.
+    async fn store_cert(
+        &self,
+        cert: StoredCertificate,
+        if_match: Option<IfMatch>,
+    ) -> Result<CertificateInfo, StoreError> {
+        let domain = cert.domain.to_string();
+        let info = self
+            .blocking(move |store| {
+                store.write_cert(&cert, if_match.as_ref())?;
+                Ok(cert.info)
+            })
+            .await?;
+        self.announce(Change::Cert { domain });
+        Ok(info)
+    }
+
+    /// Deletes a certificate, under `if_match` when given.
+    async fn drop_cert(&self, domain: &str, if_match: Option<IfMatch>) -> Result<bool, StoreError> {
+        let owned = domain.to_string();
+        let existed = self
+            .blocking(move |store| store.remove_cert(&owned, if_match.as_ref()))
+            .await?;
+        if existed {
+            self.announce(Change::Cert {
+                domain: domain.to_string(),
+            });
+        }
+        Ok(existed)
     }
 
     /// Runs a blocking store operation (a write that fsyncs) off the async runtime.
@@ -286,7 +385,7 @@ impl Store for EmbeddedStore {
     async fn put_app(&self, app: App) -> Result<App, StoreError> {
         let (app, change) = self
             .blocking(move |store| {
-                let change = store.write_app(&app)?;
+                let change = store.write_app(&app, None)?;
                 Ok((app, change))
             })
             .await?;
@@ -325,22 +424,23 @@ impl Store for EmbeddedStore {
     }
 
     async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
-        let name = name.to_string();
+        self.scale(name, backends, None).await
+    }
+
+    async fn set_backends_if(
+        &self,
+        name: &str,
+        backends: Vec<Backend>,
+        if_match: &IfMatch,
+    ) -> Result<App, StoreError> {
+        self.scale(name, backends, Some(if_match.clone())).await
+    }
+
+    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError> {
+        let if_match = if_match.clone();
         let (app, change) = self
             .blocking(move |store| {
-                // Read and written in one write transaction: redb allows one writer at a
-                // time, so a PUT of the same app lands wholly before or after this, never
-                // between the read and the write (where its other fields would be lost).
-                let txn = store.db()?.begin_write().map_err(unavailable)?;
-                let current = {
-                    let apps = txn.open_table(APPS).map_err(unavailable)?;
-                    let value = apps.get(name.as_str()).map_err(unavailable)?;
-                    value.map(|v| decode_app(&name, v.value())).transpose()?
-                };
-                let mut app = current.ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
-                app.backends = backends;
-                let change = write_app_in(&txn, &app)?;
-                txn.commit().map_err(unavailable)?;
+                let change = store.write_app(&app, Some(&if_match))?;
                 Ok((app, change))
             })
             .await?;
@@ -348,16 +448,12 @@ impl Store for EmbeddedStore {
         Ok(app)
     }
 
+    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+        self.delete(name, Some(if_match.clone())).await
+    }
+
     async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
-        let name = name.to_string();
-        let change = self.blocking(move |store| store.remove_app(&name)).await?;
-        match change {
-            Some(change) => {
-                self.announce(change);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        self.delete(name, None).await
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
@@ -403,15 +499,19 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
-        let domain = cert.domain.to_string();
-        let info = self
-            .blocking(move |store| {
-                store.write_cert(&cert)?;
-                Ok(cert.info)
-            })
-            .await?;
-        self.announce(Change::Cert { domain });
-        Ok(info)
+        self.store_cert(cert, None).await
+    }
+
+    async fn put_cert_if(
+        &self,
+        cert: StoredCertificate,
+        if_match: &IfMatch,
+    ) -> Result<CertificateInfo, StoreError> {
+        self.store_cert(cert, Some(if_match.clone())).await
+    }
+
+    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+        self.drop_cert(domain, Some(if_match.clone())).await
     }
 
     async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
@@ -421,16 +521,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
-        let owned = domain.to_string();
-        let existed = self
-            .blocking(move |store| store.remove_cert(&owned))
-            .await?;
-        if existed {
-            self.announce(Change::Cert {
-                domain: domain.to_string(),
-            });
-        }
-        Ok(existed)
+        self.drop_cert(domain, None).await
     }
 
     async fn backup(&self) -> Result<Option<crate::Backup>, StoreError> {
@@ -610,6 +701,23 @@ impl Store for EmbeddedStore {
 
 /// Puts `app` and its domain index entries inside `txn`, refusing domains owned by another
 /// app; returns the change naming every domain whose routing may have moved.
+/// The description of the certificate stored for `domain`, read inside a write transaction.
+fn read_cert_info_in(
+    txn: &WriteTransaction,
+    domain: &str,
+) -> Result<Option<CertificateInfo>, StoreError> {
+    let info = txn.open_table(CERT_INFO).map_err(unavailable)?;
+    let value = info.get(domain).map_err(unavailable)?;
+    value.map(|v| decode(domain, v.value())).transpose()
+}
+
+/// The app stored under `name`, read inside a write transaction.
+fn read_app_in(txn: &WriteTransaction, name: &str) -> Result<Option<App>, StoreError> {
+    let apps = txn.open_table(APPS).map_err(unavailable)?;
+    let value = apps.get(name).map_err(unavailable)?;
+    value.map(|v| decode_app(name, v.value())).transpose()
+}
+
 fn write_app_in(txn: &WriteTransaction, app: &App) -> Result<Change, StoreError> {
     let name = app.name.as_str();
     let encoded = serde_json::to_vec(app).map_err(|e| StoreError::Corrupt {

@@ -14,6 +14,10 @@ pub enum StoreError {
         /// Its current owner.
         owner: String,
     },
+    /// An `If-Match` precondition failed: the app or certificate changed since the caller
+    /// read it (or is gone). Nothing was written.
+    #[error("'{0}' changed since it was read: its ETag no longer matches If-Match")]
+    PreconditionFailed(String),
     /// The store could not be read or written; callers treat it as temporary.
     #[error("store unavailable: {0}")]
     Unavailable(String),

@@ -24,7 +24,7 @@ pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
 pub use redis_target::RedisTarget;
 
-use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
+use switchyard_model::{App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -125,6 +125,22 @@ pub trait Store: Send + Sync {
     /// when one of its domains belongs to another app.
     async fn put_app(&self, app: App) -> Result<App, StoreError>;
 
+    /// [`Store::put_app`] only if the app stored now satisfies `if_match` (compared with
+    /// its [`entity_tag_of`](switchyard_model::entity_tag_of)), in the same atomic step as the
+    /// write; otherwise [`StoreError::PreconditionFailed`] and nothing is written.
+    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError>;
+
+    /// [`Store::set_backends`] under an `If-Match` precondition, as [`Store::put_app_if`].
+    async fn set_backends_if(
+        &self,
+        name: &str,
+        backends: Vec<Backend>,
+        if_match: &IfMatch,
+    ) -> Result<App, StoreError>;
+
+    /// [`Store::delete_app`] under an `If-Match` precondition, as [`Store::put_app_if`].
+    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError>;
+
     /// Creates or replaces many apps (a bulk import). Each app is written wholly or not at
     /// all and gets its own result, in order: one refused for a domain owned elsewhere does
     /// not stop the others. `Err` only when the store itself failed, and then the
@@ -174,6 +190,17 @@ pub trait Store: Send + Sync {
 
     /// Deletes the certificate of `domain`; `false` when there was none.
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
+
+    /// [`Store::put_cert`] only if the certificate stored now satisfies `if_match`
+    /// (compared with the entity tag of its description), as [`Store::put_app_if`].
+    async fn put_cert_if(
+        &self,
+        cert: StoredCertificate,
+        if_match: &IfMatch,
+    ) -> Result<CertificateInfo, StoreError>;
+
+    /// [`Store::delete_cert`] under an `If-Match` precondition, as [`Store::put_cert_if`].
+    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError>;
 
     /// Tells every router sharing this store, this one included, of a change that is not
     /// stored and only travels ([`Change::CachePurge`](switchyard_model::Change::CachePurge),
@@ -272,6 +299,21 @@ pub trait Store: Send + Sync {
 }
 
 /// Seconds since the epoch.
+/// Refuses a write whose `If-Match` the stored record (`current`: an app, a certificate's
+/// description) does not satisfy.
+pub(crate) fn require_match<T: serde::Serialize>(
+    name: &str,
+    current: Option<&T>,
+    if_match: &IfMatch,
+) -> Result<(), StoreError> {
+    let tag = current.map(switchyard_model::entity_tag_of);
+    if if_match.matches(tag.as_deref()) {
+        Ok(())
+    } else {
+        Err(StoreError::PreconditionFailed(name.to_string()))
+    }
+}
+
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

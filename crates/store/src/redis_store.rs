@@ -16,12 +16,12 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
-use switchyard_model::{App, Backend, CertificateInfo, Change, StoredCertificate};
+use switchyard_model::{App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate};
 
 use crate::json::{decode, encode};
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
-use crate::{expiry_key, unix_now};
+use crate::{expiry_key, require_match, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
@@ -83,8 +83,9 @@ return {'ok', event}
 /// the app was absent.
 const DELETE_APP: &str = r#"
 local p = '{KEY_PREFIX}'
-local name = ARGV[1]
+local name, expected = ARGV[1], ARGV[2] or ''
 local prev = redis.call('GET', p .. 'app:' .. name)
+if expected ~= '' and prev ~= expected then return 'conflict' end
 if not prev then return false end
 local touched = {}
 for _, d in ipairs(cjson.decode(prev).domains or {}) do
@@ -104,10 +105,12 @@ return event
 /// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON,
 /// its key in the expiry index (`certs:expiry`, whose members sort by expiry; the member of
 /// each domain is kept under `certexpiry:` so a replacement or a deletion can remove it).
-/// Returns 1 when something was written or removed.
+/// With ARGV[5], the description expected stored now (else -1, nothing written). Returns 1
+/// when something was written or removed.
 const WRITE_CERT: &str = r#"
 local p = '{KEY_PREFIX}'
-local domain, full, info, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local domain, full, info, expiry, expected = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] or ''
+if expected ~= '' and redis.call('GET', p .. 'certinfo:' .. domain) ~= expected then return -1 end
 local old_expiry = redis.call('GET', p .. 'certexpiry:' .. domain)
 if full == '' then
   if redis.call('DEL', p .. 'cert:' .. domain) == 0 then return 0 end
@@ -407,6 +410,115 @@ impl RedisStore {
         }
     }
 
+    /// Replaces an app's backends, read and written again if the app moved in between,
+    /// under `if_match` when given.
+    async fn scale(
+        &self,
+        name: &str,
+        backends: Vec<Backend>,
+        if_match: Option<&IfMatch>,
+    ) -> Result<App, StoreError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let key = format!("{KEY_PREFIX}app:{name}");
+            let Some(current) = self.get_string(key).await? else {
+                if let Some(if_match) = if_match {
+                    require_match::<App>(name, None, if_match)?;
+                }
+                return Err(StoreError::AppNotFound(name.to_string()));
+            };
+            let mut app: App = decode(name, &current)?;
+            if let Some(if_match) = if_match {
+                require_match(name, Some(&app), if_match)?;
+            }
+            app.backends = backends.clone();
+            if let PutOutcome::Done = self.write_app(&app, Some(&current)).await? {
+                return Ok(app);
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to scale it"
+        )))
+    }
+
+    /// Deletes an app if it is still stored as `expected` (any when `None`): whether it
+    /// existed, or `None` when it had changed.
+    async fn remove_app(
+        &self,
+        name: &str,
+        expected: Option<&str>,
+    ) -> Result<Option<bool>, StoreError> {
+        let mut invocation = self.delete_app.prepare_invoke();
+        invocation.arg(name).arg(expected.unwrap_or(""));
+        let reply: Option<String> = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        match reply.as_deref() {
+            Some("conflict") => Ok(None),
+            Some(event) => {
+                self.announce_own(Some(event));
+                Ok(Some(true))
+            }
+            None => Ok(Some(false)),
+        }
+    }
+
+    /// Stores a certificate if its description stored now is `expected` (any when `None`):
+    /// the script's answer, -1 when it had changed.
+    async fn write_cert(
+        &self,
+        cert: &StoredCertificate,
+        expected: Option<&str>,
+    ) -> Result<i64, StoreError> {
+        let domain = cert.domain.to_string();
+        let mut invocation = self.write_cert.prepare_invoke();
+        invocation
+            .arg(&domain)
+            .arg(encode(&domain, cert)?)
+            .arg(encode(&domain, &cert.info)?)
+            .arg(expiry_key(cert.info.not_after, &domain))
+            .arg(expected.unwrap_or(""));
+        let written: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        if written != -1 {
+            self.changes.announce(Change::Cert { domain });
+        }
+        Ok(written)
+    }
+
+    /// Deletes a certificate if its description stored now is `expected` (any when empty):
+    /// 1 removed, 0 none stored, -1 changed.
+    async fn remove_cert(&self, domain: &str, expected: &str) -> Result<i64, StoreError> {
+        let mut invocation = self.write_cert.prepare_invoke();
+        invocation.arg(domain).arg("").arg("").arg("").arg(expected);
+        let removed: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        if removed == 1 {
+            self.changes.announce(Change::Cert {
+                domain: domain.to_string(),
+            });
+        }
+        Ok(removed)
+    }
+
+    /// The description stored for `domain` as JSON, if it satisfies `if_match`.
+    async fn cert_info_matching(
+        &self,
+        domain: &str,
+        if_match: &IfMatch,
+    ) -> Result<String, StoreError> {
+        let current = self
+            .get_string(format!("{KEY_PREFIX}certinfo:{domain}"))
+            .await?;
+        let info = current
+            .as_deref()
+            .map(|json| decode::<CertificateInfo>(domain, json))
+            .transpose()?;
+        require_match(domain, info.as_ref(), if_match)?;
+        current.ok_or_else(|| StoreError::PreconditionFailed(domain.to_string()))
+    }
+
     /// Announces a write of this process to its own subscribers at once, rather than only
     /// when the event comes back over Pub/Sub (applying it twice is harmless), so the router
     /// that took a write routes by it as soon as the write returns, even with Pub/Sub down.
@@ -674,32 +786,61 @@ impl Store for RedisStore {
     }
 
     async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
+        self.scale(name, backends, None).await
+    }
+
+    async fn set_backends_if(
+        &self,
+        name: &str,
+        backends: Vec<Backend>,
+        if_match: &IfMatch,
+    ) -> Result<App, StoreError> {
+        self.scale(name, backends, Some(if_match)).await
+    }
+
+    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError> {
+        let name = app.name.to_string();
         for _ in 0..CAS_ATTEMPTS {
-            let key = format!("{KEY_PREFIX}app:{name}");
-            let Some(current) = self.get_string(key).await? else {
-                return Err(StoreError::AppNotFound(name.to_string()));
-            };
-            let mut app: App = decode(name, &current)?;
-            app.backends = backends.clone();
-            if let PutOutcome::Done = self.write_app(&app, Some(&current)).await? {
+            let current = self.get_string(format!("{KEY_PREFIX}app:{name}")).await?;
+            let stored = current
+                .as_deref()
+                .map(|json| decode::<App>(&name, json))
+                .transpose()?;
+            require_match(&name, stored.as_ref(), if_match)?;
+            // Written only if still what was compared: a write in between is read again.
+            if let PutOutcome::Done = self.write_app(&app, current.as_deref()).await? {
                 return Ok(app);
             }
         }
         Err(StoreError::Unavailable(format!(
-            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to scale it"
+            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to write it"
+        )))
+    }
+
+    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.get_string(format!("{KEY_PREFIX}app:{name}")).await?;
+            let stored = current
+                .as_deref()
+                .map(|json| decode::<App>(name, json))
+                .transpose()?;
+            require_match(name, stored.as_ref(), if_match)?;
+            if let Some(deleted) = self.remove_app(name, current.as_deref()).await? {
+                return Ok(deleted);
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to delete it"
         )))
     }
 
     async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
-        let mut invocation = self.delete_app.prepare_invoke();
-        invocation.arg(name);
-        let event: Option<String> = self
-            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
-            .await?;
-        if event.is_some() {
-            self.announce_own(event.as_deref());
+        match self.remove_app(name, None).await? {
+            Some(deleted) => Ok(deleted),
+            None => Err(StoreError::Unavailable(format!(
+                "app '{name}': unexpected conflict deleting it unconditionally"
+            ))),
         }
-        Ok(event.is_some())
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
@@ -850,20 +991,38 @@ impl Store for RedisStore {
     }
 
     async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
-        let domain = cert.domain.to_string();
-        let full = encode(&domain, &cert)?;
-        let info = encode(&domain, &cert.info)?;
-        let mut invocation = self.write_cert.prepare_invoke();
-        invocation
-            .arg(&domain)
-            .arg(full)
-            .arg(info)
-            .arg(expiry_key(cert.info.not_after, &domain));
-        let _: i64 = self
-            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
-            .await?;
-        self.changes.announce(Change::Cert { domain });
+        self.write_cert(&cert, None).await?;
         Ok(cert.info)
+    }
+
+    async fn put_cert_if(
+        &self,
+        cert: StoredCertificate,
+        if_match: &IfMatch,
+    ) -> Result<CertificateInfo, StoreError> {
+        let domain = cert.domain.to_string();
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.cert_info_matching(&domain, if_match).await?;
+            if self.write_cert(&cert, Some(&current)).await? != -1 {
+                return Ok(cert.info);
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the certificate of '{domain}' kept changing under {CAS_ATTEMPTS} attempts"
+        )))
+    }
+
+    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.cert_info_matching(domain, if_match).await?;
+            match self.remove_cert(domain, &current).await? {
+                -1 => continue,
+                removed => return Ok(removed == 1),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the certificate of '{domain}' kept changing under {CAS_ATTEMPTS} attempts"
+        )))
     }
 
     async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
@@ -881,17 +1040,7 @@ impl Store for RedisStore {
     }
 
     async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
-        let mut invocation = self.write_cert.prepare_invoke();
-        invocation.arg(domain).arg("").arg("").arg("");
-        let removed: i64 = self
-            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
-            .await?;
-        if removed == 1 {
-            self.changes.announce(Change::Cert {
-                domain: domain.to_string(),
-            });
-        }
-        Ok(removed == 1)
+        Ok(self.remove_cert(domain, "").await? == 1)
     }
 
     fn subscribe(&self) -> Subscription {
