@@ -474,7 +474,7 @@ fn open_store(
                 })?;
             Ok((Arc::new(store.clone()), Some(store)))
         }
-        StoreChoice::Redis { url, timeout } => {
+        StoreChoice::Redis { url, timeout, acks } => {
             // Not connected here: a router must come up (and serve what it can) while Redis
             // is away, and connect when it returns.
             let redis = RedisStore::new(
@@ -482,8 +482,11 @@ fn open_store(
                 RedisTimeouts {
                     operation: *timeout,
                     connect: *timeout,
+                    // `WAIT` for the replicas of a write.
+                    blocking: acks.timeout,
                 },
-            )?;
+            )?
+            .with_write_acks(*acks);
             Ok((Arc::new(redis), None))
         }
     }

@@ -492,3 +492,78 @@ fn an_if_match_write_through_one_router_loses_to_a_change_made_through_another()
     assert_eq!(delete_if_match(&a, "/v1/certs/raced.test", &tag), 412);
     assert_eq!(a.admin_call("GET", "/v1/certs/raced.test", None).0, 200);
 }
+
+#[test]
+fn a_write_is_answered_once_a_replica_holds_it_and_refused_when_too_few_can() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(primary.addr);
+    let start = |acks: &str| {
+        let url = primary.url();
+        let args = ["--store", &url, "--redis-timeout-ms", "300"];
+        RouterProcess::start_with(
+            &[
+                &args[..],
+                &[
+                    "--store-ack-replicas",
+                    acks,
+                    "--store-ack-timeout-ms",
+                    "300",
+                ],
+            ]
+            .concat(),
+        )
+    };
+    let spec = |domain: &str| json!({"domains": [domain], "backends": ["127.0.0.1:9"]});
+    // `auto`: the primary has a replica, so a write is answered once the replica has it.
+    let auto = start("auto");
+    auto.put_app("held", spec("held.test"));
+    let mut on_replica = replica.connection().expect("the replica");
+    let stored: Option<String> = redis::cmd("GET")
+        .arg("switchyard:app:held")
+        .query(&mut on_replica)
+        .expect("GET");
+    assert!(stored.is_some(), "the replica holds the acknowledged write");
+
+    // Two replicas asked of one: on the primary, not safe, and said so.
+    let strict = start("2");
+    let (status, refused) = strict.admin_call(
+        "PUT",
+        "/v1/apps/strict",
+        Some(&spec("strict.test").to_string()),
+    );
+    assert_eq!(
+        (status, &refused["field"]),
+        (503, &json!("store")),
+        "{refused}"
+    );
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not yet safe"),
+        "{refused}"
+    );
+    assert_eq!(
+        strict.metric("switchyard_store_writes_not_durable_total"),
+        1.0
+    );
+    let scaled = std::process::Command::new(RouterProcess::binary())
+        .args(["apps", "scale", "held", "--backend", "127.0.0.1:10"])
+        .args(["--admin", &strict.admin.to_string()])
+        .output()
+        .expect("the CLI");
+    assert!(!scaled.status.success(), "the CLI exits non-zero");
+
+    // No replica left: `auto` asks for none, an explicit 1 is refused, never lowered.
+    replica.stop();
+    eventually(
+        Duration::from_secs(5),
+        "the primary to see its replica go",
+        || primary.info_has("connected_slaves:0"),
+    );
+    auto.put_app("alone", json!({"domains": ["alone.test"]}));
+    let one = start("1");
+    let (status, refused) =
+        one.admin_call("PUT", "/v1/apps/one", Some(&spec("one.test").to_string()));
+    assert_eq!(status, 503, "{refused}");
+}

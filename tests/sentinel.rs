@@ -398,3 +398,105 @@ fn a_router_started_on_sentinels_finds_the_primary_and_refuses_a_name_they_do_no
         "{answer}"
     );
 }
+
+#[test]
+fn every_acknowledged_write_survives_a_failover_and_one_no_replica_holds_is_refused() {
+    let mut set = SentinelSet::start();
+    let router = Arc::new(RouterProcess::start_with(&[
+        "--store",
+        &set.url(),
+        "--redis-timeout-ms",
+        "300",
+        "--store-ack-timeout-ms",
+        "300",
+    ]));
+    eventually(Duration::from_secs(10), "the change subscription", || {
+        router.metric("switchyard_store_subscription_connected") == 1.0
+    });
+    // A deploy pipeline writing without pause: each app once, its answer kept.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(Mutex::new(Vec::<(String, u16)>::new()));
+    let writer = {
+        let (router, stop, answers) = (router.clone(), stop.clone(), answers.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let name = format!("deploy{n}");
+                let spec = json!({"domains": [format!("{name}.test")]}).to_string();
+                let (status, _) =
+                    router.admin_call("PUT", &format!("/v1/apps/{name}"), Some(&spec));
+                answers.lock().expect("lock").push((name, status));
+                n += 1;
+                if status != 200 {
+                    // Refused fast while the store is away: no need to spin.
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let acknowledged = |answers: &Mutex<Vec<(String, u16)>>| {
+        answers
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(_, s)| *s == 200)
+            .count()
+    };
+    eventually(Duration::from_secs(10), "writes acknowledged", || {
+        acknowledged(&answers) >= 20
+    });
+
+    // The replica falls behind (stopped): writes are not acknowledged, and say why.
+    set.replica.signal("STOP");
+    eventually(
+        Duration::from_secs(10),
+        "a write refused as not yet safe",
+        || router.metric("switchyard_store_writes_not_durable_total") >= 1.0,
+    );
+    set.primary.stop();
+    set.replica.signal("CONT");
+    let before_failover = answers.lock().expect("lock").len();
+    eventually(
+        Duration::from_secs(40),
+        "writes acknowledged after the failover",
+        || {
+            answers.lock().expect("lock")[before_failover..]
+                .iter()
+                .filter(|(_, s)| *s == 200)
+                .count()
+                >= 5
+        },
+    );
+    stop.store(true, Ordering::SeqCst);
+    writer.join().expect("writer");
+
+    let answers = answers.lock().expect("lock").clone();
+    let lost: Vec<&String> = answers
+        .iter()
+        .filter(|(_, status)| *status == 200)
+        .map(|(name, _)| name)
+        .filter(|name| {
+            router
+                .admin_call("GET", &format!("/v1/apps/{name}"), None)
+                .0
+                != 200
+        })
+        .collect();
+    let refused = answers.iter().filter(|(_, status)| *status == 503).count();
+    eprintln!(
+        "{} writes, {} acknowledged, {refused} refused (503), {} acknowledged and lost",
+        answers.len(),
+        answers.iter().filter(|(_, s)| *s == 200).count(),
+        lost.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost in the failover: {lost:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|(_, status)| [200, 503].contains(status)),
+        "every write answered as done or as not done: {answers:?}"
+    );
+}

@@ -247,7 +247,8 @@ const MOVED_ON: Refusal = (
 );
 const STORE_DOWN: Refusal = (
     503,
-    "The store (or the shared cache) is unavailable; nothing changed",
+    "The store (or the shared cache) is unavailable, nothing changed; or (`field`: `store`) \
+     the write is on the Redis primary but fewer replicas than --store-ack-replicas hold it",
 );
 
 /// Adds each refusal as an answer of [`ErrorBody`].

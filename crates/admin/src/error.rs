@@ -46,6 +46,8 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The write is on the Redis primary but not on the replicas asked for: 503, retry.
+    NotDurable(String),
     /// The store cannot be reached: 503; the write did not happen.
     Unavailable(String),
     /// The cache Redis shared by the fleet cannot be reached or is not configured: 503.
@@ -77,6 +79,10 @@ impl From<StoreError> for ApiError {
                 field: "domains",
             },
             StoreError::PreconditionFailed(_) => Self::PreconditionFailed(e.to_string()),
+            StoreError::NotDurable(_) => {
+                log::warn!("admin write not acknowledged by the replicas: {e}");
+                Self::NotDurable(e.to_string())
+            }
             StoreError::Unavailable(_) | StoreError::Corrupt { .. } => {
                 log::error!("admin call failed in the store: {e}");
                 Self::Unavailable(e.to_string())
@@ -113,6 +119,11 @@ impl IntoResponse for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body larger than {limit} bytes"),
                 "body".to_string(),
+            ),
+            Self::NotDurable(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{message}; write it again once the replicas are back"),
+                "store".to_string(),
             ),
             Self::Unavailable(message) => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use switchyard_acme::{AcmeSettings, ChallengeKind};
 use switchyard_logs::ShipConfig;
 use switchyard_model::{parse_cidr, ClientTimeouts, IpNet};
-use switchyard_store::RedisTarget;
+use switchyard_store::{RedisTarget, WriteAcks};
 
 mod settings;
 
@@ -48,6 +48,8 @@ pub enum StoreChoice {
         url: String,
         /// Per-call deadline.
         timeout: Duration,
+        /// The replicas an app or certificate write waits for.
+        acks: WriteAcks,
     },
 }
 
@@ -243,7 +245,9 @@ impl Config {
             ticket_rotation: settings.tls_ticket_rotation_s.seconds()?,
             expiry_scan: settings.cert_expiry_scan_s.seconds()?,
         };
-        let store = store_choice(source, settings.store, settings.redis_timeout_ms)?;
+        let (replicas, wait) = (settings.store_ack_replicas, settings.store_ack_timeout_ms);
+        let acks = write_acks(source, replicas, wait)?;
+        let store = store_choice(source, settings.store, settings.redis_timeout_ms, acks)?;
         let admin_token = match settings.admin_token.value.filter(|t| !t.is_empty()) {
             Some(token) => Some(token),
             None => credential("admin_token")?,
@@ -370,10 +374,30 @@ impl Config {
 
 /// The route store: embedded, or a Redis (or Sentinel-watched Redis) URL, its password
 /// from the environment.
+/// `--store-ack-replicas` and its timeout.
+fn write_acks(
+    source: &Source<'_>,
+    replicas: Setting<String>,
+    timeout_ms: Setting<u64>,
+) -> anyhow::Result<WriteAcks> {
+    let at = replicas.at(source);
+    let replicas = match replicas.resolved()?.as_str() {
+        "auto" => None,
+        count => Some(count.parse::<u32>().map_err(|_| {
+            anyhow::anyhow!("{at}: '{count}' is neither `auto` nor a number of replicas")
+        })?),
+    };
+    Ok(WriteAcks {
+        replicas,
+        timeout: timeout_ms.millis()?,
+    })
+}
+
 fn store_choice(
     source: &Source<'_>,
     store: Setting<String>,
     redis_timeout_ms: Setting<u64>,
+    acks: WriteAcks,
 ) -> anyhow::Result<StoreChoice> {
     let at = store.at(source);
     let redis_timeout = redis_timeout_ms.millis()?;
@@ -386,6 +410,7 @@ fn store_choice(
             StoreChoice::Redis {
                 url: with_password(url, redis_password()?),
                 timeout: redis_timeout,
+                acks,
             }
         }
         other => bail!(

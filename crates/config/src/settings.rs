@@ -242,6 +242,13 @@ settings! {
     cache_redis_timeout_ms: u64 = "SWITCHYARD_CACHE_REDIS_TIMEOUT_MS", default 50, check at_least_one;
     /// Deadline of one Redis call (and of connecting), in milliseconds.
     redis_timeout_ms: u64 = "SWITCHYARD_REDIS_TIMEOUT_MS", default 500, check at_least_one;
+    /// With a Redis store, how many replicas must hold an app or certificate write before it
+    /// is answered (Redis `WAIT`): `auto` (1 when the primary has a replica, 0 when it has
+    /// none) or a number. Fewer within `--store-ack-timeout-ms`: 503, the write on the
+    /// primary but not yet safe from a failover.
+    store_ack_replicas: String = "SWITCHYARD_STORE_ACK_REPLICAS", default "auto";
+    /// How long a write waits for its replicas, in milliseconds.
+    store_ack_timeout_ms: u64 = "SWITCHYARD_STORE_ACK_TIMEOUT_MS", default 1000, check at_least_one;
     /// `on`: load the OWASP Core Rule Set for apps with a `waf` option, refusing to
     /// start if it cannot load; `off`: run without it (those apps follow `on_overload`).
     waf: String = "SWITCHYARD_WAF", default "on";
@@ -502,6 +509,7 @@ fn text_type(key: &str) -> &'static str {
         "https" | "http3" | "metrics" => "address (IP:PORT) or `off`",
         "http3_early_data" | "admin_ui_writes" | "waf" => "`on` or `off`",
         "store" => "`embedded` or Redis URL",
+        "store_ack_replicas" => "`auto` or a number of replicas",
         "cache_redis" => "Redis URL",
         "access_log" => "`stdout`, `off` or path",
         "trusted_proxies" => "list of CIDRs",

@@ -89,6 +89,7 @@ impl FleetRates {
         let timeouts = RedisTimeouts {
             operation: SYNC_TIMEOUT,
             connect: SYNC_TIMEOUT,
+            blocking: Duration::ZERO,
         };
         Ok(Self {
             link: RedisLink::new(url, "fleet limits", timeouts, 0)?,

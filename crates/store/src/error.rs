@@ -18,6 +18,10 @@ pub enum StoreError {
     /// read it (or is gone). Nothing was written.
     #[error("'{0}' changed since it was read: its ETag no longer matches If-Match")]
     PreconditionFailed(String),
+    /// The write is on the Redis primary but fewer replicas than asked for hold it: a
+    /// failover now could lose it.
+    #[error("the write is on the Redis primary but not yet safe from a failover: {0}")]
+    NotDurable(String),
     /// The store could not be read or written; callers treat it as temporary.
     #[error("store unavailable: {0}")]
     Unavailable(String),

@@ -21,7 +21,7 @@ pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use feed::{ChangeFeed, Subscription};
 pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
-pub use redis_store::{RedisStore, CHANGES_CHANNEL, KEY_PREFIX};
+pub use redis_store::{RedisStore, WriteAcks, CHANGES_CHANNEL, KEY_PREFIX};
 pub use redis_target::RedisTarget;
 
 use switchyard_model::{App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate};

@@ -16,6 +16,12 @@ switchyard_metrics::declare_metrics! {
          unreachable; absent on a router whose routes are in the embedded store."
     ));
 
+    pub(crate) static STORE_WRITES_NOT_DURABLE: IntCounter = registered(register_int_counter!(
+        "switchyard_store_writes_not_durable_total",
+        "App and certificate writes the Redis primary took but fewer replicas than \
+         --store-ack-replicas acknowledged in time (answered 503)."
+    ));
+
     pub(crate) static STORE_ERRORS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_store_errors_total",
         "Failed store calls, by kind (connect, connection, refused).",

@@ -32,6 +32,8 @@ pub struct RedisTimeouts {
     pub operation: Duration,
     /// Establishing a connection.
     pub connect: Duration,
+    /// The longest a call that blocks by design (`WAIT`) may take beyond `operation`.
+    pub blocking: Duration,
 }
 
 impl Default for RedisTimeouts {
@@ -39,6 +41,7 @@ impl Default for RedisTimeouts {
         Self {
             operation: Duration::from_millis(500),
             connect: Duration::from_millis(500),
+            blocking: Duration::ZERO,
         }
     }
 }
@@ -235,7 +238,9 @@ impl RedisLink {
         };
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(shared.timeouts.connect)
-            .set_response_timeout(shared.timeouts.operation)
+            // Each call's own deadline is `call_within`'s; this only has to let the longest
+            // through.
+            .set_response_timeout(shared.timeouts.operation + shared.timeouts.blocking)
             .set_number_of_retries(shared.retries)
             .set_max_delay(200);
         let attempt = tokio::time::timeout(
@@ -265,8 +270,18 @@ impl RedisLink {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        self.call_within(self.shared.timeouts.operation, op).await
+    }
+
+    /// [`RedisLink::call`] with a deadline of its own, for a call that blocks by design
+    /// (`WAIT`).
+    pub async fn call_within<T, F, Fut>(&self, deadline: Duration, op: F) -> Result<T, LinkError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let manager = self.connection().await?;
-        let error = match tokio::time::timeout(self.shared.timeouts.operation, op(manager)).await {
+        let error = match tokio::time::timeout(deadline, op(manager)).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(e)) if e.kind() == redis::ErrorKind::ResponseError => {
                 return Err(LinkError::Refused(e.to_string()))

@@ -192,6 +192,28 @@ pub struct RedisStore {
     acme_release: Arc<Script>,
     /// Where the change subscription stands, for the status.
     following: Arc<parking_lot::Mutex<Following>>,
+    /// How many replicas must hold an app or certificate write before it is answered.
+    acks: WriteAcks,
+}
+
+/// How many replicas must hold a write of an app or a certificate before the store answers
+/// it (Redis `WAIT`): a write only the primary holds is lost if the primary dies and
+/// Sentinel promotes a replica that had not received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteAcks {
+    /// `None`: one when the primary has a replica, none when it has none.
+    pub replicas: Option<u32>,
+    /// How long a write waits for them.
+    pub timeout: Duration,
+}
+
+impl Default for WriteAcks {
+    fn default() -> Self {
+        Self {
+            replicas: None,
+            timeout: Duration::from_millis(1000),
+        }
+    }
 }
 
 /// The change subscription's state.
@@ -224,7 +246,63 @@ impl RedisStore {
             acme_lease: Arc::new(script(ACME_LEASE)),
             acme_release: Arc::new(script(ACME_RELEASE)),
             following: Arc::default(),
+            acks: WriteAcks::default(),
         })
+    }
+
+    /// Answers app and certificate writes only once `acks` holds.
+    pub fn with_write_acks(mut self, acks: WriteAcks) -> Self {
+        self.acks = acks;
+        self
+    }
+
+    /// Waits until the replicas the policy asks for hold every write this link made so far
+    /// (`WAIT` covers all earlier writes of the connection, and the link has one).
+    /// `StoreError::NotDurable` when they do not within the timeout: the write is on the
+    /// primary, not yet safe from a failover.
+    async fn make_durable(&self) -> Result<(), StoreError> {
+        let wanted = match self.acks.replicas {
+            Some(0) => return Ok(()),
+            Some(wanted) => wanted,
+            None if self.connected_replicas().await? == 0 => return Ok(()),
+            None => 1,
+        };
+        let timeout_ms = u64::try_from(self.acks.timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline = self.link.timeouts().operation + self.acks.timeout;
+        let acked: i64 = self
+            .call_within(deadline, |mut c| async move {
+                redis::cmd("WAIT")
+                    .arg(wanted)
+                    .arg(timeout_ms)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        if acked >= i64::from(wanted) {
+            return Ok(());
+        }
+        metrics::STORE_WRITES_NOT_DURABLE.inc();
+        Err(StoreError::NotDurable(format!(
+            "{acked} of the {wanted} replicas asked for (--store-ack-replicas) acknowledged \
+             it within {timeout_ms} ms"
+        )))
+    }
+
+    /// The replicas connected to the primary now (`INFO replication`).
+    async fn connected_replicas(&self) -> Result<u32, StoreError> {
+        let info: String = self
+            .call(|mut c| async move {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(info
+            .lines()
+            .find_map(|line| line.strip_prefix("connected_slaves:"))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap_or(0))
     }
 
     /// Notes the subscription's state and the revision last seen.
@@ -253,7 +331,16 @@ impl RedisStore {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        match self.link.call(op).await {
+        self.call_within(self.link.timeouts().operation, op).await
+    }
+
+    /// [`RedisStore::call`] with a deadline of its own.
+    async fn call_within<T, F, Fut>(&self, deadline: Duration, op: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match self.link.call_within(deadline, op).await {
             Ok(value) => {
                 self.set_healthy(true);
                 Ok(value)
@@ -397,6 +484,7 @@ impl RedisStore {
         match reply.first().map(String::as_str) {
             Some("ok") => {
                 self.announce_own(reply.get(1).map(String::as_str));
+                self.make_durable().await?;
                 Ok(PutOutcome::Done)
             }
             Some("taken") if reply.len() == 3 => Err(StoreError::DomainTaken {
@@ -456,6 +544,7 @@ impl RedisStore {
             Some("conflict") => Ok(None),
             Some(event) => {
                 self.announce_own(Some(event));
+                self.make_durable().await?;
                 Ok(Some(true))
             }
             None => Ok(Some(false)),
@@ -482,6 +571,7 @@ impl RedisStore {
             .await?;
         if written != -1 {
             self.changes.announce(Change::Cert { domain });
+            self.make_durable().await?;
         }
         Ok(written)
     }
@@ -498,6 +588,7 @@ impl RedisStore {
             self.changes.announce(Change::Cert {
                 domain: domain.to_string(),
             });
+            self.make_durable().await?;
         }
         Ok(removed)
     }

@@ -96,6 +96,12 @@ impl RedisServer {
         }
     }
 
+    /// Sends a signal by name (`STOP`, `CONT`) to the server.
+    pub fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("running");
+        super::send_signal(child.id(), name);
+    }
+
     /// SIGKILL: the outage a router must survive.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -57,6 +57,7 @@ impl CacheRedis {
         let timeouts = RedisTimeouts {
             operation: timeout,
             connect: timeout,
+            blocking: Duration::ZERO,
         };
         let link = RedisLink::new(url, "response cache", timeouts, 0)
             .map_err(|e| format!("cache Redis: {e}"))?;
