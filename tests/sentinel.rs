@@ -6,6 +6,8 @@
 
 use switchyard_test_support as support;
 
+use std::io::{Read, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,8 +26,14 @@ struct SentinelSet {
 
 impl SentinelSet {
     fn start() -> Self {
+        Self::start_replicating_through(|primary| primary)
+    }
+
+    /// A set whose replica reaches its primary at the address `link` gives for the
+    /// primary's (a [`Relay`] the test controls).
+    fn start_replicating_through(link: impl FnOnce(SocketAddr) -> SocketAddr) -> Self {
         let primary = RedisServer::start();
-        let replica = RedisServer::start_replica_of(primary.addr);
+        let replica = RedisServer::start_replica_of(link(primary.addr));
         let sentinels: Vec<RedisSentinel> = (0..3)
             .map(|_| RedisSentinel::start(MASTER, primary.addr, 2))
             .collect();
@@ -498,5 +506,154 @@ fn every_acknowledged_write_survives_a_failover_and_one_no_replica_holds_is_refu
             .iter()
             .all(|(_, status)| [200, 503].contains(status)),
         "every write answered as done or as not done: {answers:?}"
+    );
+}
+
+/// A TCP relay on the replication link, between the replica and its primary: held, nothing
+/// passes either way (what the primary sends waits in the relay); cut, what it held is
+/// dropped with the connections. A link that falls behind, as a congested network makes.
+struct Relay {
+    addr: SocketAddr,
+    held: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (held, cut) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (held_in, cut_in) = (held.clone(), cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(to) else {
+                    continue;
+                };
+                for (from, into) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(from), Ok(into)) = (from, into) else {
+                        continue;
+                    };
+                    let (held, cut) = (held_in.clone(), cut_in.clone());
+                    std::thread::spawn(move || pump(from, into, &held, &cut));
+                }
+            }
+        });
+        Self { addr, held, cut }
+    }
+}
+
+fn pump(mut from: TcpStream, mut into: TcpStream, held: &AtomicBool, cut: &AtomicBool) {
+    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        if cut.load(Ordering::SeqCst) {
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = into.shutdown(Shutdown::Both);
+            return;
+        }
+        if held.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        match from.read(&mut buffer) {
+            Ok(0) => {
+                let _ = into.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                if into.write_all(&buffer[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Writes through a router on a Sentinel set whose replication link is held back, then
+/// kills the primary and cuts the link, and waits for the promoted replica to take writes:
+/// the status each held write was answered with, and whether it is stored after the
+/// failover.
+fn held_writes_across_a_failover(acks: &str) -> Vec<(u16, bool)> {
+    let mut relay = None;
+    let mut set = SentinelSet::start_replicating_through(|primary| {
+        let started = Relay::start(primary);
+        let addr = started.addr;
+        relay = Some(started);
+        addr
+    });
+    let relay = relay.expect("the relay");
+    let router = RouterProcess::start_with(&[
+        "--store",
+        &set.url(),
+        "--redis-timeout-ms",
+        "300",
+        "--store-ack-replicas",
+        acks,
+        "--store-ack-timeout-ms",
+        "300",
+    ]);
+    router.put_app("before", json!({"domains": ["before.test"]}));
+    set.wait_replicated();
+    relay.held.store(true, Ordering::SeqCst);
+    // Past the pumps' read in progress (20 ms): from here nothing passes.
+    std::thread::sleep(Duration::from_millis(100));
+    let held: Vec<u16> = (0..5)
+        .map(|n| {
+            let spec = json!({"domains": [format!("held{n}.test")]}).to_string();
+            router
+                .admin_call("PUT", &format!("/v1/apps/held{n}"), Some(&spec))
+                .0
+        })
+        .collect();
+    set.primary.stop();
+    relay.cut.store(true, Ordering::SeqCst);
+    eventually(
+        Duration::from_secs(40),
+        "a write on the promoted replica",
+        || {
+            let spec = json!({"domains": ["after.test"]}).to_string();
+            router.admin_call("PUT", "/v1/apps/after", Some(&spec)).0 == 200
+        },
+    );
+    assert_eq!(router.admin_call("GET", "/v1/apps/before", None).0, 200);
+    held.into_iter()
+        .enumerate()
+        .map(|(n, status)| {
+            let stored = router
+                .admin_call("GET", &format!("/v1/apps/held{n}"), None)
+                .0
+                == 200;
+            (status, stored)
+        })
+        .collect()
+}
+
+#[test]
+fn a_write_the_replicas_never_got_is_lost_in_a_failover_unless_acknowledgements_refuse_it() {
+    // Without acknowledgements: each held write is answered 200, and the failover loses it.
+    let unacknowledged = held_writes_across_a_failover("0");
+    assert!(
+        unacknowledged
+            .iter()
+            .all(|&(status, stored)| status == 200 && !stored),
+        "answered done, then lost: {unacknowledged:?}"
+    );
+    // With them (the default): none is answered done, so none that was is lost.
+    let acknowledged = held_writes_across_a_failover("auto");
+    assert!(
+        acknowledged.iter().all(|&(status, _)| status == 503),
+        "refused as not yet safe: {acknowledged:?}"
     );
 }
