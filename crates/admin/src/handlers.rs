@@ -149,10 +149,8 @@ pub(crate) async fn put_app(
     let spec = parse_json(&body)?;
     let mut app = parse_app_spec(&name, &spec)?;
     crate::page_fetch::fill_maintenance_page(&mut app).await?;
-    let stored = match if_match(&headers)? {
-        Some(precondition) => state.store.put_app_if(app, &precondition).await?,
-        None => state.store.put_app(app).await?,
-    };
+    let precondition = if_match(&headers)?;
+    let stored = state.store.put_app_if(app, precondition.as_ref()).await?;
     state.applied_locally().await;
     Ok(Tagged(Some(entity_tag_of(&stored)), Json(stored)))
 }
@@ -201,15 +199,10 @@ pub(crate) async fn delete_app(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let name = valid_name(&name)?;
-    let deleted = match if_match(&headers)? {
-        Some(precondition) => {
-            state
-                .store
-                .delete_app_if(name.as_str(), &precondition)
-                .await?
-        }
-        None => state.store.delete_app(name.as_str()).await?,
-    };
+    let precondition = if_match(&headers)?;
+    let deleted = (state.store)
+        .delete_app_if(name.as_str(), precondition.as_ref())
+        .await?;
     if deleted {
         state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)
@@ -226,15 +219,10 @@ pub(crate) async fn put_backends(
 ) -> Result<Tagged<App>, ApiError> {
     let name = valid_name(&name)?;
     let backends = parse_backends_spec(&parse_json(&body)?)?;
-    let app = match if_match(&headers)? {
-        Some(precondition) => {
-            let store = &state.store;
-            store
-                .set_backends_if(name.as_str(), backends, &precondition)
-                .await?
-        }
-        None => state.store.set_backends(name.as_str(), backends).await?,
-    };
+    let precondition = if_match(&headers)?;
+    let app = (state.store)
+        .set_backends_if(name.as_str(), backends, precondition.as_ref())
+        .await?;
     state.applied_locally().await;
     Ok(Tagged(Some(entity_tag_of(&app)), Json(app)))
 }
@@ -385,10 +373,8 @@ pub(crate) async fn put_cert(
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
     let cert = parse_certificate_spec(&domain, &parse_json(&body)?, now)?;
-    let info = match if_match(&headers)? {
-        Some(precondition) => state.store.put_cert_if(cert, &precondition).await?,
-        None => state.store.put_cert(cert).await?,
-    };
+    let precondition = if_match(&headers)?;
+    let info = state.store.put_cert_if(cert, precondition.as_ref()).await?;
     state.applied_locally().await;
     Ok(Tagged(Some(entity_tag_of(&info)), Json(info)))
 }
@@ -616,13 +602,10 @@ pub(crate) async fn delete_cert(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let domain = valid_domain(&domain)?;
-    let deleted = match if_match(&headers)? {
-        Some(precondition) => {
-            let store = &state.store;
-            store.delete_cert_if(domain.as_str(), &precondition).await?
-        }
-        None => state.store.delete_cert(domain.as_str()).await?,
-    };
+    let precondition = if_match(&headers)?;
+    let deleted = (state.store)
+        .delete_cert_if(domain.as_str(), precondition.as_ref())
+        .await?;
     if deleted {
         state.applied_locally().await;
         Ok(StatusCode::NO_CONTENT)

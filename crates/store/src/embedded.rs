@@ -272,81 +272,6 @@ impl EmbeddedStore {
         self.changes.announce(change);
     }
 
-    /// Replaces an app's backends, under `if_match` when given.
-    async fn scale(
-        &self,
-        name: &str,
-        backends: Vec<Backend>,
-        if_match: Option<IfMatch>,
-    ) -> Result<App, StoreError> {
-        let name = name.to_string();
-        let (app, change) = self
-            .blocking(move |store| {
-                // Read and written in one write transaction: redb allows one writer at a
-                // time, so a PUT of the same app lands wholly before or after this, never
-                // between the read and the write (where its other fields would be lost).
-                let txn = store.db()?.begin_write().map_err(unavailable)?;
-                let current = read_app_in(&txn, &name)?;
-                if let Some(if_match) = &if_match {
-                    require_match(&name, current.as_ref(), if_match)?;
-                }
-                let mut app = current.ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
-                app.backends = backends;
-                let change = write_app_in(&txn, &app)?;
-                txn.commit().map_err(unavailable)?;
-                Ok((app, change))
-            })
-            .await?;
-        self.announce(change);
-        Ok(app)
-    }
-
-    /// Deletes an app, under `if_match` when given.
-    async fn delete(&self, name: &str, if_match: Option<IfMatch>) -> Result<bool, StoreError> {
-        let name = name.to_string();
-        let change = self
-            .blocking(move |store| store.remove_app(&name, if_match.as_ref()))
-            .await?;
-        match change {
-            Some(change) => {
-                self.announce(change);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    /// Stores a certificate, under `if_match` when given.
-    async fn store_cert(
-        &self,
-        cert: StoredCertificate,
-        if_match: Option<IfMatch>,
-    ) -> Result<CertificateInfo, StoreError> {
-        let domain = cert.domain.to_string();
-        let info = self
-            .blocking(move |store| {
-                store.write_cert(&cert, if_match.as_ref())?;
-                Ok(cert.info)
-            })
-            .await?;
-        self.announce(Change::Cert { domain });
-        Ok(info)
-    }
-
-    /// Deletes a certificate, under `if_match` when given.
-    async fn drop_cert(&self, domain: &str, if_match: Option<IfMatch>) -> Result<bool, StoreError> {
-        let owned = domain.to_string();
-        let existed = self
-            .blocking(move |store| store.remove_cert(&owned, if_match.as_ref()))
-            .await?;
-        if existed {
-            self.announce(Change::Cert {
-                domain: domain.to_string(),
-            });
-        }
-        Ok(existed)
-    }
-
     /// Runs a blocking store operation (a write that fsyncs) off the async runtime.
     async fn blocking<T, F>(&self, op: F) -> Result<T, StoreError>
     where
@@ -382,17 +307,6 @@ impl Store for EmbeddedStore {
         Ok(AppPage { apps, next_after })
     }
 
-    async fn put_app(&self, app: App) -> Result<App, StoreError> {
-        let (app, change) = self
-            .blocking(move |store| {
-                let change = store.write_app(&app, None)?;
-                Ok((app, change))
-            })
-            .await?;
-        self.announce(change);
-        Ok(app)
-    }
-
     /// One transaction (one fsync) for the whole import: 20,000 puts of their own would
     /// each wait for the disk.
     async fn put_apps(&self, apps: Vec<App>) -> Result<Vec<Result<(), StoreError>>, StoreError> {
@@ -423,24 +337,27 @@ impl Store for EmbeddedStore {
         Ok(results)
     }
 
-    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
-        self.scale(name, backends, None).await
-    }
-
     async fn set_backends_if(
         &self,
         name: &str,
         backends: Vec<Backend>,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<App, StoreError> {
-        self.scale(name, backends, Some(if_match.clone())).await
-    }
-
-    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError> {
-        let if_match = if_match.clone();
+        let (name, if_match) = (name.to_string(), if_match.cloned());
         let (app, change) = self
             .blocking(move |store| {
-                let change = store.write_app(&app, Some(&if_match))?;
+                // Read and written in one write transaction: redb allows one writer at a
+                // time, so a PUT of the same app lands wholly before or after this, never
+                // between the read and the write (where its other fields would be lost).
+                let txn = store.db()?.begin_write().map_err(unavailable)?;
+                let current = read_app_in(&txn, &name)?;
+                if let Some(if_match) = &if_match {
+                    require_match(&name, current.as_ref(), if_match)?;
+                }
+                let mut app = current.ok_or_else(|| StoreError::AppNotFound(name.clone()))?;
+                app.backends = backends;
+                let change = write_app_in(&txn, &app)?;
+                txn.commit().map_err(unavailable)?;
                 Ok((app, change))
             })
             .await?;
@@ -448,12 +365,34 @@ impl Store for EmbeddedStore {
         Ok(app)
     }
 
-    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
-        self.delete(name, Some(if_match.clone())).await
+    async fn put_app_if(&self, app: App, if_match: Option<&IfMatch>) -> Result<App, StoreError> {
+        let if_match = if_match.cloned();
+        let (app, change) = self
+            .blocking(move |store| {
+                let change = store.write_app(&app, if_match.as_ref())?;
+                Ok((app, change))
+            })
+            .await?;
+        self.announce(change);
+        Ok(app)
     }
 
-    async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
-        self.delete(name, None).await
+    async fn delete_app_if(
+        &self,
+        name: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError> {
+        let (name, if_match) = (name.to_string(), if_match.cloned());
+        let change = self
+            .blocking(move |store| store.remove_app(&name, if_match.as_ref()))
+            .await?;
+        match change {
+            Some(change) => {
+                self.announce(change);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
@@ -498,30 +437,43 @@ impl Store for EmbeddedStore {
         Ok(CertPage { certs, next_after })
     }
 
-    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
-        self.store_cert(cert, None).await
-    }
-
     async fn put_cert_if(
         &self,
         cert: StoredCertificate,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<CertificateInfo, StoreError> {
-        self.store_cert(cert, Some(if_match.clone())).await
+        let (domain, if_match) = (cert.domain.to_string(), if_match.cloned());
+        let info = self
+            .blocking(move |store| {
+                store.write_cert(&cert, if_match.as_ref())?;
+                Ok(cert.info)
+            })
+            .await?;
+        self.announce(Change::Cert { domain });
+        Ok(info)
     }
 
-    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
-        self.drop_cert(domain, Some(if_match.clone())).await
+    async fn delete_cert_if(
+        &self,
+        domain: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError> {
+        let (owned, if_match) = (domain.to_string(), if_match.cloned());
+        let existed = self
+            .blocking(move |store| store.remove_cert(&owned, if_match.as_ref()))
+            .await?;
+        if existed {
+            self.announce(Change::Cert {
+                domain: domain.to_string(),
+            });
+        }
+        Ok(existed)
     }
 
     async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
         // One router to a store: this one.
         self.announce(change);
         Ok(())
-    }
-
-    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
-        self.drop_cert(domain, None).await
     }
 
     async fn backup(&self) -> Result<Option<crate::Backup>, StoreError> {

@@ -123,23 +123,30 @@ pub trait Store: Send + Sync {
 
     /// Creates or replaces an app. Fails with [`StoreError::DomainTaken`] (and stores nothing)
     /// when one of its domains belongs to another app.
-    async fn put_app(&self, app: App) -> Result<App, StoreError>;
+    async fn put_app(&self, app: App) -> Result<App, StoreError> {
+        self.put_app_if(app, None).await
+    }
 
-    /// [`Store::put_app`] only if the app stored now satisfies `if_match` (compared with
-    /// its [`entity_tag_of`](switchyard_model::entity_tag_of)), in the same atomic step as the
-    /// write; otherwise [`StoreError::PreconditionFailed`] and nothing is written.
-    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError>;
+    /// [`Store::put_app`], with `Some(if_match)` only if the app stored now satisfies it
+    /// (compared with its [`entity_tag_of`](switchyard_model::entity_tag_of)), in the same
+    /// atomic step as the write; otherwise [`StoreError::PreconditionFailed`] and nothing is
+    /// written.
+    async fn put_app_if(&self, app: App, if_match: Option<&IfMatch>) -> Result<App, StoreError>;
 
-    /// [`Store::set_backends`] under an `If-Match` precondition, as [`Store::put_app_if`].
+    /// [`Store::set_backends`] under an optional `If-Match`, as [`Store::put_app_if`].
     async fn set_backends_if(
         &self,
         name: &str,
         backends: Vec<Backend>,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<App, StoreError>;
 
-    /// [`Store::delete_app`] under an `If-Match` precondition, as [`Store::put_app_if`].
-    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError>;
+    /// [`Store::delete_app`] under an optional `If-Match`, as [`Store::put_app_if`].
+    async fn delete_app_if(
+        &self,
+        name: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError>;
 
     /// Creates or replaces many apps (a bulk import). Each app is written wholly or not at
     /// all and gets its own result, in order: one refused for a domain owned elsewhere does
@@ -165,10 +172,14 @@ pub trait Store: Send + Sync {
     }
 
     /// Replaces an existing app's backends (scale up / down / redeploy).
-    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError>;
+    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
+        self.set_backends_if(name, backends, None).await
+    }
 
     /// Deletes an app; `false` when it did not exist.
-    async fn delete_app(&self, name: &str) -> Result<bool, StoreError>;
+    async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
+        self.delete_app_if(name, None).await
+    }
 
     /// The certificate stored under exactly `domain` (`*.x.com` for a wildcard), with its key.
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError>;
@@ -186,21 +197,30 @@ pub trait Store: Send + Sync {
     ) -> Result<CertPage, StoreError>;
 
     /// Creates or replaces the certificate for its domain.
-    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError>;
+    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
+        self.put_cert_if(cert, None).await
+    }
 
     /// Deletes the certificate of `domain`; `false` when there was none.
-    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError>;
+    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
+        self.delete_cert_if(domain, None).await
+    }
 
-    /// [`Store::put_cert`] only if the certificate stored now satisfies `if_match`
-    /// (compared with the entity tag of its description), as [`Store::put_app_if`].
+    /// [`Store::put_cert`], with `Some(if_match)` only if the certificate stored now
+    /// satisfies it (compared with the entity tag of its description), as
+    /// [`Store::put_app_if`].
     async fn put_cert_if(
         &self,
         cert: StoredCertificate,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<CertificateInfo, StoreError>;
 
-    /// [`Store::delete_cert`] under an `If-Match` precondition, as [`Store::put_cert_if`].
-    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError>;
+    /// [`Store::delete_cert`] under an optional `If-Match`, as [`Store::put_cert_if`].
+    async fn delete_cert_if(
+        &self,
+        domain: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError>;
 
     /// Tells every router sharing this store, this one included, of a change that is not
     /// stored and only travels ([`Change::CachePurge`](switchyard_model::Change::CachePurge),

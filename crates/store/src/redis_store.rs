@@ -216,6 +216,13 @@ impl Default for WriteAcks {
     }
 }
 
+/// A compare-and-set that lost to other writes every time it tried.
+fn kept_changing(what: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "{what} kept changing under {CAS_ATTEMPTS} attempts to write it"
+    ))
+}
+
 /// The change subscription's state.
 #[derive(Debug, Default)]
 struct Following {
@@ -498,34 +505,26 @@ impl RedisStore {
         }
     }
 
-    /// Replaces an app's backends, read and written again if the app moved in between,
-    /// under `if_match` when given.
-    async fn scale(
+    /// The app stored under `name`: its JSON as stored and the app it holds.
+    async fn stored_app(&self, name: &str) -> Result<Option<(String, App)>, StoreError> {
+        let json = self.get_string(format!("{KEY_PREFIX}app:{name}")).await?;
+        json.map(|json| decode(name, &json).map(|app| (json, app)))
+            .transpose()
+    }
+
+    /// With `Some(if_match)`, the JSON of the app stored now if it satisfies it, for a
+    /// write that must replace exactly that; `None` when there is no precondition.
+    async fn app_matching(
         &self,
         name: &str,
-        backends: Vec<Backend>,
         if_match: Option<&IfMatch>,
-    ) -> Result<App, StoreError> {
-        for _ in 0..CAS_ATTEMPTS {
-            let key = format!("{KEY_PREFIX}app:{name}");
-            let Some(current) = self.get_string(key).await? else {
-                if let Some(if_match) = if_match {
-                    require_match::<App>(name, None, if_match)?;
-                }
-                return Err(StoreError::AppNotFound(name.to_string()));
-            };
-            let mut app: App = decode(name, &current)?;
-            if let Some(if_match) = if_match {
-                require_match(name, Some(&app), if_match)?;
-            }
-            app.backends = backends.clone();
-            if let PutOutcome::Done = self.write_app(&app, Some(&current)).await? {
-                return Ok(app);
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to scale it"
-        )))
+    ) -> Result<Option<String>, StoreError> {
+        let Some(if_match) = if_match else {
+            return Ok(None);
+        };
+        let stored = self.stored_app(name).await?;
+        require_match(name, stored.as_ref().map(|(_, app)| app), if_match)?;
+        Ok(stored.map(|(json, _)| json))
     }
 
     /// Deletes an app if it is still stored as `expected` (any when `None`): whether it
@@ -576,11 +575,16 @@ impl RedisStore {
         Ok(written)
     }
 
-    /// Deletes a certificate if its description stored now is `expected` (any when empty):
+    /// Deletes a certificate if its description stored now is `expected` (any when `None`):
     /// 1 removed, 0 none stored, -1 changed.
-    async fn remove_cert(&self, domain: &str, expected: &str) -> Result<i64, StoreError> {
+    async fn remove_cert(&self, domain: &str, expected: Option<&str>) -> Result<i64, StoreError> {
         let mut invocation = self.write_cert.prepare_invoke();
-        invocation.arg(domain).arg("").arg("").arg("").arg(expected);
+        invocation
+            .arg(domain)
+            .arg("")
+            .arg("")
+            .arg("")
+            .arg(expected.unwrap_or(""));
         let removed: i64 = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
@@ -593,12 +597,16 @@ impl RedisStore {
         Ok(removed)
     }
 
-    /// The description stored for `domain` as JSON, if it satisfies `if_match`.
+    /// With `Some(if_match)`, the description stored for `domain` as JSON if it satisfies
+    /// it; `None` when there is no precondition.
     async fn cert_info_matching(
         &self,
         domain: &str,
-        if_match: &IfMatch,
-    ) -> Result<String, StoreError> {
+        if_match: Option<&IfMatch>,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(if_match) = if_match else {
+            return Ok(None);
+        };
         let current = self
             .get_string(format!("{KEY_PREFIX}certinfo:{domain}"))
             .await?;
@@ -607,7 +615,7 @@ impl RedisStore {
             .map(|json| decode::<CertificateInfo>(domain, json))
             .transpose()?;
         require_match(domain, info.as_ref(), if_match)?;
-        current.ok_or_else(|| StoreError::PreconditionFailed(domain.to_string()))
+        Ok(current)
     }
 
     /// Announces a write of this process to its own subscribers at once, rather than only
@@ -871,67 +879,52 @@ impl Store for RedisStore {
         })
     }
 
-    async fn put_app(&self, app: App) -> Result<App, StoreError> {
-        self.write_app(&app, None).await?;
-        Ok(app)
-    }
-
-    async fn set_backends(&self, name: &str, backends: Vec<Backend>) -> Result<App, StoreError> {
-        self.scale(name, backends, None).await
+    async fn put_app_if(&self, app: App, if_match: Option<&IfMatch>) -> Result<App, StoreError> {
+        let name = app.name.to_string();
+        for _ in 0..CAS_ATTEMPTS {
+            let expected = self.app_matching(&name, if_match).await?;
+            // Written only if still what was compared: a write in between is read again.
+            if let PutOutcome::Done = self.write_app(&app, expected.as_deref()).await? {
+                return Ok(app);
+            }
+        }
+        Err(kept_changing(&format!("app '{name}'")))
     }
 
     async fn set_backends_if(
         &self,
         name: &str,
         backends: Vec<Backend>,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<App, StoreError> {
-        self.scale(name, backends, Some(if_match)).await
-    }
-
-    async fn put_app_if(&self, app: App, if_match: &IfMatch) -> Result<App, StoreError> {
-        let name = app.name.to_string();
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.get_string(format!("{KEY_PREFIX}app:{name}")).await?;
-            let stored = current
-                .as_deref()
-                .map(|json| decode::<App>(&name, json))
-                .transpose()?;
-            require_match(&name, stored.as_ref(), if_match)?;
-            // Written only if still what was compared: a write in between is read again.
-            if let PutOutcome::Done = self.write_app(&app, current.as_deref()).await? {
+            let stored = self.stored_app(name).await?;
+            if let Some(if_match) = if_match {
+                require_match(name, stored.as_ref().map(|(_, app)| app), if_match)?;
+            }
+            let Some((current, mut app)) = stored else {
+                return Err(StoreError::AppNotFound(name.to_string()));
+            };
+            app.backends = backends.clone();
+            if let PutOutcome::Done = self.write_app(&app, Some(&current)).await? {
                 return Ok(app);
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to write it"
-        )))
+        Err(kept_changing(&format!("app '{name}'")))
     }
 
-    async fn delete_app_if(&self, name: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+    async fn delete_app_if(
+        &self,
+        name: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError> {
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.get_string(format!("{KEY_PREFIX}app:{name}")).await?;
-            let stored = current
-                .as_deref()
-                .map(|json| decode::<App>(name, json))
-                .transpose()?;
-            require_match(name, stored.as_ref(), if_match)?;
-            if let Some(deleted) = self.remove_app(name, current.as_deref()).await? {
+            let expected = self.app_matching(name, if_match).await?;
+            if let Some(deleted) = self.remove_app(name, expected.as_deref()).await? {
                 return Ok(deleted);
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "app '{name}' kept changing under {CAS_ATTEMPTS} attempts to delete it"
-        )))
-    }
-
-    async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
-        match self.remove_app(name, None).await? {
-            Some(deleted) => Ok(deleted),
-            None => Err(StoreError::Unavailable(format!(
-                "app '{name}': unexpected conflict deleting it unconditionally"
-            ))),
-        }
+        Err(kept_changing(&format!("app '{name}'")))
     }
 
     async fn get_cert(&self, domain: &str) -> Result<Option<StoredCertificate>, StoreError> {
@@ -1081,39 +1074,34 @@ impl Store for RedisStore {
         })
     }
 
-    async fn put_cert(&self, cert: StoredCertificate) -> Result<CertificateInfo, StoreError> {
-        self.write_cert(&cert, None).await?;
-        Ok(cert.info)
-    }
-
     async fn put_cert_if(
         &self,
         cert: StoredCertificate,
-        if_match: &IfMatch,
+        if_match: Option<&IfMatch>,
     ) -> Result<CertificateInfo, StoreError> {
         let domain = cert.domain.to_string();
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.cert_info_matching(&domain, if_match).await?;
-            if self.write_cert(&cert, Some(&current)).await? != -1 {
+            let expected = self.cert_info_matching(&domain, if_match).await?;
+            if self.write_cert(&cert, expected.as_deref()).await? != -1 {
                 return Ok(cert.info);
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "the certificate of '{domain}' kept changing under {CAS_ATTEMPTS} attempts"
-        )))
+        Err(kept_changing(&format!("the certificate of '{domain}'")))
     }
 
-    async fn delete_cert_if(&self, domain: &str, if_match: &IfMatch) -> Result<bool, StoreError> {
+    async fn delete_cert_if(
+        &self,
+        domain: &str,
+        if_match: Option<&IfMatch>,
+    ) -> Result<bool, StoreError> {
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.cert_info_matching(domain, if_match).await?;
-            match self.remove_cert(domain, &current).await? {
+            let expected = self.cert_info_matching(domain, if_match).await?;
+            match self.remove_cert(domain, expected.as_deref()).await? {
                 -1 => continue,
                 removed => return Ok(removed == 1),
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "the certificate of '{domain}' kept changing under {CAS_ATTEMPTS} attempts"
-        )))
+        Err(kept_changing(&format!("the certificate of '{domain}'")))
     }
 
     async fn tell_every_router(&self, change: Change) -> Result<(), StoreError> {
@@ -1128,10 +1116,6 @@ impl Store for RedisStore {
             .await?;
         self.changes.announce(change);
         Ok(())
-    }
-
-    async fn delete_cert(&self, domain: &str) -> Result<bool, StoreError> {
-        Ok(self.remove_cert(domain, "").await? == 1)
     }
 
     fn subscribe(&self) -> Subscription {
