@@ -282,15 +282,19 @@ fn a_304_from_the_app_refreshes_the_stored_headers() {
 fn must_revalidate_and_its_kin_are_never_served_stale() {
     let rig = Rig::start(json!({"stale_if_error_s": 60}));
     let plain = "/origin/p?h=Cache-Control:max-age%3D1";
+    // The answer's own stale-if-error does not beat them either.
     let strict = [
-        "/origin/mr?h=Cache-Control:max-age%3D1%2C%20must-revalidate",
+        "/origin/mr?h=Cache-Control:max-age%3D1%2C%20must-revalidate%2C%20stale-if-error%3D60",
         "/origin/pr?h=Cache-Control:max-age%3D1%2C%20proxy-revalidate",
-        "/origin/sm?h=Cache-Control:s-maxage%3D1",
+        "/origin/sm?h=Cache-Control:s-maxage%3D1%2C%20stale-if-error%3D60",
+        "/origin/ncv?h=Cache-Control:max-age%3D1%2C%20no-cache%2C%20stale-if-error%3D60&h=ETag:%22n%22",
     ];
     for (host, _) in STORES {
         for path in strict.iter().chain([&plain]) {
             assert_eq!(rig.get(host, path).1, "MISS");
         }
+        // no-cache: kept, but never answered without the app.
+        assert_eq!(rig.get(host, strict[3]).1, "REVALIDATED");
     }
     std::thread::sleep(Duration::from_millis(1100));
     rig.origin.set_behaviour(Behaviour::Status(500));
@@ -302,6 +306,17 @@ fn must_revalidate_and_its_kin_are_never_served_stale() {
             let (status, verdict, _) = rig.get(host, path);
             assert_eq!((status, verdict.as_str()), (500, "MISS"), "{store} {path}");
         }
+    }
+    // §5.2.2.2: an app that cannot be reached is no excuse either: the router's own 502.
+    rig.origin.set_behaviour(Behaviour::Reset);
+    for (host, store) in STORES {
+        for path in strict {
+            // The router's own answer: no copy in it, so no X-Cache.
+            let (status, verdict, _) = rig.get(host, path);
+            assert_eq!((status, verdict.as_str()), (502, ""), "{store} {path}");
+        }
+        let (status, verdict, _) = rig.get(host, plain);
+        assert_eq!((status, verdict.as_str()), (200, "STALE"), "{store}");
     }
     rig.origin.set_behaviour(Behaviour::Normal);
     for (host, store) in STORES {
@@ -636,4 +651,132 @@ fn stale_while_revalidate_answers_at_once_and_refreshes_in_the_background() {
     }
     let refreshed = "switchyard_cache_background_revalidations_total{result=\"not_modified\"}";
     assert_eq!(rig.router.metric(refreshed), 2.0, "one per store");
+}
+
+#[test]
+fn an_invalid_age_makes_an_answer_stale_not_age_zero() {
+    let rig = Rig::start(json!({}));
+    // §4.2.3, §5.1: a word, a sign, a fraction, a parameter, a list, two lines.
+    let invalid = [
+        "h=Age:old",
+        "h=Age:-1",
+        "h=Age:1.5",
+        "h=Age:0%3B%20foo%3Dbar",
+        "h=Age:old%2C%200",
+        "h=Age:0%2C%200",
+        "h=Age:0&h=Age:0",
+        "h=Age:3600&h=Age:3600",
+    ];
+    for (host, store) in STORES {
+        for (i, age) in invalid.iter().enumerate() {
+            let path = format!("/origin/age{i}?h=Cache-Control:max-age%3D7200&{age}");
+            assert_eq!(
+                verdicts(&rig, host, &path, 2),
+                ["MISS", "MISS"],
+                "{store} {age}: not kept, nothing to revalidate with"
+            );
+            let tagged = format!("{path}&h=ETag:%22a{i}%22");
+            assert_eq!(
+                verdicts(&rig, host, &tagged, 2),
+                ["MISS", "REVALIDATED"],
+                "{store} {age}: kept stale, revalidated before use"
+            );
+        }
+        let valid = "/origin/age?h=Cache-Control:max-age%3D7200&h=Age:3600";
+        assert_eq!(verdicts(&rig, host, valid, 2), ["MISS", "HIT"], "{store}");
+    }
+}
+
+#[test]
+fn a_304_never_relabels_the_stored_body() {
+    let rig = Rig::start(json!({}));
+    // §3.2, §4.3.4: the 304 names another coding, digest, range and tag; only the other
+    // fields are refreshed.
+    let path = "/origin/label?h=Cache-Control:max-age%3D1&h=ETag:%22r1%22\
+                &h=Content-MD5:c3RvcmVk&h=X-Release:1\
+                &h304=ETag:%22r2%22&h304=Content-Encoding:gzip&h304=Content-MD5:b3RoZXI%3D\
+                &h304=Content-Range:bytes%200-2/3&h304=Content-Length:3&h304=X-Release:2";
+    for (host, store) in STORES {
+        let first = rig.get_with(host, path, "");
+        assert_eq!(first.header("x-cache"), Some("MISS"), "{store}");
+        std::thread::sleep(Duration::from_millis(1100));
+        let refreshed = rig.get_with(host, path, "");
+        assert_eq!(refreshed.header("x-cache"), Some("REVALIDATED"), "{store}");
+        let hit = rig.get_with(host, path, "");
+        assert_eq!(hit.header("x-cache"), Some("HIT"), "{store}");
+        for answer in [&refreshed, &hit] {
+            assert_eq!(answer.text(), first.text(), "{store}: the stored body");
+            assert_eq!(answer.header("etag"), Some("\"r1\""), "{store}");
+            assert_eq!(answer.header("content-md5"), Some("c3RvcmVk"), "{store}");
+            assert_eq!(answer.header("content-encoding"), None, "{store}");
+            assert_eq!(answer.header("content-range"), None, "{store}");
+            assert_eq!(
+                answer.header("content-length"),
+                Some(first.text().len().to_string().as_str()),
+                "{store}"
+            );
+            assert_eq!(answer.header("x-release"), Some("2"), "{store}: refreshed");
+        }
+    }
+}
+
+#[test]
+fn must_understand_and_the_precedence_of_targeted_fields() {
+    let rig = Rig::start(json!({}));
+    let cases = [
+        // §5.2.2.3: a status this cache does not know is not kept; a known one is, and
+        // must-understand sets aside the no-store meant for caches that do not know it.
+        (
+            "status=599&h=Cache-Control:max-age%3D60%2C%20must-understand",
+            "MISS",
+        ),
+        (
+            "h=Cache-Control:max-age%3D60%2C%20must-understand%2C%20no-store",
+            "HIT",
+        ),
+        // CDN-Cache-Control, then Surrogate-Control, then Cache-Control: each pair.
+        (
+            "h=Surrogate-Control:max-age%3D60&h=Cache-Control:no-store",
+            "HIT",
+        ),
+        (
+            "h=Surrogate-Control:no-store&h=Cache-Control:max-age%3D60",
+            "MISS",
+        ),
+        (
+            "h=CDN-Cache-Control:max-age%3D60&h=Surrogate-Control:no-store",
+            "HIT",
+        ),
+        (
+            "h=CDN-Cache-Control:no-store&h=Surrogate-Control:max-age%3D60",
+            "MISS",
+        ),
+        (
+            "h=CDN-Cache-Control:max-age%3D60&h=Cache-Control:no-store",
+            "HIT",
+        ),
+        (
+            "h=CDN-Cache-Control:no-store&h=Cache-Control:max-age%3D60",
+            "MISS",
+        ),
+        // A directive for another surrogate does not speak to this one.
+        (
+            "h=Surrogate-Control:max-age%3D60%3Bedge-b&h=Cache-Control:no-store",
+            "MISS",
+        ),
+        (
+            "h=Surrogate-Control:no-store%3Bedge-b&h=Cache-Control:max-age%3D60",
+            "HIT",
+        ),
+    ];
+    for (host, store) in STORES {
+        for (i, (query, second)) in cases.iter().enumerate() {
+            let path = format!("/origin/mu{i}?{query}");
+            assert_eq!(
+                verdicts(&rig, host, &path, 2),
+                ["MISS", *second],
+                "{store} {query}"
+            );
+        }
+    }
 }

@@ -397,7 +397,8 @@ async fn respond(
 /// `origin N` (text/plain unless an `h=` says otherwise), and `X-Served: N` tells which
 /// request made a copy. A request whose
 /// `If-None-Match` holds the answer's `ETag`, or whose `If-Modified-Since` is its
-/// `Last-Modified`, gets a 304 with the same fields.
+/// `Last-Modified`, gets a 304 with the same fields, but for those named by `h304=Name:Value`,
+/// sent instead.
 fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -> Vec<u8> {
     let query = request.target.split_once('?').map_or("", |(_, q)| q);
     let at = |offset: &str| -> Option<String> {
@@ -411,11 +412,20 @@ fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -
     };
     let mut status = 200;
     let mut fields: Vec<(String, String)> = Vec::new();
+    let mut on_304: Vec<(String, String)> = Vec::new();
     for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
         let value = percent_decoded(value);
         let made = match key {
             "status" => {
                 status = value.parse().unwrap_or(200);
+                None
+            }
+            "h304" => {
+                on_304.extend(
+                    value
+                        .split_once(':')
+                        .map(|(n, v)| (n.to_string(), v.trim().to_string())),
+                );
                 None
             }
             "h" => value
@@ -447,8 +457,15 @@ fn origin_answer(request: &Request, served: usize, now: std::time::SystemTime) -
     } else {
         (status, body.as_str())
     };
+    let replaced = |name: &str| on_304.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+    let sent: Vec<&(String, String)> = if status == 304 {
+        let kept = fields.iter().filter(|(name, _)| !replaced(name));
+        kept.chain(on_304.iter()).collect()
+    } else {
+        fields.iter().collect()
+    };
     let mut head = format!("HTTP/1.1 {status} X\r\nX-Served: {served}\r\n");
-    for (name, value) in &fields {
+    for (name, value) in sent {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     if status != 304 {

@@ -30,7 +30,7 @@ const ENTRY_OVERHEAD: u64 = 200;
 /// Every name of what decided a copy's lifetime (`decided_by`): those the cache stage's
 /// freshness rules give, and the two it gives copies it did not decide for. A copy read
 /// from the shared Redis names one of them.
-pub(crate) const FRESHNESS_DECIDERS: [&str; 11] = [
+pub(crate) const FRESHNESS_DECIDERS: [&str; 12] = [
     "s-maxage",
     "s-maxage (invalid)",
     "max-age",
@@ -42,6 +42,7 @@ pub(crate) const FRESHNESS_DECIDERS: [&str; 11] = [
     "heuristic (Last-Modified)",
     "the app's version in Redis",
     "not storable any more",
+    "Age (invalid)",
 ];
 
 /// A stored response, ready to be written to a client.

@@ -4,9 +4,15 @@
 //! `Surrogate-Control`) read before `Cache-Control`.
 //!
 //! Freshness: `s-maxage`, else `max-age`, else `Expires` − `Date`; an invalid value of the
-//! one that decides means stale. Without any of them, heuristic freshness (a tenth of the
-//! time since `Last-Modified`, at most a day) for the statuses cacheable by default, or the
+//! one that decides means stale, and so does an invalid `Age` (§4.2.3: anything but one
+//! non-negative integer). Without any of them, heuristic freshness (a tenth of the time
+//! since `Last-Modified`, at most a day) for the statuses cacheable by default, or the
 //! app's own `default_ttl_s` floor; otherwise the answer is not kept.
+//!
+//! Which field speaks to this cache: `CDN-Cache-Control` when present, else
+//! `Surrogate-Control` when it holds a directive for every surrogate (one targeted at a
+//! named device, `max-age=60;edge-b`, is another surrogate's; Fastly likewise reads only
+//! its own), else `Cache-Control` and `Expires`.
 
 use std::time::{Duration, SystemTime};
 
@@ -21,6 +27,29 @@ const HEURISTIC_DIVISOR: u32 = 10;
 const HEURISTIC_CEILING: Duration = Duration::from_secs(86_400);
 /// Delta-seconds past this are taken as it (§1.2.2).
 const LARGEST_DELTA: u64 = 1 << 31;
+/// The final statuses whose caching rules this cache knows (RFC 9110 §15, with 425, 429 and
+/// 451 from RFC 8470, 6585 and 7725): an answer with `must-understand` and any other status
+/// is not kept (RFC 9111 §5.2.2.3).
+const UNDERSTOOD: &[u16] = &[
+    200, 201, 202, 203, 204, 205, 206, 300, 301, 302, 303, 304, 305, 307, 308, 400, 401, 402, 403,
+    404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 421, 422, 425, 426, 428,
+    429, 451, 500, 501, 502, 503, 504, 505,
+];
+/// The directives this cache reads; a `Surrogate-Control` with none of them (only
+/// `content="ESI/1.0"`, or only other devices' directives) leaves the decision to
+/// `Cache-Control`.
+const READ_DIRECTIVES: &[&str] = &[
+    "no-store",
+    "no-cache",
+    "private",
+    "must-revalidate",
+    "proxy-revalidate",
+    "must-understand",
+    "max-age",
+    "s-maxage",
+    "stale-if-error",
+    "stale-while-revalidate",
+];
 
 /// The targeted fields, most specific first (RFC 9213 §2.2: the first present wins, and
 /// `Cache-Control` and `Expires` are then not read).
@@ -43,6 +72,9 @@ enum Delta {
 struct Directives {
     no_store: bool,
     no_cache: bool,
+    /// `must-understand`: kept only when the status is one this cache knows, and then
+    /// `no-store` (there for caches that do not know it) is not read.
+    must_understand: bool,
     private: bool,
     /// `must-revalidate` or `proxy-revalidate`.
     must_revalidate: bool,
@@ -94,7 +126,11 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
         return Err("status");
     }
     let (directives, targeted) = directives_of(headers);
-    if directives.no_store {
+    if directives.must_understand {
+        if !UNDERSTOOD.contains(&status) {
+            return Err("must-understand, status not understood");
+        }
+    } else if directives.no_store {
         return Err("no-store");
     }
     if directives.private {
@@ -122,9 +158,12 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
         (Delta::Absent, Delta::Absent) => None,
     };
     let has_validator = has_validator(headers);
+    let age = age_field(headers);
     let (lifetime, decided_by) = match explicit {
         // Kept to be revalidated before every use (§5.2.2.4), whatever else it says.
         _ if directives.no_cache => (Duration::ZERO, "no-cache"),
+        // How old it is cannot be known: stale, as an invalid lifetime is (§4.2.3).
+        Some(_) if age == Delta::Invalid => (Duration::ZERO, "Age (invalid)"),
         Some((seconds, by)) => (Duration::from_secs(seconds.min(LARGEST_DELTA)), by),
         None => {
             if !CACHEABLE_BY_DEFAULT.contains(&status) {
@@ -132,6 +171,7 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
             }
             let heuristic = heuristic_lifetime(headers, date.unwrap_or(exchange.received_at));
             match (heuristic, exchange.default_ttl) {
+                _ if age == Delta::Invalid => (Duration::ZERO, "Age (invalid)"),
                 (Some(h), Some(floor)) if floor > h => (floor, "default_ttl_s"),
                 (Some(h), _) => (h, "heuristic (Last-Modified)"),
                 (None, Some(floor)) => (floor, "default_ttl_s"),
@@ -151,7 +191,7 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
         Duration::ZERO
     };
     let stale_while_revalidate = granted(directives.stale_while_revalidate);
-    let initial_age = initial_age(exchange, date);
+    let initial_age = initial_age(exchange, date, age);
     if lifetime <= initial_age && !has_validator && stale_if_error.is_zero() {
         return Err("stale on arrival, without a validator");
     }
@@ -165,21 +205,53 @@ pub(crate) fn decide(exchange: &Exchange<'_>) -> Result<Freshness, &'static str>
     })
 }
 
-/// The answer's directives: those of the first targeted field present (and whether one
-/// was), else `Cache-Control`'s.
+/// The answer's directives: those of the first targeted field that speaks to this cache
+/// (and whether one did), else `Cache-Control`'s.
 fn directives_of(headers: &HeaderMap) -> (Directives, bool) {
     for name in &TARGETED {
-        if headers.contains_key(name) {
+        if headers.contains_key(name) && speaks_to_this_cache(headers, name) {
             return (parse_directives(headers, name), true);
         }
     }
     (parse_directives(headers, &header::CACHE_CONTROL), false)
 }
 
+/// `CDN-Cache-Control` speaks to every CDN cache (RFC 9213 §3.1). `Surrogate-Control`
+/// speaks only through the directives this cache reads that name no device (the Edge
+/// Architecture's `directive;device-token` is for that device).
+fn speaks_to_this_cache(headers: &HeaderMap, name: &HeaderName) -> bool {
+    if name != TARGETED[1] {
+        return true;
+    }
+    headers.get_all(name).iter().any(|value| {
+        split_directives(value.as_bytes())
+            .iter()
+            .any(|(directive, argument)| {
+                !names_a_device(directive, argument.as_deref())
+                    && READ_DIRECTIVES.contains(&directive.to_ascii_lowercase().as_str())
+            })
+    })
+}
+
+/// Whether a `Surrogate-Control` directive is targeted at one device (`no-store;edge-b`,
+/// `max-age=60;edge-b`).
+fn names_a_device(directive: &str, argument: Option<&str>) -> bool {
+    directive.contains(';') || argument.is_some_and(|a| !a.starts_with('"') && a.contains(';'))
+}
+
 fn parse_directives(headers: &HeaderMap, name: &HeaderName) -> Directives {
     let mut found = Directives::default();
+    let device_targeted = *name == TARGETED[1];
     for value in headers.get_all(name) {
         for (directive, argument) in split_directives(value.as_bytes()) {
+            let argument = match argument {
+                _ if !device_targeted => argument,
+                _ if names_a_device(&directive, argument.as_deref()) => continue,
+                // The Edge Architecture's `max-age=N+M`: fresh for N, then M more for
+                // removal, which this cache does not model.
+                Some(a) => Some(a.split_once('+').map_or(a.clone(), |(n, _)| n.to_string())),
+                None => None,
+            };
             let first = |slot: &mut Delta| {
                 if *slot == Delta::Absent {
                     *slot = delta(argument);
@@ -188,6 +260,7 @@ fn parse_directives(headers: &HeaderMap, name: &HeaderName) -> Directives {
             match directive.to_ascii_lowercase().as_str() {
                 "no-store" => found.no_store = true,
                 "no-cache" => found.no_cache = true,
+                "must-understand" => found.must_understand = true,
                 "private" => found.private = true,
                 "must-revalidate" | "proxy-revalidate" => found.must_revalidate = true,
                 "max-age" => first(&mut found.max_age),
@@ -250,8 +323,9 @@ fn heuristic_lifetime(headers: &HeaderMap, date: SystemTime) -> Option<Duration>
 
 /// §4.2.3's corrected initial age: the larger of what the clocks say (`Date` to arrival)
 /// and what caches before said (`Age`) plus the time the exchange took. `Date` counts in
-/// whole seconds, so the apparent age is taken from the end of its second.
-fn initial_age(exchange: &Exchange<'_>, date: Option<SystemTime>) -> Duration {
+/// whole seconds, so the apparent age is taken from the end of its second. An invalid
+/// `Age` counts nothing here: it has already made the answer stale.
+fn initial_age(exchange: &Exchange<'_>, date: Option<SystemTime>, age: Delta) -> Duration {
     let apparent = date
         .and_then(|date| {
             exchange
@@ -260,17 +334,30 @@ fn initial_age(exchange: &Exchange<'_>, date: Option<SystemTime>) -> Duration {
                 .ok()
         })
         .unwrap_or_default();
-    let age_value = exchange
-        .headers
-        .get(header::AGE)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-        .map_or(0, |v| v.parse().unwrap_or(LARGEST_DELTA).min(LARGEST_DELTA));
+    let age_value = match age {
+        Delta::Seconds(seconds) => seconds.min(LARGEST_DELTA),
+        Delta::Absent | Delta::Invalid => 0,
+    };
     let delay = exchange
         .received_at
         .duration_since(exchange.sent_at)
         .unwrap_or_default();
     apparent.max(Duration::from_secs(age_value) + delay)
+}
+
+/// The `Age` an answer arrived with (§5.1): one line of delta-seconds, else invalid — a
+/// word, a sign, a fraction, a parameter, a list, or a second line even of the same value
+/// (which of two ages is meant cannot be told).
+fn age_field(headers: &HeaderMap) -> Delta {
+    let mut lines = headers.get_all(header::AGE).iter();
+    match (lines.next(), lines.next()) {
+        (None, _) => Delta::Absent,
+        (Some(value), None) => match value.to_str() {
+            Ok(text) => delta(Some(text.trim().to_string())),
+            Err(_) => Delta::Invalid,
+        },
+        (Some(_), Some(_)) => Delta::Invalid,
+    }
 }
 
 /// Whether an answer carries a validator (`ETag`, `Last-Modified`) to be revalidated with.
@@ -472,6 +559,141 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_age_makes_the_answer_stale() {
+        let etag = ("etag", "\"v1\"");
+        let fresh_for = |ages: &[&str]| {
+            let mut fields = vec![("cache-control", "max-age=7200"), etag];
+            fields.extend(ages.iter().map(|age| ("age", *age)));
+            lifetime(&fields)
+        };
+        assert_eq!(fresh_for(&["3600"]), Some((7200, "max-age")));
+        assert_eq!(
+            fresh_for(&[" 0"]),
+            Some((7200, "max-age")),
+            "spaces are not part of it"
+        );
+        for invalid in [
+            &["old"][..],
+            &["-1"],
+            &["1.5"],
+            &["0; foo=bar"],
+            &["0; x=1"],
+            &["old, 0"],
+            &["0, 0"],
+            &[""],
+            &["0", "0"],
+            &["3600", "3600"],
+        ] {
+            assert_eq!(
+                fresh_for(invalid),
+                Some((0, "Age (invalid)")),
+                "{invalid:?}"
+            );
+        }
+        assert_eq!(
+            decided(200, &[("cache-control", "max-age=7200"), ("age", "1.5")]),
+            Err("stale on arrival, without a validator")
+        );
+        assert_eq!(
+            lifetime(&[
+                ("date", NOW),
+                ("last-modified", "Fri, 15 Jan 2027 07:00:00 GMT"),
+                ("age", "x"),
+                etag
+            ]),
+            Some((0, "Age (invalid)")),
+            "heuristic freshness too"
+        );
+    }
+
+    #[test]
+    fn must_understand_keeps_only_statuses_this_cache_knows_and_overrides_no_store() {
+        let with = |status, cc| decided(status, &[("cache-control", cc)]).map(|f| f.lifetime);
+        assert_eq!(
+            with(599, "max-age=60, must-understand"),
+            Err("must-understand, status not understood")
+        );
+        assert_eq!(
+            with(599, "max-age=60, must-understand, no-store"),
+            Err("must-understand, status not understood")
+        );
+        assert_eq!(
+            with(599, "max-age=60"),
+            Ok(Duration::from_secs(60)),
+            "without it, explicit freshness stores any final status"
+        );
+        assert_eq!(
+            with(200, "max-age=60, must-understand, no-store"),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(
+            with(404, "max-age=60, must-understand"),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(
+            with(200, "max-age=60, must-understand, private"),
+            Err("private")
+        );
+        assert_eq!(with(200, "max-age=60, no-store"), Err("no-store"));
+    }
+
+    #[test]
+    fn surrogate_control_speaks_only_through_directives_for_every_surrogate() {
+        // CDN-Cache-Control, then Surrogate-Control, then Cache-Control: each pair.
+        assert_eq!(
+            lifetime(&[
+                ("surrogate-control", "max-age=60"),
+                ("cache-control", "no-store")
+            ]),
+            Some((60, "max-age"))
+        );
+        assert_eq!(
+            lifetime(&[
+                ("surrogate-control", "no-store"),
+                ("cache-control", "max-age=60")
+            ]),
+            None
+        );
+        assert_eq!(
+            lifetime(&[
+                ("cdn-cache-control", "max-age=60"),
+                ("surrogate-control", "no-store")
+            ]),
+            Some((60, "max-age"))
+        );
+        assert_eq!(
+            lifetime(&[
+                ("cdn-cache-control", "no-store"),
+                ("surrogate-control", "max-age=60")
+            ]),
+            None
+        );
+        // Another device's directives, or none this cache reads: Cache-Control decides.
+        for other in [
+            "max-age=600;edge-b",
+            "no-store;edge-b",
+            "content=\"ESI/1.0\"",
+        ] {
+            assert_eq!(
+                lifetime(&[("surrogate-control", other), ("cache-control", "max-age=5")]),
+                Some((5, "max-age")),
+                "{other}"
+            );
+        }
+        assert_eq!(
+            lifetime(&[
+                (
+                    "surrogate-control",
+                    "content=\"ESI/1.0\", max-age=30;edge-b, max-age=60+600"
+                ),
+                ("cache-control", "max-age=5")
+            ]),
+            Some((60, "max-age")),
+            "its own max-age, the removal time after + aside"
+        );
+    }
+
+    #[test]
     fn the_age_counts_upstream_age_the_exchange_and_the_date() {
         let sent = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let age = |fields: &[(&str, &str)], took: u64| {
@@ -490,8 +712,16 @@ mod tests {
             Ok(102)
         );
         assert_eq!(
-            age(&[("cache-control", "max-age=600"), ("age", "x")], 0),
-            Ok(0)
+            age(
+                &[
+                    ("cache-control", "max-age=600"),
+                    ("age", "x"),
+                    ("etag", "\"e\"")
+                ],
+                0
+            ),
+            Ok(0),
+            "an invalid Age counts nothing: the answer is stale already"
         );
         let date = httpdate::fmt_http_date(sent - Duration::from_secs(300));
         assert_eq!(

@@ -65,12 +65,27 @@ pub(crate) fn ask_if_changed(request: &mut HeaderMap, stored: &HeaderMap) {
     }
 }
 
+/// The stored fields a 304 does not replace (RFC 9111 §3.2, §4.3.4): those that describe
+/// the stored body's bytes — its length, coding, range and digests — and the validator it
+/// was selected by. A 304 says the stored body still holds; a new label on it would send
+/// the next client those bytes under another coding or tag. Varnish keeps these too.
+const DESCRIBE_THE_STORED_BODY: [&str; 8] = [
+    "content-length",
+    "content-encoding",
+    "content-range",
+    "content-md5",
+    "content-digest",
+    "repr-digest",
+    "digest",
+    "etag",
+];
+
 /// The stored fields refreshed by the fields of a 304 the cache keeps: each replaces the
-/// stored values of its name, but for the length (the body is the stored one's).
+/// stored values of its name, but for those that describe the stored body.
 pub(crate) fn refreshed(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut fields = stored.clone();
     for name in not_modified.keys() {
-        if *name == header::CONTENT_LENGTH {
+        if DESCRIBE_THE_STORED_BODY.contains(&name.as_str()) {
             continue;
         }
         fields.remove(name);
@@ -155,18 +170,27 @@ mod tests {
     }
 
     #[test]
-    fn a_304_replaces_the_fields_it_has_but_the_length() {
+    fn a_304_replaces_the_fields_it_has_but_those_describing_the_stored_body() {
         let stored = test_fields(&[
             ("content-length", "5"),
             ("cache-control", "max-age=1"),
             ("x-version", "1"),
             ("x-version", "1b"),
             ("etag", "\"a\""),
+            ("content-md5", "stored"),
+            ("repr-digest", "sha-256=:stored:"),
         ]);
         let answer = test_fields(&[
             ("content-length", "0"),
             ("cache-control", "max-age=60"),
             ("x-version", "2"),
+            ("etag", "\"b\""),
+            ("content-encoding", "gzip"),
+            ("content-md5", "other"),
+            ("content-range", "bytes 0-2/3"),
+            ("content-digest", "sha-256=:other:"),
+            ("repr-digest", "sha-256=:other:"),
+            ("digest", "sha-256=other"),
         ]);
         let merged = refreshed(&stored, &answer);
         let all = |name: &str| -> Vec<&str> {
@@ -180,6 +204,16 @@ mod tests {
         assert_eq!(all("cache-control"), ["max-age=60"]);
         assert_eq!(all("x-version"), ["2"]);
         assert_eq!(all("etag"), ["\"a\""]);
+        assert_eq!(all("content-md5"), ["stored"]);
+        assert_eq!(all("repr-digest"), ["sha-256=:stored:"]);
+        for absent in [
+            "content-encoding",
+            "content-range",
+            "content-digest",
+            "digest",
+        ] {
+            assert!(all(absent).is_empty(), "{absent} came from the 304");
+        }
     }
 
     #[test]
