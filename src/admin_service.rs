@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_admin::{
-    AdminState, BackendNamesView, ChangeLog, HostExplainer, LocalCaches, SharedCache, TrafficView,
-    WafControl,
+    AdminState, AuditSink, BackendNamesView, ChangeLog, HostExplainer, LocalCaches, SharedCache,
+    TrafficView, WafControl,
 };
 use switchyard_proxy::{
-    BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch, TrafficHistory,
-    TrafficOrder,
+    AccessLog, BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch,
+    TrafficHistory, TrafficOrder,
 };
 use switchyard_store::{Store, StoreError};
 use tokio::sync::watch;
@@ -87,6 +87,17 @@ pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 impl WafControl for WafReload {
     fn reload(&self) -> Result<(usize, u64), String> {
         self.0.reload_here().map_err(|e| e.to_string())
+    }
+}
+
+/// Audit records shipped with the access logs, where they go to logd.
+pub(crate) struct AuditToLogs(pub(crate) AccessLog);
+
+impl AuditSink for AuditToLogs {
+    fn ship(&self, record: &switchyard_model::AuditRecord) {
+        if let Ok(line) = serde_json::to_string(record) {
+            self.0.record_audit(line);
+        }
     }
 }
 

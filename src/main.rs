@@ -41,6 +41,10 @@ enum Command {
     Top(cli::TopArgs),
     /// Back up the store while the router serves, restore it, see where it stands.
     Store(cli::StoreArgs),
+    /// Make, list and revoke scoped admin API tokens (with the router's --admin-token).
+    Tokens(cli::TokensArgs),
+    /// Who changed what through the admin API, newest first.
+    Audit(cli::AuditArgs),
     /// Run the log service: receives routers' access-log batches, writes one file per app.
     Logd(logd::LogdArgs),
     /// Fill an embedded store with generated apps (benchmarks; run before `serve`).
@@ -76,6 +80,8 @@ fn main() -> ExitCode {
         Command::Explain(args) => cli::run_explain(args),
         Command::Top(args) => cli::run_top(args),
         Command::Store(args) => cli::run_store(args),
+        Command::Tokens(args) => cli::run_tokens(args),
+        Command::Audit(args) => cli::run_audit(args),
         Command::Reference(args) => {
             match reference::write(&args, <Cli as clap::CommandFactory>::command()) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -28,7 +28,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::admin_service::{
-    serve_admin, serve_metrics, CacheRedisPurge, Changes, FollowerProgress, NamesView,
+    serve_admin, serve_metrics, AuditToLogs, CacheRedisPurge, Changes, FollowerProgress, NamesView,
     RouteExplainer, Traffic, WafReload,
 };
 
@@ -177,7 +177,9 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .with_explainer(Arc::new(explainer))
         .with_traffic(Arc::new(Traffic(history)))
         .with_change_log(Arc::new(Changes(recent_changes)))
-        .with_ui_writes(config.admin_ui_writes);
+        .with_ui_writes(config.admin_ui_writes)
+        .with_audit_retention(config.audit_retention)
+        .with_audit_sink(Arc::new(AuditToLogs(access_log_kept.clone())));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

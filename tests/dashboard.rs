@@ -521,6 +521,17 @@ fn the_dashboard_edits_apps_and_purges_caches_only_when_the_router_allows_it() {
     );
     assert_eq!(result, "saved: routing follows now");
     assert_eq!(router.get("new.shop.ui.test", "/").status, 200);
+    // The page's recent changes name the save, its author and the field it changed.
+    let recorded = page.wait_for(
+        "(() => { const t = document.getElementById('app-audit'); \
+           return t && t.textContent.includes('PUT /v1/apps/shop') && t.textContent; })()",
+        "the save in the app's recent changes",
+    );
+    let recorded = recorded.as_str().unwrap_or_default();
+    assert!(
+        recorded.contains("anonymous") && recorded.contains("domains"),
+        "{recorded}"
+    );
 
     // A refused edit shows the API's reason with the field, and changes nothing.
     page.eval(

@@ -2,6 +2,7 @@
 //! Output is short and readable; any failure prints the API's error (with the field it names) and
 //! exits non-zero.
 
+mod access;
 mod apps;
 mod certs;
 mod explain;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::Value;
 
+pub(crate) use access::{run_audit, run_tokens, AuditArgs, TokensArgs};
 pub(crate) use apps::{run as run_apps, AppsArgs};
 pub(crate) use certs::{run as run_certs, CertsArgs};
 pub(crate) use explain::{run as run_explain, ExplainArgs};

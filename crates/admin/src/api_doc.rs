@@ -237,7 +237,12 @@ const INVALID: Refusal = (400, "Invalid input; `field` names what is wrong");
 const UNAUTHORIZED: Refusal = (401, "Missing or wrong bearer token");
 const BROWSER_WRITE: Refusal = (
     403,
-    "Sent by a browser (with Origin) while the dashboard is read-only (--admin-ui-writes off)",
+    "The token's scope does not allow this write (`field`: `authorization`), or sent by a \
+     browser (with Origin) while the dashboard is read-only (--admin-ui-writes off)",
+);
+const SCOPE: Refusal = (
+    403,
+    "The token's scope does not allow this call (`field`: `authorization`)",
 );
 const NOT_FOUND: Refusal = (404, "No such resource");
 const TOO_LARGE: Refusal = (413, "Body over 1 MiB");
@@ -295,7 +300,7 @@ fn answer<'t>(
 fn store_read<'t>(op: TransformOperation<'t>, meaning: &str) -> TransformOperation<'t> {
     refusals(
         answer(op, 200, meaning),
-        &[INVALID, UNAUTHORIZED, STORE_DOWN],
+        &[INVALID, UNAUTHORIZED, SCOPE, STORE_DOWN],
     )
 }
 
@@ -594,6 +599,40 @@ pub(crate) fn busiest_apps(op: TransformOperation<'_>) -> TransformOperation<'_>
     )
 }
 
+pub(crate) fn create_token(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = op
+        .summary(
+            "Make a scoped token (--admin-token only): read, write, or apps:PREFIX; its secret is \
+             in the answer's `token`, shown this once (the store keeps its SHA-256)",
+        )
+        .response_with::<201, Json<crate::tokens::MadeToken>, _>(|r| r.description("Made"));
+    write(op, &[(409, "The store holds 10,000 tokens already")])
+}
+
+pub(crate) fn list_tokens(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    store_read(
+        op.summary("The scoped tokens, without their secrets (--admin-token only)"),
+        "The tokens",
+    )
+}
+
+pub(crate) fn revoke_token(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    write(
+        deleted(op.summary("Revoke a token: refused at once on every router (--admin-token only)")),
+        &[NOT_FOUND],
+    )
+}
+
+pub(crate) fn read_audit(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    store_read(
+        op.summary(
+            "The writes made through this API (by any router of the fleet), newest first: \
+             when, by which token, from where, what changed and the answer's status",
+        ),
+        "A page of records; pass its `next` as `before` for the one after",
+    )
+}
+
 pub(crate) fn recent_changes(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = answer(
         op.summary("The store changes this router applied lately, newest first"),
@@ -685,7 +724,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(operations, 24, "operations documented");
+        assert_eq!(operations, 28, "operations documented");
         let mut found = Vec::new();
         schema_references(&document, &mut found);
         assert!(!found.is_empty());

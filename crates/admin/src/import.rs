@@ -19,6 +19,7 @@ use serde_json::Value;
 use switchyard_model::{parse_app_spec, App, ValidationError};
 
 use crate::api_doc::AppLines;
+use crate::audit::AuditDetail;
 use crate::{AdminState, ApiError};
 
 /// Largest import body: 100,000 apps of a few hundred bytes each.
@@ -164,13 +165,29 @@ pub(crate) async fn import_apps(
     } else {
         StatusCode::CONFLICT
     };
+    // The audit record names the apps written (the first of them, for a large import)
+    // rather than a diff of each: a bulk write must not flood the log it is recorded in.
+    let written: Vec<&str> = shown
+        .iter()
+        .filter(|r| r.result == "applied")
+        .take(AUDITED_NAMES)
+        .map(|r| r.app.as_str())
+        .collect();
+    let detail = AuditDetail(serde_json::json!({
+        "applied": applied,
+        "refused": refused,
+        "apps": written,
+    }));
     let answer = Imported {
         applied,
         refused,
         results: shown,
     };
-    Ok((status, Json(answer)).into_response())
+    Ok((status, axum::Extension(detail), Json(answer)).into_response())
 }
+
+/// Most app names an import's audit record lists.
+const AUDITED_NAMES: usize = 100;
 
 /// The apps of `text` with their line numbers, and every line that cannot be one.
 fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {

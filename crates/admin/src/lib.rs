@@ -4,10 +4,13 @@
 
 mod answers;
 mod api_doc;
+mod audit;
+mod auth;
 mod error;
 mod handlers;
 mod import;
 mod page_fetch;
+mod tokens;
 mod ui;
 
 use std::future::Future;
@@ -26,6 +29,7 @@ use switchyard_store::{Store, StoreError};
 use tokio::net::TcpListener;
 
 pub use api_doc::document as openapi_document;
+pub use audit::{AuditSink, DEFAULT_AUDIT_RETENTION};
 pub use error::ApiError;
 
 /// Largest request body accepted (an app with a thousand domains fits comfortably).
@@ -106,6 +110,10 @@ pub struct AdminState {
     ui_writes: bool,
     /// Held while a backup is taken: one at a time.
     backup_running: Arc<tokio::sync::Mutex<()>>,
+    /// Audit records kept in the store.
+    audit_retention: usize,
+    /// Where audit records are shipped besides the store.
+    audit_sink: Option<Arc<dyn AuditSink>>,
 }
 
 impl AdminState {
@@ -123,7 +131,21 @@ impl AdminState {
             changes: None,
             ui_writes: false,
             backup_running: Arc::default(),
+            audit_retention: DEFAULT_AUDIT_RETENTION,
+            audit_sink: None,
         }
+    }
+
+    /// Keeps the newest `records` of the audit log.
+    pub fn with_audit_retention(mut self, records: usize) -> Self {
+        self.audit_retention = records;
+        self
+    }
+
+    /// Ships every audit record to `sink` too (the router's log shipping).
+    pub fn with_audit_sink(mut self, sink: Arc<dyn AuditSink>) -> Self {
+        self.audit_sink = Some(sink);
+        self
     }
 
     /// `GET /v1/changes` answers from `changes`.
@@ -265,6 +287,16 @@ fn protected_routes() -> ApiRouter<AdminState> {
                 .delete_with(handlers::delete_cert, api_doc::delete_cert),
         )
         .api_route("/metrics", get_with(handlers::metrics, api_doc::metrics))
+        .api_route(
+            "/v1/tokens",
+            post_with(tokens::create, api_doc::create_token)
+                .get_with(tokens::list, api_doc::list_tokens),
+        )
+        .api_route(
+            "/v1/tokens/{id}",
+            delete_with(tokens::revoke, api_doc::revoke_token),
+        )
+        .api_route("/v1/audit", get_with(audit::read, api_doc::read_audit))
 }
 
 /// Every documented route, as the OpenAPI document describes them.
@@ -276,13 +308,22 @@ fn documented_routes() -> ApiRouter<AdminState> {
 pub fn router(state: AdminState) -> Router {
     // The document is made apart (`api_doc::document`) from the same route lists.
     let mut unused = OpenApi::default();
+    // Outermost first: who calls and may they (auth), not from a read-only dashboard, then
+    // the audit record of what the call changed.
     let protected = protected_routes()
         .finish_api(&mut unused)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
+            audit::record_writes,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
             refuse_browser_writes,
         ))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     public_routes()
         .finish_api(&mut unused)
         .route("/ui", get(ui::to_index))
@@ -328,28 +369,11 @@ pub async fn serve(
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    // The client's address goes into each audit record.
+    let service = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-async fn require_token(
-    State(state): State<AdminState>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    if let Some(expected) = &state.token {
-        let given = request
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            return Err(ApiError::Unauthorized);
-        }
-    }
-    Ok(next.run(request).await)
 }
 
 /// A browser names the page a call comes from in `Origin` on every write (fetch sends it for
@@ -401,12 +425,4 @@ async fn json_rejections(request: Request, next: Next) -> Response {
         .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .unwrap_or_default();
     ApiError::Rejected { status, text }.into_response()
-}
-
-/// Compares without an early exit, so response timing does not reveal a token's prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -219,10 +219,12 @@ async function appPage(name) {
   const live = document.getElementById("live");
   if (settings.writes) editPanel(name);
   const tick = async () => {
-    const [app, stats, counters] = await Promise.all([
+    const [app, stats, counters, audit] = await Promise.all([
       api("/v1/apps/" + encodeURIComponent(name)),
       api("/v1/stats/apps?app=" + encodeURIComponent(name)),
       api("/metrics?app=" + encodeURIComponent(name), true).then(parseMetrics),
+      // A token whose scope does not reach the audit log still sees the rest of the page.
+      api("/v1/audit?limit=10&app=" + encodeURIComponent(name)).catch(() => null),
     ]);
     const count = (metric, label) => sum(counters, metric, (k) => !label || k.includes(label));
     const lookups = count("switchyard_cache_requests_total");
@@ -258,10 +260,21 @@ async function appPage(name) {
         const c = certs[i];
         return `<tr><td>${escape(d)}</td><td>${c && c.not_after ? escape(date(c.not_after)) : '<span class="muted">none stored</span>'}</td>
           <td>${escape(c && c.issuer)}</td><td>${acmeState(c && c.acme)}</td></tr>`;
-      }).join("")}</table>`;
+      }).join("")}</table>
+      <h2>Recent changes</h2>${auditTable(audit)}`;
   };
   await tick();
   refresh = setInterval(() => tick().catch(showError), 2000);
+}
+
+// The app's writes from the audit log: who (token id), from where, what and which fields.
+function auditTable(audit) {
+  if (!audit) return `<p class="muted">The audit log is not readable with this token.</p>`;
+  if (!audit.records.length) return `<p class="muted">No write to this app is recorded.</p>`;
+  const rows = audit.records.map((r) => `<tr><td>${escape(new Date(r.at_ms).toLocaleString())}</td>
+    <td><code>${escape(r.token)}</code></td><td>${escape(r.client)}</td><td>${escape(r.method)} ${escape(r.path)}</td>
+    <td class="${r.status < 400 ? "ok" : "bad"}">${r.status}</td><td>${Object.keys(r.change || {}).map(escape).join(", ")}</td></tr>`).join("");
+  return `<table id="app-audit"><tr><th>when</th><th>token</th><th>from</th><th>call</th><th>answer</th><th>fields changed</th></tr>${rows}</table>`;
 }
 
 // Writes, shown only when the router allows the dashboard to write: the app as JSON to edit

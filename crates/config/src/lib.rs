@@ -114,6 +114,8 @@ pub struct Config {
     pub route_cache_apps: usize,
     /// Most busy apps the traffic history keeps.
     pub history_max_apps: usize,
+    /// Audit records the store keeps.
+    pub audit_retention: usize,
     /// Whose `X-Forwarded-For` limits believe.
     pub trusted_proxies: Vec<IpNet>,
     /// Most client records of per-client limits.
@@ -346,6 +348,7 @@ impl Config {
             quit_predecessor: settings.quit_predecessor,
             route_cache_apps: settings.route_cache_apps.resolved()?,
             history_max_apps: settings.history_max_apps.resolved()?,
+            audit_retention: settings.audit_retention.resolved()?,
             trusted_proxies,
             limit_sync: settings.limit_sync_ms.millis()?,
             dns,

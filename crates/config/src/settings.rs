@@ -174,6 +174,9 @@ settings! {
     /// Bearer token required by every admin call but /healthz.
     #[arg(hide_env_values = true)]
     admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
+    /// Audit records the store keeps (every write through the admin API is one); the oldest
+    /// go first.
+    audit_retention: usize = "SWITCHYARD_AUDIT_RETENTION", default 100_000, check at_least_one;
     /// `off`: the dashboard at /ui/ is read-only, and the admin API refuses writes
     /// made by a browser (calls carrying `Origin`); `on`: the dashboard may edit apps and
     /// purge caches with the token.

@@ -259,6 +259,9 @@ fn directory_name(app: &str) -> &str {
     if app.is_empty() {
         return UNROUTED;
     }
+    if app == crate::AUDIT_STREAM {
+        return crate::AUDIT_STREAM;
+    }
     let plain = app.len() <= 128
         && !app.starts_with('.')
         && !app.starts_with('_')

@@ -16,6 +16,10 @@ pub use files::FilePolicy;
 pub use logd::{run as run_logd, LogdConfig, SyncPolicy};
 pub use shipper::{Batcher, ShipConfig, Shipper};
 
+/// The stream (and logd's directory) of the admin API's audit records, shipped beside the
+/// access logs: no app name starts with `_`.
+pub const AUDIT_STREAM: &str = "_audit";
+
 /// What each metric of this crate is, for the reference (`switchyard reference`).
 pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
     metrics::documented()

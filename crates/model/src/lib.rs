@@ -3,6 +3,7 @@
 //! everything else — the store persists these types, the proxy routes by them, the admin API
 //! validates input with them — and it does no IO, so validation lives here once.
 
+mod access;
 mod acme;
 mod affinity;
 mod app;
@@ -26,6 +27,7 @@ mod spec;
 mod views;
 mod waf;
 
+pub use access::{field_changes, ApiToken, AuditPage, AuditQuery, AuditRecord, TokenScope};
 pub use acme::{
     backoff_s, renew_at, AcmeChallenge, AcmeDomain, AcmeStatus, AcmeTlsAlpnAnswer,
     DUPLICATES_PER_WEEK, FAILURES_PER_HOUR,

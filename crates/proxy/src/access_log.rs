@@ -131,6 +131,22 @@ impl AccessLog {
         }
     }
 
+    /// Ships one audit record of the admin API (a JSON line) with the access logs, to
+    /// logd's `_audit` directory; a local access log (stdout, a file) does not carry them.
+    pub fn record_audit(&self, line: String) {
+        let (Some(queue), Some(_)) = (&self.queue, &self.shipper) else {
+            return;
+        };
+        let entry = Entry::Record {
+            app: switchyard_logs::AUDIT_STREAM.into(),
+            line,
+        };
+        match queue.try_send(entry) {
+            Ok(()) => metrics::ACCESS_LOG_QUEUE.inc(),
+            Err(_) => metrics::ACCESS_LOG_DROPPED.inc(),
+        }
+    }
+
     /// Reopens the access log's file, as logrotate's `postrotate` asks with SIGHUP: the
     /// file moved away gets the lines queued before, the new one every line after. Waits
     /// behind the lines queued (a full queue is written out first); nothing for standard
@@ -318,7 +334,8 @@ fn rfc3339_now() -> String {
     format_rfc3339(now)
 }
 
-fn format_rfc3339(since_epoch: Duration) -> String {
+/// A time since the epoch as a UTC RFC 3339 timestamp with milliseconds.
+pub fn format_rfc3339(since_epoch: Duration) -> String {
     let secs = since_epoch.as_secs();
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let (year, month, day) = civil_from_days(days);

@@ -45,7 +45,7 @@ mod traffic;
 mod upstream;
 mod wall_clock;
 
-pub use access_log::{AccessLog, AccessLogTarget};
+pub use access_log::{format_rfc3339, AccessLog, AccessLogTarget};
 pub use isolation::worker_pool::{PoolScheduling, WorkerPool};
 pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
 pub use respond::refusals_table;

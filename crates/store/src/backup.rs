@@ -16,7 +16,8 @@ use redb::{
 };
 
 use crate::embedded::{
-    decode_app, unavailable, ACME, APPS, CERTS, CERT_EXPIRY, CERT_INFO, DOMAINS, FILE_NAME, SECRETS,
+    decode_app, unavailable, ACME, APPS, AUDIT, CERTS, CERT_EXPIRY, CERT_INFO, DOMAINS, FILE_NAME,
+    SECRETS, TOKENS,
 };
 use crate::StoreError;
 
@@ -77,6 +78,8 @@ fn copy_into(read: &ReadTransaction, path: &Path) -> Result<BackupContents, Stor
     copy_table(read, &write, CERT_EXPIRY)?;
     copy_table(read, &write, ACME)?;
     copy_table(read, &write, SECRETS)?;
+    copy_table(read, &write, TOKENS)?;
+    copy_table(read, &write, AUDIT)?;
     write.commit().map_err(unavailable)?;
     Ok(BackupContents { apps, certificates })
 }

@@ -8,9 +8,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
-use redb::{Database, DatabaseError, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, DatabaseError, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
 use switchyard_model::{
-    AcmeDomain, App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate,
+    AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo,
+    Change, IfMatch, StoredCertificate,
 };
 
 use crate::json::encode;
@@ -39,6 +43,11 @@ pub(crate) const CERT_EXPIRY: TableDefinition<&str, &[u8]> = TableDefinition::ne
 pub(crate) const ACME: TableDefinition<&str, &[u8]> = TableDefinition::new("acme");
 /// The fleet's secrets by name (`Store::fleet_secret`), written once.
 pub(crate) const SECRETS: TableDefinition<&str, &str> = TableDefinition::new("secrets");
+/// The admin API's tokens by id, as JSON (the secret's digest, never the secret).
+pub(crate) const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+/// The audit log: a sequence number (20 digits, so that keys sort as numbers) → record,
+/// as JSON.
+pub(crate) const AUDIT: TableDefinition<&str, &[u8]> = TableDefinition::new("audit");
 /// The key ranges of the ACME records written with an expiry: the answers of open orders.
 const EXPIRING_RECORDS: [(&str, &str); 2] =
     [("challenge:", "challenge;"), ("tls-alpn:", "tls-alpn;")];
@@ -120,6 +129,8 @@ impl EmbeddedStore {
         index_expiries(&txn)?;
         txn.open_table(ACME).map_err(unavailable)?;
         txn.open_table(SECRETS).map_err(unavailable)?;
+        txn.open_table(TOKENS).map_err(unavailable)?;
+        txn.open_table(AUDIT).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
             db: Arc::new(RwLock::new(Some(Arc::new(db)))),
@@ -633,6 +644,114 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
+        self.blocking(|store| {
+            let txn = store.db()?.begin_read().map_err(unavailable)?;
+            let table = txn.open_table(TOKENS).map_err(unavailable)?;
+            let mut tokens = Vec::new();
+            for entry in table.iter().map_err(unavailable)? {
+                let (id, value) = entry.map_err(unavailable)?;
+                tokens.push(decode_json(id.value(), value.value())?);
+            }
+            Ok(tokens)
+        })
+        .await
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<ApiToken>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(TOKENS).map_err(unavailable)?;
+        let value = table.get(id).map_err(unavailable)?;
+        value.map(|v| decode_json(id, v.value())).transpose()
+    }
+
+    async fn put_token(&self, token: ApiToken) -> Result<(), StoreError> {
+        let json = encode(&token.id, &token)?;
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            txn.open_table(TOKENS)
+                .map_err(unavailable)?
+                .insert(token.id.as_str(), json.as_bytes())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            let removed = txn
+                .open_table(TOKENS)
+                .map_err(unavailable)?
+                .remove(id.as_str())
+                .map_err(unavailable)?
+                .is_some();
+            txn.commit().map_err(unavailable)?;
+            Ok(removed)
+        })
+        .await
+    }
+
+    async fn append_audit(&self, record: AuditRecord, keep: usize) -> Result<u64, StoreError> {
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            let trimmed = {
+                let mut table = txn.open_table(AUDIT).map_err(unavailable)?;
+                let last = table.last().map_err(unavailable)?;
+                let next = last.map_or(0, |(key, _)| key.value().parse::<u64>().unwrap_or(0)) + 1;
+                let cursor = format!("{next:020}");
+                let json = encode(
+                    &cursor,
+                    &AuditRecord {
+                        cursor: cursor.clone(),
+                        ..record
+                    },
+                )?;
+                table
+                    .insert(cursor.as_str(), json.as_bytes())
+                    .map_err(unavailable)?;
+                let mut trimmed = 0;
+                while table.len().map_err(unavailable)? > keep as u64 {
+                    table.pop_first().map_err(unavailable)?;
+                    trimmed += 1;
+                }
+                trimmed
+            };
+            txn.commit().map_err(unavailable)?;
+            Ok(trimmed)
+        })
+        .await
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<AuditPage, StoreError> {
+        let query = query.clone();
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_read().map_err(unavailable)?;
+            let table = txn.open_table(AUDIT).map_err(unavailable)?;
+            let before = query.before.as_deref().unwrap_or("~");
+            let mut page = AuditPage::default();
+            for entry in table.range::<&str>(..before).map_err(unavailable)?.rev() {
+                let (cursor, value) = entry.map_err(unavailable)?;
+                let record: AuditRecord = decode_json(cursor.value(), value.value())?;
+                if query.since_ms.is_some_and(|since| record.at_ms < since) {
+                    break;
+                }
+                if !query.wants(&record) {
+                    continue;
+                }
+                if page.records.len() == query.limit {
+                    page.next = page.records.last().map(|r| r.cursor.clone());
+                    break;
+                }
+                page.records.push(record);
+            }
+            Ok(page)
+        })
+        .await
+    }
+
     async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
         let lease = self.lease.lock();
         Ok(lease
@@ -825,6 +944,14 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, 
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
+}
+
+/// A JSON record of `key` in one of the store's own tables.
+fn decode_json<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! embedded redb file (one router) and Redis (a fleet of routers sharing one store).
 
 pub mod acme;
+pub mod audit;
 mod backup;
 mod embedded;
 mod error;
@@ -24,7 +25,10 @@ pub use redis_link::{LinkError, RedisLink, RedisTimeouts};
 pub use redis_store::{RedisStore, WriteAcks, CHANGES_CHANNEL, KEY_PREFIX};
 pub use redis_target::RedisTarget;
 
-use switchyard_model::{App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate};
+use switchyard_model::{
+    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change, IfMatch,
+    StoredCertificate,
+};
 
 /// How many change events a subscriber may fall behind before it must resync everything.
 pub const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -281,6 +285,25 @@ pub trait Store: Send + Sync {
     /// else the one kept — the same for every router of the fleet (e.g. the key that signs
     /// sticky-session cookies, so that any router honours another's).
     async fn fleet_secret(&self, name: &str, candidate: String) -> Result<String, StoreError>;
+
+    /// The admin API's tokens, in no order.
+    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError>;
+
+    /// The token with this id.
+    async fn get_token(&self, id: &str) -> Result<Option<ApiToken>, StoreError>;
+
+    /// Keeps a new token (its id is new: made of random bytes by the caller).
+    async fn put_token(&self, token: ApiToken) -> Result<(), StoreError>;
+
+    /// Revokes a token; whether there was one.
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Appends a record to the audit log, keeping the newest `keep`; answers how many older
+    /// records went to make room.
+    async fn append_audit(&self, record: AuditRecord, keep: usize) -> Result<u64, StoreError>;
+
+    /// The audit log's records the query asks for, newest first.
+    async fn audit(&self, query: &AuditQuery) -> Result<AuditPage, StoreError>;
 
     /// Whether the store answered its last call. Caches use it to count what they serve
     /// while the store is away; a store that cannot fail is always available.

@@ -51,6 +51,21 @@ switchyard_metrics::declare_metrics! {
         &["role"]
     ));
 
+    pub(crate) static AUDIT_RECORDS: IntCounter = registered(register_int_counter!(
+        "switchyard_audit_records_total",
+        "Writes through the admin API recorded in the audit log."
+    ));
+
+    pub(crate) static AUDIT_TRIMMED: IntCounter = registered(register_int_counter!(
+        "switchyard_audit_records_trimmed_total",
+        "Oldest audit records removed to keep the log within --audit-retention."
+    ));
+
+    pub(crate) static AUDIT_FAILURES: IntCounter = registered(register_int_counter!(
+        "switchyard_audit_write_failures_total",
+        "Audit records the store could not keep (the write they describe was answered)."
+    ));
+
     pub(crate) static PUBSUB_DISCONNECTS: IntCounter = registered(register_int_counter!(
         "switchyard_store_subscription_disconnects_total",
         "Times the change subscription was lost."

@@ -16,7 +16,10 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
-use switchyard_model::{App, Backend, CertificateInfo, Change, IfMatch, StoredCertificate};
+use switchyard_model::{
+    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change, IfMatch,
+    StoredCertificate,
+};
 
 use crate::json::{decode, encode};
 use crate::metrics;
@@ -1031,6 +1034,114 @@ impl Store for RedisStore {
             })
             .await?;
         Ok(kept)
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
+        let key = format!("{KEY_PREFIX}tokens");
+        let all: Vec<(String, String)> = self
+            .call(|mut c| async move { c.hgetall(key).await })
+            .await?;
+        all.iter().map(|(id, json)| decode(id, json)).collect()
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<ApiToken>, StoreError> {
+        let key = format!("{KEY_PREFIX}tokens");
+        let field = id.to_string();
+        let json: Option<String> = self
+            .call(|mut c| async move { c.hget(key, field).await })
+            .await?;
+        json.map(|json| decode(id, &json)).transpose()
+    }
+
+    async fn put_token(&self, token: ApiToken) -> Result<(), StoreError> {
+        let key = format!("{KEY_PREFIX}tokens");
+        let json = encode(&token.id, &token)?;
+        self.call(|mut c| async move { c.hset::<_, _, _, ()>(key, token.id, json).await })
+            .await
+    }
+
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let key = format!("{KEY_PREFIX}tokens");
+        let field = id.to_string();
+        let removed: u64 = self
+            .call(|mut c| async move { c.hdel(key, field).await })
+            .await?;
+        Ok(removed > 0)
+    }
+
+    async fn append_audit(&self, record: AuditRecord, keep: usize) -> Result<u64, StoreError> {
+        let key = format!("{KEY_PREFIX}audit");
+        let json = encode(&key, &record)?;
+        // XADD trims to `keep` exactly; the length before tells how many went.
+        let (before, _): (u64, String) = self
+            .call(|mut c| async move {
+                redis::pipe()
+                    .atomic()
+                    .cmd("XLEN")
+                    .arg(&key)
+                    .cmd("XADD")
+                    .arg(&key)
+                    .arg("MAXLEN")
+                    .arg(keep)
+                    .arg("*")
+                    .arg("r")
+                    .arg(json)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok((before + 1).saturating_sub(keep as u64))
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<AuditPage, StoreError> {
+        /// Entries read per round trip while filtering.
+        const BATCH: usize = 1000;
+        let key = format!("{KEY_PREFIX}audit");
+        let mut page = AuditPage::default();
+        let mut end = query
+            .before
+            .as_ref()
+            .map_or_else(|| "+".to_string(), |cursor| format!("({cursor}"));
+        loop {
+            let (key, from) = (key.clone(), end.clone());
+            let entries: Vec<(String, std::collections::HashMap<String, String>)> = self
+                .call(|mut c| async move {
+                    redis::cmd("XREVRANGE")
+                        .arg(key)
+                        .arg(from)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(BATCH)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            let exhausted = entries.len() < BATCH;
+            for (cursor, fields) in entries {
+                end = format!("({cursor}");
+                let Some(json) = fields.get("r") else {
+                    continue;
+                };
+                let record = AuditRecord {
+                    cursor: cursor.clone(),
+                    ..decode(&cursor, json)?
+                };
+                if query.since_ms.is_some_and(|since| record.at_ms < since) {
+                    return Ok(page);
+                }
+                if !query.wants(&record) {
+                    continue;
+                }
+                if page.records.len() == query.limit {
+                    page.next = page.records.last().map(|r| r.cursor.clone());
+                    return Ok(page);
+                }
+                page.records.push(record);
+            }
+            if exhausted {
+                return Ok(page);
+            }
+        }
     }
 
     async fn acme_lease_holder(&self) -> Result<Option<(String, u64)>, StoreError> {
