@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_admin::{
-    AdminState, AuditSink, BackendNamesView, ChangeLog, HostExplainer, LocalCaches, SharedCache,
-    TrafficView, WafControl,
+    AdminState, AdminTls, AuditSink, BackendNamesView, ChangeLog, HostExplainer, LocalCaches,
+    SharedCache, TrafficView, WafControl,
 };
 use switchyard_proxy::{
     AccessLog, BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch,
@@ -19,9 +19,14 @@ use switchyard_store::{Store, StoreError};
 use tokio::sync::watch;
 
 /// Serves the admin API on a listener bound at start-up, until the router stops.
-pub(crate) async fn serve_admin(listener: TcpListener, state: AdminState, shutdown: ShutdownWatch) {
+pub(crate) async fn serve_admin(
+    listener: TcpListener,
+    state: AdminState,
+    tls: Option<Arc<AdminTls>>,
+    shutdown: ShutdownWatch,
+) {
     serve_until_stopped("admin API", listener, shutdown, |listener, stop| {
-        switchyard_admin::serve(listener, state, stop)
+        switchyard_admin::serve(listener, state, tls, stop)
     })
     .await;
 }

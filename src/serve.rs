@@ -66,6 +66,18 @@ enum Stop {
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     init_logging();
+    // Read before anything is opened or bound: a wrong file is said at once.
+    let admin_tls = match &config.admin_tls {
+        Some(files) => Some(Arc::new(
+            switchyard_admin::AdminTls::from_files(
+                &files.cert,
+                &files.key,
+                files.client_ca.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
     crate::limits::raise_open_file_limit();
     crate::limits::keep_memory_in_small_pages();
     std::fs::create_dir_all(&config.data_dir)
@@ -186,7 +198,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     if let Some(inspector) = inspector {
         admin_state = admin_state.with_waf(Arc::new(WafReload(inspector)));
     }
-    tasks.spawn(|watch| serve_admin(admin_listener, admin_state, watch));
+    tasks.spawn(|watch| serve_admin(admin_listener, admin_state, admin_tls, watch));
     if let Some(listener) = metrics_listener {
         tasks.spawn(|watch| serve_metrics(listener, metrics_store, watch));
     }

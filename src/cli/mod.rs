@@ -45,6 +45,26 @@ pub(crate) struct AdminOptions {
     /// Print the API's JSON answer instead of a summary.
     #[arg(long, global = true)]
     json: bool,
+    /// PEM CA to verify an admin API over HTTPS with (`--admin https://…`), instead of the
+    /// system's.
+    #[arg(long, env = "SWITCHYARD_ADMIN_CA", global = true)]
+    admin_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for an admin API that asks for one (`--admin-client-ca`).
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_CLIENT_CERT",
+        global = true,
+        requires = "admin_client_key"
+    )]
+    admin_client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of `--admin-client-cert`.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_CLIENT_KEY",
+        global = true,
+        requires = "admin_client_cert"
+    )]
+    admin_client_key: Option<std::path::PathBuf>,
 }
 
 impl AdminOptions {
@@ -105,6 +125,36 @@ struct AdminClient {
     agent: ureq::Agent,
 }
 
+/// The TLS connector the CLI's options ask for: a CA of the operator's, a client
+/// certificate; `None` for the defaults (the system's CAs, no client certificate).
+fn tls_connector(options: &AdminOptions) -> Result<Option<native_tls::TlsConnector>, String> {
+    if options.admin_ca.is_none() && options.admin_client_cert.is_none() {
+        return Ok(None);
+    }
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+    };
+    let mut builder = native_tls::TlsConnector::builder();
+    if let Some(ca) = &options.admin_ca {
+        let pem = read(ca, "--admin-ca")?;
+        let certificate = native_tls::Certificate::from_pem(&pem)
+            .map_err(|e| format!("--admin-ca {}: {e}", ca.display()))?;
+        builder.add_root_certificate(certificate);
+    }
+    if let (Some(cert), Some(key)) = (&options.admin_client_cert, &options.admin_client_key) {
+        let identity = native_tls::Identity::from_pkcs8(
+            &read(cert, "--admin-client-cert")?,
+            &read(key, "--admin-client-key")?,
+        )
+        .map_err(|e| format!("--admin-client-cert/--admin-client-key: {e}"))?;
+        builder.identity(identity);
+    }
+    builder
+        .build()
+        .map(Some)
+        .map_err(|e| format!("TLS setup: {e}"))
+}
+
 impl AdminClient {
     fn new(options: &AdminOptions) -> Self {
         let admin = &options.admin;
@@ -114,10 +164,21 @@ impl AdminClient {
         } else {
             format!("http://{admin}")
         };
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(30))
-            .build();
-        Self { base, token, agent }
+        let mut agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30));
+        match tls_connector(options) {
+            Ok(Some(connector)) => agent = agent.tls_connector(std::sync::Arc::new(connector)),
+            Ok(None) => {}
+            Err(message) => {
+                // Said here, once, rather than as a vaguer TLS failure of every call.
+                eprintln!("error: {message}");
+                std::process::exit(1);
+            }
+        }
+        Self {
+            base,
+            token,
+            agent: agent.build(),
+        }
     }
 
     /// Sends `body` as `content_type` and returns the status and the JSON answer, whatever

@@ -10,6 +10,7 @@ mod error;
 mod handlers;
 mod import;
 mod page_fetch;
+mod tls;
 mod tokens;
 mod ui;
 
@@ -31,6 +32,7 @@ use tokio::net::TcpListener;
 pub use api_doc::document as openapi_document;
 pub use audit::{AuditSink, DEFAULT_AUDIT_RETENTION};
 pub use error::ApiError;
+pub use tls::AdminTls;
 
 /// Largest request body accepted (an app with a thousand domains fits comfortably).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -363,12 +365,17 @@ pub async fn serve_metrics(
         .await
 }
 
-/// Serves the admin API on `listener` until `shutdown` completes.
+/// Serves the admin API on `listener` until `shutdown` completes, over TLS when `tls` is
+/// given.
 pub async fn serve(
     listener: TcpListener,
     state: AdminState,
+    tls: Option<Arc<AdminTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if let Some(tls) = tls {
+        return tls::serve(listener, router(state), tls, shutdown).await;
+    }
     // The client's address goes into each audit record.
     let service = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, service)

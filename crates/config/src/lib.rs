@@ -116,6 +116,8 @@ pub struct Config {
     pub history_max_apps: usize,
     /// Audit records the store keeps.
     pub audit_retention: usize,
+    /// The admin API's TLS files, when it speaks HTTPS.
+    pub admin_tls: Option<AdminTlsFiles>,
     /// Whose `X-Forwarded-For` limits believe.
     pub trusted_proxies: Vec<IpNet>,
     /// Most client records of per-client limits.
@@ -157,6 +159,17 @@ pub enum AccessLogChoice {
     Local(String),
     /// Batched to log services.
     Ship(ShipConfig),
+}
+
+/// The admin API's certificate, key, and the CA its clients' certificates must chain to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminTlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA file for client certificates, when they are asked for.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// Settings of the HTTPS listener.
@@ -250,16 +263,13 @@ impl Config {
         let (replicas, wait) = (settings.store_ack_replicas, settings.store_ack_timeout_ms);
         let acks = write_acks(source, replicas, wait)?;
         let store = store_choice(source, settings.store, settings.redis_timeout_ms, acks)?;
-        let admin_token = match settings.admin_token.value.filter(|t| !t.is_empty()) {
-            Some(token) => Some(token),
-            None => credential("admin_token")?,
-        };
-        if admin_token.is_none() && !admin.ip().is_loopback() {
-            bail!(
-                "the admin API on {admin} would be reachable from other hosts without a token; \
-                 set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
-            );
-        }
+        let admin_token = admin_token(settings.admin_token, admin)?;
+        let admin_tls = admin_tls_files(
+            source,
+            settings.admin_tls_cert,
+            settings.admin_tls_key,
+            settings.admin_client_ca,
+        )?;
         let cache_redis_timeout = settings.cache_redis_timeout_ms.millis()?;
         let cache_redis = match settings.cache_redis.value.as_deref() {
             Some(url) => {
@@ -349,6 +359,7 @@ impl Config {
             route_cache_apps: settings.route_cache_apps.resolved()?,
             history_max_apps: settings.history_max_apps.resolved()?,
             audit_retention: settings.audit_retention.resolved()?,
+            admin_tls,
             trusted_proxies,
             limit_sync: settings.limit_sync_ms.millis()?,
             dns,
@@ -378,6 +389,45 @@ impl Config {
 /// The route store: embedded, or a Redis (or Sentinel-watched Redis) URL, its password
 /// from the environment.
 /// `--store-ack-replicas` and its timeout.
+/// The bootstrap admin token (the setting, else the systemd credential), required when the
+/// admin API listens beyond loopback.
+fn admin_token(setting: Setting<String>, admin: SocketAddr) -> anyhow::Result<Option<String>> {
+    let token = match setting.value.filter(|t| !t.is_empty()) {
+        Some(token) => Some(token),
+        None => credential("admin_token")?,
+    };
+    if token.is_none() && !admin.ip().is_loopback() {
+        bail!(
+            "the admin API on {admin} would be reachable from other hosts without a token; \
+             set --admin-token (or SWITCHYARD_ADMIN_TOKEN) or bind it to 127.0.0.1"
+        );
+    }
+    Ok(token)
+}
+
+/// The admin API's TLS files: certificate and key together, a client CA only with them.
+fn admin_tls_files(
+    source: &Source<'_>,
+    cert: Setting<PathBuf>,
+    key: Setting<PathBuf>,
+    client_ca: Setting<PathBuf>,
+) -> anyhow::Result<Option<AdminTlsFiles>> {
+    let client_ca_at = client_ca.at(source);
+    match (cert.value, key.value, client_ca.value) {
+        (Some(cert), Some(key), client_ca) => Ok(Some(AdminTlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (None, None, None) => Ok(None),
+        (None, None, Some(_)) => bail!(
+            "{client_ca_at}: client certificates need the admin API over TLS (admin_tls_cert \
+             and admin_tls_key)"
+        ),
+        _ => bail!("admin_tls_cert and admin_tls_key must be given together"),
+    }
+}
+
 fn write_acks(
     source: &Source<'_>,
     replicas: Setting<String>,

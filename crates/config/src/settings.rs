@@ -174,6 +174,14 @@ settings! {
     /// Bearer token required by every admin call but /healthz.
     #[arg(hide_env_values = true)]
     admin_token: String = "SWITCHYARD_ADMIN_TOKEN";
+    /// PEM certificate chain of the admin API: with `admin_tls_key`, the admin API speaks
+    /// HTTPS only (for an admin API reached over the network).
+    admin_tls_cert: PathBuf = "SWITCHYARD_ADMIN_TLS_CERT";
+    /// PEM private key of `admin_tls_cert`.
+    admin_tls_key: PathBuf = "SWITCHYARD_ADMIN_TLS_KEY";
+    /// PEM file of the CA(s) admin clients' certificates must chain to: a client without
+    /// one is refused in the handshake (needs `admin_tls_cert`). The token is still asked.
+    admin_client_ca: PathBuf = "SWITCHYARD_ADMIN_CLIENT_CA";
     /// Audit records the store keeps (every write through the admin API is one); the oldest
     /// go first.
     audit_retention: usize = "SWITCHYARD_AUDIT_RETENTION", default 100_000, check at_least_one;

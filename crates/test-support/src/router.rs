@@ -204,8 +204,13 @@ impl RouterProcess {
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
-            let admin_up =
-                client::get(self.admin, "localhost", "/healthz").is_ok_and(|r| r.status == 200);
+            // An admin API over TLS is up once it accepts (its tests speak TLS themselves).
+            let admin_tls = self.extra_args.iter().any(|a| a == "--admin-tls-cert");
+            let admin_up = if admin_tls {
+                std::net::TcpStream::connect(self.admin).is_ok()
+            } else {
+                client::get(self.admin, "localhost", "/healthz").is_ok_and(|r| r.status == 200)
+            };
             let http_up = std::net::TcpStream::connect(self.http).is_ok()
                 && std::net::TcpStream::connect(self.https).is_ok();
             if admin_up && http_up {
