@@ -69,6 +69,18 @@ enum AppsCommand {
         /// The JSON-lines file.
         file: String,
     },
+    /// Make the stored apps match FILE (JSON lines, or a JSON array) or DIR (one app file,
+    /// JSON or TOML, each): the plan first, then applied only if nothing changed since.
+    Sync {
+        /// The desired apps: a file, or a directory of app files.
+        path: String,
+        /// Delete the stored apps the desired set does not hold.
+        #[arg(long)]
+        prune: bool,
+        /// Print the plan only; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// List apps.
     List,
     /// Delete an app (its open connections close after the drain grace period).
@@ -206,6 +218,11 @@ pub(crate) fn run(args: AppsArgs) -> ExitCode {
             })
         }
         AppsCommand::Import { file } => files::import_apps(&client, file),
+        AppsCommand::Sync {
+            path,
+            prune,
+            dry_run,
+        } => super::sync::sync_apps(&client, path, *prune, *dry_run),
         AppsCommand::List => list_all(&client, "/v1/apps", "apps").map(|apps| {
             let mut text = format!("{:<32} {:<40} BACKENDS\n", "NAME", "DOMAINS");
             for app in &apps {

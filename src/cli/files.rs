@@ -179,7 +179,7 @@ pub(super) fn import_apps(client: &AdminClient, path: &str) -> Result<(String, V
     Ok((summary, answer))
 }
 
-fn line_problem(line: &Value) -> String {
+pub(super) fn line_problem(line: &Value) -> String {
     let number = line["line"].as_u64().unwrap_or(0);
     let app = line["app"]
         .as_str()
@@ -194,7 +194,7 @@ fn line_problem(line: &Value) -> String {
     format!("line {number}{app}: {field}{error}\n")
 }
 
-fn read_text(path: &str) -> Result<String, String> {
+pub(super) fn read_text(path: &str) -> Result<String, String> {
     if path == "-" {
         let mut text = String::new();
         std::io::stdin()

@@ -8,6 +8,7 @@ mod certs;
 mod explain;
 mod files;
 mod store;
+mod sync;
 mod top;
 
 use std::process::ExitCode;
@@ -190,7 +191,23 @@ impl AdminClient {
         content_type: &str,
         body: String,
     ) -> Result<(u16, Value), String> {
+        self.send_text_if(method, path, content_type, body, None)
+    }
+
+    /// [`AdminClient::send_text`] with an `If-Match`.
+    fn send_text_if(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: String,
+        if_match: Option<&str>,
+    ) -> Result<(u16, Value), String> {
         let request = self.request(method, path).set("Content-Type", content_type);
+        let request = match if_match {
+            Some(tag) => request.set("If-Match", tag),
+            None => request,
+        };
         let response = match request.send_string(&body) {
             Ok(response) => response,
             Err(ureq::Error::Status(_, response)) => response,

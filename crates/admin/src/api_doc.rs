@@ -504,6 +504,40 @@ pub(crate) fn acme_status(op: TransformOperation<'_>) -> TransformOperation<'_> 
     )
 }
 
+pub(crate) fn sync_apps(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = op
+        .summary(
+            "Make the stored apps match the desired set (one app per line, or a JSON array): \
+             create, update and, with prune, delete; dry_run answers the plan only",
+        )
+        .description(
+            "Every app is validated before anything is compared (422 lists the bad lines). \
+             The plan names the revision of the stored app set; If-Match with it applies the \
+             plan only if no app changed since (412 otherwise). Writes go in batches of 1,000, \
+             each conditional on every app being as the plan read it (on the embedded store, \
+             one transaction each): a write made meanwhile stops the sync with 412. A second \
+             run with the same set changes nothing.",
+        )
+        .response_with::<200, Json<crate::sync::SyncPlan>, _>(|r| {
+            r.description("The plan, applied unless dry_run (or nothing to do)")
+        })
+        .response_with::<422, Json<ImportRefused>, _>(|r| {
+            r.description("Lines that are not valid apps; nothing was compared or applied")
+        });
+    write(
+        op,
+        &[
+            MOVED_ON,
+            (
+                409,
+                "A sync is under way on this router, or a domain belongs to an app the sync \
+                 does not change",
+            ),
+            (413, "Body over 64 MiB"),
+        ],
+    )
+}
+
 pub(crate) fn import_apps(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = op
         .summary("Create or replace many apps: one app object (with its `name`) per line")
@@ -724,7 +758,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(operations, 28, "operations documented");
+        assert_eq!(operations, 29, "operations documented");
         let mut found = Vec::new();
         schema_references(&document, &mut found);
         assert!(!found.is_empty());

@@ -30,10 +30,10 @@ const MAX_IMPORT_APPS: usize = 100_000;
 const MAX_LISTED_PROBLEMS: usize = 1_000;
 
 /// One line that cannot be imported.
-struct LineProblem {
-    line: usize,
-    app: Option<String>,
-    error: ValidationError,
+pub(crate) struct LineProblem {
+    pub(crate) line: usize,
+    pub(crate) app: Option<String>,
+    pub(crate) error: ValidationError,
 }
 
 impl LineProblem {
@@ -190,7 +190,7 @@ pub(crate) async fn import_apps(
 const AUDITED_NAMES: usize = 100;
 
 /// The apps of `text` with their line numbers, and every line that cannot be one.
-fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {
+pub(crate) fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {
     let mut apps = Vec::new();
     let mut problems = Vec::new();
     // Within one import a name or a domain may appear once: the store would otherwise
@@ -273,7 +273,7 @@ fn parse_line(line: &str) -> Result<App, (Option<String>, ValidationError)> {
 }
 
 /// 422: the lines that cannot be imported; nothing was written.
-fn refusal(problems: &[LineProblem]) -> Response {
+pub(crate) fn refusal(problems: &[LineProblem]) -> Response {
     let lines: Vec<ShownProblem> = problems
         .iter()
         .take(MAX_LISTED_PROBLEMS)

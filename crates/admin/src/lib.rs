@@ -10,6 +10,7 @@ mod error;
 mod handlers;
 mod import;
 mod page_fetch;
+mod sync;
 mod tls;
 mod tokens;
 mod ui;
@@ -112,6 +113,8 @@ pub struct AdminState {
     ui_writes: bool,
     /// Held while a backup is taken: one at a time.
     backup_running: Arc<tokio::sync::Mutex<()>>,
+    /// Held while a sync (`PUT /v1/apps`) runs: one at a time on this router.
+    sync_running: Arc<tokio::sync::Mutex<()>>,
     /// Audit records kept in the store.
     audit_retention: usize,
     /// Where audit records are shipped besides the store.
@@ -133,6 +136,7 @@ impl AdminState {
             changes: None,
             ui_writes: false,
             backup_running: Arc::default(),
+            sync_running: Arc::default(),
             audit_retention: DEFAULT_AUDIT_RETENTION,
             audit_sink: None,
         }
@@ -228,7 +232,9 @@ fn protected_routes() -> ApiRouter<AdminState> {
     ApiRouter::new()
         .api_route(
             "/v1/apps",
-            get_with(handlers::list_apps, api_doc::list_apps),
+            get_with(handlers::list_apps, api_doc::list_apps)
+                .put_with(sync::sync_apps, api_doc::sync_apps)
+                .layer(DefaultBodyLimit::max(import::MAX_IMPORT_BYTES)),
         )
         .api_route(
             "/v1/import/apps",
@@ -410,7 +416,8 @@ const MAX_REJECTION_TEXT: usize = 4096;
 /// axum's extractors answer what they refuse (an oversized body, a query or path that does
 /// not parse) in plain text; give every such answer the API's JSON shape.
 async fn json_rejections(request: Request, next: Next) -> Response {
-    let limit = if request.uri().path() == "/v1/import/apps" {
+    let path = request.uri().path();
+    let limit = if path == "/v1/import/apps" || path == "/v1/apps" {
         import::MAX_IMPORT_BYTES
     } else {
         MAX_BODY_BYTES

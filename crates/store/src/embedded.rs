@@ -13,14 +13,15 @@ use redb::{
     WriteTransaction,
 };
 use switchyard_model::{
-    AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo,
-    Change, IfMatch, StoredCertificate,
+    entity_tag_of, AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend,
+    CertificateInfo, Change, IfMatch, StoredCertificate,
 };
 
 use crate::json::encode;
 use crate::{expiry_key, require_match, unix_now};
 use crate::{
-    AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
+    AcmeRecord, AppPage, AppWrite, CertPage, ChangeFeed, Expected, Store, StoreError, StoreStatus,
+    Subscription,
 };
 
 /// App name → the app as JSON.
@@ -254,33 +255,39 @@ impl EmbeddedStore {
         if let Some(if_match) = if_match {
             require_match(name, read_app_in(&txn, name)?.as_ref(), if_match)?;
         }
-        let removed = {
-            let mut apps = txn.open_table(APPS).map_err(unavailable)?;
-            let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
-            let previous = apps
-                .remove(name)
-                .map_err(unavailable)?
-                .map(|v| decode_app(name, v.value()))
-                .transpose()?;
-            match previous {
-                Some(app) => {
-                    for domain in &app.domains {
-                        domains.remove(domain.as_str()).map_err(unavailable)?;
-                    }
-                    Some(app)
-                }
-                None => None,
-            }
-        };
+        let removed = remove_app_in(&txn, name)?;
         txn.commit().map_err(unavailable)?;
-        Ok(removed.map(|app| Change::App {
-            name: name.to_string(),
-            domains: app.domains.iter().map(ToString::to_string).collect(),
-        }))
+        Ok(removed)
     }
 
     fn announce(&self, change: Change) {
         self.changes.announce(change);
+    }
+
+    /// [`Store::apply_apps`] in one transaction: every write or none.
+    fn apply_in_one_transaction(&self, writes: &[AppWrite]) -> Result<Vec<Change>, StoreError> {
+        let txn = self.db()?.begin_write().map_err(unavailable)?;
+        let mut changes = Vec::with_capacity(writes.len());
+        for write in writes {
+            let name = write.name();
+            let (AppWrite::Put(_, expected) | AppWrite::Delete(_, expected)) = write;
+            let current = read_app_in(&txn, name)?;
+            let as_expected = match (expected, &current) {
+                (Expected::Absent, current) => current.is_none(),
+                (Expected::Tag(tag), Some(app)) => entity_tag_of(app) == *tag,
+                (Expected::Tag(_), None) => false,
+            };
+            if !as_expected {
+                // Dropped without a commit: nothing of the batch stays.
+                return Err(StoreError::PreconditionFailed(name.to_string()));
+            }
+            match write {
+                AppWrite::Put(app, _) => changes.push(write_app_in(&txn, app)?),
+                AppWrite::Delete(..) => changes.extend(remove_app_in(&txn, name)?),
+            }
+        }
+        txn.commit().map_err(unavailable)?;
+        Ok(changes)
     }
 
     /// Runs a blocking store operation (a write that fsyncs) off the async runtime.
@@ -374,6 +381,16 @@ impl Store for EmbeddedStore {
             .await?;
         self.announce(change);
         Ok(app)
+    }
+
+    async fn apply_apps(&self, writes: Vec<AppWrite>) -> Result<(), StoreError> {
+        let changes = self
+            .blocking(move |store| store.apply_in_one_transaction(&writes))
+            .await?;
+        for change in changes {
+            self.announce(change);
+        }
+        Ok(())
     }
 
     async fn put_app_if(&self, app: App, if_match: Option<&IfMatch>) -> Result<App, StoreError> {
@@ -787,6 +804,27 @@ fn read_app_in(txn: &WriteTransaction, name: &str) -> Result<Option<App>, StoreE
     let apps = txn.open_table(APPS).map_err(unavailable)?;
     let value = apps.get(name).map_err(unavailable)?;
     value.map(|v| decode_app(name, v.value())).transpose()
+}
+
+/// Removes the app `name` and its domains; its change, if there was one.
+fn remove_app_in(txn: &WriteTransaction, name: &str) -> Result<Option<Change>, StoreError> {
+    let mut apps = txn.open_table(APPS).map_err(unavailable)?;
+    let mut domains = txn.open_table(DOMAINS).map_err(unavailable)?;
+    let previous = apps
+        .remove(name)
+        .map_err(unavailable)?
+        .map(|v| decode_app(name, v.value()))
+        .transpose()?;
+    let Some(app) = previous else {
+        return Ok(None);
+    };
+    for domain in &app.domains {
+        domains.remove(domain.as_str()).map_err(unavailable)?;
+    }
+    Ok(Some(Change::App {
+        name: name.to_string(),
+        domains: app.domains.iter().map(ToString::to_string).collect(),
+    }))
 }
 
 fn write_app_in(txn: &WriteTransaction, app: &App) -> Result<Change, StoreError> {

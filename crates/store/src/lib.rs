@@ -110,6 +110,34 @@ impl AcmeRecord<'_> {
     }
 }
 
+/// What an app must be stored as for one write of a batch to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// No app of that name.
+    Absent,
+    /// The app whose entity tag is this.
+    Tag(String),
+}
+
+/// One write of a batch ([`Store::apply_apps`]).
+#[derive(Debug, Clone)]
+pub enum AppWrite {
+    /// Create or replace the app.
+    Put(Box<App>, Expected),
+    /// Delete the app of this name.
+    Delete(String, Expected),
+}
+
+impl AppWrite {
+    /// The app the write is about.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Put(app, _) => app.name.as_str(),
+            Self::Delete(name, _) => name,
+        }
+    }
+}
+
 /// Writes a bulk import keeps under way at once on a store without one of its own.
 const BULK_WRITES_IN_FLIGHT: usize = 64;
 
@@ -118,6 +146,39 @@ const BULK_WRITES_IN_FLIGHT: usize = 64;
 pub trait Store: Send + Sync {
     /// The app with this name.
     async fn get_app(&self, name: &str) -> Result<Option<App>, StoreError>;
+
+    /// Applies `writes` in order, each only if its app is stored as expected; the first one
+    /// refused stops the batch with its error ([`StoreError::PreconditionFailed`],
+    /// [`StoreError::DomainTaken`]). The embedded store applies a batch in one transaction,
+    /// all or nothing; this default, used by the Redis store, applies each write atomically
+    /// and conditionally, but the writes before a refused one stay.
+    async fn apply_apps(&self, writes: Vec<AppWrite>) -> Result<(), StoreError> {
+        for write in writes {
+            let name = write.name().to_string();
+            let (expected, put) = match write {
+                AppWrite::Put(app, expected) => (expected, Some(app)),
+                AppWrite::Delete(_, expected) => (expected, None),
+            };
+            let if_match = match &expected {
+                Expected::Tag(tag) => Some(IfMatch::Tags(vec![tag.clone()])),
+                Expected::Absent => {
+                    if self.get_app(&name).await?.is_some() {
+                        return Err(StoreError::PreconditionFailed(name));
+                    }
+                    None
+                }
+            };
+            match put {
+                Some(app) => {
+                    self.put_app_if(*app, if_match.as_ref()).await?;
+                }
+                None => {
+                    self.delete_app_if(&name, if_match.as_ref()).await?;
+                }
+            }
+        }
+        Ok(())
+    }
 
     /// The name of the app that owns exactly this domain (as stored: `*.x.com` for wildcards).
     async fn app_for_domain(&self, domain: &str) -> Result<Option<String>, StoreError>;
