@@ -134,7 +134,12 @@ fn sync_plans_applies_prunes_and_is_idempotent_on_a_redis_store() {
 
 #[test]
 fn a_plan_applies_only_to_the_store_it_was_made_from_and_a_batch_lands_whole() {
-    let router = RouterProcess::start();
+    preconditions_and_whole_batches(&RouterProcess::start());
+    let redis = RedisServer::start();
+    preconditions_and_whole_batches(&RouterProcess::start_with(&["--store", &redis.url()]));
+}
+
+fn preconditions_and_whole_batches(router: &RouterProcess) {
     let (one, two) = (Backend::start("one"), Backend::start("two"));
     router.put_app("a", spec("a", &one));
     router.put_app("b", spec("b", &one));
@@ -153,7 +158,7 @@ fn a_plan_applies_only_to_the_store_it_was_made_from_and_a_batch_lands_whole() {
     let refused = support::request(router.admin, &raw).expect("answer");
     assert_eq!(refused.status, 412, "{}", refused.text());
     assert_eq!(
-        backend_of(&router, "a"),
+        backend_of(router, "a"),
         Some(one.addr.to_string()),
         "nothing applied"
     );
@@ -169,7 +174,7 @@ fn a_plan_applies_only_to_the_store_it_was_made_from_and_a_batch_lands_whole() {
         "{answer}"
     );
     assert_eq!(
-        backend_of(&router, "a"),
+        backend_of(router, "a"),
         Some(one.addr.to_string()),
         "the update before it in the batch was not kept"
     );

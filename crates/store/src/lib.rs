@@ -149,9 +149,9 @@ pub trait Store: Send + Sync {
 
     /// Applies `writes` in order, each only if its app is stored as expected; the first one
     /// refused stops the batch with its error ([`StoreError::PreconditionFailed`],
-    /// [`StoreError::DomainTaken`]). The embedded store applies a batch in one transaction,
-    /// all or nothing; this default, used by the Redis store, applies each write atomically
-    /// and conditionally, but the writes before a refused one stay.
+    /// [`StoreError::DomainTaken`]). Both stores apply a batch all or nothing (the embedded
+    /// store in one transaction, Redis in one script); this default applies each write
+    /// atomically and conditionally, but the writes before a refused one stay.
     async fn apply_apps(&self, writes: Vec<AppWrite>) -> Result<(), StoreError> {
         for write in writes {
             let name = write.name().to_string();

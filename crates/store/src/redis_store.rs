@@ -28,6 +28,7 @@ use crate::{expiry_key, require_match, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
+use crate::{AppWrite, Expected};
 
 /// Prefix of every key; see docs/fleet.md, "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
@@ -103,6 +104,79 @@ if #touched > 0 then event.domains = touched end
 event = cjson.encode(event)
 redis.call('PUBLISH', p .. 'changes', event)
 return event
+"#;
+
+/// Applies a batch of app writes whole or not at all. ARGV[1]: a JSON array of
+/// `{"name", "json" (absent for a delete), "expected" (the previous JSON, or "" for none),
+/// "domains"}`. Every write is checked first — its app still as expected, its domains free
+/// or freed by an earlier write of the batch — and only then are all made, each bumping the
+/// revision and publishing its event as PUT_APP and DELETE_APP do. Returns
+/// {"ok", event…} | {"conflict", name} | {"taken", domain, owner}.
+const APPLY_APPS: &str = r#"
+local p = '{KEY_PREFIX}'
+local ops = cjson.decode(ARGV[1])
+local app_now, owner_now = {}, {}
+local function app_of(name)
+  if app_now[name] == nil then app_now[name] = redis.call('GET', p .. 'app:' .. name) or false end
+  return app_now[name]
+end
+local function owner_of(domain)
+  if owner_now[domain] == nil then owner_now[domain] = redis.call('GET', p .. 'domain:' .. domain) or false end
+  return owner_now[domain]
+end
+for _, op in ipairs(ops) do
+  local prev = app_of(op.name)
+  if (op.expected == '' and prev) or (op.expected ~= '' and prev ~= op.expected) then
+    return {'conflict', op.name}
+  end
+  if prev then
+    for _, d in ipairs(cjson.decode(prev).domains or {}) do
+      if owner_of(d) == op.name then owner_now[d] = false end
+    end
+  end
+  if op.json then
+    for _, d in ipairs(op.domains or {}) do
+      local owner = owner_of(d)
+      if owner and owner ~= op.name then return {'taken', d, owner} end
+      owner_now[d] = op.name
+    end
+    app_now[op.name] = op.json
+  else
+    app_now[op.name] = false
+  end
+end
+local events = {'ok'}
+for _, op in ipairs(ops) do
+  local prev = redis.call('GET', p .. 'app:' .. op.name)
+  local touched, seen, wanted = {}, {}, {}
+  for _, d in ipairs(op.domains or {}) do wanted[d] = true end
+  if prev then
+    for _, d in ipairs(cjson.decode(prev).domains or {}) do
+      if not wanted[d] and redis.call('GET', p .. 'domain:' .. d) == op.name then
+        redis.call('DEL', p .. 'domain:' .. d)
+      end
+      table.insert(touched, d); seen[d] = true
+    end
+  end
+  if op.json then
+    for _, d in ipairs(op.domains or {}) do
+      redis.call('SET', p .. 'domain:' .. d, op.name)
+      if not seen[d] then table.insert(touched, d) end
+    end
+    redis.call('SET', p .. 'app:' .. op.name, op.json)
+    redis.call('ZADD', p .. 'apps', 0, op.name)
+  else
+    redis.call('DEL', p .. 'app:' .. op.name)
+    redis.call('ZREM', p .. 'apps', op.name)
+  end
+  local rev = redis.call('INCR', p .. 'revision')
+  local event = {kind = 'app', name = op.name, rev = rev}
+  if #touched > 0 then event.domains = touched end
+  event = cjson.encode(event)
+  redis.call('PUBLISH', p .. 'changes', event)
+  table.insert(events, event)
+end
+return events
 "#;
 
 /// Stores or (with empty JSON) deletes a certificate. ARGV: domain, full JSON, info JSON,
@@ -187,6 +261,7 @@ pub struct RedisStore {
     unreachable_reported: Arc<AtomicBool>,
     put_app: Arc<Script>,
     delete_app: Arc<Script>,
+    apply_apps: Arc<Script>,
     write_cert: Arc<Script>,
     index_cert_expiry: Arc<Script>,
     /// Whether this process checked that every certificate is in the expiry index.
@@ -250,6 +325,7 @@ impl RedisStore {
             unreachable_reported: Arc::new(AtomicBool::new(false)),
             put_app: Arc::new(script(PUT_APP)),
             delete_app: Arc::new(script(DELETE_APP)),
+            apply_apps: Arc::new(script(APPLY_APPS)),
             write_cert: Arc::new(script(WRITE_CERT)),
             index_cert_expiry: Arc::new(script(INDEX_CERT_EXPIRY)),
             expiry_index_checked: Arc::new(AtomicBool::new(false)),
@@ -882,6 +958,66 @@ impl Store for RedisStore {
         })
     }
 
+    async fn apply_apps(&self, writes: Vec<AppWrite>) -> Result<(), StoreError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        // The JSON stored now for each app: a write's expected entity tag is checked here,
+        // and the script then checks that JSON is still what is stored, in one atomic step.
+        let keys = writes
+            .iter()
+            .map(|w| format!("{KEY_PREFIX}app:{}", w.name()))
+            .collect();
+        let stored = self.get_many(keys).await?;
+        let mut ops = Vec::with_capacity(writes.len());
+        for (write, stored) in writes.iter().zip(stored) {
+            let name = write.name();
+            let (AppWrite::Put(_, expected) | AppWrite::Delete(_, expected)) = write;
+            let current = stored
+                .as_deref()
+                .map(|json| decode::<App>(name, json))
+                .transpose()?;
+            let as_expected = match (expected, &current) {
+                (Expected::Absent, current) => current.is_none(),
+                (Expected::Tag(tag), Some(app)) => switchyard_model::entity_tag_of(app) == *tag,
+                (Expected::Tag(_), None) => false,
+            };
+            if !as_expected {
+                return Err(StoreError::PreconditionFailed(name.to_string()));
+            }
+            let mut op = serde_json::json!({"name": name, "expected": stored.unwrap_or_default()});
+            if let AppWrite::Put(app, _) = write {
+                op["json"] = serde_json::Value::String(encode(name, app.as_ref())?);
+                op["domains"] = app.domains.iter().map(ToString::to_string).collect();
+            }
+            ops.push(op);
+        }
+        let batch = serde_json::Value::Array(ops).to_string();
+        let mut invocation = self.apply_apps.prepare_invoke();
+        invocation.arg(batch);
+        let reply: Vec<String> = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("ok") => {
+                for event in &reply[1..] {
+                    self.announce_own(Some(event));
+                }
+                self.make_durable().await
+            }
+            Some("conflict") if reply.len() == 2 => {
+                Err(StoreError::PreconditionFailed(reply[1].clone()))
+            }
+            Some("taken") if reply.len() == 3 => Err(StoreError::DomainTaken {
+                domain: reply[1].clone(),
+                owner: reply[2].clone(),
+            }),
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the batch script: {reply:?}"
+            ))),
+        }
+    }
+
     async fn put_app_if(&self, app: App, if_match: Option<&IfMatch>) -> Result<App, StoreError> {
         let name = app.name.to_string();
         for _ in 0..CAS_ATTEMPTS {
@@ -1250,7 +1386,14 @@ mod tests {
     fn the_layout_has_one_prefix_in_rust_and_in_lua() {
         assert_eq!(CHANGES_CHANNEL, format!("{KEY_PREFIX}changes"));
         assert_eq!(REVISION_KEY, format!("{KEY_PREFIX}revision"));
-        for source in [PUT_APP, DELETE_APP, WRITE_CERT, ACME_LEASE, ACME_RELEASE] {
+        for source in [
+            PUT_APP,
+            DELETE_APP,
+            APPLY_APPS,
+            WRITE_CERT,
+            ACME_LEASE,
+            ACME_RELEASE,
+        ] {
             assert!(source.contains("local p = '{KEY_PREFIX}'"));
             assert!(
                 !source.contains("switchyard:"),
