@@ -184,3 +184,90 @@ fn preconditions_and_whole_batches(router: &RouterProcess) {
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["lines"][0]["line"], 1);
 }
+
+/// Runs the CLI on a pseudo-terminal (`script`), as a person would: what the terminal
+/// showed, and whether it succeeded.
+fn cli_on_a_terminal(router: &RouterProcess, args: &[&str]) -> (bool, String) {
+    let binary = RouterProcess::binary();
+    let mut command = format!("{} ", binary.display());
+    for arg in args
+        .iter()
+        .copied()
+        .chain(["--admin", &router.admin.to_string()])
+    {
+        command.push_str(&format!("'{arg}' "));
+    }
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("run script(1)");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn sync_and_import_show_their_progress_on_a_terminal_and_stream_it_to_who_asks() {
+    let router = RouterProcess::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = Backend::start("one");
+    let many = |prefix: &str, n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| spec(&format!("{prefix}{i}"), &backend))
+            .collect()
+    };
+    // The API: steps as JSON lines, the answer last; the audit record has the outcome.
+    let desired = lines(&many("s", 2500));
+    let raw = format!(
+        "PUT /v1/apps HTTP/1.1\r\nHost: admin\r\nAccept: application/x-ndjson\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{desired}",
+        desired.len()
+    );
+    let streamed = support::request(router.admin, &raw).expect("answer");
+    assert_eq!(streamed.status, 200);
+    let steps: Vec<Value> = streamed
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(steps[0], json!({"compared": 2500, "writes": 2500}));
+    let written: Vec<u64> = steps.iter().filter_map(|s| s["written"].as_u64()).collect();
+    assert_eq!(written, [1000, 2000, 2500]);
+    let last = steps.last().expect("the answer");
+    assert_eq!(last["status"], 200);
+    assert_eq!(
+        last["answer"]["create"].as_array().map(Vec::len),
+        Some(2500)
+    );
+    support::eventually(
+        std::time::Duration::from_secs(5),
+        "the sync's audit record",
+        || {
+            let (_, audit) = router.admin_call("GET", "/v1/audit?limit=1", None);
+            audit["records"][0]["change"]["counts"] == json!([2500, 0, 0])
+        },
+    );
+
+    // The CLI on a terminal draws a bar for the sync and for an import.
+    let file = write(dir.path(), "apps.jsonl", &lines(&many("t", 1500)));
+    let (ok, shown) = cli_on_a_terminal(&router, &["apps", "sync", &file]);
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("comparing: 4000 apps compared, 1500 to write"),
+        "{shown}"
+    );
+    assert!(shown.contains("1000 written, 500 left"), "{shown}");
+    assert!(
+        shown.contains("1500 written, 0 left") && shown.contains("applied: 1500 writes"),
+        "{shown}"
+    );
+    let file = write(dir.path(), "more.jsonl", &lines(&many("u", 1200)));
+    let (ok, shown) = cli_on_a_terminal(&router, &["apps", "import", &file]);
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("importing [") && shown.contains("1200 written, 0 left"),
+        "{shown}"
+    );
+    assert!(shown.contains("1200 apps applied"), "{shown}");
+}

@@ -151,7 +151,7 @@ pub(super) fn import_apps(client: &AdminClient, path: &str) -> Result<(String, V
     let text = read_text(path)?;
     let started = Instant::now();
     let (status, answer) =
-        client.send_text("POST", "/v1/import/apps", "application/x-ndjson", text)?;
+        client.send_with_progress("importing", "POST", "/v1/import/apps", text, None)?;
     let elapsed = started.elapsed().as_secs_f64();
     let mut summary = String::new();
     if let Some(lines) = answer["lines"].as_array() {

@@ -7,6 +7,7 @@ mod apps;
 mod certs;
 mod explain;
 mod files;
+mod progress;
 mod store;
 mod sync;
 mod top;
@@ -182,19 +183,9 @@ impl AdminClient {
         }
     }
 
-    /// Sends `body` as `content_type` and returns the status and the JSON answer, whatever
-    /// the status (the bulk import's refusals carry one entry per line).
-    fn send_text(
-        &self,
-        method: &str,
-        path: &str,
-        content_type: &str,
-        body: String,
-    ) -> Result<(u16, Value), String> {
-        self.send_text_if(method, path, content_type, body, None)
-    }
-
-    /// [`AdminClient::send_text`] with an `If-Match`.
+    /// Sends `body` as `content_type` (with an `If-Match` when given) and returns the status
+    /// and the JSON answer, whatever the status (the bulk import's refusals carry one entry
+    /// per line).
     fn send_text_if(
         &self,
         method: &str,

@@ -21,7 +21,8 @@ pub(super) fn sync_apps(
     let lines = desired_lines(path)?;
     let started = Instant::now();
     let query = format!("/v1/apps?prune={prune}&dry_run=true");
-    let plan = answered(client.send_text("PUT", &query, "application/x-ndjson", lines.clone()))?;
+    let plan =
+        answered(client.send_with_progress("comparing", "PUT", &query, lines.clone(), None))?;
     let mut summary = describe_plan(&plan);
     let changes = ["create", "update", "delete"]
         .iter()
@@ -37,13 +38,8 @@ pub(super) fn sync_apps(
     }
     let revision = plan["revision"].as_str().unwrap_or_default().to_string();
     let query = format!("/v1/apps?prune={prune}");
-    let applied = answered(client.send_text_if(
-        "PUT",
-        &query,
-        "application/x-ndjson",
-        lines,
-        Some(&revision),
-    ))?;
+    let applied =
+        answered(client.send_with_progress("syncing", "PUT", &query, lines, Some(&revision)))?;
     summary.push_str(&format!(
         "applied: {changes} writes in {} batches, {:.1} s",
         applied["batches"].as_u64().unwrap_or(0),

@@ -516,7 +516,8 @@ pub(crate) fn sync_apps(op: TransformOperation<'_>) -> TransformOperation<'_> {
              plan only if no app changed since (412 otherwise). Writes go in batches of 1,000, \
              each conditional on every app being as the plan read it (on the embedded store, \
              one transaction each): a write made meanwhile stops the sync with 412. A second \
-             run with the same set changes nothing.",
+             run with the same set changes nothing. With Accept: application/x-ndjson the \
+             steps stream as JSON lines and the answer comes last, as {status, answer}.",
         )
         .response_with::<200, Json<crate::sync::SyncPlan>, _>(|r| {
             r.description("The plan, applied unless dry_run (or nothing to do)")

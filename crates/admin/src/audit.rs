@@ -17,6 +17,7 @@ use serde_json::Value;
 use switchyard_model::{field_changes, AuditPage, AuditQuery, AuditRecord, ValidationError};
 
 use crate::auth::{app_in_path, Caller, ANONYMOUS_ID};
+use crate::progress::AuditLater;
 use crate::{AdminState, ApiError};
 
 /// Records kept when the router is not told otherwise.
@@ -103,32 +104,55 @@ pub(crate) async fn record_writes(
     let subject = Subject::of(&path);
     let before = subject.read(&state).await;
     let response = next.run(request).await;
-    let status = response.status();
-    let change = match response.extensions().get::<AuditDetail>() {
-        Some(detail) => detail.0.clone(),
-        None if status.is_success() => field_changes(&before, &subject.read(&state).await),
-        None => Value::Object(Default::default()),
-    };
-    let record = AuditRecord {
+    let mut record = AuditRecord {
         cursor: String::new(),
-        at_ms: unix_ms(SystemTime::now()),
+        at_ms: 0,
         token,
         client,
         method: method.to_string(),
         path: shown_path,
         app: subject.app(),
-        change,
-        status: status.as_u16(),
+        change: Value::Object(Default::default()),
+        status: response.status().as_u16(),
     };
+    let later = response
+        .extensions()
+        .get::<AuditLater>()
+        .and_then(|later| later.0.lock().ok()?.take());
+    if let Some(outcome) = later {
+        // A streamed write: recorded once its last line says how it ended.
+        tokio::spawn(async move {
+            if let Ok((status, change)) = outcome.await {
+                record.status = status;
+                record.change = change;
+            }
+            keep(&state, record).await;
+        });
+        return response;
+    }
+    record.change = match response.extensions().get::<AuditDetail>() {
+        Some(detail) => detail.0.clone(),
+        None if response.status().is_success() => {
+            field_changes(&before, &subject.read(&state).await)
+        }
+        None => record.change,
+    };
+    keep(&state, record).await;
+    response
+}
+
+/// Stamps `record`, ships it where the router ships its logs, and keeps it in the store.
+async fn keep(state: &AdminState, mut record: AuditRecord) {
+    record.at_ms = unix_ms(SystemTime::now());
     if let Some(sink) = &state.audit_sink {
         sink.ship(&record);
     }
+    let what = format!("{} {}", record.method, record.path);
     if let Err(e) =
         switchyard_store::audit::record(state.store.as_ref(), record, state.audit_retention).await
     {
-        log::warn!("audit record of {method} {path} not kept: {e}");
+        log::warn!("audit record of {what} not kept: {e}");
     }
-    response
 }
 
 /// `GET /v1/audit`'s query.

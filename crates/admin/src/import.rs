@@ -106,7 +106,29 @@ pub(crate) struct ImportResult {
 
 pub(crate) async fn import_apps(
     State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
     AppLines(body): AppLines,
+) -> Response {
+    if crate::progress::wanted(&headers) {
+        return crate::progress::streamed(move |progress| async move {
+            import(state, body, progress)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        });
+    }
+    import(state, body, None)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Apps written per store call: one transaction each on the embedded store, and a step of
+/// the progress reported.
+const IMPORT_BATCH: usize = 1000;
+
+async fn import(
+    state: AdminState,
+    body: bytes::Bytes,
+    progress: crate::progress::Progress,
 ) -> Result<Response, ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|e| ValidationError::new("body", format!("not UTF-8: {e}")))?;
@@ -133,7 +155,15 @@ pub(crate) async fn import_apps(
     }
     let (lines, apps): (Vec<usize>, Vec<App>) = apps.into_iter().unzip();
     let names: Vec<String> = apps.iter().map(|app| app.name.to_string()).collect();
-    let results = state.store.put_apps(apps).await?;
+    let total = apps.len();
+    let mut results = Vec::with_capacity(total);
+    let mut apps = apps.into_iter().peekable();
+    while apps.peek().is_some() {
+        let batch: Vec<App> = apps.by_ref().take(IMPORT_BATCH).collect();
+        results.extend(state.store.put_apps(batch).await?);
+        let step = serde_json::json!({"written": results.len(), "left": total - results.len()});
+        crate::progress::report(&progress, step).await;
+    }
     state.applied_locally().await;
     let mut applied = 0usize;
     let shown: Vec<ImportResult> = results

@@ -10,6 +10,7 @@ mod error;
 mod handlers;
 mod import;
 mod page_fetch;
+mod progress;
 mod sync;
 mod tls;
 mod tokens;

@@ -21,6 +21,7 @@ use switchyard_store::{AppWrite, Expected, StoreError};
 use crate::api_doc::AppLines;
 use crate::audit::AuditDetail;
 use crate::import::{parse_lines, refusal, LineProblem};
+use crate::progress::{self, report, Progress};
 use crate::{AdminState, ApiError};
 
 /// Writes applied in one store call: on the embedded store, one transaction each.
@@ -77,6 +78,29 @@ pub(crate) async fn sync_apps(
     Query(params): Query<SyncParams>,
     headers: HeaderMap,
     AppLines(body): AppLines,
+) -> Response {
+    let if_match = headers
+        .get(header::IF_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string());
+    if progress::wanted(&headers) {
+        return progress::streamed(move |progress| async move {
+            sync(state, params, if_match, body, progress)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        });
+    }
+    sync(state, params, if_match, body, None)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn sync(
+    state: AdminState,
+    params: SyncParams,
+    if_match: Option<String>,
+    body: bytes::Bytes,
+    progress: Progress,
 ) -> Result<Response, ApiError> {
     let Ok(_one_at_a_time) = state.sync_running.clone().try_lock_owned() else {
         return Err(ApiError::Conflict {
@@ -90,16 +114,22 @@ pub(crate) async fn sync_apps(
     };
     let stored = stored_apps(&state).await?;
     let revision = revision_of(&stored);
-    if let Some(asked) = headers.get(header::IF_MATCH) {
-        if asked.to_str().ok().map(str::trim) != Some(revision.as_str()) {
+    if let Some(asked) = if_match {
+        if asked != revision {
             return Err(ApiError::PreconditionFailed(format!(
                 "the stored apps changed since the plan (now at revision {revision}): plan again"
             )));
         }
     }
     let (mut plan, writes) = plan(&desired, &stored, params.prune, revision);
+    let compared = desired.len() + plan.not_in_desired + plan.delete.len();
+    report(
+        &progress,
+        json!({"compared": compared, "writes": writes.len()}),
+    )
+    .await;
     if !params.dry_run && !writes.is_empty() {
-        plan.batches = apply(&state, writes).await?;
+        plan.batches = apply(&state, writes, &progress).await?;
         plan.applied = true;
         state.applied_locally().await;
     }
@@ -253,8 +283,13 @@ fn plan(
 }
 
 /// Applies `writes` in batches; the first refused stops the sync, saying how far it went.
-async fn apply(state: &AdminState, writes: Vec<AppWrite>) -> Result<usize, ApiError> {
-    let total = writes.len().div_ceil(BATCH);
+async fn apply(
+    state: &AdminState,
+    writes: Vec<AppWrite>,
+    progress: &Progress,
+) -> Result<usize, ApiError> {
+    let count = writes.len();
+    let total = count.div_ceil(BATCH);
     let mut writes = writes.into_iter().peekable();
     let mut done = 0;
     while writes.peek().is_some() {
@@ -275,6 +310,12 @@ async fn apply(state: &AdminState, writes: Vec<AppWrite>) -> Result<usize, ApiEr
             });
         }
         done += 1;
+        let written = (done * BATCH).min(count);
+        report(
+            progress,
+            json!({"written": written, "left": count - written}),
+        )
+        .await;
     }
     Ok(done)
 }
