@@ -132,22 +132,10 @@ async fn import(
 ) -> Result<Response, ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|e| ValidationError::new("body", format!("not UTF-8: {e}")))?;
-    let (mut apps, mut problems) = parse_lines(text);
-    if problems.is_empty() {
-        // One after another: imports of apps with pages by URL are rare and few.
-        for (line, app) in &mut apps {
-            if let Err(error) = crate::page_fetch::fill_maintenance_page(app).await {
-                problems.push(LineProblem {
-                    line: *line,
-                    app: Some(app.name.to_string()),
-                    error,
-                });
-            }
-        }
-    }
-    if !problems.is_empty() {
-        return Ok(refusal(&problems));
-    }
+    let apps = match valid_apps(text).await {
+        Ok(apps) => apps,
+        Err(problems) => return Ok(refusal(&problems)),
+    };
     if apps.is_empty() {
         return Err(
             ValidationError::new("body", "no app to import (one JSON object per line)").into(),
@@ -218,6 +206,29 @@ async fn import(
 
 /// Most app names an import's audit record lists.
 const AUDITED_NAMES: usize = 100;
+
+/// The apps of `text` with their line numbers, each valid and its maintenance page by URL
+/// fetched; or every line that cannot be one.
+pub(crate) async fn valid_apps(text: &str) -> Result<Vec<(usize, App)>, Vec<LineProblem>> {
+    let (mut apps, mut problems) = parse_lines(text);
+    if problems.is_empty() {
+        // One after another: apps with pages by URL are rare and few.
+        for (line, app) in &mut apps {
+            if let Err(error) = crate::page_fetch::fill_maintenance_page(app).await {
+                problems.push(LineProblem {
+                    line: *line,
+                    app: Some(app.name.to_string()),
+                    error,
+                });
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(apps)
+    } else {
+        Err(problems)
+    }
+}
 
 /// The apps of `text` with their line numbers, and every line that cannot be one.
 pub(crate) fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {

@@ -20,7 +20,7 @@ use switchyard_store::{AppWrite, Expected, StoreError};
 
 use crate::api_doc::AppLines;
 use crate::audit::AuditDetail;
-use crate::import::{parse_lines, refusal, LineProblem};
+use crate::import::{refusal, valid_apps};
 use crate::progress::{self, report, Progress};
 use crate::{AdminState, ApiError};
 
@@ -163,22 +163,10 @@ async fn desired_apps(body: &[u8]) -> Result<Result<Vec<App>, Response>, ApiErro
     } else {
         text
     };
-    let (mut apps, mut problems) = parse_lines(text);
-    if problems.is_empty() {
-        for (line, app) in &mut apps {
-            if let Err(error) = crate::page_fetch::fill_maintenance_page(app).await {
-                problems.push(LineProblem {
-                    line: *line,
-                    app: Some(app.name.to_string()),
-                    error,
-                });
-            }
-        }
+    match valid_apps(text).await {
+        Ok(apps) => Ok(Ok(apps.into_iter().map(|(_, app)| app).collect())),
+        Err(problems) => Ok(Err(refusal(&problems))),
     }
-    if !problems.is_empty() {
-        return Ok(Err(refusal(&problems)));
-    }
-    Ok(Ok(apps.into_iter().map(|(_, app)| app).collect()))
 }
 
 /// Every stored app, with its entity tag, by name.

@@ -181,20 +181,31 @@ impl AppFiles {
         let suffix = if self.policy.gzip { ".gz" } else { "" };
         let rotated = |n: usize| dir.join(format!("{FILE_NAME}.{n}{suffix}"));
         let keep = self.policy.keep;
+        // Claimed by a rename first: an external logrotate moving the same file at the same
+        // moment either finds it gone or leaves nothing here, so its lines end up in one
+        // place, never in both (gzipping from the live name did copy them twice).
+        let claimed = dir.join(format!("{FILE_NAME}.rotating"));
+        match std::fs::rename(dir.join(FILE_NAME), &claimed) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let file = self.open_file(name)?;
+                self.open.insert(name.to_string(), file);
+                return Ok(());
+            }
+            claim => claim?,
+        }
         remove_if_present(&rotated(keep + 1))?;
         if keep == 0 {
-            remove_if_present(&dir.join(FILE_NAME))?;
+            remove_if_present(&claimed)?;
         } else {
             remove_if_present(&rotated(keep))?;
             for n in (1..keep).rev() {
                 rename_if_present(&rotated(n), &rotated(n + 1))?;
             }
-            let current = dir.join(FILE_NAME);
             if self.policy.gzip {
-                gzip_into(&current, &rotated(1))?;
-                std::fs::remove_file(&current)?;
+                gzip_into(&claimed, &rotated(1))?;
+                std::fs::remove_file(&claimed)?;
             } else {
-                std::fs::rename(&current, rotated(1))?;
+                std::fs::rename(&claimed, rotated(1))?;
             }
         }
         metrics::LOGD_ROTATIONS.with_label_values(&[reason]).inc();

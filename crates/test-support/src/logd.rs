@@ -118,6 +118,10 @@ pub fn lines_under(dir: &Path) -> Vec<String> {
     let mut lines = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
+        // A file logd is rotating: its lines are being copied, read them where they land.
+        if path.extension().is_some_and(|e| e == "rotating") {
+            continue;
+        }
         let text = if path.extension().is_some_and(|e| e == "gz") {
             let out = Command::new("zcat").arg(&path).output().expect("zcat");
             String::from_utf8_lossy(&out.stdout).into_owned()
@@ -127,6 +131,15 @@ pub fn lines_under(dir: &Path) -> Vec<String> {
         lines.extend(text.lines().map(str::to_string));
     }
     lines
+}
+
+/// Lines in one log file (gzipped or not): for diagnostics.
+pub fn lines_under_file(path: &Path) -> usize {
+    if path.extension().is_some_and(|e| e == "gz") {
+        let out = Command::new("zcat").arg(path).output().expect("zcat");
+        return String::from_utf8_lossy(&out.stdout).lines().count();
+    }
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 /// How many times each value of `field` appears in JSON `lines`.
