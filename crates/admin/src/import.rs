@@ -231,7 +231,7 @@ pub(crate) async fn valid_apps(text: &str) -> Result<Vec<(usize, App)>, Vec<Line
 }
 
 /// The apps of `text` with their line numbers, and every line that cannot be one.
-pub(crate) fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {
+fn parse_lines(text: &str) -> (Vec<(usize, App)>, Vec<LineProblem>) {
     let mut apps = Vec::new();
     let mut problems = Vec::new();
     // Within one import a name or a domain may appear once: the store would otherwise
