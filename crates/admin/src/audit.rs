@@ -175,16 +175,7 @@ pub(crate) async fn read(
     State(state): State<AdminState>,
     Query(params): Query<AuditParams>,
 ) -> Result<Json<AuditPage>, ApiError> {
-    let limit = match params.limit.as_deref() {
-        None => 100,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_AUDIT_PAGE).contains(n))
-            .ok_or_else(|| {
-                ValidationError::new("limit", format!("an integer from 1 to {MAX_AUDIT_PAGE}"))
-            })?,
-    };
+    let limit = crate::handlers::limit_in(params.limit.as_deref(), 100, MAX_AUDIT_PAGE)?;
     let since_ms = params
         .since
         .as_deref()

@@ -774,7 +774,11 @@ fn encode_metrics(families: &[prometheus::proto::MetricFamily]) -> Response {
 }
 
 /// The query's `limit`: `default` when absent, refused unless an integer from 1 to `max`.
-fn limit_in(given: Option<&str>, default: usize, max: usize) -> Result<usize, ValidationError> {
+pub(crate) fn limit_in(
+    given: Option<&str>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ValidationError> {
     match given {
         None => Ok(default),
         Some(text) => text
