@@ -194,16 +194,23 @@ impl AdminClient {
         body: String,
         if_match: Option<&str>,
     ) -> Result<(u16, Value), String> {
-        let request = self.request(method, path).set("Content-Type", content_type);
-        let request = match if_match {
-            Some(tag) => request.set("If-Match", tag),
-            None => request,
-        };
-        let response = match request.send_string(&body) {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(e) => return Err(format!("cannot reach the admin API at {}: {e}", self.base)),
-        };
+        let request = self
+            .request_if(method, path, if_match)
+            .set("Content-Type", content_type);
+        self.status_and_json(self.send_body(request, &body)?)
+    }
+
+    /// Sends `body`: the answer whatever its status, or why the API could not be reached.
+    fn send_body(&self, request: ureq::Request, body: &str) -> Result<ureq::Response, String> {
+        match request.send_string(body) {
+            Ok(response) => Ok(response),
+            Err(ureq::Error::Status(_, response)) => Ok(response),
+            Err(e) => Err(format!("cannot reach the admin API at {}: {e}", self.base)),
+        }
+    }
+
+    /// An answer's status and JSON body.
+    fn status_and_json(&self, response: ureq::Response) -> Result<(u16, Value), String> {
         let status = response.status();
         let answer = response
             .into_json()
@@ -216,6 +223,16 @@ impl AdminClient {
         let request = self.agent.request(method, &format!("{}{path}", self.base));
         match &self.token {
             Some(token) => request.set("Authorization", &format!("Bearer {token}")),
+            None => request,
+        }
+    }
+
+    /// [`AdminClient::request`] that lands only if the record still has the entity tag
+    /// `if_match`, when one is given.
+    fn request_if(&self, method: &str, path: &str, if_match: Option<&str>) -> ureq::Request {
+        let request = self.request(method, path);
+        match if_match {
+            Some(tag) => request.set("If-Match", tag),
             None => request,
         }
     }
@@ -245,12 +262,7 @@ impl AdminClient {
         body: Option<Value>,
         if_match: Option<&str>,
     ) -> Result<Value, String> {
-        let request = self.request(method, path);
-        let request = match if_match {
-            Some(tag) => request.set("If-Match", tag),
-            None => request,
-        };
-        self.answer(request, body)
+        self.answer(self.request_if(method, path, if_match), body)
     }
 
     /// `GET path` with `query`'s pairs, percent-encoded by ureq.

@@ -27,25 +27,14 @@ impl AdminClient {
         if !std::io::stderr().is_terminal() {
             return self.send_text_if(method, path, content_type, body, if_match);
         }
-        let mut request = self
-            .request(method, path)
+        let request = self
+            .request_if(method, path, if_match)
             .set("Content-Type", content_type)
             .set("Accept", "application/x-ndjson");
-        if let Some(tag) = if_match {
-            request = request.set("If-Match", tag);
-        }
-        let response = match request.send_string(&body) {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(e) => return Err(format!("cannot reach the admin API at {}: {e}", self.base)),
-        };
-        let status = response.status();
+        let response = self.send_body(request, &body)?;
         if response.content_type() != "application/x-ndjson" {
             // Refused before the write began (a token, a size): a plain answer.
-            let answer = response
-                .into_json()
-                .map_err(|e| format!("unreadable answer from {}: {e}", self.base))?;
-            return Ok((status, answer));
+            return self.status_and_json(response);
         }
         let mut drawn = Drawn::default();
         for line in std::io::BufReader::new(response.into_reader()).lines() {

@@ -189,16 +189,11 @@ async fn stored_apps(state: &AdminState) -> Result<Vec<(App, String)>, ApiError>
 /// The revision of an app set: a digest of every app's name and entity tag, in name order
 /// (as listed), so any write to any app moves it, on any router of a fleet.
 fn revision_of(stored: &[(App, String)]) -> String {
-    let mut hasher = openssl::sha::Sha256::new();
-    for (app, tag) in stored {
-        hasher.update(app.name.as_str().as_bytes());
-        hasher.update(b" ");
-        hasher.update(tag.as_bytes());
-        hasher.update(b"\n");
-    }
-    let digest = hasher.finish();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\"{hex}\"")
+    let tags: Vec<(&str, &str)> = stored
+        .iter()
+        .map(|(app, tag)| (app.name.as_str(), tag.as_str()))
+        .collect();
+    entity_tag_of(&tags)
 }
 
 /// The plan, and its writes in the order they go: deletes first (they free domains), then

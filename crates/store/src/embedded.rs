@@ -13,14 +13,14 @@ use redb::{
     WriteTransaction,
 };
 use switchyard_model::{
-    entity_tag_of, AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend,
-    CertificateInfo, Change, IfMatch, StoredCertificate,
+    AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo,
+    Change, IfMatch, StoredCertificate,
 };
 
 use crate::json::encode;
 use crate::{expiry_key, require_match, unix_now};
 use crate::{
-    AcmeRecord, AppPage, AppWrite, CertPage, ChangeFeed, Expected, Store, StoreError, StoreStatus,
+    AcmeRecord, AppPage, AppWrite, CertPage, ChangeFeed, Store, StoreError, StoreStatus,
     Subscription,
 };
 
@@ -271,13 +271,7 @@ impl EmbeddedStore {
         for write in writes {
             let name = write.name();
             let (AppWrite::Put(_, expected) | AppWrite::Delete(_, expected)) = write;
-            let current = read_app_in(&txn, name)?;
-            let as_expected = match (expected, &current) {
-                (Expected::Absent, current) => current.is_none(),
-                (Expected::Tag(tag), Some(app)) => entity_tag_of(app) == *tag,
-                (Expected::Tag(_), None) => false,
-            };
-            if !as_expected {
+            if !expected.holds(read_app_in(&txn, name)?.as_ref()) {
                 // Dropped without a commit: nothing of the batch stays.
                 return Err(StoreError::PreconditionFailed(name.to_string()));
             }

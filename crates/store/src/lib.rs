@@ -119,6 +119,17 @@ pub enum Expected {
     Tag(String),
 }
 
+impl Expected {
+    /// Whether `current`, the app stored now, is the one expected.
+    pub fn holds(&self, current: Option<&App>) -> bool {
+        match (self, current) {
+            (Self::Absent, current) => current.is_none(),
+            (Self::Tag(tag), Some(app)) => switchyard_model::entity_tag_of(app) == *tag,
+            (Self::Tag(_), None) => false,
+        }
+    }
+}
+
 /// One write of a batch ([`Store::apply_apps`]).
 #[derive(Debug, Clone)]
 pub enum AppWrite {

@@ -24,11 +24,11 @@ use switchyard_model::{
 use crate::json::{decode, encode};
 use crate::metrics;
 use crate::redis_link::{RedisLink, RedisTimeouts};
+use crate::AppWrite;
 use crate::{expiry_key, require_match, unix_now};
 use crate::{
     AcmeRecord, AppPage, CertPage, ChangeFeed, Store, StoreError, StoreStatus, Subscription,
 };
-use crate::{AppWrite, Expected};
 
 /// Prefix of every key; see docs/fleet.md, "Redis layout".
 pub const KEY_PREFIX: &str = "switchyard:";
@@ -977,12 +977,7 @@ impl Store for RedisStore {
                 .as_deref()
                 .map(|json| decode::<App>(name, json))
                 .transpose()?;
-            let as_expected = match (expected, &current) {
-                (Expected::Absent, current) => current.is_none(),
-                (Expected::Tag(tag), Some(app)) => switchyard_model::entity_tag_of(app) == *tag,
-                (Expected::Tag(_), None) => false,
-            };
-            if !as_expected {
+            if !expected.holds(current.as_ref()) {
                 return Err(StoreError::PreconditionFailed(name.to_string()));
             }
             let mut op = serde_json::json!({"name": name, "expected": stored.unwrap_or_default()});
