@@ -4,7 +4,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use smallvec::SmallVec;
 
 use crate::content_coding::{Coding, Encoder};
 use crate::forwarded::Hop;
@@ -19,13 +21,22 @@ use crate::stage::cache::state::CacheCtx;
 use crate::stage::limits::Places;
 use crate::traffic::app_requests::REQUEST_COUNTS;
 
+thread_local! {
+    /// The id of a request not given its own yet: shared, so that making a context
+    /// allocates none.
+    static NO_REQUEST_ID: Arc<str> = Arc::from("");
+}
+
 /// What the stages know about one request.
 #[derive(Debug)]
 pub(crate) struct RequestCtx {
     /// When the request was first seen.
     pub(crate) started: Instant,
+    /// The same moment by the wall clock, for `X-Request-Start`: read once here rather
+    /// than worked out from the monotonic clock when the request is forwarded (two reads).
+    pub(crate) started_wall: SystemTime,
     /// Id passed to the backend and written in the access log.
-    pub(crate) request_id: String,
+    pub(crate) request_id: Arc<str>,
     /// Whether the client connection is TLS.
     pub(crate) tls: bool,
     /// The port the client connected to.
@@ -46,7 +57,7 @@ pub(crate) struct RequestCtx {
     /// The app the Host resolved to.
     pub(crate) route: Option<Arc<AppRoute>>,
     /// Backends already attempted, in order.
-    pub(crate) tried: Vec<SocketAddr>,
+    pub(crate) tried: SmallVec<[SocketAddr; 2]>,
     /// The backend of the current attempt, counted as in flight.
     pub(crate) backend: Option<InFlight>,
     /// The upstream socket of the current attempt in the connection table, for draining.
@@ -60,7 +71,7 @@ pub(crate) struct RequestCtx {
     /// Why the router answered itself instead of the app, for the access log.
     pub(crate) refused: Option<Reason>,
     /// The response cache's state, for apps that cache.
-    pub(crate) cache: Option<CacheCtx>,
+    pub(crate) cache: Option<Box<CacheCtx>>,
     /// Its places among the app's and its client's requests in flight, held until the
     /// answer ends (a WebSocket's until it closes).
     pub(crate) limit_places: Places,
@@ -75,7 +86,8 @@ impl RequestCtx {
     pub(crate) fn new() -> Self {
         Self {
             started: Instant::now(),
-            request_id: String::new(),
+            started_wall: SystemTime::now(),
+            request_id: NO_REQUEST_ID.with(Arc::clone),
             tls: false,
             server_port: 0,
             wants_html: false,
@@ -85,7 +97,7 @@ impl RequestCtx {
             declared_length: None,
             host: None,
             route: None,
-            tried: Vec::new(),
+            tried: SmallVec::new(),
             backend: None,
             upstream_connection: None,
             attempt_started: None,
@@ -109,7 +121,7 @@ impl RequestCtx {
             tls: self.tls,
             request_id: &self.request_id,
             server_port: self.server_port,
-            started: self.started,
+            started: self.started_wall,
             version,
             forwarded_host: self
                 .host

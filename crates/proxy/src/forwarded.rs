@@ -11,7 +11,8 @@
 //! from [`Forwarding::fields`], a map from [`Forwarding::set_on`].
 
 use std::net::IpAddr;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, VIA};
 use http::{HeaderMap, HeaderValue, Version};
@@ -26,11 +27,11 @@ pub(crate) const MOST_FIELDS: usize = 7;
 pub(crate) struct Hop<'a> {
     /// Whether the client came over TLS.
     pub(crate) tls: bool,
-    pub(crate) request_id: &'a str,
+    pub(crate) request_id: &'a Arc<str>,
     /// The port the client connected to.
     pub(crate) server_port: u16,
-    /// When the router took the request.
-    pub(crate) started: Instant,
+    /// When the router took the request, by the wall clock.
+    pub(crate) started: SystemTime,
     /// The version the client spoke.
     pub(crate) version: Version,
     /// The Host the client asked for, when the app wants `X-Forwarded-Host`.
@@ -44,7 +45,7 @@ pub(crate) struct Forwarding {
     /// own `X-Forwarded-For`, if any, then goes on as it came.
     forwarded_for: Option<HeaderValue>,
     tls: bool,
-    request_id: String,
+    request_id: Arc<str>,
     request_start: Digits<18>,
     port: Digits<7>,
     via: &'static str,
@@ -66,17 +67,14 @@ impl Forwarding {
             (Some(_), None, Some(own)) => Some(own.clone()),
             (Some(ip), previous, _) => HeaderValue::try_from(forwarded_for(previous, ip)).ok(),
         };
-        // The wall clock when the request was taken: now, less the time since (an Instant
-        // never jumps; the difference is what the stages took).
-        let started_us = SystemTime::now()
+        let started_us = hop
+            .started
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |now| {
-                now.saturating_sub(hop.started.elapsed()).as_micros() as u64
-            });
+            .map_or(0, |since| since.as_micros() as u64);
         Self {
             forwarded_for,
             tls: hop.tls,
-            request_id: hop.request_id.to_owned(),
+            request_id: hop.request_id.clone(),
             request_start: Digits::of(started_us),
             port: Digits::of(u64::from(hop.server_port)),
             via: via_of(hop.version),
@@ -191,12 +189,12 @@ fn forwarded_for(previous: Option<&[u8]>, client: IpAddr) -> String {
 mod tests {
     use super::*;
 
-    fn hop(request_id: &str, tls: bool) -> Hop<'_> {
+    fn hop(request_id: &Arc<str>, tls: bool) -> Hop<'_> {
         Hop {
             tls,
             request_id,
             server_port: 8443,
-            started: Instant::now(),
+            started: SystemTime::now(),
             version: Version::HTTP_11,
             forwarded_host: None,
         }
@@ -227,14 +225,14 @@ mod tests {
 
     #[test]
     fn the_writer_and_the_map_get_the_same_fields() {
-        let request_id = "4bf92f3577b34da6";
+        let request_id: Arc<str> = Arc::from("4bf92f3577b34da6");
         let client: IpAddr = "192.0.2.7".parse().expect("address");
         let own = HeaderValue::from_static("192.0.2.7");
         for (previous, expected) in [
             (None, "192.0.2.7"),
             (Some(&b"203.0.113.1"[..]), "203.0.113.1, 192.0.2.7"),
         ] {
-            let mut hop = hop(request_id, true);
+            let mut hop = hop(&request_id, true);
             hop.forwarded_host = Some(b"shop.example.com");
             let written = Forwarding::new(previous, Some(client), Some(&own), &hop);
             let fields: Vec<(&str, Vec<u8>)> = written
@@ -290,8 +288,9 @@ mod tests {
 
     #[test]
     fn request_start_is_when_the_request_was_taken_in_microseconds() {
-        let mut hop = hop("id", false);
-        hop.started = Instant::now() - std::time::Duration::from_millis(250);
+        let id: Arc<str> = Arc::from("id");
+        let mut hop = hop(&id, false);
+        hop.started = SystemTime::now() - std::time::Duration::from_millis(250);
         let before = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .expect("clock")
@@ -316,7 +315,8 @@ mod tests {
 
     #[test]
     fn via_names_the_protocol_the_request_came_in_and_follows_earlier_hops() {
-        let mut hop = hop("id", false);
+        let id: Arc<str> = Arc::from("id");
+        let mut hop = hop(&id, false);
         hop.version = Version::HTTP_2;
         let mut headers = HeaderMap::new();
         headers.insert(VIA, HeaderValue::from_static("1.1 cdn.example"));
@@ -328,14 +328,14 @@ mod tests {
 
     #[test]
     fn proto_and_request_id_say_what_the_router_saw() {
-        let request_id = "0123456789abcdef0123456789abcdef";
+        let request_id: Arc<str> = Arc::from("0123456789abcdef0123456789abcdef");
         for (tls, proto) in [(false, "http"), (true, "https")] {
             let mut headers = HeaderMap::new();
             headers.insert("x-forwarded-proto", HeaderValue::from_static("spoofed"));
             headers.insert("x-request-start", HeaderValue::from_static("t=1"));
-            set_forwarded_headers(None, &mut headers, &hop(request_id, tls));
+            set_forwarded_headers(None, &mut headers, &hop(&request_id, tls));
             assert_eq!(headers["x-forwarded-proto"], proto);
-            assert_eq!(headers["x-request-id"], request_id);
+            assert_eq!(headers["x-request-id"], &*request_id);
             assert_ne!(
                 headers["x-request-start"], "t=1",
                 "the client's claim is replaced"

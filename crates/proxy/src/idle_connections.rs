@@ -61,9 +61,9 @@ impl<K: Hash + Eq, C: Keepable> IdleConnections<K, C> {
                 break;
             }
         }
-        if list.is_empty() {
-            self.idle.remove(target);
-        }
+        // An emptied list stays for the connection this request will give back: removing
+        // it and making it again cost a hash, a free and an allocation a request
+        // (callgrind). The sweep drops the lists left empty.
         self.forget(taken);
         found
     }

@@ -245,7 +245,7 @@ struct ShadowCopy {
     body: Option<mpsc::UnboundedReceiver<BodyEvent>>,
     timeout: Duration,
     route: Arc<AppRoute>,
-    request_id: String,
+    request_id: Arc<str>,
     _in_flight: CopyInFlight,
 }
 

@@ -1,10 +1,12 @@
 //! The request id: the client's own when it looks like one, otherwise a fresh one.
 
+use std::sync::Arc;
+
 use crate::request_fields::{Fields, Known};
 
 /// The client's `X-Request-Id` when it looks like one (so a platform's edge can trace a
 /// request end to end), otherwise a fresh random id.
-pub(crate) fn request_id(fields: Fields<'_>) -> String {
+pub(crate) fn request_id(fields: Fields<'_>) -> Arc<str> {
     let given = fields
         .get(Known::RequestId)
         .filter(|v| {
@@ -16,14 +18,14 @@ pub(crate) fn request_id(fields: Fields<'_>) -> String {
         })
         .and_then(|v| std::str::from_utf8(v).ok());
     match given {
-        Some(id) => id.to_string(),
+        Some(id) => Arc::from(id),
         None => random_request_id(),
     }
 }
 
 /// 128 random bits in 32 hex digits, written directly: `format!` costs several times more,
 /// on every request that brings no id of its own.
-fn random_request_id() -> String {
+fn random_request_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let random = rand::random::<u128>();
     let mut digits = [0u8; 32];
@@ -32,7 +34,7 @@ fn random_request_id() -> String {
     }
     // Pushing the 32 digits one char at a time cost more than the random bits themselves,
     // and `from_utf8_lossy` more than the check of 32 bytes that are all ASCII.
-    std::str::from_utf8(&digits).map_or_else(|_| String::new(), str::to_owned)
+    std::str::from_utf8(&digits).map_or_else(|_| Arc::from(""), Arc::from)
 }
 
 #[cfg(test)]
@@ -59,12 +61,12 @@ mod tests {
             http::HeaderValue::from_static("trace-0123456789abcdef-xyz"),
         );
         assert_eq!(
-            request_id(Fields::Map(&given)),
+            &*request_id(Fields::Map(&given)),
             "trace-0123456789abcdef-xyz"
         );
         let as_read = request_fields::from_pairs(&[("X-Request-Id", "trace-0123456789abcdef-xyz")]);
         assert_eq!(
-            request_id(Fields::AsRead(&as_read)),
+            &*request_id(Fields::AsRead(&as_read)),
             "trace-0123456789abcdef-xyz",
             "looked up in any case"
         );

@@ -154,7 +154,7 @@ pub(crate) async fn request_phase(
     }
     if !eligible {
         count(ctx, CacheStatus::Bypass);
-        ctx.cache = Some(state);
+        ctx.cache = Some(Box::new(state));
         return None;
     }
     state.status = CacheStatus::Miss;
@@ -162,7 +162,7 @@ pub(crate) async fn request_phase(
         (CacheStore::Memory, _) => {}
         (_, None) => {
             report_no_cache_redis(ctx.app_name());
-            ctx.cache = Some(state);
+            ctx.cache = Some(Box::new(state));
             return None;
         }
         (CacheStore::RedisVersioned, Some(redis)) => {
@@ -227,7 +227,7 @@ pub(crate) async fn request_phase(
         Some(Looked::Fresh(response)) => {
             count(ctx, CacheStatus::Hit);
             state.status = CacheStatus::Hit;
-            ctx.cache = Some(state);
+            ctx.cache = Some(Box::new(state));
             let is_get = method == Method::GET;
             Some(FromCache::for_request(
                 response,
@@ -238,11 +238,11 @@ pub(crate) async fn request_phase(
         }
         Some(Looked::Stale(response, key)) => {
             state.stale = Some((response, key));
-            ctx.cache = Some(state);
+            ctx.cache = Some(Box::new(state));
             None
         }
         None => {
-            ctx.cache = Some(state);
+            ctx.cache = Some(Box::new(state));
             None
         }
     }
@@ -263,7 +263,7 @@ fn answer_stale(
 ) -> FromCache {
     count(ctx, CacheStatus::Stale);
     state.status = CacheStatus::Stale;
-    ctx.cache = Some(state);
+    ctx.cache = Some(Box::new(state));
     FromCache::for_request(copy, CacheStatus::Stale, request, true)
 }
 
@@ -305,14 +305,14 @@ fn cache_key(tls: bool, host: &str, path_and_query: &str) -> String {
 /// let the app answer (and write it). The router never writes here.
 async fn versioned(ctx: &mut RequestCtx, state: CacheCtx, redis: &CacheRedis) -> Option<FromCache> {
     let Some(body) = redis.versioned_body(&state.key).await else {
-        ctx.cache = Some(state);
+        ctx.cache = Some(Box::new(state));
         return None;
     };
     count(ctx, CacheStatus::Hit);
-    ctx.cache = Some(CacheCtx {
+    ctx.cache = Some(Box::new(CacheCtx {
         status: CacheStatus::Hit,
         ..state
-    });
+    }));
     let now = Instant::now();
     let mut headers = HeaderMap::with_capacity(1);
     headers.insert(
