@@ -3,7 +3,7 @@
 do not move with this shared machine's spells, beside run.py's CPU time.
 
     python3 bench/engines/instructions.py nginx hyper-floor h1-floor [--tool callgrind|dhat]
-        [--requests 2000] [--rate 200] [--scheme http|https]
+        [--requests 2000] [--rate 200] [--scheme http|https] [--http2]
 
 Each target runs with one worker (nginx: `master_process off`, one worker; HAProxy: one
 thread; the floors and Switchyard: `--threads 1`) under `valgrind --tool=callgrind`
@@ -12,7 +12,11 @@ and bytes allocated). It is started twice, given a few requests the first time a
 `--requests` more the second (vegeta at a constant rate over keep-alive, to the same
 origin as run.py's), then stopped; the difference of the two totals over the difference
 of the requests answered is the per-request figure: start-up, the first connections and
-shutdown cancel out. Everything listens on 127.0.0.1; every process is stopped by its PID.
+shutdown cancel out. `--http2`: the requests go over HTTP/2 instead (h2load, 4 connections
+× 10 streams, as fast as answered: h2load has no steady rate under valgrind's pace); with
+`--scheme https` over TLS (ALPN h2: nginx, HAProxy, Switchyard), with `http` in clear with
+prior knowledge (Switchyard only). Everything listens on 127.0.0.1; every process is stopped
+by its PID.
 Writes nothing but its own output: copy the figures to bench/ENGINE.md with the commit.
 """
 
@@ -66,6 +70,20 @@ def load(port, scheme, requests, rate, fields=()):
     return int(round(summary["requests"] * summary["success"]))
 
 
+def load_http2(port, scheme, requests, fields=()):
+    """`requests` requests over HTTP/2 (h2load, 4 connections × 10 streams); the number
+    answered 2xx."""
+    extra = [arg for field in fields for arg in ("-H", field)]
+    run = subprocess.run(
+        ["h2load", f"-n{requests}", "-c4", "-m10", "-H", f":authority: {R.HOST}", *extra,
+         f"{scheme}://127.0.0.1:{port}/"],
+        check=True, capture_output=True, text=True, timeout=900).stdout
+    match = re.search(r"status codes: (\d+) 2xx", run)
+    if not match:
+        raise RuntimeError(f"h2load said: {run[-500:]}")
+    return int(match.group(1))
+
+
 def prime(port, scheme, fields=()):
     """One request, waited for (its status is not judged: the load's count is)."""
     headers = {"Host": R.HOST, **dict(f.split(": ", 1) for f in fields)}
@@ -99,11 +117,16 @@ def one_run(name, work, backend, args, tls, requests, app_options=None, fields=(
         # One request alone first: what a stage does once per process (a password checked
         # on the worker pool) is then done once, not by however many of the warm-up's first
         # requests arrive before it is done, a count that differs between the two runs.
-        prime(serving, args.scheme, fields)
-        # Warm-up: the first connections, pools and lazily built tables, in both runs.
-        answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate, fields)
-        if requests:
-            answered += load(serving, args.scheme, requests, args.rate, fields)
+        if args.http2:
+            answered = load_http2(serving, args.scheme, FIRST_REQUESTS, fields)
+            if requests:
+                answered += load_http2(serving, args.scheme, requests, fields)
+        else:
+            prime(serving, args.scheme, fields)
+            # Warm-up: the first connections, pools and lazily built tables, in both runs.
+            answered = load(serving, args.scheme, FIRST_REQUESTS, args.rate, fields)
+            if requests:
+                answered += load(serving, args.scheme, requests, args.rate, fields)
     finally:
         proc.proc.send_signal(signal.SIGTERM)
         try:
@@ -123,6 +146,8 @@ def main():
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--scheme", choices=["http", "https"], default="http")
+    parser.add_argument("--http2", action="store_true",
+                        help="HTTP/2 with h2load (https: over TLS; http: Switchyard only)")
     args = parser.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("valgrind is missing: bench/run installs it (Debian's valgrind package)")
@@ -139,7 +164,8 @@ def main():
             rows[name] = per_request
             what = ("instructions" if args.tool == "callgrind" else "bytes, blocks")
             print(f"{name}: {', '.join(f'{v:,.1f}' for v in per_request)} {what} per request "
-                  f"({many - few} requests between the runs, {args.scheme})", flush=True)
+                  f"({many - few} requests between the runs, {args.scheme}"
+                  f"{', HTTP/2' if args.http2 else ''})", flush=True)
     base = rows.get("nginx")
     for name, values in rows.items():
         ratio = f" ({values[-1] / base[-1]:.2f}× nginx)" if base and base[-1] else ""

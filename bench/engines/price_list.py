@@ -80,7 +80,7 @@ def main():
     parser.add_argument("--target", default="switchyard", choices=["switchyard", "switchyard-before"],
                         help="switchyard-before: the build at $SWITCHYARD_BEFORE_BIN")
     args = parser.parse_args()
-    args.tool, args.scheme = "callgrind", "http"
+    args.tool, args.scheme, args.http2 = "callgrind", "http", False
     if not shutil.which("valgrind"):
         sys.exit("valgrind is missing: bench/run installs it (Debian's valgrind package)")
     work = Path(tempfile.mkdtemp(prefix="price-list-"))

@@ -35,16 +35,17 @@ pub(crate) struct EventLoop {
 impl EventLoop {
     /// A thread's loop over `shared`, keeping at most `idle_backend_connections`.
     pub(crate) fn new(shared: Shared, idle_backend_connections: usize) -> Rc<Self> {
+        let clock = Clock::new();
         Rc::new(Self {
             shared,
-            pool: BackendPool::new(idle_backend_connections),
+            pool: BackendPool::new(idle_backend_connections, clock.clone()),
             mirrors: Arc::new(MirrorClient::new()),
             cache_refreshes: Arc::new(SidePool::new(
                 CACHE_REFRESH_IDLE,
                 metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["cache"]),
             )),
             open_connections: Cell::new(0),
-            clock: Clock::new(),
+            clock,
         })
     }
 

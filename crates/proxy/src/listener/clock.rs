@@ -144,7 +144,17 @@ impl Clock {
     }
 
     fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NEVER - 1)
+        millis(self.started.elapsed()).min(NEVER - 1)
+    }
+
+    /// Milliseconds on this clock: the last tick's while it ticks (no read of the system's
+    /// clock), read afresh while it sleeps.
+    pub(crate) fn now_ms(&self) -> u64 {
+        if self.asleep.get() {
+            self.elapsed_ms()
+        } else {
+            self.now_ms.get()
+        }
     }
 
     fn tick(&self) {
@@ -212,6 +222,11 @@ impl Clock {
             self.start_ticking();
         }
     }
+}
+
+/// `duration` in whole milliseconds.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Deadline {

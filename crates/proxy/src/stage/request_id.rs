@@ -27,10 +27,12 @@ pub(crate) fn request_id(fields: Fields<'_>) -> Arc<str> {
 /// on every request that brings no id of its own.
 fn random_request_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let random = rand::random::<u128>();
+    let random = rand::random::<u128>().to_be_bytes();
     let mut digits = [0u8; 32];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = HEX[((random >> ((31 - i) * 4)) & 0xf) as usize];
+    // A byte's two digits at a time: half the steps of a digit at a time (callgrind).
+    for (pair, byte) in digits.chunks_exact_mut(2).zip(random) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
     // Pushing the 32 digits one char at a time cost more than the random bits themselves,
     // and `from_utf8_lossy` more than the check of 32 bytes that are all ASCII.

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -21,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
-use crate::idle_connections::{self, IdleConnections, Keepable};
+use crate::idle_connections::{self, ms_since, IdleConnections, Keepable};
 use crate::proxy_protocol::Announced;
 
 /// The body of a request the router makes: any stream of bytes that may fail.
@@ -77,12 +77,15 @@ impl Keepable for SideConnection {
 /// One thread's idle side connections, at most `limit` in all, counted in `gauge`.
 pub(crate) struct SidePool {
     idle: Mutex<IdleConnections<Target, SideConnection>>,
+    /// Its own clock for the idle times: it is used off the listener threads too.
+    started: Instant,
 }
 
 impl SidePool {
     pub(crate) fn new(limit: usize, gauge: IntGauge) -> Self {
         Self {
             idle: Mutex::new(IdleConnections::new(limit, gauge)),
+            started: Instant::now(),
         }
     }
 
@@ -94,7 +97,8 @@ impl SidePool {
         timeout: Duration,
     ) -> Result<SideConnection, ConnectError> {
         loop {
-            let Some(mut connection) = self.idle.lock().take(target) else {
+            let now_ms = ms_since(self.started);
+            let Some(mut connection) = self.idle.lock().take(target, now_ms) else {
                 break;
             };
             if idle_connections::ready(&mut connection.sender).await {
@@ -111,12 +115,14 @@ impl SidePool {
     /// pool is full.
     pub(crate) fn put(&self, connection: SideConnection) {
         let target = connection.target.clone();
-        self.idle.lock().put(target, connection);
+        self.idle
+            .lock()
+            .put(target, connection, ms_since(self.started));
     }
 
     /// Closes the connections idle for too long or closed by their peer.
     pub(crate) fn sweep(&self) {
-        self.idle.lock().sweep();
+        self.idle.lock().sweep(ms_since(self.started));
     }
 }
 

@@ -3,6 +3,7 @@
 //! them: nothing here is shared, locked or watched from elsewhere.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use tokio::net::TcpStream;
 pub(crate) use super::backend_h1::BackendConnection;
 use super::failure::ConnectFailure;
 use crate::idle_connections::{IdleConnections, Keepable};
+use crate::listener::clock::Clock;
 use crate::metrics;
 use crate::proxy_protocol::Destination;
 use crate::routing::connections::ShutdownRequest;
@@ -25,13 +27,16 @@ impl Keepable for Box<BackendConnection> {
 /// Idle connections by destination, at most `limit` in all.
 pub(crate) struct BackendPool {
     idle: RefCell<IdleConnections<Destination, Box<BackendConnection>>>,
+    /// The thread's deadlines' clock: when each connection was kept, to a tick.
+    clock: Rc<Clock>,
 }
 
 impl BackendPool {
-    pub(crate) fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize, clock: Rc<Clock>) -> Self {
         let gauge = metrics::IDLE_BACKEND_CONNECTIONS.clone();
         Self {
             idle: RefCell::new(IdleConnections::new(limit, gauge)),
+            clock,
         }
     }
 
@@ -43,7 +48,8 @@ impl BackendPool {
         connect_timeout: Duration,
     ) -> Result<Box<BackendConnection>, ConnectFailure> {
         // Taken only if the backend has not closed it meanwhile (`Keepable`).
-        if let Some(connection) = self.idle.borrow_mut().take(&destination) {
+        let now_ms = self.clock.now_ms();
+        if let Some(connection) = self.idle.borrow_mut().take(&destination, now_ms) {
             return Ok(connection);
         }
         connect(destination, connect_timeout).await
@@ -51,15 +57,16 @@ impl BackendPool {
 
     /// Closes the idle connections that have expired.
     pub(crate) fn sweep_idle(&self) {
-        self.idle.borrow_mut().sweep();
+        self.idle.borrow_mut().sweep(self.clock.now_ms());
     }
 
     /// Keeps `connection`, whose last response was read to the end, for the next request;
     /// closes it when the pool is full.
     pub(crate) fn put(&self, connection: Box<BackendConnection>) {
+        let now_ms = self.clock.now_ms();
         self.idle
             .borrow_mut()
-            .put(connection.destination, connection);
+            .put(connection.destination, connection, now_ms);
     }
 }
 
