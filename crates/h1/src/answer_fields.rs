@@ -91,6 +91,15 @@ pub fn fields_map(head: &Bytes, places: &[FieldPlace]) -> Result<HeaderMap, Brid
     Ok(headers)
 }
 
+/// One field as [`PlacedFields::lines`] gives it.
+pub(crate) struct Line<'f> {
+    pub(crate) name: &'f [u8],
+    pub(crate) value: &'f [u8],
+    /// Where its whole line (name to CRLF) sits in the head, when it ends right after the
+    /// value.
+    pub(crate) span: Option<(usize, usize)>,
+}
+
 /// A message's fields where they were read: the head's bytes (split off the read buffer,
 /// so that the fields share it) and where each field sits in them. What an answer's
 /// ([`AnswerFields`]) and an HTTP/1.x client's request's fields as read are made of.
@@ -107,6 +116,30 @@ impl PlacedFields {
             head,
             places: places.into(),
         }
+    }
+
+    /// Each field's name, value and the whole line it was read in (up to and with its
+    /// CRLF) when the line ends right after the value, in the order they were sent: a
+    /// writer copies consecutive whole lines at once.
+    pub(crate) fn lines(&self) -> impl Iterator<Item = Line<'_>> {
+        self.places
+            .iter()
+            .filter_map(|&(name_start, name_end, start, end)| {
+                let name = self.head.get(name_start as usize..name_end as usize)?;
+                let value = self.head.get(start as usize..end as usize)?;
+                let line_end = end as usize + 2;
+                let whole = self.head.get(end as usize..line_end) == Some(b"\r\n");
+                Some(Line {
+                    name,
+                    value,
+                    span: whole.then_some((name_start as usize, line_end)),
+                })
+            })
+    }
+
+    /// The bytes the fields were read from.
+    pub(crate) fn head(&self) -> &[u8] {
+        &self.head
     }
 
     /// The fields, names and values, in the order they were sent.

@@ -23,8 +23,9 @@ pub use answer_fields::{
     fields_map, place_fields, AnswerFacts, AnswerFields, FieldPlace, PlacedFields,
 };
 pub use bridge::{
-    coding_fields, end_to_end_fields, response_parts, write_answer_head, write_request_fields,
-    write_request_parts, write_response_parts, AnswerConnection, AnswerFraming, BridgeError,
+    coding_fields, end_to_end_fields, response_parts, write_answer_head,
+    write_placed_request_fields, write_request_fields, write_request_parts, write_response_parts,
+    AnswerConnection, AnswerFraming, BridgeError,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::{content_length_value, Connection};

@@ -58,6 +58,11 @@ impl RequestFields {
         self.placed.iter()
     }
 
+    /// The fields where they were read, for the backend's head writer.
+    pub(crate) fn placed(&self) -> &PlacedFields {
+        &self.placed
+    }
+
     /// The fields as a map whose values share the head's bytes.
     pub(crate) fn to_map(&self) -> Result<HeaderMap, BridgeError> {
         self.placed.to_map()

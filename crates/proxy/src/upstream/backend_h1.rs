@@ -255,7 +255,7 @@ impl BackendConnection {
         let mut head = std::mem::take(&mut self.write);
         head.clear();
         match as_read {
-            Some(fields) => switchyard_h1::write_request_fields(
+            Some(fields) => switchyard_h1::write_placed_request_fields(
                 &mut head,
                 parts.method.as_str().as_bytes(),
                 parts
@@ -263,8 +263,7 @@ impl BackendConnection {
                     .path_and_query()
                     .map_or("/", |path| path.as_str())
                     .as_bytes(),
-                None,
-                || fields.iter(),
+                fields.placed(),
                 framing,
                 &extra[..extras],
             ),
