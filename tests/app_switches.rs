@@ -579,6 +579,63 @@ fn affinity_cookie(response: &support::Response, name: &str) -> Option<String> {
         .find(|pair| pair.starts_with(&format!("{name}=")))
 }
 
+/// Every `Set-Cookie` pair of an answer, `name=value`, sorted.
+fn cookie_pairs(response: &support::Response) -> Vec<String> {
+    let mut pairs: Vec<String> = response
+        .headers
+        .iter()
+        .filter(|(field, _)| field.eq_ignore_ascii_case("set-cookie"))
+        .map(|(_, value)| value.split(';').next().unwrap_or_default().to_string())
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+#[test]
+fn the_sticky_cookie_joins_the_apps_own_cookies_whether_or_not_its_fields_are_a_map() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("one");
+    // One app whose answer goes on as read, one whose answer rules make it a map.
+    router.put_app(
+        "plain",
+        json!({
+            "domains": ["plain.test"],
+            "backends": [backend.addr.to_string()],
+            "affinity": {"cookie": "sticky"}
+        }),
+    );
+    router.put_app(
+        "mapped",
+        json!({
+            "domains": ["mapped.test"],
+            "backends": [backend.addr.to_string()],
+            "affinity": {"cookie": "sticky"},
+            "headers": {"response": {"set": {"x-frame-options": "DENY"}}}
+        }),
+    );
+    for host in ["plain.test", "mapped.test"] {
+        support::eventually(Duration::from_secs(10), "a cookie is set", || {
+            affinity_cookie(&router.get(host, "/"), "sticky").is_some()
+        });
+        let answer = router.get(host, "/?cookie=theme=dark");
+        let pairs = cookie_pairs(&answer);
+        assert_eq!(pairs.len(), 2, "{host}: {pairs:?}");
+        assert_eq!(
+            pairs[1], "theme=dark",
+            "{host}: the app's own cookie is kept: {pairs:?}"
+        );
+        assert!(pairs[0].starts_with("sticky="), "{host}: {pairs:?}");
+        // A client the cookie already sends home gets the app's cookie alone.
+        let home = format!("Cookie: {}\r\n", pairs[0]);
+        let again = router.send("GET", host, "/?cookie=theme=light", &home);
+        assert_eq!(cookie_pairs(&again), ["theme=light"], "{host}");
+    }
+    assert_eq!(
+        router.get("mapped.test", "/").header("x-frame-options"),
+        Some("DENY")
+    );
+}
+
 fn served_by(response: &support::Response) -> String {
     response.json()["backend"]
         .as_str()

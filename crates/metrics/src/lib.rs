@@ -81,7 +81,16 @@ impl<T: prometheus::core::MetricVecBuilder> Documented for prometheus::core::Met
     }
 }
 
+/// The series of a vector found by index (its labels' values in a fixed order): the
+/// vector itself documents them.
 impl<const N: usize> Documented for [prometheus::Histogram; N] {
+    fn metric_docs(&self) -> Vec<MetricDoc> {
+        Vec::new()
+    }
+}
+
+/// As for histograms' series by index.
+impl<const N: usize> Documented for [prometheus::IntCounter; N] {
     fn metric_docs(&self) -> Vec<MetricDoc> {
         Vec::new()
     }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use http::HeaderValue;
 use smallvec::SmallVec;
 
 use crate::content_coding::{Coding, Encoder};
@@ -43,6 +44,10 @@ pub(crate) struct RequestCtx {
     pub(crate) server_port: u16,
     /// What the client's sticky-session cookie says (`stage::affinity`).
     pub(crate) sticky: Option<Box<Sticky>>,
+    /// The sticky-session cookie the app's answer gets (`stage::affinity`): added to the
+    /// app's own `Set-Cookie` fields by whichever writer writes the answer, with or
+    /// without a map of them.
+    pub(crate) sticky_cookie: Option<HeaderValue>,
     /// The coding this client's answers are compressed with, for an app that compresses.
     pub(crate) coding: Option<Coding>,
     /// The encoder of this answer's body, once its head was made compressed.
@@ -94,6 +99,7 @@ impl RequestCtx {
             coding: None,
             encoder: None,
             sticky: None,
+            sticky_cookie: None,
             declared_length: None,
             host: None,
             route: None,

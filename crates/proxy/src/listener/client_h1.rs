@@ -819,6 +819,10 @@ fn write_head(
             .any(|(own, _)| name.eq_ignore_ascii_case(own))
             || (!own.is_empty() && own.keys().any(|k| name.eq_ignore_ascii_case(k.as_ref())))
     };
+    let added = router
+        .as_ref()
+        .and_then(|router| router.sticky_cookie)
+        .map(|cookie| (&b"set-cookie"[..], cookie.as_bytes()));
     let fields = || {
         let apps = as_read.iter().filter(|(name, _)| !replaced(name));
         apps.chain(
@@ -826,6 +830,7 @@ fn write_head(
                 .map(|(name, value)| (name.as_ref(), value.as_bytes())),
         )
         .chain(router_fields.iter().copied())
+        .chain(added)
     };
     switchyard_h1::write_answer_head(out, status, fields, framing, connection, http_date);
 }

@@ -386,6 +386,11 @@ switchyard_metrics::declare_metrics! {
         &["result"]
     ));
 
+    /// [`AFFINITY`]'s series by result, in [`AFFINITY_RESULTS`]' order: found by index, where
+    /// `with_label_values` hashed the label under a lock on every request (callgrind).
+    pub(crate) static AFFINITY_BY_RESULT: [IntCounter; AFFINITY_RESULTS.len()] =
+        AFFINITY_RESULTS.map(|result| AFFINITY.with_label_values(&[result]));
+
     pub(crate) static COMPRESS: IntCounterVec = registered(register_int_counter_vec!(
         "switchyard_compress_total",
         "Answers of a type an app compresses, to clients that accept a coding, by result: the \
@@ -393,6 +398,10 @@ switchyard_metrics::declare_metrics! {
          the app's min_bytes) or busy (1,024 streams compressing already; sent as is).",
         &["result"]
     ));
+
+    /// [`COMPRESS`]'s series, in [`COMPRESS_RESULTS`]' order (see [`count_result`]).
+    pub(crate) static COMPRESS_BY_RESULT: [IntCounter; COMPRESS_RESULTS.len()] =
+        COMPRESS_RESULTS.map(|result| COMPRESS.with_label_values(&[result]));
 
     pub(crate) static COMPRESS_STREAMS: IntGauge = registered(register_int_gauge!(
         "switchyard_compress_streams",
@@ -407,6 +416,11 @@ switchyard_metrics::declare_metrics! {
          failures from the client), overloaded (503: the pool could not check in time).",
         &["result"]
     ));
+
+    /// [`BASIC_AUTH_CHECKS`]' series, in [`BASIC_AUTH_RESULTS`]' order (see
+    /// [`count_result`]).
+    pub(crate) static BASIC_AUTH_BY_RESULT: [IntCounter; BASIC_AUTH_RESULTS.len()] =
+        BASIC_AUTH_RESULTS.map(|result| BASIC_AUTH_CHECKS.with_label_values(&[result]));
 
     pub(crate) static BASIC_AUTH_FAILING_CLIENTS: IntGauge = registered(register_int_gauge!(
         "switchyard_basic_auth_failing_clients",
@@ -675,6 +689,52 @@ const POOL_BUCKETS: &[f64] = &[
 ];
 
 /// The `class` label values, in the order [`status_class_index`] numbers them.
+/// What a request to an app with sticky sessions came to, as `switchyard_affinity_total`
+/// counts it (its help says what each means).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AffinityResult {
+    Kept,
+    Assigned,
+    Moved,
+    NoKey,
+}
+
+/// [`AffinityResult`]'s labels, in its order.
+pub(crate) const AFFINITY_RESULTS: [&str; 4] = ["kept", "assigned", "moved", "no_key"];
+
+/// [`COMPRESS`]'s results.
+pub(crate) const COMPRESS_RESULTS: [&str; 5] = ["skipped", "busy", "zstd", "br", "gzip"];
+
+/// [`BASIC_AUTH_CHECKS`]' results.
+pub(crate) const BASIC_AUTH_RESULTS: [&str; 6] = [
+    "open",
+    "cached",
+    "verified",
+    "refused",
+    "locked_out",
+    "overloaded",
+];
+
+/// Counts `result` in the series `by_result` holds for `results`, made once: a comparison
+/// of a few short names, where `with_label_values` hashed the label under a lock on every
+/// request (callgrind). A result not in the list is counted through `vec`.
+pub(crate) fn count_result<const N: usize>(
+    by_result: &[IntCounter; N],
+    results: &[&str; N],
+    vec: &IntCounterVec,
+    result: &str,
+) {
+    match results.iter().position(|known| *known == result) {
+        Some(index) => by_result[index].inc(),
+        None => vec.with_label_values(&[result]).inc(),
+    }
+}
+
+/// Counts a request to an app with sticky sessions.
+pub(crate) fn count_affinity(result: AffinityResult) {
+    AFFINITY_BY_RESULT[result as usize].inc();
+}
+
 pub(crate) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 
 /// Position of a status code's class in [`STATUS_CLASSES`]; `none` when nothing was sent.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
-    CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER, STRICT_TRANSPORT_SECURITY,
-    WWW_AUTHENTICATE,
+    CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER, SET_COOKIE,
+    STRICT_TRANSPORT_SECURITY, WWW_AUTHENTICATE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body::Body as _;
@@ -311,7 +311,7 @@ fn file_response(file: StaticFile, mut end: Box<RequestEnd>) -> Response<AnswerB
 }
 
 /// The headers every answer of the router carries: the request id, and HSTS over TLS for
-/// apps that ask.
+/// apps that ask; and the fields added to the app's own (a sticky-session cookie).
 fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
     let own = RouterFields::of(ctx);
     for (name, value) in own.iter() {
@@ -323,6 +323,9 @@ fn set_router_headers(headers: &mut HeaderMap, ctx: &RequestCtx) {
         if let Some(value) = value {
             headers.insert(name.clone(), value);
         }
+    }
+    if let Some(cookie) = own.sticky_cookie {
+        headers.append(SET_COOKIE, cookie.clone());
     }
 }
 
@@ -339,13 +342,16 @@ fn request_id_value(id: &[u8]) -> Option<HeaderValue> {
 
 /// The router's own fields on an app's answer: the request id, HSTS over HTTPS for an app
 /// that asks for it, and over TLS the `Alt-Svc` of HTTP/3 when it is served. They replace a
-/// field of the same name the app sent. Put in the answer's map (`set_router_headers`), or,
+/// field of the same name the app sent. Beside them, the sticky-session cookie, added to
+/// the app's own `Set-Cookie` fields. Put in the answer's map (`set_router_headers`), or,
 /// for an answer whose fields go on as read, written after them by the HTTP/1.x driver
 /// with no map made.
 pub(crate) struct RouterFields<'a> {
     request_id: &'a str,
     hsts: Option<String>,
     alt_svc: Option<&'static str>,
+    /// Added to the app's fields, replacing none (`stage::affinity`).
+    pub(crate) sticky_cookie: Option<&'a HeaderValue>,
 }
 
 impl<'a> RouterFields<'a> {
@@ -357,6 +363,7 @@ impl<'a> RouterFields<'a> {
             request_id: &ctx.request_id,
             hsts: https::hsts_value(ctx),
             alt_svc: https::alt_svc_value(ctx),
+            sticky_cookie: ctx.sticky_cookie.as_ref(),
         }
     }
 

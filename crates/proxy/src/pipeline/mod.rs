@@ -527,7 +527,7 @@ async fn upstream_phase(
                     return Answer::Cached(copy);
                 }
             }
-            Stage::Affinity => affinity::add_cookie(ctx, fields),
+            Stage::Affinity => affinity::add_cookie(ctx),
             _ => {}
         }
     }

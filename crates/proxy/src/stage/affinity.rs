@@ -13,12 +13,11 @@
 
 use std::net::SocketAddr;
 
-use http::header::SET_COOKIE;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderValue;
 
 use crate::context::RequestCtx;
 use crate::cookies::cookie_values;
-use crate::metrics;
+use crate::metrics::{self, AffinityResult};
 use crate::request_fields::Fields;
 use crate::routing::affinity_tokens::{self, Sticky, Tokens};
 use crate::routing::route_cache::AppRoute;
@@ -41,7 +40,7 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, fields: Fields<'_>) {
         return;
     };
     let Some(tokens) = tokens_of(route) else {
-        metrics::AFFINITY.with_label_values(&["no_key"]).inc();
+        metrics::count_affinity(AffinityResult::NoKey);
         return;
     };
     let mut sent = cookie_values(fields.values("cookie"), &affinity.cookie).peekable();
@@ -65,11 +64,11 @@ pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<Head
     let tokens = tokens_of(route)?;
     match ctx.sticky.as_deref() {
         Some(Sticky::Named(named)) if *named == served_by => {
-            metrics::AFFINITY.with_label_values(&["kept"]).inc();
+            metrics::count_affinity(AffinityResult::Kept);
             return None;
         }
-        Some(_) => metrics::AFFINITY.with_label_values(&["moved"]).inc(),
-        None => metrics::AFFINITY.with_label_values(&["assigned"]).inc(),
+        Some(_) => metrics::count_affinity(AffinityResult::Moved),
+        None => metrics::count_affinity(AffinityResult::Assigned),
     }
     let token = tokens.token(served_by)?;
     let mut cookie = format!(
@@ -85,11 +84,12 @@ pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<Head
     HeaderValue::try_from(cookie).ok()
 }
 
-/// Adds the affinity cookie to an app's answer `headers`, for the backend that served it.
-pub(crate) fn add_cookie(ctx: &RequestCtx, headers: &mut HeaderMap) {
-    if let Some(cookie) = ctx.tried.last().and_then(|served| set_cookie(ctx, *served)) {
-        headers.append(SET_COOKIE, cookie);
-    }
+/// Gives an app's answer the affinity cookie for the backend that served it, when the
+/// client's does not name it: noted in the context, and added to the answer's own
+/// `Set-Cookie` fields as it is written (`pipeline::RouterFields`), so that the answer's
+/// fields need not be made a map for it.
+pub(crate) fn add_cookie(ctx: &mut RequestCtx) {
+    ctx.sticky_cookie = ctx.tried.last().and_then(|served| set_cookie(ctx, *served));
 }
 
 #[cfg(test)]
@@ -97,6 +97,7 @@ mod tests {
     use super::*;
     use crate::routing::route_cache::route_of;
     use http::header::COOKIE;
+    use http::HeaderMap;
 
     #[test]
     fn a_cookie_naming_a_backend_of_the_app_is_noted() {

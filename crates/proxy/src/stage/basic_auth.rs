@@ -67,25 +67,19 @@ pub(crate) async fn check(
         return Ok(());
     };
     if auth.is_open(path) {
-        metrics::BASIC_AUTH_CHECKS
-            .with_label_values(&["open"])
-            .inc();
+        count("open");
         return Ok(());
     }
     let app = route.app.name.as_str();
     let failures_key = (Arc::<str>::from(app), client);
     if let Some(wait) = locked_out_for(&failures_key) {
-        metrics::BASIC_AUTH_CHECKS
-            .with_label_values(&["locked_out"])
-            .inc();
+        count("locked_out");
         return Err(Denied::LockedOut(wait));
     }
     let unauthorized = || Denied::Unauthorized(auth.realm.clone());
     let Some((user, password)) = credentials(fields) else {
         // No credentials is a browser's first request, not an attempt: not counted.
-        metrics::BASIC_AUTH_CHECKS
-            .with_label_values(&["refused"])
-            .inc();
+        count("refused");
         return Err(unauthorized());
     };
     let Some(hash) = auth.users.get(&user) else {
@@ -96,9 +90,7 @@ pub(crate) async fn check(
         .get(&key)
         .is_some_and(|at| at.elapsed() < REMEMBERED_FOR)
     {
-        metrics::BASIC_AUTH_CHECKS
-            .with_label_values(&["cached"])
-            .inc();
+        count("cached");
         return Ok(());
     }
     let hash = hash.clone();
@@ -108,9 +100,7 @@ pub(crate) async fn check(
             .run("basic_auth", Instant::now() + CHECK_DEADLINE, verify)
             .await
             .map_err(|_| {
-                metrics::BASIC_AUTH_CHECKS
-                    .with_label_values(&["overloaded"])
-                    .inc();
+                count("overloaded");
                 Denied::Overloaded
             })?,
         None => verify(),
@@ -118,9 +108,7 @@ pub(crate) async fn check(
     if !verified {
         return Err(failed(failures_key, unauthorized()));
     }
-    metrics::BASIC_AUTH_CHECKS
-        .with_label_values(&["verified"])
-        .inc();
+    count("verified");
     PASSED.insert(key, Instant::now());
     Ok(())
 }
@@ -160,9 +148,7 @@ fn locked_out_for(key: &FailingClient) -> Option<u32> {
 
 /// Counts a failed attempt of the client on the app.
 fn failed(key: FailingClient, denied: Denied) -> Denied {
-    metrics::BASIC_AUTH_CHECKS
-        .with_label_values(&["refused"])
-        .inc();
+    count("refused");
     let now = Instant::now();
     let counted = match FAILURES.get(&key) {
         Some((count, since)) if since.elapsed() < FAILURE_WINDOW => (count + 1, since),
@@ -176,6 +162,16 @@ fn failed(key: FailingClient, denied: Denied) -> Denied {
 /// The `WWW-Authenticate` challenge of a realm (RFC 7617 §2, with its UTF-8 charset).
 pub(crate) fn challenge(realm: &str) -> String {
     format!("Basic realm=\"{realm}\", charset=\"UTF-8\"")
+}
+
+/// Counts a request's result in `switchyard_basic_auth_checks_total`.
+fn count(result: &str) {
+    metrics::count_result(
+        &metrics::BASIC_AUTH_BY_RESULT,
+        &metrics::BASIC_AUTH_RESULTS,
+        &metrics::BASIC_AUTH_CHECKS,
+        result,
+    );
 }
 
 #[cfg(test)]

@@ -83,19 +83,19 @@ pub(crate) fn prepare_answer(
         // An empty body has nothing to compress (and a stream's end would be bytes).
         .is_some_and(|length| length < compress.min_bytes.max(1));
     if status != 200 || encoded || no_transform || too_small {
-        metrics::COMPRESS.with_label_values(&["skipped"]).inc();
+        count("skipped");
         return;
     }
     if !head_only {
         match Encoder::start(coding) {
             Some(encoder) => ctx.encoder = Some(Box::new(encoder)),
             None => {
-                metrics::COMPRESS.with_label_values(&["busy"]).inc();
+                count("busy");
                 return;
             }
         }
     }
-    metrics::COMPRESS.with_label_values(&[coding.token()]).inc();
+    count(coding.token());
     headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
     headers.remove(CONTENT_LENGTH);
     if let Some(etag) = headers
@@ -121,6 +121,16 @@ fn add_vary(headers: &mut HeaderMap) {
     if !named {
         headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
+}
+
+/// Counts an answer's result in `switchyard_compress_total`.
+fn count(result: &str) {
+    metrics::count_result(
+        &metrics::COMPRESS_BY_RESULT,
+        &metrics::COMPRESS_RESULTS,
+        &metrics::COMPRESS,
+        result,
+    );
 }
 
 #[cfg(test)]

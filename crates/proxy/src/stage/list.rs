@@ -292,7 +292,6 @@ pub(crate) const LIST: [Declared; 20] = [
                when another served",
         metrics: &["switchyard_affinity_total"],
         explained_as: &["affinity"],
-        reads_whole_answer: true,
         ..ROW
     },
     Declared {
