@@ -571,11 +571,8 @@ fn bad_switches_are_refused_naming_the_field() {
 
 /// The `name=value` of an answer's `Set-Cookie`, for cookie `name`.
 fn affinity_cookie(response: &support::Response, name: &str) -> Option<String> {
-    response
-        .headers
-        .iter()
-        .filter(|(field, _)| field.eq_ignore_ascii_case("set-cookie"))
-        .map(|(_, value)| value.split(';').next().unwrap_or_default().to_string())
+    cookie_pairs(response)
+        .into_iter()
         .find(|pair| pair.starts_with(&format!("{name}=")))
 }
 
