@@ -9,6 +9,9 @@ use serde_json::Value;
 
 use super::AdminClient;
 
+/// JSON lines: how the apps are sent, and how the steps come back when asked for.
+const STEPS: &str = "application/x-ndjson";
+
 /// Width of the bar, in characters.
 const BAR: usize = 30;
 
@@ -23,16 +26,15 @@ impl AdminClient {
         body: String,
         if_match: Option<&str>,
     ) -> Result<(u16, Value), String> {
-        let content_type = "application/x-ndjson";
         if !std::io::stderr().is_terminal() {
-            return self.send_text_if(method, path, content_type, body, if_match);
+            return self.send_text_if(method, path, STEPS, body, if_match);
         }
         let request = self
             .request_if(method, path, if_match)
-            .set("Content-Type", content_type)
-            .set("Accept", "application/x-ndjson");
+            .set("Content-Type", STEPS)
+            .set("Accept", STEPS);
         let response = self.send_body(request, &body)?;
-        if response.content_type() != "application/x-ndjson" {
+        if response.content_type() != STEPS {
             // Refused before the write began (a token, a size): a plain answer.
             return self.status_and_json(response);
         }

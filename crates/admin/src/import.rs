@@ -20,6 +20,7 @@ use switchyard_model::{parse_app_spec, App, ValidationError};
 
 use crate::api_doc::AppLines;
 use crate::audit::AuditDetail;
+use crate::progress::WRITE_BATCH;
 use crate::{AdminState, ApiError};
 
 /// Largest import body: 100,000 apps of a few hundred bytes each.
@@ -109,21 +110,8 @@ pub(crate) async fn import_apps(
     headers: axum::http::HeaderMap,
     AppLines(body): AppLines,
 ) -> Response {
-    if crate::progress::wanted(&headers) {
-        return crate::progress::streamed(move |progress| async move {
-            import(state, body, progress)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        });
-    }
-    import(state, body, None)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    crate::progress::answer(&headers, move |progress| import(state, body, progress)).await
 }
-
-/// Apps written per store call: one transaction each on the embedded store, and a step of
-/// the progress reported.
-const IMPORT_BATCH: usize = 1000;
 
 async fn import(
     state: AdminState,
@@ -147,7 +135,7 @@ async fn import(
     let mut results = Vec::with_capacity(total);
     let mut apps = apps.into_iter().peekable();
     while apps.peek().is_some() {
-        let batch: Vec<App> = apps.by_ref().take(IMPORT_BATCH).collect();
+        let batch: Vec<App> = apps.by_ref().take(WRITE_BATCH).collect();
         results.extend(state.store.put_apps(batch).await?);
         let step = serde_json::json!({"written": results.len(), "left": total - results.len()});
         crate::progress::report(&progress, step).await;

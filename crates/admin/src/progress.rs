@@ -11,13 +11,19 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::audit::AuditDetail;
+use crate::ApiError;
 
+/// The media type of the steps, asked for and answered.
+const STEPS: &str = "application/x-ndjson";
+/// Apps written per store call by a long write (on the embedded store, one transaction
+/// each), and a step reported after each.
+pub(crate) const WRITE_BATCH: usize = 1000;
 /// Progress lines that may wait for a slow reader; beyond, the write waits for it.
 const QUEUED_LINES: usize = 64;
 /// Largest answer carried on the last line.
@@ -34,11 +40,11 @@ pub(crate) type Outcome = oneshot::Receiver<(u16, Value)>;
 pub(crate) struct AuditLater(pub(crate) Arc<Mutex<Option<Outcome>>>);
 
 /// Whether the request asks for its progress.
-pub(crate) fn wanted(headers: &HeaderMap) -> bool {
+fn wanted(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("application/x-ndjson"))
+        .is_some_and(|accept| accept.contains(STEPS))
 }
 
 /// Sends one step; a client gone away is not the write's concern.
@@ -48,8 +54,24 @@ pub(crate) async fn report(progress: &Progress, step: Value) {
     }
 }
 
+/// The answer of a long write: streamed with its steps when the request asks for them
+/// ([`wanted`]), otherwise as the write answers once done.
+pub(crate) async fn answer<W, F>(headers: &HeaderMap, work: W) -> Response
+where
+    W: FnOnce(Progress) -> F,
+    F: Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
+    if wanted(headers) {
+        return streamed(move |progress| {
+            let running = work(progress);
+            async move { running.await.unwrap_or_else(IntoResponse::into_response) }
+        });
+    }
+    work(None).await.unwrap_or_else(IntoResponse::into_response)
+}
+
 /// Runs `work` in a task of its own, streaming its steps and, last, its answer.
-pub(crate) fn streamed<W, F>(work: W) -> Response
+fn streamed<W, F>(work: W) -> Response
 where
     W: FnOnce(Progress) -> F,
     F: Future<Output = Response> + Send + 'static,
@@ -78,10 +100,9 @@ where
         Some((Ok::<_, Infallible>(Bytes::from(line)), receiver))
     });
     let mut response = Response::new(Body::from_stream(lines));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(STEPS));
     response
         .extensions_mut()
         .insert(AuditLater(Arc::new(Mutex::new(Some(outcome)))));

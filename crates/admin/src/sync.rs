@@ -21,11 +21,9 @@ use switchyard_store::{AppWrite, Expected, StoreError};
 use crate::api_doc::AppLines;
 use crate::audit::AuditDetail;
 use crate::import::{refusal, valid_apps};
-use crate::progress::{self, report, Progress};
+use crate::progress::{self, report, Progress, WRITE_BATCH};
 use crate::{AdminState, ApiError};
 
-/// Writes applied in one store call: on the embedded store, one transaction each.
-const BATCH: usize = 1000;
 /// Apps read per page while the store's set is compared.
 const READ_PAGE: usize = 10_000;
 /// Most names the audit record lists per kind of change.
@@ -83,16 +81,10 @@ pub(crate) async fn sync_apps(
         .get(header::IF_MATCH)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().to_string());
-    if progress::wanted(&headers) {
-        return progress::streamed(move |progress| async move {
-            sync(state, params, if_match, body, progress)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        });
-    }
-    sync(state, params, if_match, body, None)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    progress::answer(&headers, move |progress| {
+        sync(state, params, if_match, body, progress)
+    })
+    .await
 }
 
 async fn sync(
@@ -272,13 +264,14 @@ async fn apply(
     progress: &Progress,
 ) -> Result<usize, ApiError> {
     let count = writes.len();
-    let total = count.div_ceil(BATCH);
+    let total = count.div_ceil(WRITE_BATCH);
     let mut writes = writes.into_iter().peekable();
     let mut done = 0;
     while writes.peek().is_some() {
-        let batch: Vec<AppWrite> = writes.by_ref().take(BATCH).collect();
+        let batch: Vec<AppWrite> = writes.by_ref().take(WRITE_BATCH).collect();
         if let Err(refused) = state.store.apply_apps(batch).await {
-            let so_far = format!("{done} of {total} batches of at most {BATCH} writes applied");
+            let so_far =
+                format!("{done} of {total} batches of at most {WRITE_BATCH} writes applied");
             return Err(match refused {
                 StoreError::PreconditionFailed(app) => ApiError::PreconditionFailed(format!(
                     "app '{app}' changed during the sync (another writer): batch {} refused, \
@@ -293,7 +286,7 @@ async fn apply(
             });
         }
         done += 1;
-        let written = (done * BATCH).min(count);
+        let written = (done * WRITE_BATCH).min(count);
         report(
             progress,
             json!({"written": written, "left": count - written}),

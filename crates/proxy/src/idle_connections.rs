@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-use crate::listener::clock::millis;
-
 use hyper::client::conn::http1::SendRequest;
 use prometheus::IntGauge;
+
+use crate::listener::clock::millis;
 
 /// How long an idle connection is kept. Shorter than the usual app-server idle timeouts
 /// (60 s and up) so the other side rarely closes first.

@@ -234,12 +234,11 @@ impl Deadline {
     /// a tick is added: the deadline never passes early.
     pub(crate) fn set_in(&self, after: Duration) {
         self.clock.wake();
-        let after_ms = u64::try_from(after.as_millis()).unwrap_or(NEVER);
         let due = self
             .clock
             .now_ms
             .get()
-            .saturating_add(after_ms)
+            .saturating_add(millis(after))
             .saturating_add(TICK_MS);
         self.watch.due_ms.set(due);
     }

@@ -386,8 +386,7 @@ switchyard_metrics::declare_metrics! {
         &["result"]
     ));
 
-    /// [`AFFINITY`]'s series by result, in [`AFFINITY_RESULTS`]' order: found by index, where
-    /// `with_label_values` hashed the label under a lock on every request (callgrind).
+    /// [`AFFINITY`]'s series, in [`AFFINITY_RESULTS`]' order (see [`count_result`]).
     pub(crate) static AFFINITY_BY_RESULT: [IntCounter; AFFINITY_RESULTS.len()] =
         AFFINITY_RESULTS.map(|result| AFFINITY.with_label_values(&[result]));
 
@@ -688,18 +687,7 @@ const POOL_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The `class` label values, in the order [`status_class_index`] numbers them.
-/// What a request to an app with sticky sessions came to, as `switchyard_affinity_total`
-/// counts it (its help says what each means).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum AffinityResult {
-    Kept,
-    Assigned,
-    Moved,
-    NoKey,
-}
-
-/// [`AffinityResult`]'s labels, in its order.
+/// [`AFFINITY`]'s results.
 pub(crate) const AFFINITY_RESULTS: [&str; 4] = ["kept", "assigned", "moved", "no_key"];
 
 /// [`COMPRESS`]'s results.
@@ -730,11 +718,7 @@ pub(crate) fn count_result<const N: usize>(
     }
 }
 
-/// Counts a request to an app with sticky sessions.
-pub(crate) fn count_affinity(result: AffinityResult) {
-    AFFINITY_BY_RESULT[result as usize].inc();
-}
-
+/// The `class` label values, in the order [`status_class_index`] numbers them.
 pub(crate) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 
 /// Position of a status code's class in [`STATUS_CLASSES`]; `none` when nothing was sent.

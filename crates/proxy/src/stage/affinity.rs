@@ -17,7 +17,7 @@ use http::HeaderValue;
 
 use crate::context::RequestCtx;
 use crate::cookies::cookie_values;
-use crate::metrics::{self, AffinityResult};
+use crate::metrics;
 use crate::request_fields::Fields;
 use crate::routing::affinity_tokens::{self, Sticky, Tokens};
 use crate::routing::route_cache::AppRoute;
@@ -40,7 +40,7 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, fields: Fields<'_>) {
         return;
     };
     let Some(tokens) = tokens_of(route) else {
-        metrics::count_affinity(AffinityResult::NoKey);
+        count("no_key");
         return;
     };
     let mut sent = cookie_values(fields.values("cookie"), &affinity.cookie).peekable();
@@ -64,11 +64,11 @@ pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<Head
     let tokens = tokens_of(route)?;
     match ctx.sticky.as_deref() {
         Some(Sticky::Named(named)) if *named == served_by => {
-            metrics::count_affinity(AffinityResult::Kept);
+            count("kept");
             return None;
         }
-        Some(_) => metrics::count_affinity(AffinityResult::Moved),
-        None => metrics::count_affinity(AffinityResult::Assigned),
+        Some(_) => count("moved"),
+        None => count("assigned"),
     }
     let token = tokens.token(served_by)?;
     let mut cookie = format!(
@@ -90,6 +90,16 @@ pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<Head
 /// fields need not be made a map for it.
 pub(crate) fn add_cookie(ctx: &mut RequestCtx) {
     ctx.sticky_cookie = ctx.tried.last().and_then(|served| set_cookie(ctx, *served));
+}
+
+/// Counts a request's result in `switchyard_affinity_total`.
+fn count(result: &str) {
+    metrics::count_result(
+        &metrics::AFFINITY_BY_RESULT,
+        &metrics::AFFINITY_RESULTS,
+        &metrics::AFFINITY,
+        result,
+    );
 }
 
 #[cfg(test)]
