@@ -522,6 +522,123 @@ fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out
 }
 
 #[test]
+fn a_burst_with_the_same_new_credentials_costs_one_check() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("review");
+    // Cost 12: a check of some 200 ms, long enough for the burst to arrive during it.
+    let hash = bcrypt::hash_with_result("page of assets", 12)
+        .expect("bcrypt")
+        .format_for_version(bcrypt::Version::TwoY);
+    router.put_app(
+        "review",
+        json!({
+            "domains": ["review.test"],
+            "backends": [backend.addr.to_string()],
+            "basic_auth": {"users": {"carol": hash}}
+        }),
+    );
+    let carol = basic("carol", "page of assets");
+    let burst = 8;
+    std::thread::scope(|scope| {
+        let requests: Vec<_> = (0..burst)
+            .map(|i| {
+                let (router, carol) = (&router, &carol);
+                scope
+                    .spawn(move || router.send("GET", "review.test", &format!("/asset/{i}"), carol))
+            })
+            .collect();
+        for request in requests {
+            assert_eq!(request.join().expect("a request").status, 200);
+        }
+    });
+    let result = |name: &str| {
+        router.metric(&format!(
+            "switchyard_basic_auth_checks_total{{result=\"{name}\"}}"
+        ))
+    };
+    assert_eq!(result("verified"), 1.0, "one bcrypt for the burst");
+    assert!(result("shared") >= 1.0, "the burst waited for it");
+    assert_eq!(result("shared") + result("cached"), f64::from(burst - 1));
+    // Wrong credentials are refused to every request of a burst that shares their check.
+    let wrong = basic("carol", "not it");
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                assert_eq!(router.send("GET", "review.test", "/", &wrong).status, 401);
+            });
+        }
+    });
+    assert_eq!(result("verified"), 1.0);
+    assert_eq!(backend.requests(), burst as usize);
+}
+
+/// One request on a kept-alive connection: its answer's status, the body read by its
+/// Content-Length.
+fn exchange_on(stream: &mut TcpStream, host: &str, fields: &str) -> u16 {
+    let raw = format!("GET / HTTP/1.1\r\nHost: {host}\r\n{fields}\r\n");
+    stream.write_all(raw.as_bytes()).expect("send");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).expect("an answer's head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let length: usize = (head.lines())
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("a length");
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).expect("the body");
+    head[9..12].parse().expect("a status")
+}
+
+#[test]
+fn credentials_that_passed_on_a_connection_pass_again_until_the_app_changes() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("staging");
+    let app = |users: Value| {
+        json!({
+            "domains": ["kept.test"],
+            "backends": [backend.addr.to_string()],
+            "basic_auth": {"users": users}
+        })
+    };
+    router.put_app("kept", app(json!({"alice": htpasswd("correct horse")})));
+    let mut stream = TcpStream::connect(router.http).expect("connect to the router");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let alice = basic("alice", "correct horse");
+    assert_eq!(exchange_on(&mut stream, "kept.test", &alice), 200);
+    for _ in 0..3 {
+        assert_eq!(exchange_on(&mut stream, "kept.test", &alice), 200);
+    }
+    let result = |name: &str| {
+        router.metric(&format!(
+            "switchyard_basic_auth_checks_total{{result=\"{name}\"}}"
+        ))
+    };
+    assert_eq!((result("verified"), result("cached")), (1.0, 3.0));
+    let wrong = basic("alice", "staple");
+    assert_eq!(
+        exchange_on(&mut stream, "kept.test", &wrong),
+        401,
+        "another field"
+    );
+    assert_eq!(exchange_on(&mut stream, "kept.test", &alice), 200);
+    // Alice leaves the app: the connection's note is for the app as it was.
+    router.put_app("kept", app(json!({"bob": htpasswd("battery")})));
+    support::eventually(Duration::from_secs(10), "alice is refused", || {
+        exchange_on(&mut stream, "kept.test", &alice) == 401
+    });
+    assert_eq!(
+        exchange_on(&mut stream, "kept.test", &basic("bob", "battery")),
+        200
+    );
+}
+
+#[test]
 fn bad_switches_are_refused_naming_the_field() {
     let router = RouterProcess::start();
     for (spec, field) in [
@@ -592,13 +709,14 @@ fn cookie_pairs(response: &support::Response) -> Vec<String> {
 fn the_sticky_cookie_joins_the_apps_own_cookies_whether_or_not_its_fields_are_a_map() {
     let router = RouterProcess::start();
     let backend = Backend::start("one");
-    // One app whose answer goes on as read, one whose answer rules make it a map.
+    // One app whose answer goes on as read, one whose cache makes it a map.
     router.put_app(
         "plain",
         json!({
             "domains": ["plain.test"],
             "backends": [backend.addr.to_string()],
-            "affinity": {"cookie": "sticky"}
+            "affinity": {"cookie": "sticky"},
+            "headers": {"response": {"set": {"x-frame-options": "DENY"}}}
         }),
     );
     router.put_app(
@@ -607,6 +725,7 @@ fn the_sticky_cookie_joins_the_apps_own_cookies_whether_or_not_its_fields_are_a_
             "domains": ["mapped.test"],
             "backends": [backend.addr.to_string()],
             "affinity": {"cookie": "sticky"},
+            "cache": {"paths": ["/never/*"]},
             "headers": {"response": {"set": {"x-frame-options": "DENY"}}}
         }),
     );
@@ -627,10 +746,12 @@ fn the_sticky_cookie_joins_the_apps_own_cookies_whether_or_not_its_fields_are_a_
         let again = router.send("GET", host, "/?cookie=theme=light", &home);
         assert_eq!(cookie_pairs(&again), ["theme=light"], "{host}");
     }
-    assert_eq!(
-        router.get("mapped.test", "/").header("x-frame-options"),
-        Some("DENY")
-    );
+    for host in ["plain.test", "mapped.test"] {
+        assert_eq!(
+            router.get(host, "/").header("x-frame-options"),
+            Some("DENY")
+        );
+    }
 }
 
 fn served_by(response: &support::Response) -> String {
@@ -907,4 +1028,136 @@ fn answers_are_compressed_as_the_client_prefers_streamed_and_cached_once_per_cod
         0.0,
         "every place given back"
     );
+}
+
+/// An answer's fields as a multiset, less those that differ between two requests (and the
+/// cache's verdict).
+fn comparable_fields(response: &support::Response) -> Vec<(String, String)> {
+    let mut fields: Vec<_> = (response.headers.iter())
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.clone()))
+        .filter(|(name, _)| {
+            !["date", "x-request-id", "x-served", "x-cache"].contains(&name.as_str())
+        })
+        .collect();
+    fields.sort();
+    fields
+}
+
+/// The fields the echoing backend saw, less those that name the request or its host.
+fn fields_seen(response: &support::Response) -> Value {
+    let mut body: Value = serde_json::from_slice(&decoded(response)).expect("the echo's JSON");
+    let seen = body["headers"].as_object_mut().expect("the echo's fields");
+    seen.retain(|name, _| {
+        !(name == "host" || name.starts_with("x-request-") || name.starts_with("x-forwarded-"))
+    });
+    body["headers"].take()
+}
+
+#[test]
+fn compression_and_header_rules_edit_fields_as_read_as_they_edit_a_map() {
+    let router = RouterProcess::start();
+    let backend = Backend::start("edits");
+    let rules = json!({
+        "request": {
+            "set": {"X-Tenant": "web"},
+            "append": {"X-Tags": "edge"},
+            "remove": ["X-Debug"]
+        },
+        "response": {
+            "set": {"X-Frame-Options": "DENY"},
+            "append": {"Vary": "Origin"},
+            "remove": ["Set-Cookie"]
+        }
+    });
+    // The same settings; the second app's cache (on paths never asked for) makes both
+    // sides of its requests maps, the first's go on as read.
+    for (name, cache) in [
+        ("asread", None),
+        ("mapped", Some(json!({"paths": ["/never/*"]}))),
+    ] {
+        let mut app = json!({
+            "domains": [format!("{name}.test")],
+            "backends": [backend.addr.to_string()],
+            "compress": {"min_bytes": 200},
+            "headers": rules,
+        });
+        if let Some(cache) = cache {
+            app["cache"] = cache;
+        }
+        router.put_app(name, app);
+    }
+    let pad = format!("X-Pad: {}\r\n", "abc ".repeat(100));
+    let asks = [
+        (
+            "/a?vary=Cookie&cookie=s%3D1",
+            format!("{pad}Accept-Encoding: gzip, br\r\nX-Debug: 1\r\nX-Tenant: spoofed\r\n"),
+        ),
+        (
+            "/b?cc=no-transform",
+            format!("{pad}Accept-Encoding: gzip\r\n"),
+        ),
+        ("/c", format!("{pad}X-Tags: client\r\n")),
+        ("/health", "Accept-Encoding: zstd\r\n".to_string()),
+        (
+            "/origin?h=Content-Type:text/html&h=Content-Encoding:gzip",
+            "Accept-Encoding: br\r\n".to_string(),
+        ),
+    ];
+    for (path, extra) in &asks {
+        let as_read = router.send("GET", "asread.test", path, extra);
+        let mapped = router.send("GET", "mapped.test", path, extra);
+        assert_eq!(as_read.status, 200, "{path}: {}", as_read.text());
+        assert_eq!(as_read.status, mapped.status, "{path}");
+        // The origin's body counts the requests it answered: its length differs.
+        let fields = |answer: &support::Response| {
+            let mut fields = comparable_fields(answer);
+            fields.retain(|(name, _)| !(path.starts_with("/origin") && name == "content-length"));
+            fields
+        };
+        assert_eq!(
+            fields(&as_read),
+            fields(&mapped),
+            "{path}: the answers' fields"
+        );
+        assert_eq!(as_read.header("x-frame-options"), Some("DENY"), "{path}");
+        assert!(as_read.header("set-cookie").is_none(), "{path}");
+        match *path {
+            "/health" => assert!(as_read.body == mapped.body && as_read.body == b"health"),
+            _ if path.starts_with("/origin") => assert!(as_read.text().starts_with("origin ")),
+            // The echo, decoded: what the app was sent.
+            _ => assert_eq!(
+                fields_seen(&as_read),
+                fields_seen(&mapped),
+                "{path}: the app's"
+            ),
+        }
+    }
+    // What both said, checked on its own.
+    let first = router.send("GET", "asread.test", asks[0].0, &asks[0].1);
+    assert_eq!(first.header("content-encoding"), Some("br"));
+    assert_eq!(first.header("content-length"), None, "streamed");
+    let vary: Vec<_> = (first.headers.iter())
+        .filter(|(name, _)| name.eq_ignore_ascii_case("vary"))
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(vary, ["Cookie", "Accept-Encoding", "Origin"]);
+    let seen = fields_seen(&first);
+    assert_eq!(
+        seen["accept-encoding"], "br",
+        "the app is told the one coding"
+    );
+    assert_eq!(seen["x-tenant"], "web", "set replaces the client's");
+    assert!(seen.get("x-debug").is_none(), "{seen}");
+    let third = router.send("GET", "asread.test", asks[2].0, &asks[2].1);
+    let seen = fields_seen(&third);
+    assert!(
+        seen.get("accept-encoding").is_none(),
+        "no coding offered: {seen}"
+    );
+    assert_eq!(seen["x-tags"], "edge", "appended after the client's");
+    let kept = router.send("GET", "asread.test", asks[1].0, &asks[1].1);
+    assert_eq!(kept.header("content-encoding"), None, "no-transform");
+    assert!(kept.header("content-length").is_some());
+    let small = router.send("GET", "asread.test", asks[3].0, &asks[3].1);
+    assert_eq!(small.header("content-encoding"), None, "under min_bytes");
 }

@@ -76,6 +76,9 @@ pub fn place_fields(
 pub fn fields_map(head: &Bytes, places: &[FieldPlace]) -> Result<HeaderMap, BridgeError> {
     let mut headers = HeaderMap::with_capacity(places.len());
     for &(name_start, name_end, value_start, value_end) in places {
+        if name_start == LEFT_OUT {
+            continue;
+        }
         let name = head
             .get(name_start as usize..name_end as usize)
             .ok_or(BridgeError::Invalid)?;
@@ -90,6 +93,10 @@ pub fn fields_map(head: &Bytes, places: &[FieldPlace]) -> Result<HeaderMap, Brid
     }
     Ok(headers)
 }
+
+/// The place of a field taken out ([`PlacedFields::remove`]): outside every head, so every
+/// reader passes over it.
+const LEFT_OUT: u32 = u32::MAX;
 
 /// One field as [`PlacedFields::lines`] gives it.
 pub(crate) struct Line<'f> {
@@ -190,6 +197,25 @@ impl PlacedFields {
         first
     }
 
+    /// Takes out every field named `name` (any case): a stage's edit of fields that go on
+    /// as read. Returns whether there was one.
+    pub fn remove(&mut self, name: &[u8]) -> bool {
+        let mut removed = false;
+        for place in self.places.iter_mut() {
+            let (name_start, name_end, _, _) = *place;
+            let named = name_end.wrapping_sub(name_start) as usize == name.len()
+                && self
+                    .head
+                    .get(name_start as usize..name_end as usize)
+                    .is_some_and(|field| field.eq_ignore_ascii_case(name));
+            if named {
+                *place = (LEFT_OUT, LEFT_OUT, LEFT_OUT, LEFT_OUT);
+                removed = true;
+            }
+        }
+        removed
+    }
+
     /// The fields as a map whose values share the head's bytes ([`fields_map`]).
     pub fn to_map(&self) -> Result<HeaderMap, BridgeError> {
         fields_map(&self.head, &self.places)
@@ -246,6 +272,26 @@ impl AnswerFields {
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.0.placed.get(name.as_bytes())
     }
+
+    /// The value of each field named `name` (any case), in order, until `each` says stop.
+    pub fn each_value<'f>(&'f self, name: &[u8], each: impl FnMut(&'f [u8]) -> bool) {
+        self.0.placed.each_value(name, each);
+    }
+
+    /// Takes out every field named `name` (any case), and what it said of the answer's
+    /// length or codings. Returns whether there was one.
+    pub fn remove(&mut self, name: &[u8]) -> bool {
+        let fields = &mut *self.0;
+        if !fields.placed.remove(name) {
+            return false;
+        }
+        if name.eq_ignore_ascii_case(b"content-length") {
+            fields.facts.length = None;
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            fields.facts.codings = false;
+        }
+        true
+    }
 }
 
 #[cfg(test)]
@@ -271,6 +317,29 @@ mod tests {
         let head = Bytes::from_static(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n");
         let fields = AnswerFields::new(head, &[(17, 31, 33, 35)]);
         assert_eq!(fields.content_length(), Some(12));
+    }
+
+    #[test]
+    fn a_field_taken_out_is_passed_over_by_every_reader_and_its_fact_forgotten() {
+        let head = Bytes::from_static(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nVary: Cookie\r\nvary: Origin\r\n\r\n",
+        );
+        let mut fields = AnswerFields::new(
+            head.clone(),
+            &[(17, 31, 33, 35), (37, 41, 43, 49), (51, 55, 57, 63)],
+        );
+        assert!(fields.remove(b"VARY"));
+        assert!(!fields.remove(b"vary"), "nothing left of that name");
+        let read: Vec<_> = fields.iter().collect();
+        assert_eq!(read, [(&b"Content-Length"[..], &b"12"[..])]);
+        assert_eq!(fields.content_length(), Some(12));
+        assert!(fields.remove(b"content-length"));
+        assert_eq!(fields.content_length(), None);
+        assert_eq!(fields.iter().count(), 0);
+        let mut placed = PlacedFields::new(head, &[(37, 41, 43, 49), (51, 55, 57, 63)]);
+        placed.remove(b"vary");
+        assert!(placed.to_map().expect("valid").is_empty());
+        assert_eq!(placed.lines().count(), 0);
     }
 
     #[test]

@@ -90,14 +90,15 @@ pub fn write_request_fields<'f, I>(
 /// field-at-a-time copies were a third of writing a backend's head). A line with anything
 /// between its value and its CRLF is written anew. The fields name a Host (the client's
 /// request had one: the router routed on it).
-pub fn write_placed_request_fields(
+pub fn write_placed_request_fields<'m>(
     out: &mut Vec<u8>,
     method: &[u8],
     target: &[u8],
     placed: &PlacedFields,
     body: RequestBody,
-    extra: &[(&str, &[u8])],
+    own: OwnFields<'_, impl Fn(&[u8]) -> bool, impl IntoIterator<Item = (&'m [u8], &'m [u8])>>,
 ) {
+    let extra = own.replacing;
     write_request_line(out, method, target);
     let connection_values = || {
         placed
@@ -110,7 +111,7 @@ pub fn write_placed_request_fields(
     // The run of whole lines not copied yet.
     let mut run: Option<(usize, usize)> = None;
     for line in placed.lines() {
-        if !kept(line.name, &connection, connection_values(), extra) {
+        if !kept(line.name, &connection, connection_values(), extra) || (own.left_out)(line.name) {
             continue;
         }
         match (run, line.span) {
@@ -131,7 +132,42 @@ pub fn write_placed_request_fields(
     if let Some((start, end)) = run {
         out.extend_from_slice(&head[start..end]);
     }
-    end_request_head(out, body, extra);
+    write_framing(out, body);
+    for (name, value) in extra {
+        write_field(out, name, value);
+    }
+    for (name, value) in own.more {
+        write_field(out, name, value);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// What a backend's head gets besides an HTTP/1.x client's fields as read: the router's
+/// own fields and the app's edits, applied as the head is written rather than on a map of
+/// the client's fields (which would cost more than the whole head's copy).
+pub struct OwnFields<'e, L, M> {
+    /// Fields written after the client's, in place of any of the client's of the same name
+    /// (but `Via`, which the router's follows).
+    pub replacing: &'e [(&'e str, &'e [u8])],
+    /// Whether a client's field of this name (as sent) is left out.
+    pub left_out: L,
+    /// Fields written after those, beside the client's that are not left out.
+    pub more: M,
+}
+
+/// [`OwnFields`] with no field left out and none more.
+pub type RouterFieldsOnly<'e> =
+    OwnFields<'e, fn(&[u8]) -> bool, std::iter::Empty<(&'static [u8], &'static [u8])>>;
+
+impl<'e> RouterFieldsOnly<'e> {
+    /// The router's `replacing` fields alone.
+    pub fn replacing(replacing: &'e [(&'e str, &'e [u8])]) -> Self {
+        Self {
+            replacing,
+            left_out: |_| false,
+            more: std::iter::empty(),
+        }
+    }
 }
 
 fn write_request_line(out: &mut Vec<u8>, method: &[u8], target: &[u8]) {
@@ -430,6 +466,16 @@ mod tests {
         PlacedFields::new(bytes::Bytes::from_static(head), &places)
     }
 
+    /// `GET /p` with `fields` as read and the router's `own`, as a backend gets it.
+    fn written_as_read<'m>(
+        fields: &PlacedFields,
+        own: OwnFields<'_, impl Fn(&[u8]) -> bool, impl IntoIterator<Item = (&'m [u8], &'m [u8])>>,
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_placed_request_fields(&mut out, b"GET", b"/p", fields, RequestBody::Empty, own);
+        out
+    }
+
     #[test]
     fn fields_as_read_go_out_by_the_same_rules_whole_lines_as_they_came() {
         let head: &'static [u8] = b"GET /p HTTP/1.1\r\nHost: app.test\r\nAccept:*/*\r\n\
@@ -438,8 +484,7 @@ mod tests {
             Via: 1.0 cdn\r\nAccept-Language: fr\n\r\n";
         let extra: &[(&str, &[u8])] = &[("x-forwarded-for", b"192.0.2.1"), ("via", b"1.1 sy")];
         let fields = placed(head);
-        let mut out = Vec::new();
-        write_placed_request_fields(&mut out, b"GET", b"/p", &fields, RequestBody::Empty, extra);
+        let out = written_as_read(&fields, OwnFields::replacing(extra));
         // Runs of kept lines as they came ("Accept:*/*" keeps its spacing); the hop-by-hop
         // fields, the one Connection names and the replaced X-Forwarded-For left out; the
         // line with trailing spaces and the one ending in a bare LF written anew.
@@ -471,6 +516,30 @@ mod tests {
                 .collect()
         };
         assert_eq!(read(&out), read(&one_at_a_time));
+    }
+
+    #[test]
+    fn the_apps_edits_leave_out_replace_and_append_beside_the_clients_fields() {
+        let head: &'static [u8] =
+            b"GET /p HTTP/1.1\r\nHost: app.test\r\nAccept-Encoding: gzip, br\r\n\
+            X-Debug: 1\r\nX-Tenant: a\r\nAccept: */*\r\n\r\n";
+        let fields = placed(head);
+        let out = written_as_read(
+            &fields,
+            OwnFields {
+                replacing: &[("via", b"1.1 sy")],
+                left_out: |name: &[u8]| {
+                    name.eq_ignore_ascii_case(b"x-debug")
+                        || name.eq_ignore_ascii_case(b"accept-encoding")
+                },
+                more: [(&b"accept-encoding"[..], &b"br"[..]), (b"x-tenant", b"b")],
+            },
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "GET /p HTTP/1.1\r\nHost: app.test\r\nX-Tenant: a\r\nAccept: */*\r\n\
+             via: 1.1 sy\r\naccept-encoding: br\r\nx-tenant: b\r\n\r\n"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use answer_fields::{
 pub use bridge::{
     coding_fields, end_to_end_fields, response_parts, write_answer_head,
     write_placed_request_fields, write_request_fields, write_request_parts, write_response_parts,
-    AnswerConnection, AnswerFraming, BridgeError,
+    AnswerConnection, AnswerFraming, BridgeError, OwnFields, RouterFieldsOnly,
 };
 pub use chunked::{write_chunk_size, ChunkedError, ChunkedReframer, Reframed};
 pub use fields::{content_length_value, Connection};

@@ -35,14 +35,15 @@ pub struct Compress {
 }
 
 impl Compress {
-    /// Whether answers of `content_type` (a Content-Type value) are compressed.
-    pub fn takes(&self, content_type: &str) -> bool {
-        let media = content_type.split(';').next().unwrap_or_default().trim();
+    /// Whether answers of `content_type` (a Content-Type value, as sent) are compressed.
+    pub fn takes(&self, content_type: &[u8]) -> bool {
+        let media = (content_type.split(|&b| b == b';').next())
+            .unwrap_or_default()
+            .trim_ascii();
         self.types.iter().any(|t| match t.strip_suffix("/*") {
-            Some(top) => media
-                .split_once('/')
-                .is_some_and(|(m, _)| m.eq_ignore_ascii_case(top)),
-            None => media.eq_ignore_ascii_case(t),
+            Some(top) => (media.iter().position(|&b| b == b'/'))
+                .is_some_and(|slash| media[..slash].eq_ignore_ascii_case(top.as_bytes())),
+            None => media.eq_ignore_ascii_case(t.as_bytes()),
         })
     }
 }
@@ -89,12 +90,12 @@ mod tests {
         let compress =
             parse_compress(&json!({"types": ["text/*", "application/json"], "min_bytes": 256}))
                 .expect("valid");
-        assert!(compress.takes("text/html; charset=utf-8"));
-        assert!(compress.takes("Application/JSON"));
-        assert!(!compress.takes("image/png"));
+        assert!(compress.takes(b"text/html; charset=utf-8"));
+        assert!(compress.takes(b"Application/JSON"));
+        assert!(!compress.takes(b"image/png"));
         assert_eq!(compress.min_bytes, 256);
         let default = parse_compress(&json!({})).expect("valid");
-        assert!(default.takes("image/svg+xml") && !default.takes("image/jpeg"));
+        assert!(default.takes(b"image/svg+xml") && !default.takes(b"image/jpeg"));
         assert_eq!(default.min_bytes, 1024);
         for (value, field) in [
             (json!({"types": ["html"]}), "types[0]"),

@@ -46,33 +46,34 @@ impl Coding {
 }
 
 /// The coding `Accept-Encoding` values prefer, if the client accepts one of ours: the
-/// highest q-value, ties to the router's order; `*` stands for those not named.
+/// highest q-value, ties to the router's order; `*` stands for those not named. Read as
+/// bytes, token by token (as `str` pieces split, trimmed and parsed as floats, the
+/// negotiation cost more than the rest of the compression stage on a small answer).
 pub(crate) fn negotiate<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<Coding> {
     let mut q = [None::<u16>; 3];
     let mut any = None::<u16>;
-    for value in values {
-        let Ok(value) = std::str::from_utf8(value) else {
-            continue;
-        };
-        for item in value.split(',') {
-            let mut parts = item.split(';');
-            let token = parts.next().unwrap_or_default().trim();
-            let weight = parts
-                .find_map(|p| {
-                    let (k, v) = p.trim().split_once('=')?;
-                    k.trim().eq_ignore_ascii_case("q").then(|| qvalue(v.trim()))
-                })
-                .unwrap_or(Some(1000));
-            let Some(weight) = weight else { continue };
-            if token == "*" {
+    for item in values.flat_map(|value| value.split(|&b| b == b',')) {
+        let mut parts = item.split(|&b| b == b';');
+        let token = parts.next().unwrap_or_default().trim_ascii();
+        let weight = parts
+            .find_map(|parameter| {
+                let (name, value) = split_once(parameter, b'=')?;
+                (name.trim_ascii().eq_ignore_ascii_case(b"q")).then(|| qvalue(value.trim_ascii()))
+            })
+            .unwrap_or(Some(1000));
+        let Some(weight) = weight else { continue };
+        let coding = match token.len() {
+            1 if token == b"*" => {
                 any = Some(weight);
-            } else if let Some(i) = Coding::ALL.iter().position(|c| {
-                c.token().eq_ignore_ascii_case(token)
-                    || (token.eq_ignore_ascii_case("x-gzip") && *c == Coding::Gzip)
-            }) {
-                q[i] = Some(weight);
+                continue;
             }
-        }
+            2 if token.eq_ignore_ascii_case(b"br") => Coding::Brotli,
+            4 if token.eq_ignore_ascii_case(b"zstd") => Coding::Zstd,
+            4 if token.eq_ignore_ascii_case(b"gzip") => Coding::Gzip,
+            6 if token.eq_ignore_ascii_case(b"x-gzip") => Coding::Gzip,
+            _ => continue,
+        };
+        q[coding as usize] = Some(weight);
     }
     let mut best: Option<(Coding, u16)> = None;
     for (i, coding) in Coding::ALL.iter().enumerate() {
@@ -84,12 +85,34 @@ pub(crate) fn negotiate<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<Co
     best.map(|(coding, _)| coding)
 }
 
-/// A q-value in thousandths (RFC 9110 §12.4.2), `None` when malformed.
-fn qvalue(text: &str) -> Option<u16> {
-    let value: f32 = text.parse().ok()?;
-    (0.0..=1.0)
-        .contains(&value)
-        .then(|| (value * 1000.0).round() as u16)
+fn split_once(bytes: &[u8], separator: u8) -> Option<(&[u8], &[u8])> {
+    let at = bytes.iter().position(|&b| b == separator)?;
+    Some((&bytes[..at], &bytes[at + 1..]))
+}
+
+/// A q-value in thousandths (RFC 9110 §12.4.2: `0`, `1`, with up to three decimals), `None`
+/// when malformed.
+fn qvalue(text: &[u8]) -> Option<u16> {
+    let (&whole, rest) = text.split_first()?;
+    let decimals = match rest {
+        [] => &[][..],
+        [b'.', decimals @ ..] if decimals.len() <= 3 => decimals,
+        _ => return None,
+    };
+    let mut thousandths: u16 = 0;
+    for place in 0..3 {
+        let digit = match decimals.get(place) {
+            Some(digit) if digit.is_ascii_digit() => u16::from(digit - b'0'),
+            Some(_) => return None,
+            None => 0,
+        };
+        thousandths = thousandths * 10 + digit;
+    }
+    match whole {
+        b'0' => Some(thousandths),
+        b'1' if thousandths == 0 => Some(1000),
+        _ => None,
+    }
 }
 
 /// One answer's encoder; its place among [`MAX_STREAMS`] is given back when dropped.
@@ -215,6 +238,17 @@ mod tests {
             "a malformed q-value is no acceptance"
         );
         assert_eq!(chosen(""), None);
+        assert_eq!(
+            chosen(" GZIP ; Q=0.25 , br;q=0.250"),
+            Some("br"),
+            "ties to our order"
+        );
+        assert_eq!(chosen("gzip;q=0.5, gzip;q=0"), None, "the last says no");
+        for malformed in ["1.5", "0.1234", ".5", "0,5", "-0", "1.001", "0.x"] {
+            assert_eq!(qvalue(malformed.as_bytes()), None, "{malformed}");
+        }
+        assert_eq!(qvalue(b"1.000"), Some(1000));
+        assert_eq!(qvalue(b"0.05"), Some(50));
     }
 
     #[test]

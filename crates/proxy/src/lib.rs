@@ -22,6 +22,7 @@ mod content_coding;
 mod context;
 mod cookies;
 mod event_loop;
+mod fields_mut;
 mod fleet_rate;
 mod forwarded;
 mod hop_by_hop;

@@ -199,6 +199,15 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The first value of the field `name` (lower case): for a stage that reads one field
+    /// beyond the known ones, without `values`' chain of iterators.
+    pub(crate) fn first(self, name: &str) -> Option<&'a [u8]> {
+        match self {
+            Fields::AsRead(fields) => fields.placed.get(name.as_bytes()),
+            Fields::Map(map) => map.get(name).map(http::HeaderValue::as_bytes),
+        }
+    }
+
     /// Every value of the field `name` (lower case), in the order sent: for the stages
     /// that read one field beyond the known ones without making the request a map.
     pub(crate) fn values<'n>(self, name: &'n str) -> impl Iterator<Item = &'a [u8]> + 'n

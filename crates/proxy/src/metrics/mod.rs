@@ -411,8 +411,9 @@ switchyard_metrics::declare_metrics! {
         "switchyard_basic_auth_checks_total",
         "Requests to password-protected apps, by result: open (an open path), cached (the \
          credentials passed a check in the last 10 minutes), verified (bcrypt on the worker \
-         pool), refused (401: none, unknown user or wrong password), locked_out (429: too many \
-         failures from the client), overloaded (503: the pool could not check in time).",
+         pool), shared (passed the check of the same credentials that another request \
+         began), refused (401: none, unknown user or wrong password), locked_out (429: too \
+         many failures from the client), overloaded (503: the pool could not check in time).",
         &["result"]
     ));
 
@@ -694,10 +695,11 @@ pub(crate) const AFFINITY_RESULTS: [&str; 4] = ["kept", "assigned", "moved", "no
 pub(crate) const COMPRESS_RESULTS: [&str; 5] = ["skipped", "busy", "zstd", "br", "gzip"];
 
 /// [`BASIC_AUTH_CHECKS`]' results.
-pub(crate) const BASIC_AUTH_RESULTS: [&str; 6] = [
+pub(crate) const BASIC_AUTH_RESULTS: [&str; 7] = [
     "open",
     "cached",
     "verified",
+    "shared",
     "refused",
     "locked_out",
     "overloaded",

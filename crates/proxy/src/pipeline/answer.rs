@@ -14,15 +14,16 @@ use http_body::Body as _;
 use super::answer_body::AnswerBody;
 use super::end::RequestEnd;
 use crate::context::RequestCtx;
+use crate::fields_mut::FieldsMut;
 use crate::forwarded::X_REQUEST_ID;
 use crate::listener::relay::{self, ClientUpgrade};
 use crate::metrics;
 use crate::respond::{self, Reason, Refusal};
 use crate::stage::cache::{self, FromCache};
+use crate::stage::header_rules::Rules;
 use crate::stage::https;
-use crate::stage::list::Stage;
 use crate::stage::static_files::StaticFile;
-use crate::stage::{app_pages, basic_auth, header_rules};
+use crate::stage::{app_pages, basic_auth};
 use crate::upstream::backend_h1::BackendBody;
 use crate::upstream::read_ahead::ReadAhead;
 
@@ -79,16 +80,20 @@ pub(super) fn write(
     end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
     // Only the routes of apps with answer rules pay for the route's count.
-    let edits = (end.ctx.route.as_ref())
-        .filter(|route| {
-            route.chain.runs(Stage::HeaderRules) && header_rules::edits_answers(&route.app)
-        })
+    let route = (end.ctx.route.as_ref())
+        .filter(|route| (route.header_rules.as_ref()).is_some_and(|r| !r.answer.is_empty()))
         .cloned();
+    let rules = route
+        .as_ref()
+        .and_then(|route| route.header_rules.as_deref());
     let mut response = match answer {
         Answer::Backend {
             response,
             read_deadline,
-        } => backend_response(response, read_deadline, client_upgrade, end),
+        } => {
+            // The app's fields, as read or in a map, edited before the router adds its own.
+            return backend_response(response, read_deadline, client_upgrade, rules, end);
+        }
         Answer::Redirect { status, location } => {
             let body = format!("{status} moved to {location}\n");
             local_response(status, Bytes::from(body), Some(location), end)
@@ -114,8 +119,8 @@ pub(super) fn write(
         Answer::Made { headers, body } => made_response(200, headers, body, end),
         Answer::Refused(refusal) => refusal_response(refusal, end),
     };
-    if let Some(route) = edits {
-        header_rules::edit_answer(&route.app, response.headers_mut());
+    if let Some(rules) = rules {
+        (rules.answer).apply(&mut FieldsMut::map(response.headers_mut()));
     }
     response
 }
@@ -182,6 +187,7 @@ fn backend_response(
     mut response: Response<BackendBody>,
     read_deadline: Duration,
     client_upgrade: Option<ClientUpgrade>,
+    rules: Option<&Rules>,
     mut end: Box<RequestEnd>,
 ) -> Response<AnswerBody> {
     end.status = response.status().as_u16();
@@ -191,6 +197,12 @@ fn backend_response(
     // The backend's hop-by-hop fields were left out when its head was read. Fields that go
     // on as read get the router's own from the HTTP/1.x driver (`RouterFields`), no map.
     end.answer_fields = response.body_mut().take_fields();
+    if let Some(rules) = rules {
+        let as_read = end.answer_fields.as_mut();
+        rules
+            .answer
+            .apply(&mut FieldsMut::new(response.headers_mut(), as_read));
+    }
     if end.answer_fields.is_none() {
         set_router_headers(response.headers_mut(), &end.ctx);
     }
@@ -206,7 +218,13 @@ fn backend_response(
                 end.ctx.request_id,
                 end.ctx.app_name()
             );
-            return refusal_response(Reason::UnaskedUpgrade.into(), end);
+            let mut refused = refusal_response(Reason::UnaskedUpgrade.into(), end);
+            if let Some(rules) = rules {
+                rules
+                    .answer
+                    .apply(&mut FieldsMut::map(refused.headers_mut()));
+            }
+            return refused;
         };
         let (parts, body) = response.into_parts();
         tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));

@@ -11,6 +11,7 @@ use switchyard_model::ProxyProtocol;
 
 use crate::isolation::Pacing;
 use crate::proxy_protocol::{Announced, ClientEnds};
+use crate::stage::basic_auth::PassedOnConnection;
 use crate::stage::waf::Endpoints;
 
 /// The client end of a connection, as each of its requests needs it.
@@ -27,6 +28,8 @@ pub(crate) struct Client {
     closing: Cell<bool>,
     /// The wait before its next request, after a refusal with `Retry-After`.
     pub(super) pacing: Pacing,
+    /// The credentials that last passed on it, for an app with a password.
+    pub(super) passwords: PassedOnConnection,
 }
 
 impl Client {
@@ -39,6 +42,7 @@ impl Client {
             forwarded_for: HeaderValue::try_from(peer.ip().to_string()).ok(),
             closing: Cell::new(false),
             pacing: Pacing::default(),
+            passwords: PassedOnConnection::default(),
         })
     }
 

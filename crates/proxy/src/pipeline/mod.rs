@@ -45,6 +45,7 @@ use end::RequestEnd;
 
 use crate::context::RequestCtx;
 use crate::event_loop::EventLoop;
+use crate::fields_mut::FieldsMut;
 use crate::forwarded::Forwarding;
 use crate::listener::relay::ClientUpgrade;
 use crate::request_body::Held;
@@ -58,7 +59,6 @@ use crate::stage::basic_auth;
 use crate::stage::cache;
 use crate::stage::compress;
 use crate::stage::framing;
-use crate::stage::header_rules;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
 use crate::stage::limits;
@@ -69,9 +69,8 @@ use crate::stage::request_id::request_id;
 use crate::stage::route;
 use crate::stage::static_files;
 use crate::stage::waf;
-use crate::upstream::backend_h1::AnswerForm;
 use crate::upstream::forward_body::ForwardBody;
-use crate::upstream::{self, Outgoing};
+use crate::upstream::{self, AnswerForm, Outgoing, RequestEdits};
 
 /// Serves one request. `client_upgrade`: where the client's connection comes once a 101
 /// has gone out, for a request that asks for an upgrade.
@@ -244,7 +243,18 @@ async fn request_phase(
     ctx.weight.start(inspected || resized);
     for stage in chain.in_phase(Phase::RequestHead) {
         let fields = as_read.as_ref();
-        let flow = on_request_head(stage, &route, head, fields, client, ctx, worker).await;
+        let flow = match on_request_head(stage, head, fields, client, ctx, worker) {
+            Ok(flow) => flow,
+            Err(Waits::ForLimits) => admit(&route, head, fields, client, ctx, worker).await,
+            Err(Waits::ForPassword(unchecked)) => {
+                let pool = shared.pool.as_deref();
+                let checked = basic_auth::check(unchecked, &client.passwords, pool);
+                match Box::pin(checked).await {
+                    Ok(()) => Flow::Continue(()),
+                    Err(denied) => Flow::Break(denied_answer(denied, client)),
+                }
+            }
+        };
         if let Flow::Break(answer) = flow {
             return Err(answer);
         }
@@ -261,66 +271,87 @@ async fn request_phase(
     Ok(route)
 }
 
-/// A stage of the app's chain on the request's head: it answers, or the request goes on.
-async fn on_request_head(
+/// What a stage of the request's head waits for, when it cannot say at once.
+enum Waits {
+    /// The app's limits: a place among its requests in flight may be queued for.
+    ForLimits,
+    /// Credentials no check remembers: bcrypt on the worker pool.
+    ForPassword(Box<basic_auth::Unchecked>),
+}
+
+/// A stage of the app's chain on the request's head: it answers, or the request goes on,
+/// or it waits (`Waits`). A function, not a future: the stages that answer at once (all
+/// but a queue or a password check) cost a call each, no future made and polled.
+fn on_request_head(
     stage: Stage,
-    route: &AppRoute,
     head: &mut http::request::Parts,
     as_read: Option<&RequestFields>,
     client: &Client,
     ctx: &mut RequestCtx,
     worker: &EventLoop,
-) -> Flow {
+) -> Result<Flow, Waits> {
     let shared = &worker.shared;
     match stage {
         Stage::Redirects => {
             if let Some((status, location)) = redirects::redirect(&head.uri, ctx) {
-                return Flow::Break(Answer::Redirect { status, location });
+                return Ok(Flow::Break(Answer::Redirect { status, location }));
             }
         }
         Stage::AppPages => {
             let fields = Fields::of(&head.headers, as_read);
             app_pages::note_html_client(ctx, &head.method, fields);
             if let Some(retry_after_s) = app_pages::in_maintenance(ctx) {
-                return Flow::Break(Answer::Maintenance { retry_after_s });
+                return Ok(Flow::Break(Answer::Maintenance { retry_after_s }));
             }
         }
-        Stage::Limits => {
-            let Some(limits) = route.app.limits.as_deref() else {
-                return Flow::Continue(());
-            };
-            let request = limits::Request {
-                app: route.app.name.as_str(),
-                limits,
-                peer: client.ip(),
-                fields: Fields::of(&head.headers, as_read),
-                target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
-                declared_length: ctx.declared_length,
-            };
-            match shared.limiter.admit(request).await {
-                Ok(places) => ctx.limit_places = places,
-                Err(refusal) => return Flow::Break(refusal.into()),
-            }
-        }
+        Stage::Limits => return Err(Waits::ForLimits),
         Stage::Https => {
             if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
-                return Flow::Break(Answer::Redirect {
+                return Ok(Flow::Break(Answer::Redirect {
                     status: 308,
                     location,
-                });
+                }));
             }
         }
         Stage::BasicAuth => {
-            let pool = shared.pool.as_deref();
             let fields = Fields::of(&head.headers, as_read);
-            let checked = basic_auth::check(ctx, head.uri.path(), fields, client.ip(), pool);
-            if let Err(denied) = Box::pin(checked).await {
-                return Flow::Break(denied_answer(denied, client));
+            let on_connection = (client.ip(), &client.passwords);
+            match basic_auth::screen(ctx, head.uri.path(), fields, on_connection) {
+                Ok(None) => {}
+                Ok(Some(unchecked)) => return Err(Waits::ForPassword(unchecked)),
+                Err(denied) => return Ok(Flow::Break(denied_answer(denied, client))),
             }
         }
         Stage::Affinity => affinity::note_cookie(ctx, Fields::of(&head.headers, as_read)),
-        Stage::Compress => compress::note_request(ctx, &mut head.headers),
+        Stage::Compress => compress::note_request(ctx, &mut head.headers, as_read),
         _ => {}
+    }
+    Ok(Flow::Continue(()))
+}
+
+/// The app's limits on the request: refused, or let through with its places taken.
+async fn admit(
+    route: &AppRoute,
+    head: &http::request::Parts,
+    as_read: Option<&RequestFields>,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+) -> Flow {
+    let Some(limits) = route.app.limits.as_deref() else {
+        return Flow::Continue(());
+    };
+    let request = limits::Request {
+        app: route.app.name.as_str(),
+        limits,
+        peer: client.ip(),
+        fields: Fields::of(&head.headers, as_read),
+        target_len: head.uri.path_and_query().map_or(0, |p| p.as_str().len()),
+        declared_length: ctx.declared_length,
+    };
+    match worker.shared.limiter.admit(request).await {
+        Ok(places) => ctx.limit_places = places,
+        Err(refusal) => return Flow::Break(refusal.into()),
     }
     Flow::Continue(())
 }
@@ -469,14 +500,22 @@ async fn upstream_phase(
     } else {
         AnswerForm::Map
     };
+    let request_rules = (route.header_rules.as_deref())
+        .map(|rules| &rules.request)
+        .filter(|edits| !edits.is_empty());
+    let mut edits = RequestEdits::default();
     if as_read.is_some() {
-        // In origin form, with no framing to rewrite and no cookies to join (`client_h1`).
+        // In origin form, with no framing to rewrite and no cookies to join (`client_h1`);
+        // the stages' edits are made as the backend's head is written.
         head.version = Version::HTTP_11;
+        edits.rules = request_rules;
+        if chain.runs(Stage::Compress) {
+            edits.accept_encoding = Some(compress::accept_encoding(ctx));
+        }
     } else {
         prepare_for_backend(head);
-        // A route whose rules edit requests has its request's map.
-        if chain.runs(Stage::HeaderRules) {
-            header_rules::edit_request(&route.app, &mut head.headers);
+        if let Some(rules) = request_rules {
+            rules.apply(&mut FieldsMut::map(&mut head.headers));
         }
     }
     let forwarding = Forwarding::new(
@@ -499,6 +538,7 @@ async fn upstream_phase(
     let outgoing = Outgoing {
         head,
         as_read: as_read.as_ref(),
+        edits,
         forwarding: &forwarding,
         announced: (route.app.forwarding.proxy_protocol).map(|version| client.announced(version)),
         answer_form,
@@ -516,13 +556,18 @@ async fn upstream_phase(
     // writer's, on every answer. A route with a cache has its request's map.
     let status = response.status().as_u16();
     for stage in chain.in_phase(Phase::AnswerHead) {
-        let fields = response.headers_mut();
         match stage {
             Stage::Compress => {
+                // Fields as read are edited where they sit.
                 let head_only = head.method == http::Method::HEAD;
-                compress::prepare_answer(&route.app, ctx, status, head_only, fields);
+                let mut as_read = response.body_mut().take_fields();
+                let mut fields = FieldsMut::new(response.headers_mut(), as_read.as_mut());
+                compress::prepare_answer(&route.app, ctx, status, head_only, &mut fields);
+                response.body_mut().put_fields(as_read);
             }
+            // A route with a cache has its answer's map.
             Stage::Cache => {
+                let fields = response.headers_mut();
                 if let Some(copy) = cache::response_phase(&head.headers, ctx, status, fields) {
                     return Answer::Cached(copy);
                 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
+use http::HeaderValue;
 use openssl::pkey::PKey;
 use openssl::sign::Signer;
 
@@ -26,21 +27,27 @@ pub(crate) fn key() -> Option<&'static [u8; 32]> {
 #[derive(Debug, Default)]
 pub(crate) struct Tokens {
     by_token: HashMap<String, SocketAddr>,
-    by_address: HashMap<SocketAddr, String>,
+    /// Each backend's whole `Set-Cookie` value, over clear HTTP and over TLS (`Secure`),
+    /// made once: formatting it for each answer that sets it cost more than the stage's
+    /// own work.
+    cookies: HashMap<SocketAddr, [Option<HeaderValue>; 2]>,
 }
 
 impl Tokens {
-    /// The tokens of `backends` of app `app` under `key`.
+    /// The tokens of `backends` of app `app` under `key`, with the cookie `cookie` makes of
+    /// each token, over clear HTTP (false) and over TLS (true).
     pub(crate) fn of(
         app: &str,
         backends: impl Iterator<Item = SocketAddr>,
         key: &[u8; 32],
+        cookie: impl Fn(&str, bool) -> Option<HeaderValue>,
     ) -> Self {
         let mut tokens = Self::default();
         for address in backends {
             if let Some(token) = token(key, app, address) {
-                tokens.by_token.insert(token.clone(), address);
-                tokens.by_address.insert(address, token);
+                let cookies = [cookie(&token, false), cookie(&token, true)];
+                tokens.by_token.insert(token, address);
+                tokens.cookies.insert(address, cookies);
             }
         }
         tokens
@@ -52,8 +59,15 @@ impl Tokens {
     }
 
     /// The token of one of the app's backends.
+    #[cfg(test)]
     pub(crate) fn token(&self, address: SocketAddr) -> Option<&str> {
-        self.by_address.get(&address).map(String::as_str)
+        let mut tokens = self.by_token.iter();
+        tokens.find_map(|(token, named)| (*named == address).then_some(token.as_str()))
+    }
+
+    /// The `Set-Cookie` value for one of the app's backends, over TLS or not.
+    pub(crate) fn cookie(&self, address: SocketAddr, tls: bool) -> Option<&HeaderValue> {
+        self.cookies.get(&address)?[usize::from(tls)].as_ref()
     }
 }
 

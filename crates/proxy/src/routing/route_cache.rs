@@ -22,6 +22,7 @@ use crate::routing::balancer::Upstream;
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
 use crate::stage::chain::Chain;
+use crate::stage::header_rules::Rules;
 use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
 use crate::traffic::deleted_apps::DeletedApps;
 
@@ -67,6 +68,8 @@ pub(crate) struct AppRoute {
     pub(crate) affinity: Option<Box<std::sync::OnceLock<crate::routing::affinity_tokens::Tokens>>>,
     /// The stages its settings switch on, built with the route.
     pub(crate) chain: Chain,
+    /// Its header rules with their names and values made, when it has any.
+    pub(crate) header_rules: Option<Box<Rules>>,
 }
 
 /// Sizes of the route caches.
@@ -494,8 +497,10 @@ fn build_route(
     let requests = REQUEST_COUNTS.for_app(app.name.as_str());
     let affinity = app.affinity.as_ref().map(|_| Box::default());
     let chain = Chain::for_app(&app);
+    let header_rules = Rules::of(&app);
     AppRoute {
         chain,
+        header_rules,
         app,
         upstream,
         mirror,

@@ -26,8 +26,22 @@ use crate::routing::route_cache::AppRoute;
 fn tokens_of(route: &AppRoute) -> Option<&Tokens> {
     let key = affinity_tokens::key()?;
     let tokens = route.affinity.as_deref()?;
+    let affinity = route.app.affinity.as_ref()?;
     let backends = route.upstream.backends().iter().map(|b| b.address);
-    Some(tokens.get_or_init(|| Tokens::of(route.app.name.as_str(), backends, key)))
+    let cookie = |token: &str, tls: bool| {
+        let mut cookie = format!(
+            "{}={token}; Path=/; HttpOnly; SameSite=Lax",
+            affinity.cookie
+        );
+        if tls {
+            cookie.push_str("; Secure");
+        }
+        if let Some(ttl) = affinity.ttl_s {
+            cookie.push_str(&format!("; Max-Age={ttl}"));
+        }
+        HeaderValue::try_from(cookie).ok()
+    };
+    Some(tokens.get_or_init(|| Tokens::of(route.app.name.as_str(), backends, key, cookie)))
 }
 
 /// Notes, for a request to an app with affinity, what its cookie says: the backend it names
@@ -60,7 +74,6 @@ pub(crate) fn note_cookie(ctx: &mut RequestCtx, fields: Fields<'_>) {
 /// does not name it already (a first request, or its backend is gone or down).
 pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<HeaderValue> {
     let route = ctx.route.as_ref()?;
-    let affinity = route.app.affinity.as_ref()?;
     let tokens = tokens_of(route)?;
     match ctx.sticky.as_deref() {
         Some(Sticky::Named(named)) if *named == served_by => {
@@ -70,18 +83,7 @@ pub(crate) fn set_cookie(ctx: &RequestCtx, served_by: SocketAddr) -> Option<Head
         Some(_) => count("moved"),
         None => count("assigned"),
     }
-    let token = tokens.token(served_by)?;
-    let mut cookie = format!(
-        "{}={token}; Path=/; HttpOnly; SameSite=Lax",
-        affinity.cookie
-    );
-    if ctx.tls {
-        cookie.push_str("; Secure");
-    }
-    if let Some(ttl) = affinity.ttl_s {
-        cookie.push_str(&format!("; Max-Age={ttl}"));
-    }
-    HeaderValue::try_from(cookie).ok()
+    tokens.cookie(served_by, ctx.tls).cloned()
 }
 
 /// Gives an app's answer the affinity cookie for the backend that served it, when the

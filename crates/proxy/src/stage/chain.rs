@@ -34,13 +34,8 @@ impl Chain {
                 continue;
             }
             chain.on |= bit(row.stage);
-            let (request, answer) = match row.stage {
-                // Header rules read only the side they edit.
-                Stage::HeaderRules => (edits_requests(app), edits_answers(app)),
-                _ => (row.reads_whole_request, row.reads_whole_answer),
-            };
-            chain.reads_whole_request |= request;
-            chain.reads_whole_answer |= answer;
+            chain.reads_whole_request |= row.reads_whole_request;
+            chain.reads_whole_answer |= row.reads_whole_answer;
         }
         chain
     }
@@ -213,16 +208,20 @@ mod tests {
     }
 
     #[test]
-    fn header_rules_alone_read_only_the_side_they_edit() {
-        let answers_only = Chain::for_app(&app(json!({
-            "headers": {"response": {"set": {"x-a": "b"}}}
-        })));
-        assert!(!answers_only.reads_whole_request);
-        assert!(answers_only.reads_whole_answer);
-        let requests_only = Chain::for_app(&app(json!({
-            "headers": {"request": {"set": {"x-a": "b"}}}
-        })));
-        assert!(requests_only.reads_whole_request);
-        assert!(!requests_only.reads_whole_answer);
+    fn stages_that_edit_fields_leave_them_as_read_and_those_that_read_them_whole_do_not() {
+        for light in [
+            json!({"headers": {"request": {"set": {"x-a": "b"}}, "response": {"remove": ["server"]}}}),
+            json!({"compress": {}}),
+            json!({"affinity": {"cookie": "route"}}),
+            json!({"limits": {"max_body_bytes": 1000}}),
+        ] {
+            let chain = Chain::for_app(&app(light.clone()));
+            assert!(
+                !chain.reads_whole_request && !chain.reads_whole_answer,
+                "{light}"
+            );
+        }
+        let cached = Chain::for_app(&app(json!({"cache": {"paths": ["/"]}, "compress": {}})));
+        assert!(cached.reads_whole_request && cached.reads_whole_answer);
     }
 }

@@ -14,26 +14,29 @@
 //!
 //! The codings and their encoders: `crate::content_coding`.
 
-use http::header::{
-    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, VARY,
-};
+use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, ETAG, VARY};
 use http::{HeaderMap, HeaderValue};
 use switchyard_model::App;
 
 use crate::content_coding::{negotiate, Encoder};
 use crate::context::RequestCtx;
+use crate::fields_mut::FieldsMut;
 use crate::metrics;
+use crate::request_fields::{Fields, RequestFields};
 
 /// For an app that compresses: notes the coding this client gets, and makes the request's
-/// `Accept-Encoding` that one coding (or none) for the cache and the app.
-pub(crate) fn note_request(ctx: &mut RequestCtx, headers: &mut HeaderMap) {
-    let coding = negotiate(
-        headers
-            .get_all(ACCEPT_ENCODING)
-            .iter()
-            .map(HeaderValue::as_bytes),
-    );
+/// `Accept-Encoding` that one coding (or none) for the cache and the app: on the map, or,
+/// for fields that go on as read, as the backend's head is written ([`accept_encoding`]).
+pub(crate) fn note_request(
+    ctx: &mut RequestCtx,
+    headers: &mut HeaderMap,
+    as_read: Option<&RequestFields>,
+) {
+    let coding = negotiate(Fields::of(headers, as_read).values(ACCEPT_ENCODING.as_str()));
     ctx.coding = coding;
+    if as_read.is_some() {
+        return;
+    }
     match coding {
         Some(coding) => {
             headers.insert(ACCEPT_ENCODING, HeaderValue::from_static(coding.token()));
@@ -44,6 +47,12 @@ pub(crate) fn note_request(ctx: &mut RequestCtx, headers: &mut HeaderMap) {
     }
 }
 
+/// The `Accept-Encoding` the backend gets in place of the client's, for fields as read:
+/// the one coding noted, or none (`None`: the field is left out).
+pub(crate) fn accept_encoding(ctx: &RequestCtx) -> Option<&'static str> {
+    ctx.coding.map(|coding| coding.token())
+}
+
 /// For an app that compresses, on the app's answer head: whether it is compressed (its
 /// fields made so, an encoder held in `ctx` for its body); answers of a type the app
 /// compresses vary on `Accept-Encoding` either way.
@@ -52,37 +61,26 @@ pub(crate) fn prepare_answer(
     ctx: &mut RequestCtx,
     status: u16,
     head_only: bool,
-    headers: &mut HeaderMap,
+    fields: &mut FieldsMut<'_>,
 ) {
     let Some(compress) = app.compress.as_ref() else {
         return;
     };
-    let compressible = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| compress.takes(t));
+    let read = Answer::read(fields);
+    let compressible = read.content_type.is_some_and(|t| compress.takes(t));
     if !compressible {
         return;
     }
-    add_vary(headers);
+    // An empty body has nothing to compress (and a stream's end would be bytes).
+    let too_small = read.length.is_some_and(|l| l < compress.min_bytes.max(1));
+    let left_as_it_is = status != 200 || read.encoded || read.no_transform || too_small;
+    if !read.varies_on_coding {
+        fields.append(VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
     let Some(coding) = ctx.coding else {
         return;
     };
-    let encoded = headers
-        .get(CONTENT_ENCODING)
-        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    let no_transform = headers.get_all(CACHE_CONTROL).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
-        })
-    });
-    let too_small = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        // An empty body has nothing to compress (and a stream's end would be bytes).
-        .is_some_and(|length| length < compress.min_bytes.max(1));
-    if status != 200 || encoded || no_transform || too_small {
+    if left_as_it_is {
         count("skipped");
         return;
     }
@@ -96,30 +94,56 @@ pub(crate) fn prepare_answer(
         }
     }
     count(coding.token());
-    headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
-    headers.remove(CONTENT_LENGTH);
-    if let Some(etag) = headers
-        .get(ETAG)
-        .filter(|e| !e.as_bytes().starts_with(b"W/"))
-    {
-        let mut weak = b"W/".to_vec();
-        weak.extend_from_slice(etag.as_bytes());
-        if let Ok(weak) = HeaderValue::from_bytes(&weak) {
-            headers.insert(ETAG, weak);
-        }
+    fields.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
+    fields.remove(&CONTENT_LENGTH);
+    let weak_etag = (fields.get(&ETAG))
+        .filter(|etag| !etag.starts_with(b"W/"))
+        .and_then(|etag| HeaderValue::from_bytes(&[b"W/", etag].concat()).ok());
+    if let Some(weak) = weak_etag {
+        fields.insert(ETAG, weak);
     }
 }
 
-/// `Vary: Accept-Encoding`, unless the answer varies on it (or on everything) already.
-fn add_vary(headers: &mut HeaderMap) {
-    let named = headers.get_all(VARY).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|f| f.trim() == "*" || f.trim().eq_ignore_ascii_case("accept-encoding"))
-        })
-    });
-    if !named {
-        headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
+/// What the answer's fields say for compression, read in one walk of them.
+#[derive(Default)]
+struct Answer<'f> {
+    content_type: Option<&'f [u8]>,
+    /// A coding other than identity.
+    encoded: bool,
+    no_transform: bool,
+    length: Option<u64>,
+    /// `Vary` names `Accept-Encoding` (or everything) already.
+    varies_on_coding: bool,
+}
+
+impl<'f> Answer<'f> {
+    fn read(fields: &'f FieldsMut<'_>) -> Self {
+        let mut answer = Answer::default();
+        let is = |name: &[u8], known: &[u8]| name.eq_ignore_ascii_case(known);
+        let listed = |value: &[u8], token: &dyn Fn(&[u8]) -> bool| {
+            value.split(|&b| b == b',').any(|t| token(t.trim_ascii()))
+        };
+        fields.each(|name, value| match name.len() {
+            4 if is(name, b"vary") => {
+                answer.varies_on_coding |= listed(value, &|t| {
+                    t == b"*" || t.eq_ignore_ascii_case(b"accept-encoding")
+                });
+            }
+            12 if is(name, b"content-type") => {
+                answer.content_type = answer.content_type.or(Some(value));
+            }
+            13 if is(name, b"cache-control") => {
+                answer.no_transform |= listed(value, &|d| d.eq_ignore_ascii_case(b"no-transform"));
+            }
+            14 if is(name, b"content-length") && answer.length.is_none() => {
+                answer.length = switchyard_h1::content_length_value(value);
+            }
+            16 if is(name, b"content-encoding") => {
+                answer.encoded |= !value.eq_ignore_ascii_case(b"identity");
+            }
+            _ => {}
+        });
+        answer
     }
 }
 
@@ -162,7 +186,7 @@ mod tests {
             ("content-length", "5000"),
             ("etag", "\"v1\""),
         ]);
-        prepare_answer(&app, &mut ctx, 200, false, &mut html);
+        prepare_answer(&app, &mut ctx, 200, false, &mut FieldsMut::map(&mut html));
         assert_eq!(html["content-encoding"], "gzip");
         assert!(!html.contains_key("content-length"));
         assert_eq!(html["etag"], "W/\"v1\"");
@@ -191,7 +215,13 @@ mod tests {
             (206, answer(&[("content-type", "text/html")])),
         ] {
             let mut fields = fields;
-            prepare_answer(&app, &mut ctx, status, false, &mut fields);
+            prepare_answer(
+                &app,
+                &mut ctx,
+                status,
+                false,
+                &mut FieldsMut::map(&mut fields),
+            );
             assert!(ctx.encoder.is_none(), "{status} {fields:?}");
             assert_ne!(
                 fields.get("content-encoding").map(|v| v.as_bytes()),

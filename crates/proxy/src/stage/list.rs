@@ -106,7 +106,9 @@ pub(crate) struct Declared {
     /// Whether it reads the request whole (as a map of fields): an HTTP/1.x request's
     /// fields, kept where they were read otherwise, are then made a map first.
     pub(crate) reads_whole_request: bool,
-    /// Whether it reads or edits the app's answer fields: they are then read into a map.
+    /// Whether it reads the app's answer fields whole: they are then read into a map. A
+    /// stage that only edits fields (compression, header rules, the sticky cookie) edits
+    /// them as read (`fields_mut.rs`) and does not set this.
     pub(crate) reads_whole_answer: bool,
 }
 
@@ -358,8 +360,6 @@ pub(crate) const LIST: [Declared; 20] = [
                streamed",
         metrics: &["switchyard_compress_total", "switchyard_compress_streams"],
         explained_as: &["compress"],
-        reads_whole_request: true,
-        reads_whole_answer: true,
         ..ROW
     },
     Declared {
@@ -369,8 +369,6 @@ pub(crate) const LIST: [Declared; 20] = [
         switched_on_by: Some("headers"),
         does: "the app's edits to its requests' fields and to every answer's",
         explained_as: &["header_rules"],
-        reads_whole_request: true,
-        reads_whole_answer: true,
         ..ROW
     },
     Declared {

@@ -22,8 +22,9 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use socket2::SockRef;
 use switchyard_h1::{
-    header_slots, parse_response, AnswerFacts, AnswerFields, ChunkedReframer, FieldPlace,
-    RequestBody, ResponseBody,
+    header_slots, parse_response, write_placed_request_fields, AnswerFacts, AnswerFields,
+    ChunkedReframer, FieldPlace, OwnFields, PlacedFields, RequestBody, ResponseBody,
+    RouterFieldsOnly,
 };
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -31,10 +32,11 @@ use tokio::sync::oneshot;
 
 use super::failure::BackendFailure;
 use super::forward_body::ForwardBody;
-use crate::forwarded::Forwarding;
+use super::outgoing::{AnswerForm, Outgoing, RequestEdits};
+use crate::fields_mut::FieldEdits;
 use crate::listener::read_buffers;
 use crate::proxy_protocol::Destination;
-use crate::request_fields::{Fields, Known, RequestFields};
+use crate::request_fields::{Fields, Known};
 use crate::routing::connections::ShutdownRequest;
 
 /// Room made in the read buffer before each read from a backend.
@@ -74,19 +76,6 @@ struct AnswerHead {
     fields: Option<AnswerFields>,
     framing: Framing,
     keeps_connection: bool,
-}
-
-/// How an answer's fields are handed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AnswerForm {
-    /// In the response's `HeaderMap`: for the stages that read the answer's fields (the
-    /// cache) and for HTTP/2 clients, whose server takes a map.
-    Map,
-    /// As read, in the body ([`BackendBody::take_fields`]): for an HTTP/1.x client when no
-    /// stage reads them. Building the map, and walking it to write the client's head,
-    /// cost more than parsing the head (callgrind); a 101 still comes in a map, for the
-    /// relay.
-    AsRead,
 }
 
 impl AnswerHead {
@@ -141,6 +130,40 @@ impl AnswerHead {
             keeps_connection,
         })
     }
+}
+
+/// The backend's head of a request whose fields go on as read, with the app's stages'
+/// edits: its rules remove, set (in place of the client's) and append; compression offers
+/// the backend one coding. The rules come after compression, as on a map.
+fn write_edited_request(
+    out: &mut Vec<u8>,
+    (method, target): (&[u8], &[u8]),
+    placed: &PlacedFields,
+    framing: RequestBody,
+    extra: &[(&str, &[u8])],
+    edits: RequestEdits<'_>,
+) {
+    let rules = edits.rules;
+    let ruled = |name: &[u8]| rules.is_some_and(|rules| rules.left_out(name));
+    // The coding's field, unless a rule removes or sets the field after it.
+    let coding = match edits.accept_encoding {
+        Some(_) if ruled(b"accept-encoding") => None,
+        other => other,
+    };
+    let own = OwnFields {
+        replacing: extra,
+        left_out: |name: &[u8]| {
+            ruled(name) || (coding.is_some() && name.eq_ignore_ascii_case(b"accept-encoding"))
+        },
+        more: (rules.into_iter().flat_map(FieldEdits::set))
+            .chain(
+                coding
+                    .flatten()
+                    .map(|coding| (&b"accept-encoding"[..], coding.as_bytes())),
+            )
+            .chain(rules.into_iter().flat_map(FieldEdits::appended)),
+    };
+    write_placed_request_fields(out, method, target, placed, framing, own);
 }
 
 enum Framing {
@@ -214,13 +237,18 @@ impl BackendConnection {
     /// announces.
     pub(crate) async fn exchange(
         mut self: Box<Self>,
-        parts: &http::request::Parts,
-        as_read: Option<&RequestFields>,
-        forwarding: &Forwarding,
+        request: &Outgoing<'_>,
         mut body: ForwardBody,
         answers_head: bool,
-        answer_form: AnswerForm,
     ) -> Result<Response<BackendBody>, BackendFailure> {
+        let &Outgoing {
+            head: parts,
+            as_read,
+            edits,
+            forwarding,
+            answer_form,
+            ..
+        } = request;
         self.answer_form = answer_form;
         let fields = Fields::of(&parts.headers, as_read);
         let upgrade = fields.get(Known::Upgrade);
@@ -255,18 +283,32 @@ impl BackendConnection {
         let mut head = std::mem::take(&mut self.write);
         head.clear();
         match as_read {
-            Some(fields) => switchyard_h1::write_placed_request_fields(
-                &mut head,
-                parts.method.as_str().as_bytes(),
-                parts
-                    .uri
-                    .path_and_query()
-                    .map_or("/", |path| path.as_str())
-                    .as_bytes(),
-                fields.placed(),
-                framing,
-                &extra[..extras],
-            ),
+            Some(fields) => {
+                let method = parts.method.as_str().as_bytes();
+                let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                let placed = fields.placed();
+                let extra = &extra[..extras];
+                if edits.rules.is_none() && edits.accept_encoding.is_none() {
+                    let own = RouterFieldsOnly::replacing(extra);
+                    write_placed_request_fields(
+                        &mut head,
+                        method,
+                        target.as_bytes(),
+                        placed,
+                        framing,
+                        own,
+                    );
+                } else {
+                    write_edited_request(
+                        &mut head,
+                        (method, target.as_bytes()),
+                        placed,
+                        framing,
+                        extra,
+                        edits,
+                    );
+                }
+            }
             None => switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]),
         }
         // An empty chunked body still needs its last chunk.
@@ -485,6 +527,11 @@ impl BackendBody {
     /// writes the client's head.
     pub(crate) fn take_fields(&mut self) -> Option<AnswerFields> {
         self.fields.take()
+    }
+
+    /// Gives back the fields [`Self::take_fields`] took, edited.
+    pub(crate) fn put_fields(&mut self, fields: Option<AnswerFields>) {
+        self.fields = fields;
     }
 
     /// The connection, once the answer has been read to its end and the connection may

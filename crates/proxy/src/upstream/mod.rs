@@ -17,47 +17,24 @@ pub(crate) mod backend_h1;
 pub(crate) mod failure;
 pub(crate) mod forward_body;
 pub(crate) mod outbound;
+pub(crate) mod outgoing;
 pub(crate) mod pool;
 pub(crate) mod read_ahead;
 pub(crate) mod response_buffers;
 
-use std::cell::Cell;
 use std::time::Duration;
 
 use http::{Method, Response};
 
 use crate::context::RequestCtx;
 use crate::event_loop::EventLoop;
-use crate::forwarded::Forwarding;
 use crate::metrics;
-use crate::proxy_protocol::{Announced, Destination};
-use crate::request_body::Held;
-use crate::request_fields::RequestFields;
+use crate::proxy_protocol::Destination;
 use crate::respond::Refusal;
-use backend_h1::{AnswerForm, BackendBody};
+use backend_h1::BackendBody;
 use failure::ConnectFailure;
-use forward_body::{ClientBodyFailure, ForwardBody};
-
-/// A request on its way to the app, as the upstream sends it.
-pub(crate) struct Outgoing<'a> {
-    /// The head as the backend gets it (origin form, one framing).
-    pub(crate) head: &'a http::request::Parts,
-    /// An HTTP/1.x client's fields as read, written on as they came, when `head` has no map.
-    pub(crate) as_read: Option<&'a RequestFields>,
-    pub(crate) forwarding: &'a Forwarding,
-    /// What opens its connection, for an app that asks for the PROXY protocol: the
-    /// connection is then the client connection's own.
-    pub(crate) announced: Option<Announced>,
-    /// Whether the answer's fields are made a map or go on as read.
-    pub(crate) answer_form: AnswerForm,
-    /// Whether the request may be sent again after a failure: idempotent, not an upgrade,
-    /// its body all in hand (none, or read whole for the WAF).
-    pub(crate) repeatable: bool,
-    /// The body in hand, sent again on a retry.
-    pub(crate) replay: Option<&'a Held>,
-    /// Where the body tells how the client's side of it failed (`ForwardBody::failures_into`).
-    pub(crate) client_failure: &'a Cell<Option<ClientBodyFailure>>,
-}
+use forward_body::ForwardBody;
+pub(crate) use outgoing::{AnswerForm, Outgoing, RequestEdits};
 
 /// How long a backend of the route's app may take to answer, and between pieces of its
 /// answer.
@@ -77,13 +54,11 @@ pub(crate) async fn forward(
 ) -> Result<Response<BackendBody>, Refusal> {
     let &Outgoing {
         head,
-        as_read,
-        forwarding,
         announced,
-        answer_form,
         repeatable,
         replay,
         client_failure,
+        ..
     } = outgoing;
     let Some(connect_ms) = ctx.route.as_ref().map(|r| r.app.timeouts.connect_ms) else {
         return Err(Refusal::upstream_failed(false));
@@ -110,17 +85,10 @@ pub(crate) async fn forward(
         let may_retry = repeatable && attempt::attempts_left(ctx);
         let again =
             || replay.map_or_else(ForwardBody::empty, |held| ForwardBody::replay(held.clone()));
-        let outgoing = body.take().unwrap_or_else(again);
+        let sent = body.take().unwrap_or_else(again);
         let answers_head = head.method == Method::HEAD;
         let bound = worker.clock.deadline_in(answer_within);
-        let exchange = std::pin::pin!(connection.exchange(
-            head,
-            as_read,
-            forwarding,
-            outgoing,
-            answers_head,
-            answer_form
-        ));
+        let exchange = std::pin::pin!(connection.exchange(outgoing, sent, answers_head));
         let error = match bound.bound(exchange).await {
             Ok(Ok(response)) => {
                 attempt::on_response_header(ctx, response.status().as_u16());
