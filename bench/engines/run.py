@@ -290,6 +290,23 @@ def http2_constant_rate(proxy, tls_port, rate, seconds, clients=16, streams=10):
             "success": succeeded / max(total, 1)}
 
 
+def http2_closed_loop(proxy, tls_port, seconds, clients=16, streams=10):
+    """HTTP/2 over TLS as fast as answered: h2load with `clients` connections of `streams`
+    concurrent streams each and no rate; req/s and the proxy's CPU per request in it."""
+    cpu_before = bench.tree_cpu_seconds(proxy.pid)
+    out = subprocess.run(
+        ["h2load", f"--clients={clients}", f"--max-concurrent-streams={streams}",
+         f"--duration={seconds}", "-H", f":authority: {HOST}", f"https://127.0.0.1:{tls_port}/"],
+        check=True, capture_output=True, text=True).stdout
+    cpu = bench.tree_cpu_seconds(proxy.pid) - cpu_before
+    counts = next(line for line in out.splitlines() if line.startswith("requests:"))
+    numbers = [int(word) for word in counts.replace(",", " ").split() if word.isdigit()]
+    total, succeeded = numbers[0], numbers[3]
+    return {"requests": total, "succeeded": succeeded, "rps": succeeded / seconds,
+            "cpu_us_per_request": cpu * 1e6 / max(succeeded, 1),
+            "cpu_share": cpu / seconds / bench.THREADS, "success": succeeded / max(total, 1)}
+
+
 def closed_loop(proxy, port, status_port, seconds):
     runs = []
     for _ in range(3):
