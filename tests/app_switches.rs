@@ -559,6 +559,11 @@ fn a_burst_with_the_same_new_credentials_costs_one_check() {
     assert_eq!(result("verified"), 1.0, "one bcrypt for the burst");
     assert!(result("shared") >= 1.0, "the burst waited for it");
     assert_eq!(result("shared") + result("cached"), f64::from(burst - 1));
+    assert_eq!(
+        router.metric("switchyard_basic_auth_checks_under_way"),
+        0.0,
+        "the check left with the request that began it"
+    );
     // Wrong credentials are refused to every request of a burst that shares their check.
     let wrong = basic("carol", "not it");
     std::thread::scope(|scope| {

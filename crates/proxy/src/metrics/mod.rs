@@ -428,6 +428,12 @@ switchyard_metrics::declare_metrics! {
          forgotten first)."
     ));
 
+    pub(crate) static BASIC_AUTH_CHECKS_UNDER_WAY: IntGauge = registered(register_int_gauge!(
+        "switchyard_basic_auth_checks_under_way",
+        "Password checks under way that requests with the same credentials can wait for (at \
+         most 4,096; past it a check runs alone, shared with nobody)."
+    ));
+
     pub(crate) static CACHE_INVALIDATIONS: IntCounter = registered(register_int_counter!(
         "switchyard_cache_invalidations_total",
         "URLs invalidated by an unsafe request's answer (RFC 9111 §4.4): its own, Location's \

@@ -47,7 +47,8 @@ static PASSED: LazyLock<quick_cache::sync::Cache<[u8; 32], Instant>> =
 type Check = Arc<tokio::sync::OnceCell<bool>>;
 
 /// Checks under way by remembered key, at most [`REMEMBERED`] (past it, a check runs
-/// alone); each leaves when the request that began it ends.
+/// alone); each leaves when the request that began it ends
+/// (`switchyard_basic_auth_checks_under_way`).
 static CHECKING: LazyLock<Mutex<HashMap<[u8; 32], Check>>> = LazyLock::new(Mutex::default);
 
 /// The credentials that last passed on one client connection, for a route.
@@ -259,6 +260,7 @@ impl CheckUnderWay {
         let began = checking.len() < REMEMBERED;
         if began {
             checking.insert(key, check.clone());
+            metrics::BASIC_AUTH_CHECKS_UNDER_WAY.set(checking.len() as i64);
         }
         Self { key, check, began }
     }
@@ -275,6 +277,7 @@ impl Drop for CheckUnderWay {
             .is_some_and(|check| Arc::ptr_eq(check, &self.check))
         {
             checking.remove(&self.key);
+            metrics::BASIC_AUTH_CHECKS_UNDER_WAY.set(checking.len() as i64);
         }
     }
 }
