@@ -6,8 +6,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch (0 on a clock set before it).
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    unix_ms_of(SystemTime::now())
+}
+
+/// Milliseconds from the Unix epoch to `at` (0 for a time before it).
+pub(crate) fn unix_ms_of(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -20,6 +20,7 @@ use switchyard_store::{LinkError, RedisLink, RedisTimeouts};
 
 use crate::metrics;
 use crate::response_cache::memory::{CachedResponse, Entry};
+use crate::wall_clock::unix_ms_of;
 
 /// The hash of the versioned layout holding each URL's current version.
 const VERSIONS_HASH: &str = "resource_versions";
@@ -302,7 +303,7 @@ fn encode(
             Some(ahead) => now + ahead,
             None => now - monotonic_now.duration_since(at),
         };
-        unix_ms(wall)
+        unix_ms_of(wall)
     };
     match entry {
         Entry::Response(response) => {
@@ -367,7 +368,7 @@ fn decode(value: &[u8], now: SystemTime, monotonic_now: Instant) -> Option<Entry
     }
     let mut reader = Reader(value.strip_prefix(FORMAT_RESPONSE)?);
     let status = u16::from_be_bytes(reader.take_array()?);
-    let now_ms = unix_ms(now);
+    let now_ms = unix_ms_of(now);
     let mut local = || -> Option<Instant> {
         let at = u64::from_be_bytes(reader.take_array()?);
         Some(if at >= now_ms {
@@ -431,11 +432,6 @@ impl<'a> Reader<'a> {
     fn take_array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
-}
-
-fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
