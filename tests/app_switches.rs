@@ -463,6 +463,13 @@ fn basic(user: &str, password: &str) -> String {
     format!("Authorization: Basic {token}\r\n")
 }
 
+/// Requests to password-protected apps with `result`, as the router counts them.
+fn auth_checks(router: &RouterProcess, result: &str) -> f64 {
+    router.metric(&format!(
+        "switchyard_basic_auth_checks_total{{result=\"{result}\"}}"
+    ))
+}
+
 #[test]
 fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out() {
     let router = RouterProcess::start();
@@ -490,14 +497,14 @@ fn a_password_protects_the_app_but_its_open_paths_and_failures_lock_a_client_out
 
     let alice = basic("alice", "correct horse");
     assert_eq!(router.send("GET", "staging.test", "/", &alice).status, 200);
-    let verified = router.metric("switchyard_basic_auth_checks_total{result=\"verified\"}");
+    let verified = auth_checks(&router, "verified");
     assert_eq!(verified, 1.0);
     assert_eq!(
         router.send("GET", "staging.test", "/again", &alice).status,
         200
     );
     assert_eq!(
-        router.metric("switchyard_basic_auth_checks_total{result=\"cached\"}"),
+        auth_checks(&router, "cached"),
         1.0,
         "a second request costs no bcrypt"
     );
@@ -551,11 +558,7 @@ fn a_burst_with_the_same_new_credentials_costs_one_check() {
             assert_eq!(request.join().expect("a request").status, 200);
         }
     });
-    let result = |name: &str| {
-        router.metric(&format!(
-            "switchyard_basic_auth_checks_total{{result=\"{name}\"}}"
-        ))
-    };
+    let result = |name: &str| auth_checks(&router, name);
     assert_eq!(result("verified"), 1.0, "one bcrypt for the burst");
     assert!(result("shared") >= 1.0, "the burst waited for it");
     assert_eq!(result("shared") + result("cached"), f64::from(burst - 1));
@@ -619,11 +622,7 @@ fn credentials_that_passed_on_a_connection_pass_again_until_the_app_changes() {
     for _ in 0..3 {
         assert_eq!(exchange_on(&mut stream, "kept.test", &alice), 200);
     }
-    let result = |name: &str| {
-        router.metric(&format!(
-            "switchyard_basic_auth_checks_total{{result=\"{name}\"}}"
-        ))
-    };
+    let result = |name: &str| auth_checks(&router, name);
     assert_eq!((result("verified"), result("cached")), (1.0, 3.0));
     let wrong = basic("alice", "staple");
     assert_eq!(

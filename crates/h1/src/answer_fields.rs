@@ -164,12 +164,8 @@ impl PlacedFields {
     /// A name's length is compared before its bytes are looked at: most fields are passed
     /// over on it.
     pub fn each_value<'f>(&'f self, name: &[u8], mut each: impl FnMut(&'f [u8]) -> bool) {
-        for &(name_start, name_end, start, end) in self.places.iter() {
-            if name_end.wrapping_sub(name_start) as usize != name.len() {
-                continue;
-            }
-            let field = self.head.get(name_start as usize..name_end as usize);
-            if !field.is_some_and(|field| field.eq_ignore_ascii_case(name)) {
+        for &place @ (_, _, start, end) in self.places.iter() {
+            if !self.is_named(place, name) {
                 continue;
             }
             if let Some(value) = self.head.get(start as usize..end as usize) {
@@ -201,19 +197,21 @@ impl PlacedFields {
     /// as read. Returns whether there was one.
     pub fn remove(&mut self, name: &[u8]) -> bool {
         let mut removed = false;
-        for place in self.places.iter_mut() {
-            let (name_start, name_end, _, _) = *place;
-            let named = name_end.wrapping_sub(name_start) as usize == name.len()
-                && self
-                    .head
-                    .get(name_start as usize..name_end as usize)
-                    .is_some_and(|field| field.eq_ignore_ascii_case(name));
-            if named {
-                *place = (LEFT_OUT, LEFT_OUT, LEFT_OUT, LEFT_OUT);
+        for index in 0..self.places.len() {
+            if self.is_named(self.places[index], name) {
+                self.places[index] = (LEFT_OUT, LEFT_OUT, LEFT_OUT, LEFT_OUT);
                 removed = true;
             }
         }
         removed
+    }
+
+    /// Whether the field at `place` is named `name` (any case). Its length first: most
+    /// fields are passed over on it.
+    fn is_named(&self, (name_start, name_end, _, _): FieldPlace, name: &[u8]) -> bool {
+        name_end.wrapping_sub(name_start) as usize == name.len()
+            && (self.head.get(name_start as usize..name_end as usize))
+                .is_some_and(|field| field.eq_ignore_ascii_case(name))
     }
 
     /// The fields as a map whose values share the head's bytes ([`fields_map`]).

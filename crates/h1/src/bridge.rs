@@ -80,7 +80,7 @@ pub fn write_request_fields<'f, I>(
     if let (false, Some(authority)) = (host_written, authority) {
         write_field(out, "Host", authority);
     }
-    end_request_head(out, body, extra);
+    end_request_head(out, body, extra, std::iter::empty());
 }
 
 /// [`write_request_fields`] for an HTTP/1.x client's fields where they were read, by the
@@ -132,14 +132,7 @@ pub fn write_placed_request_fields<'m>(
     if let Some((start, end)) = run {
         out.extend_from_slice(&head[start..end]);
     }
-    write_framing(out, body);
-    for (name, value) in extra {
-        write_field(out, name, value);
-    }
-    for (name, value) in own.more {
-        write_field(out, name, value);
-    }
-    out.extend_from_slice(b"\r\n");
+    end_request_head(out, body, extra, own.more);
 }
 
 /// What a backend's head gets besides an HTTP/1.x client's fields as read: the router's
@@ -192,10 +185,19 @@ fn kept<'v>(
         })
 }
 
-/// The framing field, the router's own fields, and the end of the head.
-fn end_request_head(out: &mut Vec<u8>, body: RequestBody, extra: &[(&str, &[u8])]) {
+/// The framing field, the router's own fields, `more` (the app's edits), and the end of
+/// the head.
+fn end_request_head<'m>(
+    out: &mut Vec<u8>,
+    body: RequestBody,
+    extra: &[(&str, &[u8])],
+    more: impl IntoIterator<Item = (&'m [u8], &'m [u8])>,
+) {
     write_framing(out, body);
     for (name, value) in extra {
+        write_field(out, name, value);
+    }
+    for (name, value) in more {
         write_field(out, name, value);
     }
     out.extend_from_slice(b"\r\n");

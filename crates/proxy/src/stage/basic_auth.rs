@@ -10,17 +10,17 @@
 //! password prompt) wait for that one check rather than each running its own. A
 //! connection notes the credentials that last passed on it (the field as sent, for the
 //! app's route as it was): its next requests bring the same field, and go through on a
-//! comparison rather than a decoding and a SHA-256 each. Failed
-//! attempts are counted per app and client: past [`MAX_FAILURES`] in [`FAILURE_WINDOW`]
-//! the client is answered 429 until the window ends, without a check.
+//! comparison rather than a decoding and a SHA-256 each. Failed attempts are counted per
+//! app and client: past [`MAX_FAILURES`] in [`FAILURE_WINDOW`] the client is answered 429
+//! until the window ends, without a check.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use std::time::{Duration, Instant};
 
 use crate::context::RequestCtx;
 use crate::isolation::worker_pool::WorkerPool;

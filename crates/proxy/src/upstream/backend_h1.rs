@@ -134,8 +134,9 @@ impl AnswerHead {
 
 /// The backend's head of a request whose fields go on as read, with the app's stages'
 /// edits: its rules remove, set (in place of the client's) and append; compression offers
-/// the backend one coding. The rules come after compression, as on a map.
-fn write_edited_request(
+/// the backend one coding. The rules come after compression, as on a map. A request with
+/// no edit (most) takes the writer without them: no check per field.
+fn write_request_as_read(
     out: &mut Vec<u8>,
     (method, target): (&[u8], &[u8]),
     placed: &PlacedFields,
@@ -143,6 +144,11 @@ fn write_edited_request(
     extra: &[(&str, &[u8])],
     edits: RequestEdits<'_>,
 ) {
+    if edits.rules.is_none() && edits.accept_encoding.is_none() {
+        let own = RouterFieldsOnly::replacing(extra);
+        write_placed_request_fields(out, method, target, placed, framing, own);
+        return;
+    }
     let rules = edits.rules;
     let ruled = |name: &[u8]| rules.is_some_and(|rules| rules.left_out(name));
     // The coding's field, unless a rule removes or sets the field after it.
@@ -286,28 +292,9 @@ impl BackendConnection {
             Some(fields) => {
                 let method = parts.method.as_str().as_bytes();
                 let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                let placed = fields.placed();
+                let line = (method, target.as_bytes());
                 let extra = &extra[..extras];
-                if edits.rules.is_none() && edits.accept_encoding.is_none() {
-                    let own = RouterFieldsOnly::replacing(extra);
-                    write_placed_request_fields(
-                        &mut head,
-                        method,
-                        target.as_bytes(),
-                        placed,
-                        framing,
-                        own,
-                    );
-                } else {
-                    write_edited_request(
-                        &mut head,
-                        (method, target.as_bytes()),
-                        placed,
-                        framing,
-                        extra,
-                        edits,
-                    );
-                }
+                write_request_as_read(&mut head, line, fields.placed(), framing, extra, edits);
             }
             None => switchyard_h1::write_request_parts(&mut head, parts, framing, &extra[..extras]),
         }
