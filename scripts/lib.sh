@@ -43,6 +43,20 @@ ensure_h3_client() {
   fi
 }
 
+# The example proxy-wasm filters (examples/filters, the proxy-wasm Rust SDK), built for
+# wasm32-unknown-unknown: tests/filters.rs and crates/filters/tests run them in the router.
+# rustup adds the target's standard library when it is missing.
+ensure_example_filters() {
+  if [ ! -d "$(rustc --print sysroot)/lib/rustlib/wasm32-unknown-unknown" ]; then
+    if ! command -v rustup >/dev/null 2>&1; then
+      echo "error: the wasm32-unknown-unknown target is missing and rustup is not here to add it" >&2
+      exit 1
+    fi
+    rustup target add wasm32-unknown-unknown
+  fi
+  (cd examples/filters && cargo build --release --locked --quiet --target wasm32-unknown-unknown)
+}
+
 # promtool checks and unit-tests the alert rules (tests/deploy_kit.rs). Debian ships it
 # only inside its prometheus package, whose installation would start a Prometheus server:
 # the package is unpacked under target/ instead, nothing run.

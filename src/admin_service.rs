@@ -86,6 +86,15 @@ impl SharedCache for CacheRedisPurge {
     }
 }
 
+/// Uploads to `/v1/filters` compiled on the router's own filter engine.
+pub(crate) struct FilterCompile(pub(crate) Arc<switchyard_proxy::FilterModules>);
+
+impl switchyard_admin::FilterCheck for FilterCompile {
+    fn check(&self, module: &[u8]) -> Result<(), String> {
+        self.0.engine().compile(module).map(|_| ())
+    }
+}
+
 /// `POST /v1/waf/reload` through the router's WAF.
 pub(crate) struct WafReload(pub(crate) Arc<Inspector>);
 

@@ -35,6 +35,8 @@ enum Command {
     Apps(cli::AppsArgs),
     /// Upload, list and delete TLS certificates through the admin API.
     Certs(cli::CertsArgs),
+    /// Store, list and delete the proxy-wasm modules apps' filters run.
+    Filters(cli::FiltersArgs),
     /// Explain where a request for HOST [PATH] goes: app, rule, stages, next backend.
     Explain(cli::ExplainArgs),
     /// A live view of the busiest apps: requests/s, 5xx and 4xx shares, 15 minutes of traffic.
@@ -77,6 +79,7 @@ fn main() -> ExitCode {
         },
         Command::Apps(args) => cli::run_apps(args),
         Command::Certs(args) => cli::run_certs(args),
+        Command::Filters(args) => cli::run_filters(args),
         Command::Explain(args) => cli::run_explain(args),
         Command::Top(args) => cli::run_top(args),
         Command::Store(args) => cli::run_store(args),

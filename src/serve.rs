@@ -16,10 +16,11 @@ use switchyard_admin::AdminState;
 use switchyard_config::{AccessLogChoice, Config, PoolSched, StoreChoice, TlsConfig};
 use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
-    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, FleetLimitSync,
-    HealthChecker, InheritedSockets, Inspector, Listener, ListenerStop, ListenerTls, NameSettings,
-    PoolScheduling, ResponseBuffers, RouteCache, RouteCacheLimits, Router, ServedCert,
-    ShutdownWatch, SpoolSettings, TicketKeyRotation, TrafficHistory, WorkerPool,
+    CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, FilterDefaults,
+    FilterModules, FleetLimitSync, HealthChecker, InheritedSockets, Inspector, Listener,
+    ListenerStop, ListenerTls, NameSettings, PoolScheduling, ResponseBuffers, RouteCache,
+    RouteCacheLimits, Router, ServedCert, ShutdownWatch, SpoolSettings, TicketKeyRotation,
+    TrafficHistory, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -28,8 +29,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::admin_service::{
-    serve_admin, serve_metrics, AuditToLogs, CacheRedisPurge, Changes, FollowerProgress, NamesView,
-    RouteExplainer, Traffic, WafReload,
+    serve_admin, serve_metrics, AuditToLogs, CacheRedisPurge, Changes, FilterCompile,
+    FollowerProgress, NamesView, RouteExplainer, Traffic, WafReload,
 };
 
 /// At shutdown, how long undelivered access-log batches may take to reach the log service
@@ -61,6 +62,21 @@ enum Stop {
     Graceful(&'static str),
     /// SIGINT: now.
     Fast,
+}
+
+/// The engine of apps' proxy-wasm filters, with the router's limits for them.
+fn filter_modules(
+    settings: &switchyard_config::FilterSettings,
+) -> anyhow::Result<Arc<FilterModules>> {
+    let defaults = FilterDefaults {
+        deadline: settings.deadline,
+        memory_bytes: usize::try_from(settings.memory_bytes).unwrap_or(usize::MAX),
+        instances_per_thread: settings.instances_per_thread,
+    };
+    let modules = FilterModules::new(Some(settings.cache_dir.clone()), defaults)
+        .map_err(anyhow::Error::msg)
+        .context("cannot start the engine of apps' filters")?;
+    Ok(Arc::new(modules))
 }
 
 /// Runs the router until a signal ends it.
@@ -107,6 +123,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     let access_log = start_access_log(&config.access_log)?;
     let changes = store.subscribe();
     let backend_names = Arc::new(backend_names(&config)?);
+    let filter_modules = filter_modules(&config.filters)?;
     let routes = Arc::new(
         RouteCache::new(
             store.clone(),
@@ -116,7 +133,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
                 response_bytes: config.cache_memory_bytes,
             },
         )
-        .with_backend_names(backend_names.clone()),
+        .with_backend_names(backend_names.clone())
+        .with_filters(filter_modules.clone()),
     );
     let connections = Arc::new(ConnectionTable::new());
     let drain = Arc::new(ConnectionDrain::new(
@@ -191,7 +209,8 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         .with_change_log(Arc::new(Changes(recent_changes)))
         .with_ui_writes(config.admin_ui_writes)
         .with_audit_retention(config.audit_retention)
-        .with_audit_sink(Arc::new(AuditToLogs(access_log_kept.clone())));
+        .with_audit_sink(Arc::new(AuditToLogs(access_log_kept.clone())))
+        .with_filter_check(Arc::new(FilterCompile(filter_modules)));
     if let Some(cache_redis) = cache_redis {
         admin_state = admin_state.with_shared_cache(Arc::new(CacheRedisPurge(cache_redis)));
     }

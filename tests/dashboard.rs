@@ -112,6 +112,28 @@ fn the_dashboard_shows_live_figures_finds_apps_follows_health_and_explains_hosts
     explain_shows_a_stored_copy(&router, &browser);
     the_app_page_shows_its_switches_but_no_password_hash(&browser);
     certificates_are_listed_soonest_first(&router, &browser);
+    stored_filters_are_listed(&router, &browser);
+}
+
+fn stored_filters_are_listed(router: &RouterProcess, browser: &Browser) {
+    let module = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/filters/target/wasm32-unknown-unknown/release/header_policy.wasm");
+    let stored = std::process::Command::new(RouterProcess::binary())
+        .args(["filters", "put", "tenant-policy"])
+        .arg(&module)
+        .args(["--admin", &router.admin.to_string()])
+        .output()
+        .expect("switchyard filters put");
+    assert!(
+        stored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stored.stderr)
+    );
+    let listed = browser.dom("/filters");
+    assert!(
+        listed.contains("tenant-policy") && listed.contains("KiB"),
+        "{listed}"
+    );
 }
 
 /// 1,000 apps through the bulk import, then the ones the views are checked on (shop, with

@@ -7,6 +7,7 @@ mod apps;
 mod certs;
 mod explain;
 mod files;
+mod filters;
 mod progress;
 mod store;
 mod sync;
@@ -22,6 +23,7 @@ pub(crate) use access::{run_audit, run_tokens, AuditArgs, TokensArgs};
 pub(crate) use apps::{run as run_apps, AppsArgs};
 pub(crate) use certs::{run as run_certs, CertsArgs};
 pub(crate) use explain::{run as run_explain, ExplainArgs};
+pub(crate) use filters::{run as run_filters, FiltersArgs};
 pub(crate) use store::{run as run_store, StoreArgs};
 pub(crate) use top::{run as run_top, TopArgs};
 
@@ -198,6 +200,24 @@ impl AdminClient {
             .request_if(method, path, if_match)
             .set("Content-Type", content_type);
         self.status_and_json(self.send_body(request, &body)?)
+    }
+
+    /// Sends `body` as `content_type` and reads its JSON answer; a refusal becomes the
+    /// API's message and the field it names.
+    fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<Value, String> {
+        let request = self.request(method, path).set("Content-Type", content_type);
+        match request.send_bytes(body) {
+            Ok(response) => response
+                .into_json()
+                .map_err(|e| format!("unreadable answer from {}: {e}", self.base)),
+            Err(e) => Err(self.failure(e)),
+        }
     }
 
     /// Sends `body`: the answer whatever its status, or why the API could not be reached.

@@ -577,7 +577,12 @@ fn note_change(
             apps.insert(name);
             true
         }
-        Ok(Change::Cert { .. } | Change::CachePurge { .. } | Change::WafReload { .. }) => true,
+        Ok(
+            Change::Cert { .. }
+            | Change::CachePurge { .. }
+            | Change::WafReload { .. }
+            | Change::Filter { .. },
+        ) => true,
         Ok(Change::Resync) | Err(_) => false,
     }
 }

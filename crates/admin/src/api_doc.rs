@@ -696,6 +696,42 @@ pub(crate) fn ui_settings(op: TransformOperation<'_>) -> TransformOperation<'_> 
     refusals(op, &[UNAUTHORIZED])
 }
 
+pub(crate) fn list_filters(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    store_read(
+        op.summary("The stored proxy-wasm filters: name, SHA-256 of the module, size"),
+        "Every stored filter, by name",
+    )
+}
+
+pub(crate) fn put_filter(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = answer(
+        op.summary(
+            "Store a proxy-wasm module (the body, application/wasm, at most 16 MiB) under a \
+             name; it is compiled and checked for the ABI first, and refused (400, `field`: \
+             `module`) with the reason when it is not a filter this router runs. Every router \
+             of the store serves it to the apps that name it at their next request",
+        ),
+        200,
+        "The stored filter: name, SHA-256, size",
+    );
+    write(op, &[(413, "Module over 16 MiB")])
+}
+
+pub(crate) fn get_filter(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = store_read(op.summary("A stored filter"), "The stored filter");
+    refusals(op, &[NOT_FOUND])
+}
+
+pub(crate) fn delete_filter(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    write(
+        deleted(op.summary(
+            "Delete a stored filter: apps that still name it answer 500 (or skip it, with \
+             fail_open) until it is stored again",
+        )),
+        &[NOT_FOUND],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

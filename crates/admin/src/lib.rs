@@ -7,6 +7,7 @@ mod api_doc;
 mod audit;
 mod auth;
 mod error;
+mod filters;
 mod handlers;
 mod import;
 mod page_fetch;
@@ -34,6 +35,7 @@ use tokio::net::TcpListener;
 pub use api_doc::document as openapi_document;
 pub use audit::{AuditSink, DEFAULT_AUDIT_RETENTION};
 pub use error::ApiError;
+pub use filters::FilterCheck;
 pub use tls::AdminTls;
 
 /// Largest request body accepted (an app with a thousand domains fits comfortably).
@@ -120,6 +122,8 @@ pub struct AdminState {
     audit_retention: usize,
     /// Where audit records are shipped besides the store.
     audit_sink: Option<Arc<dyn AuditSink>>,
+    /// Compiles uploaded filter modules.
+    filter_check: Option<Arc<dyn filters::FilterCheck>>,
 }
 
 impl AdminState {
@@ -140,6 +144,7 @@ impl AdminState {
             sync_running: Arc::default(),
             audit_retention: DEFAULT_AUDIT_RETENTION,
             audit_sink: None,
+            filter_check: None,
         }
     }
 
@@ -306,6 +311,17 @@ fn protected_routes() -> ApiRouter<AdminState> {
             delete_with(tokens::revoke, api_doc::revoke_token),
         )
         .api_route("/v1/audit", get_with(audit::read, api_doc::read_audit))
+        .api_route(
+            "/v1/filters",
+            get_with(filters::list, api_doc::list_filters),
+        )
+        .api_route(
+            "/v1/filters/{name}",
+            put_with(filters::put, api_doc::put_filter)
+                .get_with(filters::get, api_doc::get_filter)
+                .delete_with(filters::delete, api_doc::delete_filter)
+                .layer(DefaultBodyLimit::max(filters::MAX_MODULE_BYTES)),
+        )
 }
 
 /// Every documented route, as the OpenAPI document describes them.

@@ -412,6 +412,18 @@ async function certs(params) {
     : `<p class="muted">No ACME order is failing or waiting. ${acme.lease ? "Issuing: " + escape(acme.lease.holder) + "." : "No router holds the issuing lease (ACME off, or nothing ordered yet)."}</p>`;
 }
 
+// The stored proxy-wasm modules, by name, and which of the apps on the page run each
+// (`explain` shows an app's filters with their failures and last error).
+async function filters() {
+  view.innerHTML = `<h1>Filters</h1><div id="filters">Loading…</div>`;
+  const stored = await api("/v1/filters");
+  document.getElementById("filters").innerHTML = stored.length
+    ? `<table id="filter-list"><tr><th>name</th><th>SHA-256</th><th>size</th><th>stored</th></tr>${stored.map((f) =>
+      `<tr><td>${escape(f.name)}</td><td><code>${escape(f.sha256.slice(0, 16))}…</code></td><td>${(f.size / 1024).toFixed(1)} KiB</td><td>${escape(date(f.updated_unix))}</td></tr>`).join("")}</table>
+      <p class="muted">Upload with <code>switchyard filters put NAME FILE</code>; an app runs them with its <code>filters</code> setting; <a href="#/explain">explain</a> a host to see its filters' failures.</p>`
+    : `<p class="muted">No filter is stored. Upload one with <code>switchyard filters put NAME FILE</code>.</p>`;
+}
+
 function date(unixSeconds) {
   return new Date(unixSeconds * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC";
 }
@@ -432,6 +444,7 @@ async function route() {
     else if (path === "/apps") await apps(params);
     else if (path === "/explain") await explain(params);
     else if (path === "/certs") await certs(params);
+    else if (path === "/filters") await filters();
     else await overview();
     statusLine.textContent = "updated " + new Date().toLocaleTimeString();
   } catch (error) {

@@ -142,6 +142,8 @@ pub struct Config {
     pub response_buffer_memory_bytes: u64,
     /// Disk for answers read ahead, over all clients.
     pub response_spool_bytes: u64,
+    /// How apps' proxy-wasm filters run.
+    pub filters: FilterSettings,
     /// Threads of the worker pool for CPU-bound stages.
     pub pool_threads: usize,
     /// Most tasks waiting for the pool.
@@ -270,16 +272,11 @@ impl Config {
             settings.admin_tls_key,
             settings.admin_client_ca,
         )?;
-        let cache_redis_timeout = settings.cache_redis_timeout_ms.millis()?;
-        let cache_redis = match settings.cache_redis.value.as_deref() {
-            Some(url) => {
-                if let Err(reason) = RedisTarget::parse(url) {
-                    bail!("{}: {reason}", settings.cache_redis.at(source));
-                }
-                Some((url.to_string(), cache_redis_timeout))
-            }
-            None => None,
-        };
+        let cache_redis = cache_redis(
+            source,
+            &settings.cache_redis,
+            settings.cache_redis_timeout_ms,
+        )?;
         let trusted_proxies = match settings.trusted_proxies.value.as_deref() {
             None => Vec::new(),
             Some(list) => list
@@ -374,6 +371,12 @@ impl Config {
             response_buffer_bytes: settings.response_buffer_mb.mebibytes()?,
             response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes()?,
             response_spool_bytes: settings.response_spool_mb.mebibytes()?,
+            filters: FilterSettings::of(
+                settings.filter_deadline_ms,
+                settings.filter_memory_mb,
+                settings.filter_instances,
+                &data_dir,
+            )?,
             pool_threads: settings.pool_threads.resolved()?,
             pool_queue: settings.pool_queue.resolved()?,
             pool_sched: settings.pool_sched.choice(
@@ -1009,5 +1012,52 @@ mod tests {
         assert_eq!(acme.check_interval, Duration::from_secs(3600));
         assert_eq!(acme.challenge, ChallengeKind::Http01);
         assert!(with_file("").expect("defaults").acme.is_none());
+    }
+}
+
+/// How apps' proxy-wasm filters run, unless an app's filter sets its own.
+#[derive(Debug, Clone)]
+pub struct FilterSettings {
+    /// CPU time one callback may use.
+    pub deadline: Duration,
+    /// Memory one instance may grow to.
+    pub memory_bytes: u64,
+    /// Instances of one app's filter per event-loop thread.
+    pub instances_per_thread: usize,
+    /// Where compiled modules are kept (by hash) across restarts.
+    pub cache_dir: PathBuf,
+}
+
+impl FilterSettings {
+    fn of(
+        deadline_ms: settings::Setting<u64>,
+        memory_mb: settings::Setting<u64>,
+        instances: settings::Setting<usize>,
+        data_dir: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            deadline: deadline_ms.millis()?,
+            memory_bytes: memory_mb.mebibytes()?,
+            instances_per_thread: instances.resolved()?,
+            cache_dir: data_dir.join("filter-cache"),
+        })
+    }
+}
+
+/// The response cache's Redis URL (checked) and per-call deadline, when one is set.
+fn cache_redis(
+    source: &Source<'_>,
+    url: &settings::Setting<String>,
+    timeout_ms: settings::Setting<u64>,
+) -> anyhow::Result<Option<(String, Duration)>> {
+    let timeout = timeout_ms.millis()?;
+    match url.value.as_deref() {
+        Some(given) => {
+            if let Err(reason) = RedisTarget::parse(given) {
+                bail!("{}: {reason}", url.at(source));
+            }
+            Ok(Some((given.to_string(), timeout)))
+        }
+        None => Ok(None),
     }
 }

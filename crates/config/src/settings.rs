@@ -282,6 +282,15 @@ settings! {
     /// Most disk, in MiB, all answers read ahead may spool at once; past it and the memory
     /// budget, answers go on at their client's pace.
     response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB", default 1024, check at_least_one;
+    /// CPU time, in milliseconds, one callback of an app's proxy-wasm filter may use
+    /// before the filter is stopped (an app's filter may set its own, up to 1000).
+    filter_deadline_ms: u64 = "SWITCHYARD_FILTER_DEADLINE_MS", default 10, check at_least_one;
+    /// Memory, in MiB, one instance of a filter may grow to (an app's filter may set its
+    /// own, up to 256).
+    filter_memory_mb: u64 = "SWITCHYARD_FILTER_MEMORY_MB", default 16, check at_least_one;
+    /// Instances of one app's filter kept per event-loop thread: requests share them
+    /// between callbacks, and a new one starts only while all are running a callback.
+    filter_instances: usize = "SWITCHYARD_FILTER_INSTANCES", default 4, check at_least_one;
     /// Threads for CPU-bound stages such as the WAF (the number of cores).
     pool_threads: usize = "SWITCHYARD_POOL_THREADS", default cores(), check at_least_one;
     /// Most tasks waiting for those threads; more are refused at once.

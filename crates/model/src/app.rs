@@ -341,6 +341,9 @@ pub struct App {
     /// Answers compressed for clients that accept it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<crate::Compress>,
+    /// proxy-wasm filters run on its requests, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<crate::FilterUse>,
     /// What the app is told beyond the fields every backend gets.
     #[serde(default, skip_serializing_if = "AppForwarding::is_default")]
     pub forwarding: AppForwarding,

@@ -37,6 +37,12 @@ pub enum Change {
         /// hears it twice (its own announcement, a resubscription) loads once.
         reload: u64,
     },
+    /// The stored module named `name` (a proxy-wasm filter) was put or deleted: every
+    /// router loads it again, and rebuilds the routes of the apps that run it.
+    Filter {
+        /// The filter's name.
+        name: String,
+    },
     /// Changes may have been missed (a lagging subscriber, a reconnect): every cached entry
     /// must be revalidated against the store.
     Resync,

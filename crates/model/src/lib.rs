@@ -16,6 +16,7 @@ mod compress;
 mod domain;
 mod entity_tag;
 mod error;
+mod filters;
 mod header_rules;
 mod images;
 mod limits;
@@ -49,6 +50,10 @@ pub use compress::{Compress, DEFAULT_COMPRESSED_TYPES};
 pub use domain::{normalize_host, Domain};
 pub use entity_tag::{entity_tag_of, IfMatch};
 pub use error::ValidationError;
+pub use filters::{
+    valid_filter_name, FilterModule, FilterUse, MAX_FILTERS_PER_APP, MAX_FILTER_CONFIG_BYTES,
+    MAX_FILTER_DEADLINE_MS, MAX_FILTER_MEMORY_MIB, MAX_FILTER_MODULE_BYTES,
+};
 pub use header_rules::{
     HeaderEdits, HeaderRules, PROTECTED_REQUEST_FIELDS, PROTECTED_RESPONSE_FIELDS,
 };

@@ -55,6 +55,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "forwarding",
             "affinity",
             "compress",
+            "filters",
             // What GET shows of the named backends' addresses: read-only, ignored here, so
             // an app read and written back is accepted.
             "resolved_backends",
@@ -132,9 +133,11 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     let forwarding = setting(fields, "forwarding", parse_forwarding)?.unwrap_or_default();
     let affinity = setting(fields, "affinity", crate::affinity::parse_affinity)?;
     let compress = setting(fields, "compress", crate::compress::parse_compress)?;
+    let filters = setting(fields, "filters", crate::filters::parse_filters)?.unwrap_or_default();
     Ok(App {
         name,
         compress,
+        filters,
         affinity,
         redirects,
         maintenance,

@@ -84,6 +84,9 @@ pub(crate) struct RequestCtx {
     pub(crate) weight: RequestWeight,
     /// Counted in the active-requests gauge until dropped.
     _active: metrics::Held,
+    /// The request's contexts in its app's proxy-wasm filters, once they are made; when
+    /// dropped (the request done), their `on_log` runs.
+    pub(crate) filters: Option<Box<switchyard_filters::RequestFilters>>,
 }
 
 impl RequestCtx {
@@ -113,6 +116,7 @@ impl RequestCtx {
             cache: None,
             limit_places: Places::default(),
             weight: RequestWeight::default(),
+            filters: None,
             _active: metrics::Held::on(&metrics::ACTIVE_REQUESTS),
         }
     }

@@ -18,6 +18,8 @@ use crate::upstream::pool::BackendPool;
 
 /// Idle connections kept per thread for the cache's background revalidations.
 const CACHE_REFRESH_IDLE: usize = 64;
+/// Idle connections kept per thread for the calls filters make.
+const FILTER_CALLS_IDLE: usize = 64;
 
 pub(crate) struct EventLoop {
     pub(crate) shared: Shared,
@@ -27,6 +29,8 @@ pub(crate) struct EventLoop {
     /// This thread's connections for the cache's background revalidations, apart from the
     /// client's own backend pool.
     pub(crate) cache_refreshes: Arc<SidePool>,
+    /// This thread's connections for the calls apps' filters make.
+    pub(crate) filter_calls: SidePool,
     pub(crate) open_connections: Cell<usize>,
     /// The deadlines of this thread's connections and exchanges.
     pub(crate) clock: Rc<Clock>,
@@ -44,6 +48,10 @@ impl EventLoop {
                 CACHE_REFRESH_IDLE,
                 metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["cache"]),
             )),
+            filter_calls: SidePool::new(
+                FILTER_CALLS_IDLE,
+                metrics::SIDE_IDLE_CONNECTIONS.with_label_values(&["filter_calls"]),
+            ),
             open_connections: Cell::new(0),
             clock,
         })
@@ -58,6 +66,7 @@ impl EventLoop {
             self.pool.sweep_idle();
             self.mirrors.sweep_idle();
             self.cache_refreshes.sweep();
+            self.filter_calls.sweep();
             if let Some(images) = &self.shared.images {
                 images.sweep_idle();
             }

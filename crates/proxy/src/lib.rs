@@ -56,6 +56,7 @@ pub use routing::affinity_tokens::set_key as set_affinity_key;
 pub use routing::connections::ConnectionTable;
 pub use routing::drain::ConnectionDrain;
 pub use routing::explain::explain as explain_host;
+pub use routing::filter_modules::{FilterDefaults, FilterModules};
 pub use routing::follower::ChangeFollower;
 pub use routing::health::HealthChecker;
 pub use routing::names::{BackendNames, NameSettings};

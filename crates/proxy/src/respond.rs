@@ -65,6 +65,13 @@ pub(crate) enum Reason {
     WafBodyBroken,
     /// The body did not come in time for the WAF.
     WafBodyTimedOut,
+    // filters
+    /// One of the app's filters failed (trapped, ran past its deadline or its memory, is
+    /// not stored) and it fails closed.
+    FilterFailed,
+    /// The body is larger than the app's filters may read (the app's `max_body_bytes`, or
+    /// 1 MiB).
+    FilterBodyTooLarge,
     // images
     /// The resize asked for cannot be made (its parameters).
     ImageBadRequest,
@@ -138,7 +145,7 @@ const fn come_back(mut row: Row, seconds: u32) -> Row {
 
 /// The refusals' table: each reason's status, text, label, `Retry-After` and page, in the
 /// order the reasons are declared (a unit test holds it to that: `row` indexes it).
-const TABLE: [(Reason, Row); 39] = [
+const TABLE: [(Reason, Row); 41] = [
     (
         Reason::MalformedHead,
         row(400, "malformed_head", "bad request"),
@@ -313,6 +320,18 @@ const TABLE: [(Reason, Row); 39] = [
     (
         Reason::WafBodyTimedOut,
         row(408, "waf_body_timed_out", "request timeout"),
+    ),
+    (
+        Reason::FilterFailed,
+        row(500, "filter_failed", "the app's filter failed"),
+    ),
+    (
+        Reason::FilterBodyTooLarge,
+        row(
+            413,
+            "filter_body_too_large",
+            "the request body is too large for the app's filters",
+        ),
     ),
     (
         Reason::ImageBadRequest,

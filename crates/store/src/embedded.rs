@@ -14,7 +14,7 @@ use redb::{
 };
 use switchyard_model::{
     AcmeDomain, ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo,
-    Change, IfMatch, StoredCertificate,
+    Change, FilterModule, IfMatch, StoredCertificate,
 };
 
 use crate::json::encode;
@@ -49,6 +49,11 @@ pub(crate) const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("to
 /// The audit log: a sequence number (20 digits, so that keys sort as numbers) → record,
 /// as JSON.
 pub(crate) const AUDIT: TableDefinition<&str, &[u8]> = TableDefinition::new("audit");
+/// The proxy-wasm filters by name, as JSON (`FilterModule`).
+pub(crate) const FILTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("filters");
+/// The filters' modules by SHA-256 (hex): each kept once, whatever names it has.
+pub(crate) const FILTER_MODULES: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("filter_modules");
 /// The key ranges of the ACME records written with an expiry: the answers of open orders.
 const EXPIRING_RECORDS: [(&str, &str); 2] =
     [("challenge:", "challenge;"), ("tls-alpn:", "tls-alpn;")];
@@ -132,6 +137,8 @@ impl EmbeddedStore {
         txn.open_table(SECRETS).map_err(unavailable)?;
         txn.open_table(TOKENS).map_err(unavailable)?;
         txn.open_table(AUDIT).map_err(unavailable)?;
+        txn.open_table(FILTERS).map_err(unavailable)?;
+        txn.open_table(FILTER_MODULES).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(Self {
             db: Arc::new(RwLock::new(Some(Arc::new(db)))),
@@ -705,6 +712,105 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn put_filter(&self, name: &str, module: Vec<u8>) -> Result<FilterModule, StoreError> {
+        let record = FilterModule {
+            name: name.to_string(),
+            sha256: crate::filter_sha256(&module),
+            size: module.len() as u64,
+            updated_unix: unix_now(),
+        };
+        let json = encode(name, &record)?;
+        let kept = record.clone();
+        self.blocking(move |store| {
+            let txn = store.db()?.begin_write().map_err(unavailable)?;
+            {
+                let mut names = txn.open_table(FILTERS).map_err(unavailable)?;
+                let previous = names
+                    .insert(kept.name.as_str(), json.as_bytes())
+                    .map_err(unavailable)?
+                    .map(|v| decode_json::<FilterModule>(&kept.name, v.value()))
+                    .transpose()?;
+                let mut modules = txn.open_table(FILTER_MODULES).map_err(unavailable)?;
+                modules
+                    .insert(kept.sha256.as_str(), module.as_slice())
+                    .map_err(unavailable)?;
+                if let Some(previous) = previous.filter(|p| p.sha256 != kept.sha256) {
+                    if !sha_in_use(&names, &previous.sha256)? {
+                        modules
+                            .remove(previous.sha256.as_str())
+                            .map_err(unavailable)?;
+                    }
+                }
+            }
+            txn.commit().map_err(unavailable)
+        })
+        .await?;
+        self.announce(Change::Filter {
+            name: name.to_string(),
+        });
+        Ok(record)
+    }
+
+    async fn get_filter(&self, name: &str) -> Result<Option<FilterModule>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(FILTERS).map_err(unavailable)?;
+        let value = table.get(name).map_err(unavailable)?;
+        value.map(|v| decode_json(name, v.value())).transpose()
+    }
+
+    async fn list_filters(&self) -> Result<Vec<FilterModule>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(FILTERS).map_err(unavailable)?;
+        let mut filters = Vec::new();
+        for entry in table.iter().map_err(unavailable)? {
+            let (name, value) = entry.map_err(unavailable)?;
+            filters.push(decode_json(name.value(), value.value())?);
+        }
+        Ok(filters)
+    }
+
+    async fn filter_bytes(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.db()?.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(FILTER_MODULES).map_err(unavailable)?;
+        let value = table.get(sha256).map_err(unavailable)?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    async fn delete_filter(&self, name: &str) -> Result<bool, StoreError> {
+        let owned = name.to_string();
+        let removed = self
+            .blocking(move |store| {
+                let txn = store.db()?.begin_write().map_err(unavailable)?;
+                let removed = {
+                    let mut names = txn.open_table(FILTERS).map_err(unavailable)?;
+                    let previous = names
+                        .remove(owned.as_str())
+                        .map_err(unavailable)?
+                        .map(|v| decode_json::<FilterModule>(&owned, v.value()))
+                        .transpose()?;
+                    if let Some(previous) = &previous {
+                        if !sha_in_use(&names, &previous.sha256)? {
+                            let mut modules =
+                                txn.open_table(FILTER_MODULES).map_err(unavailable)?;
+                            modules
+                                .remove(previous.sha256.as_str())
+                                .map_err(unavailable)?;
+                        }
+                    }
+                    previous.is_some()
+                };
+                txn.commit().map_err(unavailable)?;
+                Ok(removed)
+            })
+            .await?;
+        if removed {
+            self.announce(Change::Filter {
+                name: name.to_string(),
+            });
+        }
+        Ok(removed)
+    }
+
     async fn append_audit(&self, record: AuditRecord, keep: usize) -> Result<u64, StoreError> {
         self.blocking(move |store| {
             let txn = store.db()?.begin_write().map_err(unavailable)?;
@@ -984,6 +1090,18 @@ fn decode_json<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Resul
         key: key.to_string(),
         reason: e.to_string(),
     })
+}
+
+/// Whether a stored filter other than the one just changed uses the module `sha256`.
+fn sha_in_use(names: &redb::Table<'_, &str, &[u8]>, sha256: &str) -> Result<bool, StoreError> {
+    for entry in names.iter().map_err(unavailable)? {
+        let (name, value) = entry.map_err(unavailable)?;
+        let record: FilterModule = decode_json(name.value(), value.value())?;
+        if record.sha256 == sha256 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -26,8 +26,8 @@ pub use redis_store::{RedisStore, WriteAcks, CHANGES_CHANNEL, KEY_PREFIX};
 pub use redis_target::RedisTarget;
 
 use switchyard_model::{
-    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change, IfMatch,
-    StoredCertificate,
+    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change,
+    FilterModule, IfMatch, StoredCertificate,
 };
 
 /// How many change events a subscriber may fall behind before it must resync everything.
@@ -370,6 +370,23 @@ pub trait Store: Send + Sync {
     /// Revokes a token; whether there was one.
     async fn delete_token(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// Stores `module` under `name` (its bytes kept once by their SHA-256, the module it
+    /// replaces forgotten when no other name uses it) and tells every router.
+    async fn put_filter(&self, name: &str, module: Vec<u8>) -> Result<FilterModule, StoreError>;
+
+    /// The stored module named `name`.
+    async fn get_filter(&self, name: &str) -> Result<Option<FilterModule>, StoreError>;
+
+    /// Every stored module, by name.
+    async fn list_filters(&self) -> Result<Vec<FilterModule>, StoreError>;
+
+    /// The bytes of the module whose SHA-256 is `sha256`.
+    async fn filter_bytes(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Forgets the module named `name` (and its bytes when no other name uses them) and
+    /// tells every router; whether there was one.
+    async fn delete_filter(&self, name: &str) -> Result<bool, StoreError>;
+
     /// Appends a record to the audit log, keeping the newest `keep`; answers how many older
     /// records went to make room.
     async fn append_audit(&self, record: AuditRecord, keep: usize) -> Result<u64, StoreError>;
@@ -427,6 +444,14 @@ pub(crate) fn require_match<T: serde::Serialize>(
     } else {
         Err(StoreError::PreconditionFailed(name.to_string()))
     }
+}
+
+/// The SHA-256 of a filter's module, hex: the key its bytes are kept under.
+pub(crate) fn filter_sha256(module: &[u8]) -> String {
+    openssl::sha::sha256(module)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub(crate) fn unix_now() -> u64 {

@@ -17,8 +17,8 @@ use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use switchyard_model::{
-    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change, IfMatch,
-    StoredCertificate,
+    ApiToken, App, AuditPage, AuditQuery, AuditRecord, Backend, CertificateInfo, Change,
+    FilterModule, IfMatch, StoredCertificate,
 };
 
 use crate::json::{decode, encode};
@@ -899,6 +899,41 @@ fn acme_key(record: AcmeRecord<'_>) -> String {
     format!("{KEY_PREFIX}acme:{}", record.key())
 }
 
+/// Puts a filter's record and its module's bytes, and drops the bytes of the module it
+/// replaced when no other filter uses them: one script, so that no other writer sees the
+/// bytes gone under a record. ARGV: name, record (JSON), SHA-256, bytes.
+const PUT_FILTER: &str = r#"
+local p = '{KEY_PREFIX}'
+local previous = redis.call('HGET', p .. 'filters', ARGV[1])
+redis.call('SET', p .. 'filter_module:' .. ARGV[3], ARGV[4])
+redis.call('HSET', p .. 'filters', ARGV[1], ARGV[2])
+if previous then
+  local old = cjson.decode(previous)['sha256']
+  if old ~= ARGV[3] then
+    for _, v in ipairs(redis.call('HVALS', p .. 'filters')) do
+      if cjson.decode(v)['sha256'] == old then return 1 end
+    end
+    redis.call('DEL', p .. 'filter_module:' .. old)
+  end
+end
+return 1
+"#;
+
+/// Deletes a filter's record, and its module's bytes when no other filter uses them.
+/// ARGV: name. Returns 1 when there was one.
+const DELETE_FILTER: &str = r#"
+local p = '{KEY_PREFIX}'
+local previous = redis.call('HGET', p .. 'filters', ARGV[1])
+if not previous then return 0 end
+redis.call('HDEL', p .. 'filters', ARGV[1])
+local old = cjson.decode(previous)['sha256']
+for _, v in ipairs(redis.call('HVALS', p .. 'filters')) do
+  if cjson.decode(v)['sha256'] == old then return 1 end
+end
+redis.call('DEL', p .. 'filter_module:' .. old)
+return 1
+"#;
+
 /// A write script with the key prefix written in: the layout's prefix has one source,
 /// [`KEY_PREFIX`], in Rust and in Lua alike.
 fn script(source: &str) -> Script {
@@ -1197,6 +1232,74 @@ impl Store for RedisStore {
         let removed: u64 = self
             .call(|mut c| async move { c.hdel(key, field).await })
             .await?;
+        Ok(removed > 0)
+    }
+
+    async fn put_filter(&self, name: &str, module: Vec<u8>) -> Result<FilterModule, StoreError> {
+        let record = FilterModule {
+            name: name.to_string(),
+            sha256: crate::filter_sha256(&module),
+            size: module.len() as u64,
+            updated_unix: unix_now(),
+        };
+        let json = encode(name, &record)?;
+        let put = script(PUT_FILTER);
+        let mut invocation = put.prepare_invoke();
+        invocation
+            .arg(name)
+            .arg(json)
+            .arg(&record.sha256)
+            .arg(module);
+        let _: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        self.tell_every_router(Change::Filter {
+            name: name.to_string(),
+        })
+        .await?;
+        Ok(record)
+    }
+
+    async fn get_filter(&self, name: &str) -> Result<Option<FilterModule>, StoreError> {
+        let key = format!("{KEY_PREFIX}filters");
+        let field = name.to_string();
+        let json: Option<String> = self
+            .call(|mut c| async move { c.hget(key, field).await })
+            .await?;
+        json.map(|json| decode(name, &json)).transpose()
+    }
+
+    async fn list_filters(&self) -> Result<Vec<FilterModule>, StoreError> {
+        let key = format!("{KEY_PREFIX}filters");
+        let all: Vec<(String, String)> = self
+            .call(|mut c| async move { c.hgetall(key).await })
+            .await?;
+        let mut filters: Vec<FilterModule> = all
+            .iter()
+            .map(|(name, json)| decode(name, json))
+            .collect::<Result<_, _>>()?;
+        filters.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(filters)
+    }
+
+    async fn filter_bytes(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = format!("{KEY_PREFIX}filter_module:{sha256}");
+        self.call(|mut c| async move { c.get(key).await }).await
+    }
+
+    async fn delete_filter(&self, name: &str) -> Result<bool, StoreError> {
+        let delete = script(DELETE_FILTER);
+        let mut invocation = delete.prepare_invoke();
+        invocation.arg(name);
+        let removed: i64 = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        if removed > 0 {
+            self.tell_every_router(Change::Filter {
+                name: name.to_string(),
+            })
+            .await?;
+        }
         Ok(removed > 0)
     }
 

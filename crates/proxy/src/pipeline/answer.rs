@@ -52,6 +52,8 @@ pub(crate) enum Answer {
     Cached(FromCache),
     /// A 200 the router made (a resized image).
     Made { headers: HeaderMap, body: Bytes },
+    /// An answer one of the app's filters made (`send_local_response`).
+    Filtered(switchyard_filters::LocalResponse),
     /// An answer of the router's own instead of the app's: a stage refused the request,
     /// or the app could not be reached.
     Refused(Refusal),
@@ -117,6 +119,14 @@ pub(super) fn write(
             made_response(status, headers, body, end)
         }
         Answer::Made { headers, body } => made_response(200, headers, body, end),
+        Answer::Filtered(local) => {
+            let mut headers = HeaderMap::with_capacity(local.headers.len() + 1);
+            for (name, value) in local.headers {
+                headers.append(name, value);
+            }
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(local.body.len()));
+            made_response(local.status, headers, local.body, end)
+        }
         Answer::Refused(refusal) => refusal_response(refusal, end),
     };
     if let Some(rules) = rules {

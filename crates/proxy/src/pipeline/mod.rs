@@ -58,6 +58,7 @@ use crate::stage::app_pages;
 use crate::stage::basic_auth;
 use crate::stage::cache;
 use crate::stage::compress;
+use crate::stage::filters;
 use crate::stage::framing;
 use crate::stage::https;
 use crate::stage::images::{self, ImageAnswer};
@@ -177,9 +178,9 @@ async fn proxy(
         Ok(route) => route,
         Err(answer) => return answer,
     };
-    let held = match body_phase(&head, incoming, client, ctx, worker, &bytes_in).await {
+    let held = match body_phase(&mut head, incoming, client, ctx, worker, &bytes_in).await {
         Ok(held) => held,
-        Err(refusal) => return refusal.into(),
+        Err(answer) => return answer,
     };
     if let Some(answer) = answer_in_place_of_app(&head, client, ctx, worker).await {
         return answer;
@@ -245,8 +246,14 @@ async fn request_phase(
         let fields = as_read.as_ref();
         let flow = match on_request_head(stage, head, fields, client, ctx, worker) {
             Ok(flow) => flow,
-            Err(Waits::ForLimits) => admit(&route, head, fields, client, ctx, worker).await,
-            Err(Waits::ForPassword(unchecked)) => {
+            Err(Waits::Limits) => admit(&route, head, fields, client, ctx, worker).await,
+            Err(Waits::Filters) => {
+                let peer = client.endpoints().client;
+                let peer = peer.unwrap_or_else(|| std::net::SocketAddr::new(client.ip(), 0));
+                let filtered = filters::on_request_head(&route, head, peer, ctx, worker);
+                filtered_flow(Box::pin(filtered).await)
+            }
+            Err(Waits::Password(unchecked)) => {
                 let pool = shared.pool.as_deref();
                 let checked = basic_auth::check(unchecked, &client.passwords, pool);
                 match Box::pin(checked).await {
@@ -274,9 +281,20 @@ async fn request_phase(
 /// What a stage of the request's head waits for, when it cannot say at once.
 enum Waits {
     /// The app's limits: a place among its requests in flight may be queued for.
-    ForLimits,
+    Limits,
     /// Credentials no check remembers: bcrypt on the worker pool.
-    ForPassword(Box<basic_auth::Unchecked>),
+    Password(Box<basic_auth::Unchecked>),
+    /// The app's filters, which may call out or yield at their ticks.
+    Filters,
+}
+
+/// What the filters said, as a stage's flow.
+fn filtered_flow(outcome: filters::Outcome) -> Flow {
+    match outcome {
+        filters::Outcome::Continue => Flow::Continue(()),
+        filters::Outcome::Answer(local) => Flow::Break(Answer::Filtered(local)),
+        filters::Outcome::Refused(refusal) => Flow::Break(refusal.into()),
+    }
 }
 
 /// A stage of the app's chain on the request's head: it answers, or the request goes on,
@@ -304,7 +322,8 @@ fn on_request_head(
                 return Ok(Flow::Break(Answer::Maintenance { retry_after_s }));
             }
         }
-        Stage::Limits => return Err(Waits::ForLimits),
+        Stage::Limits => return Err(Waits::Limits),
+        Stage::Filters => return Err(Waits::Filters),
         Stage::Https => {
             if let Some(location) = https::redirect_location(&head.uri, ctx, shared.https_port) {
                 return Ok(Flow::Break(Answer::Redirect {
@@ -318,7 +337,7 @@ fn on_request_head(
             let on_connection = (client.ip(), &client.passwords);
             match basic_auth::screen(ctx, head.uri.path(), fields, on_connection) {
                 Ok(None) => {}
-                Ok(Some(unchecked)) => return Err(Waits::ForPassword(unchecked)),
+                Ok(Some(unchecked)) => return Err(Waits::Password(unchecked)),
                 Err(denied) => return Ok(Flow::Break(denied_answer(denied, client))),
             }
         }
@@ -357,18 +376,40 @@ async fn admit(
 }
 
 /// The body phase: the part of the body the app's WAF must see, read, inspected and held
-/// to be sent on; `None` when nothing was held.
+/// to be sent on, then the whole body for the app's filters; `None` when nothing was held.
 async fn body_phase(
+    head: &mut http::request::Parts,
+    incoming: &mut RequestBody,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    worker: &EventLoop,
+    bytes_in: &Cell<usize>,
+) -> Result<Option<Held>, Answer> {
+    let held = match waf::policy_of(ctx) {
+        Some(_) => inspected_body(head, incoming, client, ctx, worker, bytes_in).await?,
+        None => None,
+    };
+    if ctx.filters.is_none() {
+        return Ok(held);
+    }
+    let filtered = filters::on_request_body(head, incoming, held, ctx, worker, bytes_in);
+    Box::pin(filtered)
+        .await
+        .map_err(|outcome| match filtered_flow(outcome) {
+            Flow::Break(answer) => answer,
+            Flow::Continue(()) => Refusal::upstream_failed(false).into(),
+        })
+}
+
+/// The body the app's WAF inspected and holds.
+async fn inspected_body(
     head: &http::request::Parts,
     incoming: &mut RequestBody,
     client: &Client,
     ctx: &mut RequestCtx,
     worker: &EventLoop,
     bytes_in: &Cell<usize>,
-) -> Result<Option<Held>, Refusal> {
-    if waf::policy_of(ctx).is_none() {
-        return Ok(None);
-    }
+) -> Result<Option<Held>, Answer> {
     // The WAF, the cache and the images are awaited boxed, and only on the routes that
     // have them: their states (2.1, 4.4 and 1.5 KiB) would otherwise size this future,
     // which every request builds and moves whole (callgrind: memcpy, 4k instructions a
@@ -386,6 +427,7 @@ async fn body_phase(
     inspected
         .await
         .inspect_err(|refusal| client.pacing.after(refusal))
+        .map_err(Answer::from)
 }
 
 /// The answers the router makes in place of the app's, by the stages of its chain that
@@ -573,6 +615,19 @@ async fn upstream_phase(
                 }
             }
             Stage::Affinity => affinity::add_cookie(ctx),
+            Stage::Filters => {
+                let filtered = filters::on_answer_head(&mut response, ctx, worker);
+                if let Flow::Break(answer) = filtered_flow(Box::pin(filtered).await) {
+                    return answer;
+                }
+                let head_only = head.method == http::Method::HEAD;
+                let read = filters::on_answer_body(&mut response, head_only, ctx, worker);
+                if let Some(outcome) = Box::pin(read).await {
+                    if let Flow::Break(answer) = filtered_flow(outcome) {
+                        return answer;
+                    }
+                }
+            }
             _ => {}
         }
     }

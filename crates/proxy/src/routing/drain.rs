@@ -69,7 +69,10 @@ impl ConnectionDrain {
                 .connections
                 .select(|c| c.app() == name || domains.iter().any(|d| domain_covers(d, c.host()))),
             Change::Resync => self.connections.select(|_| true),
-            Change::Cert { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => return,
+            Change::Cert { .. }
+            | Change::CachePurge { .. }
+            | Change::WafReload { .. }
+            | Change::Filter { .. } => return,
         };
         if selected.is_empty() {
             return;

@@ -10,6 +10,7 @@ use switchyard_store::StoreError;
 
 use crate::response_cache::redis::CacheRedis;
 use crate::routing::balancer::{BackendState, Upstream};
+use crate::routing::filter_modules::AppFilters;
 use crate::routing::route_cache::{wildcard_parents, DomainMatch, RouteCache};
 use crate::stage::cache;
 use crate::stage::list::{Stage, LIST};
@@ -52,7 +53,13 @@ pub async fn explain(
     };
     Ok(Explanation {
         tried: tried_domains(&normalized, Some(&domain)),
-        stages: stages(&route.app, &normalized, method, path),
+        stages: stages(
+            &route.app,
+            route.filters.as_deref(),
+            &normalized,
+            method,
+            path,
+        ),
         stored: cache::stored_copies(&route, cache_redis, &normalized, path).await,
         backend: Some(next_backend(&route.upstream, &route.app)),
         host: normalized,
@@ -82,12 +89,19 @@ fn tried_domains(host: &str, matched: Option<&str>) -> Vec<String> {
 
 /// Each stage of the list, in the order requests run them, and whether it acts on this
 /// request: each says it in its own function, called in the list's order.
-fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> {
+fn stages(
+    app: &App,
+    filters: Option<&AppFilters>,
+    host: &str,
+    method: &str,
+    path: &str,
+) -> Vec<StageVerdict> {
     let (path_only, query) = path
         .split_once('?')
         .map_or((path, None), |(p, q)| (p, Some(q)));
     let asked = Asked {
         app,
+        filters,
         host,
         method,
         path,
@@ -109,6 +123,7 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
             Stage::Https => https,
             Stage::Upstream => response_buffering,
             Stage::Waf => waf,
+            Stage::Filters => app_filters,
             Stage::StaticFiles => static_files,
             Stage::Cache => cache,
             Stage::Images => images,
@@ -124,6 +139,8 @@ fn stages(app: &App, host: &str, method: &str, path: &str) -> Vec<StageVerdict> 
 #[derive(Clone, Copy)]
 struct Asked<'a> {
     app: &'a App,
+    /// The app's filters as its route runs them, with their last errors.
+    filters: Option<&'a AppFilters>,
     host: &'a str,
     method: &'a str,
     path: &'a str,
@@ -281,6 +298,40 @@ fn affinity(asked: &Asked<'_>, out: &mut Verdicts) {
         ),
         None => out.say("affinity", false, "requests are balanced one by one".into()),
     }
+}
+
+fn app_filters(asked: &Asked<'_>, out: &mut Verdicts) {
+    let Asked { app, filters, .. } = *asked;
+    if app.filters.is_empty() {
+        out.say("filters", false, "the app runs no filter".into());
+        return;
+    }
+    let mut said = Vec::with_capacity(app.filters.len());
+    for used in &app.filters {
+        let plugin = filters.and_then(|f| f.plugins.iter().find(|p| p.name() == used.name));
+        let state = match (plugin, filters.and_then(|f| f.missing.as_ref())) {
+            (Some(plugin), _) => {
+                let stats = &plugin.stats;
+                let failures = stats.failures.load(std::sync::atomic::Ordering::Relaxed);
+                let last = stats.last_error.lock().clone();
+                format!(
+                    "module {}, {} instance(s), {failures} failure(s){}",
+                    &plugin.sha256()[..12],
+                    stats.instances.load(std::sync::atomic::Ordering::Relaxed),
+                    last.map(|e| format!(", last: {e}")).unwrap_or_default()
+                )
+            }
+            (None, Some((name, why))) if *name == used.name => format!("cannot run: {why}"),
+            (None, _) => "not loaded: skipped (fail_open)".to_string(),
+        };
+        let failing = if used.fail_open {
+            "fails open"
+        } else {
+            "fails closed (500)"
+        };
+        said.push(format!("{} ({failing}; {state})", used.name));
+    }
+    out.say("filters", true, format!("in order: {}", said.join("; ")));
 }
 
 fn compress(asked: &Asked<'_>, out: &mut Verdicts) {
@@ -540,7 +591,7 @@ mod tests {
             &serde_json::json!({"domains": ["a.test"], "backends": ["127.0.0.1:9"]}),
         )
         .expect("a valid spec");
-        let said: Vec<&str> = stages(&app, "a.test", "GET", "/")
+        let said: Vec<&str> = stages(&app, None, "a.test", "GET", "/")
             .iter()
             .map(|verdict| verdict.stage)
             .collect();

@@ -9,6 +9,7 @@ pub(crate) mod balancer;
 pub(crate) mod connections;
 pub(crate) mod drain;
 pub(crate) mod explain;
+pub(crate) mod filter_modules;
 pub(crate) mod follower;
 pub(crate) mod health;
 pub(crate) mod mirror_state;

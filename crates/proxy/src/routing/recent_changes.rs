@@ -48,6 +48,12 @@ impl RecentChanges {
                     format!("{what} {path}"),
                 )
             }
+            Change::Filter { name } => (
+                "filter",
+                name.as_str(),
+                &[][..],
+                "the filter's module loaded again; its apps' routes rebuilt".to_string(),
+            ),
             Change::WafReload { .. } => (
                 "waf_reload",
                 "",

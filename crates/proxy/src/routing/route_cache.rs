@@ -19,6 +19,7 @@ use switchyard_store::{Store, StoreError};
 use crate::metrics;
 use crate::response_cache::memory::{AppResponseCache, CacheBudget};
 use crate::routing::balancer::Upstream;
+use crate::routing::filter_modules::{AppFilters, FilterModules};
 use crate::routing::mirror_state::MirrorState;
 use crate::routing::names::{BackendNames, Endpoint};
 use crate::stage::chain::Chain;
@@ -70,6 +71,8 @@ pub(crate) struct AppRoute {
     pub(crate) chain: Chain,
     /// Its header rules with their names and values made, when it has any.
     pub(crate) header_rules: Option<Box<Rules>>,
+    /// Its proxy-wasm filters, when it has any.
+    pub(crate) filters: Option<Box<AppFilters>>,
 }
 
 /// Sizes of the route caches.
@@ -110,6 +113,8 @@ pub struct RouteCache {
     names: Option<Arc<BackendNames>>,
     /// Where deletions (and apps routed again) are told, for their metric series.
     deleted: DeletedApps,
+    /// The proxy-wasm modules apps' filters run; without it, apps with filters answer 500.
+    filters: Option<Arc<FilterModules>>,
 }
 
 impl RouteCache {
@@ -132,7 +137,19 @@ impl RouteCache {
             response_budget: CacheBudget::new(limits.response_bytes),
             names: None,
             deleted: DeletedApps::default(),
+            filters: None,
         }
+    }
+
+    /// Apps' filters are compiled and run with `filters`.
+    pub fn with_filters(mut self, filters: Arc<FilterModules>) -> Self {
+        self.filters = Some(filters);
+        self
+    }
+
+    /// The modules apps' filters run.
+    pub fn filter_modules(&self) -> Option<&Arc<FilterModules>> {
+        self.filters.as_ref()
     }
 
     /// Routes resolve their backends' names through `names`.
@@ -156,13 +173,42 @@ impl RouteCache {
             Some(names) => names.endpoints(&app),
             None => ip_endpoints(&app),
         };
-        build_route(app, &endpoints, previous, &self.response_budget)
+        let filters = self.filters.as_deref().and_then(|modules| {
+            let previous = previous.and_then(|p| p.filters.as_deref());
+            modules.filters_for(&app, previous)
+        });
+        let mut route = build_route(app, &endpoints, previous, &self.response_budget);
+        route.filters = filters;
+        route
     }
 
-    /// Waits, the first time only, for the names `app` uses to be resolved.
+    /// Waits, the first time only, for the names `app` uses to be resolved, and for the
+    /// modules of its filters to be loaded.
     async fn first_answers(&self, app: &App) {
         if let Some(names) = &self.names {
             names.first_answers(app).await;
+        }
+        if let Some(filters) = &self.filters {
+            filters.load_for(app, self.store.as_ref()).await;
+        }
+    }
+
+    /// Loads the filter `name` again and rebuilds the cached routes of the apps that run
+    /// it (no store read for them: the apps did not change).
+    async fn reload_filter(&self, name: &str) {
+        let Some(filters) = &self.filters else {
+            return;
+        };
+        filters.reload(name, self.store.as_ref()).await;
+        let users: Vec<String> = (self.apps.iter())
+            .filter(|(_, route)| route.app.filters.iter().any(|f| f.name == name))
+            .map(|(key, _)| key)
+            .collect();
+        for app in users {
+            if let Some(previous) = self.apps.get(&app) {
+                let route = Arc::new(self.build(previous.app.clone(), Some(&previous)));
+                self.invalidate(&app, || self.apps.insert(app.clone(), route.clone()));
+            }
         }
     }
 
@@ -265,7 +311,15 @@ impl RouteCache {
                 let stored = self.refresh_app(name).await;
                 self.note_if_deleted(name, stored).await;
             }
-            Change::Resync => self.resync().await,
+            Change::Resync => {
+                if let Some(filters) = &self.filters {
+                    for name in filters.names() {
+                        self.reload_filter(&name).await;
+                    }
+                }
+                self.resync().await
+            }
+            Change::Filter { name } => self.reload_filter(name).await,
             Change::CachePurge { app, path, prefix } => {
                 if let Some(cache) = self.apps.get(app).and_then(|r| r.response_cache.clone()) {
                     cache.purge(path, *prefix);
@@ -501,6 +555,7 @@ fn build_route(
     AppRoute {
         chain,
         header_rules,
+        filters: None,
         app,
         upstream,
         mirror,

@@ -74,6 +74,7 @@ fn switched_on(stage: Stage, app: &App) -> bool {
         Stage::Https => app.https_redirect,
         Stage::BasicAuth => app.basic_auth.is_some(),
         Stage::Waf => app.waf.is_some(),
+        Stage::Filters => !app.filters.is_empty(),
         Stage::StaticFiles => app.static_root.is_some(),
         Stage::Affinity => app.affinity.is_some(),
         Stage::Mirror => app.mirror.is_some(),

@@ -71,6 +71,7 @@ pub(crate) enum Stage {
     Https,
     BasicAuth,
     Waf,
+    Filters,
     StaticFiles,
     Affinity,
     Mirror,
@@ -131,7 +132,7 @@ const ROW: Declared = Declared {
 };
 
 /// The stages, in order.
-pub(crate) const LIST: [Declared; 20] = [
+pub(crate) const LIST: [Declared; 21] = [
     Declared {
         stage: Stage::RequestId,
         name: "request_id",
@@ -274,6 +275,25 @@ pub(crate) const LIST: [Declared; 20] = [
         explained_as: &["waf"],
         reads_whole_request: true,
         ..ROW
+    },
+    Declared {
+        stage: Stage::Filters,
+        name: "filters",
+        phases: &[RequestHead, RequestBody, AnswerHead, End],
+        switched_on_by: Some("filters"),
+        does: "the app's proxy-wasm filters, in order: request head, the body read whole \
+               (within the app's limit, else 1 MiB), the app's answer head, the log; each \
+               callback under a CPU deadline, each instance under a memory cap",
+        answers: "what a filter answers with send_local_response",
+        refuses: &[Reason::FilterFailed, Reason::FilterBodyTooLarge],
+        metrics: &[
+            "switchyard_filter_failures_total",
+            "switchyard_filter_callbacks_total",
+            "switchyard_filter_http_calls_total",
+        ],
+        explained_as: &["filters"],
+        reads_whole_request: true,
+        reads_whole_answer: true,
     },
     Declared {
         stage: Stage::StaticFiles,

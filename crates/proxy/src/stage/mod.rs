@@ -16,6 +16,7 @@ pub(crate) mod basic_auth;
 pub(crate) mod cache;
 pub(crate) mod chain;
 pub(crate) mod compress;
+pub(crate) mod filters;
 pub(crate) mod framing;
 pub(crate) mod header_rules;
 pub(crate) mod https;

@@ -305,7 +305,10 @@ impl CertCache {
                     }
                 }
             }
-            Change::App { .. } | Change::CachePurge { .. } | Change::WafReload { .. } => {}
+            Change::App { .. }
+            | Change::CachePurge { .. }
+            | Change::WafReload { .. }
+            | Change::Filter { .. } => {}
         }
         self.publish_size();
     }

@@ -1,0 +1,134 @@
+//! The CPU deadline of a filter's callback: wasmtime's epoch interruption ticks every
+//! [`TICK`] while a callback runs anywhere in the router; a callback still running at a
+//! tick reads its thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`) and is stopped once that
+//! clock says it is over its deadline, or yields the thread to the other requests on it
+//! otherwise. The clock, a system call, is read only at ticks: a callback shorter than a
+//! tick never reads it. Time the thread spent descheduled, or running other requests while
+//! the callback yielded, is not counted against the filter.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
+use nix::time::{clock_gettime, ClockId};
+
+/// How often a running callback is looked at.
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+
+/// Ticks with no callback running after which the ticker sleeps until the next callback:
+/// an idle router spends nothing on it.
+const IDLE_TICKS_BEFORE_PARKING: u32 = 200;
+
+/// The thread that advances the engine's epoch while callbacks run.
+pub(crate) struct Ticker {
+    running: AtomicUsize,
+    parked: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Ticker {
+    /// Starts the ticker of `engine`.
+    pub(crate) fn start(engine: wasmtime::Engine) -> std::io::Result<Arc<Self>> {
+        let ticker = Arc::new(Ticker {
+            running: AtomicUsize::new(0),
+            parked: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        });
+        let ours = ticker.clone();
+        let handle = std::thread::Builder::new()
+            .name("filter-ticks".into())
+            .spawn(move || ours.run(&engine))?;
+        let _ = ticker.thread.set(handle.thread().clone());
+        Ok(ticker)
+    }
+
+    fn run(&self, engine: &wasmtime::Engine) {
+        let mut idle = 0;
+        loop {
+            if self.running.load(Ordering::Acquire) > 0 {
+                idle = 0;
+            } else {
+                idle += 1;
+            }
+            if idle > IDLE_TICKS_BEFORE_PARKING {
+                self.parked.store(true, Ordering::Release);
+                // A callback that started before `parked` was seen true is caught here.
+                if self.running.load(Ordering::Acquire) == 0 {
+                    std::thread::park();
+                }
+                self.parked.store(false, Ordering::Release);
+                idle = 0;
+            }
+            std::thread::sleep(TICK);
+            engine.increment_epoch();
+        }
+    }
+
+    /// A callback starts: the ticker must tick until it ends.
+    pub(crate) fn callback_starts(&self) {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        if self.parked.load(Ordering::Acquire) {
+            if let Some(thread) = self.thread.get() {
+                thread.unpark();
+            }
+        }
+    }
+
+    pub(crate) fn callback_ends(&self) {
+        self.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The CPU time this thread has used, in nanoseconds.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    match clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID) {
+        Ok(t) => (t.tv_sec() as u64) * 1_000_000_000 + t.tv_nsec() as u64,
+        Err(_) => 0,
+    }
+}
+
+/// One callback's CPU, as far as the ticks have measured it.
+#[derive(Debug, Default)]
+pub(crate) struct CallCpu {
+    /// Measured CPU nanoseconds of the callback, from its first tick on.
+    pub(crate) used_ns: u64,
+    /// The thread's CPU clock when the callback last ran on from a tick (0: not read yet).
+    pub(crate) ran_on_at: Arc<AtomicU64>,
+    /// Its deadline.
+    pub(crate) limit_ns: u64,
+    /// It was stopped at its deadline.
+    pub(crate) over: bool,
+    /// How many times it yielded the thread.
+    pub(crate) yields: u32,
+}
+
+impl CallCpu {
+    pub(crate) fn start(&mut self, limit: Duration) {
+        self.used_ns = 0;
+        self.ran_on_at.store(0, Ordering::Relaxed);
+        self.limit_ns = limit.as_nanos() as u64;
+        self.over = false;
+        self.yields = 0;
+    }
+
+    /// At a tick: whether the callback is over its deadline (counting from the first tick
+    /// it was seen at: never more than it used).
+    pub(crate) fn at_tick(&mut self) -> bool {
+        let now = thread_cpu_ns();
+        let since = self.ran_on_at.swap(now, Ordering::Relaxed);
+        if since != 0 {
+            self.used_ns += now.saturating_sub(since);
+        }
+        self.over = self.used_ns >= self.limit_ns;
+        self.over
+    }
+}
+
+/// A monotonic clock in nanoseconds (WASI's monotonic clock).
+pub(crate) fn monotonic_ns() -> u64 {
+    match clock_gettime(ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => (t.tv_sec() as u64) * 1_000_000_000 + t.tv_nsec() as u64,
+        Err(_) => 0,
+    }
+}
