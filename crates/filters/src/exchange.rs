@@ -100,6 +100,8 @@ pub(crate) struct Exchange {
     /// Whether the callback runs for a request (not the root context): only then may it
     /// answer or dispatch calls that resume it.
     pub(crate) in_request: bool,
+    /// The callback (on the answer's head) paused: the filter waits for the answer's body.
+    pub(crate) paused_for_body: bool,
 }
 
 impl RequestHead {

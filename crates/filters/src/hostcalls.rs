@@ -47,6 +47,8 @@ pub(crate) struct HostState {
     pub(crate) tick_period_ms: Arc<AtomicU32>,
     /// The filter's allocator (`proxy_on_memory_allocate`, or `malloc`), once instantiated.
     pub(crate) malloc: Option<TypedFunc<i32, i32>>,
+    /// The filter's memory, once instantiated (looked up once, not by name per call).
+    pub(crate) memory: Option<Memory>,
     pub(crate) next_token: u32,
 }
 
@@ -86,6 +88,9 @@ impl ResourceLimiter for MemoryCap {
 type Call<'a> = Caller<'a, HostState>;
 
 fn memory(caller: &mut Call<'_>) -> Option<Memory> {
+    if let Some(memory) = caller.data().memory {
+        return Some(memory);
+    }
     match caller.get_export("memory") {
         Some(Extern::Memory(memory)) => Some(memory),
         _ => None,

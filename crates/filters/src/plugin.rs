@@ -251,6 +251,7 @@ impl Plugin {
             cpu: Default::default(),
             tick_period_ms: Arc::new(AtomicU32::new(0)),
             malloc: None,
+            memory: None,
             next_token: 0,
         };
         let mut store = Store::new(&self.engine.engine, state);
@@ -285,6 +286,7 @@ impl Plugin {
             .or_else(|_| instance.get_typed_func::<i32, i32>(&mut store, "malloc"))
             .map_err(|e| failed(FailureKind::Start, e))?;
         store.data_mut().malloc = Some(malloc);
+        store.data_mut().memory = instance.get_memory(&mut store, "memory");
         let func = |store: &mut Store<HostState>, name: &str| instance.get_func(&mut *store, name);
         macro_rules! typed {
             ($name:literal) => {
@@ -433,7 +435,9 @@ impl Instance {
         let ticker = plugin.engine.ticker.clone();
         ticker.callback_starts();
         let _ends = CallbackEnds(&ticker);
-        let result = func.call_async(&mut self.store, params).await;
+        // Boxed: wasmtime's call future is large, and every future that awaits it would
+        // otherwise carry (and move) its size.
+        let result = Box::pin(func.call_async(&mut self.store, params)).await;
         result.map_err(|e| {
             let state = self.store.data();
             let kind = if state.cpu.over {

@@ -53,6 +53,8 @@ pub struct RequestFilters {
     /// The request's head and its answer's as last seen, for `on_log`.
     seen_request: Option<RequestHead>,
     seen_response: Option<ResponseHead>,
+    /// A filter paused on the answer's head: it is handed the answer's body.
+    answer_body_wanted: bool,
 }
 
 impl RequestFilters {
@@ -64,6 +66,7 @@ impl RequestFilters {
             facts: Arc::new(facts),
             seen_request: None,
             seen_response: None,
+            answer_body_wanted: false,
         };
         for plugin in plugins {
             match open_context(plugin).await {
@@ -97,7 +100,15 @@ impl RequestFilters {
                 false => *head = ex.request.take().unwrap_or_default(),
             })
             .await;
-        self.seen_request = Some(head.clone());
+        // What `on_log` reads of the request: its pseudo-fields, as properties and map
+        // entries; its fields are not copied for it (a map's clone on every request).
+        self.seen_request = Some(RequestHead {
+            method: head.method.clone(),
+            path: head.path.clone(),
+            authority: head.authority.clone(),
+            scheme: head.scheme,
+            headers: http::HeaderMap::new(),
+        });
         verdict
     }
 
@@ -147,7 +158,7 @@ impl RequestFilters {
         self.contexts.reverse();
         self.seen_response = Some(ResponseHead {
             status: head.status,
-            headers: head.headers.clone(),
+            headers: http::HeaderMap::new(),
         });
         verdict
     }
@@ -178,6 +189,13 @@ impl RequestFilters {
         verdict
     }
 
+    /// Whether a filter paused on the answer's head (`Action::Pause`, Envoy's
+    /// StopIteration): it then gets the answer's body (`response_body`); the answers of
+    /// filters that went on stream by.
+    pub fn wants_answer_body(&self) -> bool {
+        self.answer_body_wanted && self.any_alive()
+    }
+
     /// Whether any filter's context is alive (a request whose filters all failed open
     /// skips the rest of their phases).
     pub fn any_alive(&self) -> bool {
@@ -204,6 +222,7 @@ impl RequestFilters {
             views(&mut exchange, true);
             let outcome = run_callback(context, callback, &mut exchange, calls).await;
             views(&mut exchange, false);
+            self.answer_body_wanted |= exchange.paused_for_body;
             match outcome {
                 Ok(None) => {}
                 Ok(Some(local)) => return Verdict::Respond(local),
@@ -324,6 +343,11 @@ async fn run_callback(
         let dispatched = std::mem::take(&mut exchange.calls);
         if dispatched.is_empty() {
             if action == ACTION_CONTINUE || exchange.resumed {
+                return Ok(None);
+            }
+            if matches!(callback, Callback::ResponseHeaders { .. }) {
+                // Envoy's StopIteration on the answer's head: the filter waits for the body.
+                exchange.paused_for_body = true;
                 return Ok(None);
             }
             return Err(Failure {

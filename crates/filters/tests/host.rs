@@ -234,10 +234,16 @@ fn properties_shared_data_ticks_and_the_body_reach_the_filter() {
                 Verdict::Continue
             );
             assert_eq!(body, b"HELLO");
-            let answer = ResponseHead {
+            let mut answer = ResponseHead {
                 status: 200,
                 headers: HeaderMap::new(),
             };
+            let head = run.response_headers(&mut answer, false, &NoCalls).await;
+            assert_eq!(head, Verdict::Continue);
+            assert!(
+                run.wants_answer_body(),
+                "it paused on the head for the body"
+            );
             let mut body = b"answer".to_vec();
             assert_eq!(
                 run.response_body(&answer, &mut body, &NoCalls).await,

@@ -210,7 +210,8 @@ pub(crate) async fn on_answer_head<B>(
     verdict.into()
 }
 
-/// The app's answer body through the filters, when it can be read whole first: declared
+/// The app's answer body through the filters, when one paused on the answer's head for it
+/// and it can be read whole first: declared
 /// (`Content-Length`) within [`MAX_ANSWER_BODY`], not compressed or kept by the cache on its
 /// way (those streams are the router's own), and not the answer to a HEAD. It is then read,
 /// its connection given back, handed to `on_http_response_body` once, and answered as the
@@ -229,7 +230,12 @@ pub(crate) async fn on_answer_body(
         && ctx.cache.is_none()
         && !matches!(status, 100..=199 | 204 | 304)
         && declared.is_some_and(|length| length <= MAX_ANSWER_BODY);
-    if !readable || !ctx.filters.as_ref().is_some_and(|run| run.any_alive()) {
+    if !readable
+        || !ctx
+            .filters
+            .as_ref()
+            .is_some_and(|run| run.wants_answer_body())
+    {
         return None;
     }
     let deadline = crate::upstream::read_deadline(ctx);

@@ -157,6 +157,8 @@ impl HttpContext for Filter {
             let status = self.get_http_response_header(":status").unwrap_or_default();
             self.set_http_response_header("x-echo-status", Some(&status));
             self.set_http_response_header("server", None);
+            // Paused: the body is wanted (it is upper-cased) before the head goes on.
+            return Action::Pause;
         }
         Action::Continue
     }
