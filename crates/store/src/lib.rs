@@ -446,12 +446,17 @@ pub(crate) fn require_match<T: serde::Serialize>(
     }
 }
 
-/// The SHA-256 of a filter's module, hex: the key its bytes are kept under.
-pub(crate) fn filter_sha256(module: &[u8]) -> String {
-    openssl::sha::sha256(module)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// What is stored of a filter's module besides its bytes: its name, its SHA-256 (hex, the
+/// key its bytes are kept under), its size, now.
+pub(crate) fn filter_record(name: &str, module: &[u8]) -> FilterModule {
+    FilterModule {
+        name: name.to_string(),
+        sha256: (openssl::sha::sha256(module).iter())
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        size: module.len() as u64,
+        updated_unix: unix_now(),
+    }
 }
 
 pub(crate) fn unix_now() -> u64 {

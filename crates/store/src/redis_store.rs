@@ -1236,12 +1236,7 @@ impl Store for RedisStore {
     }
 
     async fn put_filter(&self, name: &str, module: Vec<u8>) -> Result<FilterModule, StoreError> {
-        let record = FilterModule {
-            name: name.to_string(),
-            sha256: crate::filter_sha256(&module),
-            size: module.len() as u64,
-            updated_unix: unix_now(),
-        };
+        let record = crate::filter_record(name, &module);
         let json = encode(name, &record)?;
         let put = script(PUT_FILTER);
         let mut invocation = put.prepare_invoke();

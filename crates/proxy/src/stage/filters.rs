@@ -84,17 +84,8 @@ pub(crate) async fn on_request_head(
         ctx.filters = Some(Box::new(run));
         return started.into();
     }
-    let mut view = RequestHead {
-        method: head.method.as_str().to_string(),
-        path: head
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string(),
-        authority: ctx.host.clone().unwrap_or_default(),
-        scheme: if ctx.tls { "https" } else { "http" },
-        headers: std::mem::take(&mut head.headers),
-    };
+    let fields = std::mem::take(&mut head.headers);
+    let mut view = request_view(head, ctx, fields);
     let (path, method, authority) = (
         view.path.clone(),
         view.method.clone(),
@@ -155,17 +146,7 @@ pub(crate) async fn on_request_body(
         }
     };
     let mut body = body.to_vec();
-    let view = RequestHead {
-        method: head.method.as_str().to_string(),
-        path: head
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string(),
-        authority: ctx.host.clone().unwrap_or_default(),
-        scheme: if ctx.tls { "https" } else { "http" },
-        headers: head.headers.clone(),
-    };
+    let view = request_view(head, ctx, head.headers.clone());
     let verdict = run.request_body(&view, &mut body, &Calls { worker }).await;
     ctx.filters = Some(run);
     match Outcome::from(verdict) {
@@ -282,6 +263,19 @@ pub(crate) async fn on_answer_body(
         body: Bytes::from(body),
         details: String::new(),
     }))
+}
+
+/// The request's head as the filters see it, with `fields` as its fields.
+fn request_view(head: &http::request::Parts, ctx: &RequestCtx, fields: HeaderMap) -> RequestHead {
+    RequestHead {
+        method: head.method.as_str().to_string(),
+        path: (head.uri.path_and_query())
+            .map_or("/", |p| p.as_str())
+            .to_string(),
+        authority: ctx.host.clone().unwrap_or_default(),
+        scheme: if ctx.tls { "https" } else { "http" },
+        headers: fields,
+    }
 }
 
 fn protocol(version: Version) -> &'static str {
