@@ -92,7 +92,6 @@ pub(crate) fn metric_docs() -> Vec<MetricDoc> {
         switchyard_store::metric_docs(),
         switchyard_acme::metric_docs(),
         switchyard_logs::metric_docs(),
-        switchyard_filters::metric_docs(),
     ]
     .concat();
     docs.sort();

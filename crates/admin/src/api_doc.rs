@@ -795,7 +795,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(operations, 29, "operations documented");
+        assert_eq!(operations, 33, "operations documented");
         let mut found = Vec::new();
         schema_references(&document, &mut found);
         assert!(!found.is_empty());

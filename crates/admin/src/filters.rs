@@ -29,6 +29,7 @@ pub(crate) const MAX_MODULE_BYTES: usize = MAX_FILTER_MODULE_BYTES;
 #[derive(Deserialize, JsonSchema)]
 pub(crate) struct FilterPath {
     /// The filter's name: 1-64 of a-z, 0-9, `-` and `_`.
+    #[schemars(regex(pattern = r"^[a-z0-9_-]{1,64}$"))]
     name: String,
 }
 

@@ -76,5 +76,7 @@ pub use upstream::response_buffers::ResponseBuffers;
 pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
     let mut docs = metrics::documented();
     docs.extend(traffic::app_requests::documented());
+    // The filters' host is a crate of its own; its metrics are the request path's.
+    docs.extend(switchyard_filters::metric_docs());
     docs
 }
