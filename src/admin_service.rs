@@ -91,7 +91,7 @@ pub(crate) struct FilterCompile(pub(crate) Arc<switchyard_proxy::FilterModules>)
 
 impl switchyard_admin::FilterCheck for FilterCompile {
     fn check(&self, module: &[u8]) -> Result<(), String> {
-        self.0.engine().compile(module).map(|_| ())
+        self.0.engine().check(module)
     }
 }
 

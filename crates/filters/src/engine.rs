@@ -30,7 +30,7 @@ pub struct FilterEngine {
 
 /// A module compiled and linked, ready to be instantiated.
 pub struct CompiledModule {
-    /// Its SHA-256, hex.
+    /// Its SHA-256, hex, as the store names it.
     pub sha256: String,
     pub(crate) pre: InstancePre<HostState>,
     /// How long compiling (or loading from the disk cache) took.
@@ -66,18 +66,17 @@ impl FilterEngine {
         }))
     }
 
-    /// Compiles `wasm` (or finds it compiled in the disk cache) and checks that it is a
-    /// proxy-wasm filter this host can run: the error says what is wrong with it.
-    pub fn compile(&self, wasm: &[u8]) -> Result<Arc<CompiledModule>, String> {
+    /// Checks that `wasm` is a proxy-wasm filter this host can run, compiling it (or
+    /// finding it compiled in the disk cache): the error says what is wrong with it.
+    pub fn check(&self, wasm: &[u8]) -> Result<(), String> {
+        self.link(wasm).map(|_| ())
+    }
+
+    /// Compiles `wasm`, the module the store names `sha256`, as [`Self::check`] does, ready
+    /// to be instantiated.
+    pub fn compile(&self, wasm: &[u8], sha256: String) -> Result<Arc<CompiledModule>, String> {
         let started = Instant::now();
-        let sha256 = sha256_hex(wasm);
-        let module = Module::new(&self.engine, wasm)
-            .map_err(|e| format!("not a WebAssembly module this host compiles: {e:#}"))?;
-        check_exports(&module)?;
-        let linker = hostcalls::linker_for(&self.linker, &module).map_err(|e| format!("{e:#}"))?;
-        let pre = linker
-            .instantiate_pre(&module)
-            .map_err(|e| format!("its imports do not match the proxy-wasm ABI: {e:#}"))?;
+        let pre = self.link(wasm)?;
         let compile_time = started.elapsed();
         crate::metrics::COMPILE_SECONDS.observe(compile_time.as_secs_f64());
         Ok(Arc::new(CompiledModule {
@@ -87,9 +86,14 @@ impl FilterEngine {
         }))
     }
 
-    /// Keys held in the shared data, over every app.
-    pub fn shared_data_keys(&self) -> usize {
-        self.shared.keys()
+    fn link(&self, wasm: &[u8]) -> Result<InstancePre<HostState>, String> {
+        let module = Module::new(&self.engine, wasm)
+            .map_err(|e| format!("not a WebAssembly module this host compiles: {e:#}"))?;
+        check_exports(&module)?;
+        let linker = hostcalls::linker_for(&self.linker, &module).map_err(|e| format!("{e:#}"))?;
+        linker
+            .instantiate_pre(&module)
+            .map_err(|e| format!("its imports do not match the proxy-wasm ABI: {e:#}"))
     }
 }
 
@@ -110,10 +114,4 @@ fn check_exports(module: &Module) -> Result<(), String> {
         return Err("it exports no allocator (`proxy_on_memory_allocate` or `malloc`)".into());
     }
     Ok(())
-}
-
-/// The SHA-256 of `bytes`, hex: a module's name in the store and on disk.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = openssl::sha::sha256(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }

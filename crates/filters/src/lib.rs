@@ -18,7 +18,7 @@ mod plugin;
 mod request;
 mod shared_data;
 
-pub use engine::{sha256_hex, CompiledModule, EngineSettings, FilterEngine};
+pub use engine::{CompiledModule, EngineSettings, FilterEngine};
 pub use exchange::{
     HttpCall, HttpCallAnswer, LocalResponse, RequestFacts, RequestHead, ResponseHead,
 };

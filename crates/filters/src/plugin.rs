@@ -14,6 +14,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use wasmtime::{Store, TypedFunc, UpdateDeadline};
 
+use crate::abi::ACTION_CONTINUE;
 use crate::deadline::thread_cpu_ns;
 use crate::engine::{CompiledModule, FilterEngine};
 use crate::exchange::Exchange;
@@ -100,6 +101,30 @@ pub struct Plugin {
 /// Where an instance lives; empty until a request needs it, and again after a failure.
 pub(crate) struct Slot {
     pub(crate) instance: tokio::sync::Mutex<Option<Instance>>,
+}
+
+impl Slot {
+    /// Runs `callback` for context `id` in the instance here, when it is still the one of
+    /// `generation`: `None` once that one was stopped. An instance whose callback failed is
+    /// dropped (its state cannot be trusted: the next request starts a new one); the
+    /// failure is the caller's to note.
+    pub(crate) async fn run(
+        &self,
+        plugin: &Plugin,
+        generation: u64,
+        callback: Callback,
+        id: u32,
+        exchange: &mut Exchange,
+    ) -> Option<Result<i32, Failure>> {
+        let mut held = self.instance.lock().await;
+        let instance = held.as_mut().filter(|i| i.generation == generation)?;
+        let result = instance.invoke(plugin, callback, id, exchange).await;
+        crate::metrics::YIELDS.inc_by(u64::from(instance.store.data().cpu.yields));
+        if result.is_err() {
+            *held = None;
+        }
+        Some(result)
+    }
 }
 
 /// A running instance.
@@ -400,18 +425,18 @@ async fn ticks(plugin: Weak<Plugin>, slot: Weak<Slot>, generation: u64, period: 
         let (Some(plugin), Some(slot)) = (plugin.upgrade(), slot.upgrade()) else {
             return;
         };
-        let mut held = slot.instance.lock().await;
-        let Some(instance) = held.as_mut().filter(|i| i.generation == generation) else {
-            return;
-        };
         let mut exchange = Exchange::default();
-        if let Err(failure) = instance
-            .invoke(&plugin, Callback::Tick, ROOT_CONTEXT, &mut exchange)
-            .await
-        {
-            plugin.note_failure(&failure);
-            *held = None;
-            return;
+        let ticked = slot.run(
+            &plugin,
+            generation,
+            Callback::Tick,
+            ROOT_CONTEXT,
+            &mut exchange,
+        );
+        match ticked.await {
+            Some(Ok(_)) => {}
+            Some(Err(failure)) => return plugin.note_failure(&failure),
+            None => return,
         }
     }
 }
@@ -432,6 +457,7 @@ impl Instance {
         self.store.data_mut().memory_cap.hit = false;
         self.store.set_epoch_deadline(1);
         plugin.stats.callbacks.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::CALLBACKS.inc();
         let ticker = plugin.engine.ticker.clone();
         ticker.callback_starts();
         let _ends = CallbackEnds(&ticker);
@@ -460,7 +486,8 @@ impl Instance {
     }
 
     /// Calls `callback` for context `id`, with `exchange` moved into the store for its
-    /// length (and back, whatever happens); the action it answered.
+    /// length (and back, whatever happens); the action it answered (a callback the module
+    /// does not export, or that answers none, goes on).
     pub(crate) async fn invoke(
         &mut self,
         plugin: &Plugin,
@@ -470,8 +497,8 @@ impl Instance {
     ) -> Result<i32, Failure> {
         self.store.data_mut().exchange = std::mem::take(exchange);
         let id = id as i32;
-        let f = &self.funcs;
-        let continued = Ok(crate::abi::ACTION_CONTINUE);
+        let action = |action: i32| action;
+        let goes_on = |()| ACTION_CONTINUE;
         let result = match callback {
             Callback::Create => {
                 let root = if id as u32 == ROOT_CONTEXT {
@@ -479,79 +506,87 @@ impl Instance {
                 } else {
                     ROOT_CONTEXT as i32
                 };
-                let create = f.context_create.clone();
-                self.call_raw(plugin, create, (id, root)).await.map(|()| 0)
+                let create = Some(self.funcs.context_create.clone());
+                self.call_if(plugin, create, (id, root), goes_on).await
             }
             Callback::RequestHeaders {
                 fields,
                 end_of_stream,
-            } => match f.request_headers.clone() {
-                Some(g) => {
-                    self.call_raw(plugin, g, (id, fields as i32, end_of_stream as i32))
-                        .await
-                }
-                None => continued,
-            },
+            } => {
+                let args = (id, fields as i32, end_of_stream as i32);
+                self.call_if(plugin, self.funcs.request_headers.clone(), args, action)
+                    .await
+            }
             Callback::RequestBody {
                 size,
                 end_of_stream,
-            } => match f.request_body.clone() {
-                Some(g) => {
-                    self.call_raw(plugin, g, (id, size as i32, end_of_stream as i32))
-                        .await
-                }
-                None => continued,
-            },
+            } => {
+                let args = (id, size as i32, end_of_stream as i32);
+                self.call_if(plugin, self.funcs.request_body.clone(), args, action)
+                    .await
+            }
             Callback::ResponseHeaders {
                 fields,
                 end_of_stream,
-            } => match f.response_headers.clone() {
-                Some(g) => {
-                    self.call_raw(plugin, g, (id, fields as i32, end_of_stream as i32))
-                        .await
-                }
-                None => continued,
-            },
+            } => {
+                let args = (id, fields as i32, end_of_stream as i32);
+                self.call_if(plugin, self.funcs.response_headers.clone(), args, action)
+                    .await
+            }
             Callback::ResponseBody {
                 size,
                 end_of_stream,
-            } => match f.response_body.clone() {
-                Some(g) => {
-                    self.call_raw(plugin, g, (id, size as i32, end_of_stream as i32))
-                        .await
-                }
-                None => continued,
-            },
-            Callback::Log => match f.log.clone() {
-                Some(g) => self.call_raw(plugin, g, id).await.map(|()| 0),
-                None => continued,
-            },
-            Callback::Done => match f.done.clone() {
-                Some(g) => self.call_raw(plugin, g, id).await,
-                None => continued,
-            },
-            Callback::Delete => match f.delete.clone() {
-                Some(g) => self.call_raw(plugin, g, id).await.map(|()| 0),
-                None => continued,
-            },
-            Callback::Tick => match f.tick.clone() {
-                Some(g) => self.call_raw(plugin, g, id).await.map(|()| 0),
-                None => continued,
-            },
+            } => {
+                let args = (id, size as i32, end_of_stream as i32);
+                self.call_if(plugin, self.funcs.response_body.clone(), args, action)
+                    .await
+            }
+            Callback::Log => {
+                self.call_if(plugin, self.funcs.log.clone(), id, goes_on)
+                    .await
+            }
+            Callback::Done => {
+                self.call_if(plugin, self.funcs.done.clone(), id, action)
+                    .await
+            }
+            Callback::Delete => {
+                self.call_if(plugin, self.funcs.delete.clone(), id, goes_on)
+                    .await
+            }
+            Callback::Tick => {
+                self.call_if(plugin, self.funcs.tick.clone(), id, goes_on)
+                    .await
+            }
             Callback::HttpCallResponse {
                 token,
                 fields,
                 body,
-            } => match f.http_call_response.clone() {
-                Some(g) => self
-                    .call_raw(plugin, g, (id, token as i32, fields as i32, body as i32, 0))
-                    .await
-                    .map(|()| 0),
-                None => continued,
-            },
+            } => {
+                let args = (id, token as i32, fields as i32, body as i32, 0);
+                let response = self.funcs.http_call_response.clone();
+                self.call_if(plugin, response, args, goes_on).await
+            }
         };
         *exchange = std::mem::take(&mut self.store.data_mut().exchange);
         result
+    }
+
+    /// [`Self::call_raw`] when the module exports `func`, its result made an action.
+    async fn call_if<P, R>(
+        &mut self,
+        plugin: &Plugin,
+        func: Option<TypedFunc<P, R>>,
+        params: P,
+        action: fn(R) -> i32,
+    ) -> Result<i32, Failure>
+    where
+        P: wasmtime::WasmParams + Sync,
+        R: wasmtime::WasmResults + Send + Sync,
+    {
+        match func {
+            Some(func) => self.call_raw(plugin, func, params).await.map(action),
+            None => Ok(ACTION_CONTINUE),
+        }
     }
 }
 

@@ -37,6 +37,14 @@ pub enum Verdict {
     },
 }
 
+/// The order a phase runs the app's filters in: the request's phases in the app's, the
+/// answer's backwards (the filter nearest the app first, as Envoy encodes).
+#[derive(Clone, Copy)]
+enum Order {
+    App,
+    Backwards,
+}
+
 struct Context {
     plugin: Arc<Plugin>,
     slot: Arc<Slot>,
@@ -95,7 +103,7 @@ impl RequestFilters {
             end_of_stream,
         };
         let verdict = self
-            .each(callback, calls, &mut |ex, put| match put {
+            .each(callback, Order::App, calls, &mut |ex, put| match put {
                 true => ex.request = Some(std::mem::take(head)),
                 false => *head = ex.request.take().unwrap_or_default(),
             })
@@ -124,10 +132,9 @@ impl RequestFilters {
             size: body.len(),
             end_of_stream: true,
         };
-        let request = head.clone();
-        self.each(callback, calls, &mut |ex, put| match put {
+        self.each(callback, Order::App, calls, &mut |ex, put| match put {
             true => {
-                ex.request = Some(request.clone());
+                ex.request = Some(head.clone());
                 ex.request_body = Some(std::mem::take(body));
             }
             false => *body = ex.request_body.take().unwrap_or_default(),
@@ -148,14 +155,17 @@ impl RequestFilters {
             fields,
             end_of_stream,
         };
-        self.contexts.reverse();
         let verdict = self
-            .each(callback, calls, &mut |ex, put| match put {
-                true => ex.response = Some(std::mem::take(head)),
-                false => *head = ex.response.take().unwrap_or_default(),
-            })
+            .each(
+                callback,
+                Order::Backwards,
+                calls,
+                &mut |ex, put| match put {
+                    true => ex.response = Some(std::mem::take(head)),
+                    false => *head = ex.response.take().unwrap_or_default(),
+                },
+            )
             .await;
-        self.contexts.reverse();
         self.seen_response = Some(ResponseHead {
             status: head.status,
             headers: http::HeaderMap::new(),
@@ -174,19 +184,19 @@ impl RequestFilters {
             size: body.len(),
             end_of_stream: true,
         };
-        let response = head.clone();
-        self.contexts.reverse();
-        let verdict = self
-            .each(callback, calls, &mut |ex, put| match put {
+        self.each(
+            callback,
+            Order::Backwards,
+            calls,
+            &mut |ex, put| match put {
                 true => {
-                    ex.response = Some(response.clone());
+                    ex.response = Some(head.clone());
                     ex.response_body = Some(std::mem::take(body));
                 }
                 false => *body = ex.response_body.take().unwrap_or_default(),
-            })
-            .await;
-        self.contexts.reverse();
-        verdict
+            },
+        )
+        .await
     }
 
     /// Whether a filter paused on the answer's head (`Action::Pause`, Envoy's
@@ -202,15 +212,23 @@ impl RequestFilters {
         self.contexts.iter().any(|c| c.alive)
     }
 
-    /// One callback in each live context, with the views put in before (`views(_, true)`)
-    /// and taken back after; the first local answer or closed failure ends the phase.
+    /// One callback in each live context, in `order`, with the views put in before
+    /// (`views(_, true)`) and taken back after; the first local answer or closed failure
+    /// ends the phase.
     async fn each(
         &mut self,
         callback: Callback,
+        order: Order,
         calls: &dyn HttpCalls,
         views: &mut dyn FnMut(&mut Exchange, bool),
     ) -> Verdict {
-        for context in &mut self.contexts {
+        let count = self.contexts.len();
+        for turn in 0..count {
+            let at = match order {
+                Order::App => turn,
+                Order::Backwards => count - 1 - turn,
+            };
+            let context = &mut self.contexts[at];
             if !context.alive {
                 continue;
             }
@@ -260,11 +278,6 @@ impl Drop for RequestFilters {
         let response = self.seen_response.take();
         tokio::task::spawn_local(async move {
             for context in contexts.into_iter().filter(|c| c.alive) {
-                let mut held = context.slot.instance.lock().await;
-                let Some(instance) = held.as_mut().filter(|i| i.generation == context.generation)
-                else {
-                    continue;
-                };
                 for callback in [Callback::Log, Callback::Done, Callback::Delete] {
                     let mut exchange = Exchange {
                         facts: Some(facts.clone()),
@@ -272,13 +285,21 @@ impl Drop for RequestFilters {
                         response: response.clone(),
                         ..Exchange::default()
                     };
-                    if let Err(failure) = instance
-                        .invoke(&context.plugin, callback, context.id, &mut exchange)
-                        .await
-                    {
-                        context.plugin.note_failure(&failure);
-                        *held = None;
-                        break;
+                    let (plugin, slot) = (&context.plugin, &context.slot);
+                    let ended = slot.run(
+                        plugin,
+                        context.generation,
+                        callback,
+                        context.id,
+                        &mut exchange,
+                    );
+                    match ended.await {
+                        Some(Ok(_)) => {}
+                        Some(Err(failure)) => {
+                            plugin.note_failure(&failure);
+                            break;
+                        }
+                        None => break,
                     }
                 }
             }
@@ -393,22 +414,11 @@ async fn invoke(
     callback: Callback,
     exchange: &mut Exchange,
 ) -> Result<i32, Failure> {
-    let mut held = context.slot.instance.lock().await;
-    let Some(instance) = held.as_mut().filter(|i| i.generation == context.generation) else {
-        return Err(lost());
-    };
-    metrics::CALLBACKS.inc();
-    let result = instance
-        .invoke(&context.plugin, callback, context.id, exchange)
+    let (plugin, slot, id) = (&context.plugin, &context.slot, context.id);
+    let ran = slot
+        .run(plugin, context.generation, callback, id, exchange)
         .await;
-    if let Some(instance) = held.as_ref() {
-        metrics::YIELDS.inc_by(u64::from(instance.store.data().cpu.yields));
-    }
-    if result.is_err() {
-        // Its state cannot be trusted: the next request starts a new one.
-        *held = None;
-    }
-    result
+    ran.unwrap_or_else(|| Err(lost()))
 }
 
 /// What a filter that fails closed says when it failed.

@@ -32,7 +32,7 @@ fn limits() -> Limits {
 }
 
 fn plugin(engine: &Arc<FilterEngine>, module: &str, config: &str, fail_open: bool) -> Arc<Plugin> {
-    let compiled = engine.compile(&wasm(module)).expect("compiles");
+    let compiled = (engine.compile(&wasm(module), module.to_string())).expect("compiles");
     Plugin::new(
         engine.clone(),
         compiled,
@@ -267,10 +267,10 @@ fn properties_shared_data_ticks_and_the_body_reach_the_filter() {
 #[test]
 fn a_module_without_the_abi_is_refused_with_the_reason() {
     let engine = FilterEngine::new(&EngineSettings { cache_dir: None }).expect("engine");
-    let error = engine.compile(b"not wasm").err().unwrap_or_default();
+    let error = engine.check(b"not wasm").err().unwrap_or_default();
     assert!(error.contains("not a WebAssembly module"), "{error}");
     let plain = wat_module();
-    let error = engine.compile(&plain).err().unwrap_or_default();
+    let error = engine.check(&plain).err().unwrap_or_default();
     assert!(error.contains("proxy-wasm ABI"), "{error}");
 }
 

@@ -1,7 +1,8 @@
 //! Reading a body piece by piece within a deadline, re-armed by each piece, and why a body
 //! stopped short: shared by the client's body on its way to a backend
-//! (`upstream::forward_body`) and the answer on its way to the client
-//! (`pipeline::answer_body`).
+//! (`upstream::forward_body`), the answer on its way to the client
+//! (`pipeline::answer_body`), and the bodies the app's filters read whole
+//! (`stage::filters`, [`read_to_end`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -88,6 +89,37 @@ pub(crate) fn poll_with_deadline<B: Body<Data = Bytes> + Unpin>(
         }
         Poll::Pending => Poll::Pending,
     }
+}
+
+/// Reads what is left of `body` onto `whole`, each piece within the deadline of the last,
+/// `whole` never past `limit` bytes (`TooLarge` instead); `piece` is told each piece's
+/// length as it comes. The body's trailers, when it has some.
+pub(crate) async fn read_to_end<B: Body<Data = Bytes> + Unpin>(
+    body: &mut B,
+    whole: &mut Vec<u8>,
+    limit: u64,
+    mut deadline: ReadDeadline,
+    failed: fn(B::Error) -> BodyError,
+    mut piece: impl FnMut(usize),
+) -> Result<Option<http::HeaderMap>, BodyError> {
+    let mut trailers = None;
+    while !body.is_end_stream() {
+        let next = std::future::poll_fn(|cx| poll_with_deadline(body, &mut deadline, cx, failed));
+        let Some(frame) = next.await.transpose()? else {
+            break;
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                piece(data.len());
+                if (whole.len() + data.len()) as u64 > limit {
+                    return Err(BodyError::TooLarge(limit));
+                }
+                whole.extend_from_slice(&data);
+            }
+            Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
+        }
+    }
+    Ok(trailers)
 }
 
 pub(crate) fn data_len(frame: &Frame<Bytes>) -> usize {

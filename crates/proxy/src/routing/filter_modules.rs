@@ -116,7 +116,7 @@ impl FilterModules {
                 return
             }
             Ok(Some(record)) => match store.filter_bytes(&record.sha256).await {
-                Ok(Some(bytes)) => self.compile(name, bytes).await,
+                Ok(Some(bytes)) => self.compile(name, bytes, record.sha256).await,
                 Ok(None) => Loaded::Missing(format!("the module of '{name}' is not stored")),
                 Err(e) => Loaded::Missing(format!("the store could not be read: {e}")),
             },
@@ -124,10 +124,10 @@ impl FilterModules {
         self.loaded.lock().insert(name.to_string(), loaded);
     }
 
-    async fn compile(&self, name: &str, bytes: Vec<u8>) -> Loaded {
+    async fn compile(&self, name: &str, bytes: Vec<u8>, sha256: String) -> Loaded {
         let engine = self.engine.clone();
         // Cranelift takes milliseconds to seconds: off the event loops.
-        match tokio::task::spawn_blocking(move || engine.compile(&bytes)).await {
+        match tokio::task::spawn_blocking(move || engine.compile(&bytes, sha256)).await {
             Ok(Ok(module)) => {
                 log::info!(
                     "filter '{name}' ({}) ready in {:?}",

@@ -13,13 +13,14 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use http_body::{Body as _, Frame};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full};
 use switchyard_filters::{
     HttpCall, HttpCallAnswer, HttpCalls, LocalResponse, RequestFacts, RequestFilters, RequestHead,
     ResponseHead, Verdict,
 };
 
+use crate::body_read::{read_to_end, BodyError, ReadDeadline};
 use crate::context::RequestCtx;
 use crate::event_loop::EventLoop;
 use crate::request_body::{Held, RequestBody};
@@ -126,26 +127,44 @@ pub(crate) async fn on_request_body(
     bytes_in: &Cell<usize>,
 ) -> Result<Option<Held>, Outcome> {
     let has_body = !incoming.is_end_stream() || held.as_ref().is_some_and(|h| !h.data.is_empty());
-    if !has_body || !ctx.filters.as_ref().is_some_and(|run| run.any_alive()) {
+    if !has_body {
         return Ok(held);
     }
-    let Some(mut run) = ctx.filters.take() else {
+    let Some(mut run) = take_run(ctx, RequestFilters::any_alive) else {
         return Ok(held);
     };
     let limit = (ctx.route.as_ref())
         .and_then(|route| route.app.limits.as_deref())
         .and_then(|limits| limits.max_body_bytes)
         .unwrap_or(DEFAULT_BODY_LIMIT);
-    let deadline = worker.shared.client_timeouts.body;
-    let read = read_whole(incoming, held, limit, deadline, bytes_in).await;
-    let (body, trailers) = match read {
-        Ok(read) => read,
-        Err(reason) => {
+    // What the WAF held, then the rest.
+    let (mut body, held_trailers) = match held {
+        Some(held) => (held.data.to_vec(), held.trailers),
+        None => (Vec::new(), None),
+    };
+    let deadline = ReadDeadline::new(worker.shared.client_timeouts.body);
+    let counted = |piece| bytes_in.set(bytes_in.get() + piece);
+    let read = read_to_end(
+        incoming,
+        &mut body,
+        limit,
+        deadline,
+        BodyError::Peer,
+        counted,
+    )
+    .await;
+    let trailers = match read {
+        Ok(trailers) => trailers.or(held_trailers),
+        Err(stopped) => {
             ctx.filters = Some(run);
+            let reason = match stopped {
+                BodyError::TooLarge(_) => Reason::FilterBodyTooLarge,
+                BodyError::TimedOut(_) => Reason::ClientBodyTimedOut,
+                _ => Reason::ClientBodyBroken,
+            };
             return Err(Outcome::Refused(reason.into()));
         }
     };
-    let mut body = body.to_vec();
     let view = request_view(head, ctx, head.headers.clone());
     let verdict = run.request_body(&view, &mut body, &Calls { worker }).await;
     ctx.filters = Some(run);
@@ -170,10 +189,7 @@ pub(crate) async fn on_answer_head<B>(
     ctx: &mut RequestCtx,
     worker: &EventLoop,
 ) -> Outcome {
-    if !ctx.filters.as_ref().is_some_and(|run| run.any_alive()) {
-        return Outcome::Continue;
-    }
-    let Some(mut run) = ctx.filters.take() else {
+    let Some(mut run) = take_run(ctx, RequestFilters::any_alive) else {
         return Outcome::Continue;
     };
     let mut view = ResponseHead {
@@ -211,42 +227,34 @@ pub(crate) async fn on_answer_body(
         && ctx.cache.is_none()
         && !matches!(status, 100..=199 | 204 | 304)
         && declared.is_some_and(|length| length <= MAX_ANSWER_BODY);
-    if !readable
-        || !ctx
-            .filters
-            .as_ref()
-            .is_some_and(|run| run.wants_answer_body())
-    {
+    if !readable {
         return None;
     }
-    let deadline = crate::upstream::read_deadline(ctx);
-    let mut whole = BytesMut::new();
-    loop {
-        let body = response.body_mut();
-        let next = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx));
-        match tokio::time::timeout(deadline, next).await {
-            Ok(None) => break,
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    if (whole.len() + data.len()) as u64 > MAX_ANSWER_BODY {
-                        return Some(Outcome::Refused(Refusal::upstream_failed(false)));
-                    }
-                    whole.extend_from_slice(&data);
-                }
-            }
-            Ok(Some(Err(_))) => return Some(Outcome::Refused(Refusal::upstream_failed(false))),
-            Err(_) => return Some(Outcome::Refused(Reason::UpstreamTimedOut.into())),
-        }
+    let mut run = take_run(ctx, RequestFilters::wants_answer_body)?;
+    let deadline = ReadDeadline::new(crate::upstream::read_deadline(ctx));
+    let mut body = Vec::new();
+    let read = read_to_end(
+        response.body_mut(),
+        &mut body,
+        MAX_ANSWER_BODY,
+        deadline,
+        BodyError::Backend,
+        |_| {},
+    );
+    if let Err(stopped) = read.await {
+        ctx.filters = Some(run);
+        return Some(Outcome::Refused(match stopped {
+            BodyError::TimedOut(_) => Reason::UpstreamTimedOut.into(),
+            _ => Refusal::upstream_failed(false),
+        }));
     }
     if let Some(connection) = response.body_mut().take_reusable() {
         worker.pool.put(connection);
     }
-    let mut run = ctx.filters.take()?;
     let view = ResponseHead {
         status,
         headers: response.headers().clone(),
     };
-    let mut body = whole.to_vec();
     let verdict = run.response_body(&view, &mut body, &Calls { worker }).await;
     ctx.filters = Some(run);
     match Outcome::from(verdict) {
@@ -263,6 +271,15 @@ pub(crate) async fn on_answer_body(
         body: Bytes::from(body),
         details: String::new(),
     }))
+}
+
+/// The request's filters, taken out of `ctx` (to be put back) when `wanted` says they have
+/// work in this phase.
+fn take_run(
+    ctx: &mut RequestCtx,
+    wanted: fn(&RequestFilters) -> bool,
+) -> Option<Box<RequestFilters>> {
+    ctx.filters.take_if(|run| wanted(run))
 }
 
 /// The request's head as the filters see it, with `fields` as its fields.
@@ -285,45 +302,6 @@ fn protocol(version: Version) -> &'static str {
         Version::HTTP_10 => "HTTP/1.0",
         _ => "HTTP/1.1",
     }
-}
-
-/// The body whole: what was held, then the rest; a body past `limit` is refused (413), one
-/// that stops coming (408) or breaks (400) too.
-async fn read_whole(
-    incoming: &mut RequestBody,
-    held: Option<Held>,
-    limit: u64,
-    deadline: Duration,
-    bytes_in: &Cell<usize>,
-) -> Result<(Bytes, Option<HeaderMap>), Reason> {
-    let (mut whole, mut trailers) = match held {
-        Some(held) => (BytesMut::from(&held.data[..]), held.trailers),
-        None => (BytesMut::new(), None),
-    };
-    while !incoming.is_end_stream() {
-        let next = std::future::poll_fn(|cx| Pin::new(&mut *incoming).poll_frame(cx));
-        let frame = match tokio::time::timeout(deadline, next).await {
-            Ok(None) => break,
-            Ok(Some(Ok(frame))) => frame,
-            Ok(Some(Err(_))) => return Err(Reason::ClientBodyBroken),
-            Err(_) => return Err(Reason::ClientBodyTimedOut),
-        };
-        match Frame::into_data(frame) {
-            Ok(data) => {
-                bytes_in.set(bytes_in.get() + data.len());
-                if (whole.len() + data.len()) as u64 > limit {
-                    return Err(Reason::FilterBodyTooLarge);
-                }
-                whole.extend_from_slice(&data);
-            }
-            Err(frame) => {
-                if let Ok(fields) = frame.into_trailers() {
-                    trailers = Some(fields);
-                }
-            }
-        }
-    }
-    Ok((whole.freeze(), trailers))
 }
 
 /// The calls filters dispatch, made from this thread: the upstream a filter names is an
