@@ -7,7 +7,7 @@
 //! tick never reads it. Time the thread spent descheduled, or running other requests while
 //! the callback yielded, is not counted against the filter.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
@@ -25,9 +25,23 @@ pub(crate) const QUIET_TICK: Duration = Duration::from_millis(5);
 /// an idle router spends nothing on it.
 const IDLE_TICKS_BEFORE_PARKING: u32 = 200;
 
+/// Callbacks running, counted per thread (in one of [`LANES`] lanes) so that the event
+/// loops do not share one cache line written on every callback; the ticker adds them up.
+const LANES: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Lane(AtomicUsize);
+
+static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static LANE: usize = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
+}
+
 /// The thread that advances the engine's epoch while callbacks run.
 pub(crate) struct Ticker {
-    running: AtomicUsize,
+    running: [Lane; LANES],
     parked: AtomicBool,
     thread: OnceLock<Thread>,
 }
@@ -36,7 +50,7 @@ impl Ticker {
     /// Starts the ticker of `engine`.
     pub(crate) fn start(engine: wasmtime::Engine) -> std::io::Result<Arc<Self>> {
         let ticker = Arc::new(Ticker {
-            running: AtomicUsize::new(0),
+            running: Default::default(),
             parked: AtomicBool::new(false),
             thread: OnceLock::new(),
         });
@@ -51,16 +65,19 @@ impl Ticker {
     fn run(&self, engine: &wasmtime::Engine) {
         let mut idle = 0;
         loop {
-            let running = self.running.load(Ordering::Acquire) > 0;
+            let running = self.any_running();
             if running {
                 idle = 0;
             } else {
                 idle += 1;
             }
             if idle > IDLE_TICKS_BEFORE_PARKING {
-                self.parked.store(true, Ordering::Release);
+                self.parked.store(true, Ordering::SeqCst);
+                // Pairs with the fence in `callback_starts`: either that callback sees the
+                // ticker parked and unparks it, or the ticker sees it running.
+                fence(Ordering::SeqCst);
                 // A callback that started before `parked` was seen true is caught here.
-                if self.running.load(Ordering::Acquire) == 0 {
+                if !self.any_running() {
                     std::thread::park();
                 }
                 self.parked.store(false, Ordering::Release);
@@ -73,18 +90,33 @@ impl Ticker {
         }
     }
 
-    /// A callback starts: the ticker must tick until it ends.
-    pub(crate) fn callback_starts(&self) {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        if self.parked.load(Ordering::Acquire) {
+    fn any_running(&self) -> bool {
+        self.running
+            .iter()
+            .any(|lane| lane.0.load(Ordering::Acquire) > 0)
+    }
+
+    /// A callback starts: the ticker ticks until the guard is dropped (also when the
+    /// callback's future is dropped mid-call).
+    pub(crate) fn callback_starts(&self) -> Running<'_> {
+        let lane = &self.running[LANE.with(|lane| *lane)].0;
+        lane.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
             if let Some(thread) = self.thread.get() {
                 thread.unpark();
             }
         }
+        Running(lane)
     }
+}
 
-    pub(crate) fn callback_ends(&self) {
-        self.running.fetch_sub(1, Ordering::AcqRel);
+/// A callback running, for the ticker.
+pub(crate) struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

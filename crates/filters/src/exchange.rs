@@ -104,6 +104,17 @@ pub(crate) struct Exchange {
     pub(crate) paused_for_body: bool,
 }
 
+impl Exchange {
+    /// Forgets what the last callback asked for, before the next one.
+    pub(crate) fn clear_outcome(&mut self) {
+        self.local_response = None;
+        self.resumed = false;
+        self.calls.clear();
+        self.call_answer = None;
+        self.paused_for_body = false;
+    }
+}
+
 impl RequestHead {
     /// The pseudo-fields first, then the fields, as Envoy lists them.
     pub(crate) fn pairs(&self) -> Vec<(&[u8], &[u8])> {

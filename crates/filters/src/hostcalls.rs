@@ -41,7 +41,8 @@ pub(crate) struct HostState {
     pub(crate) identity: Arc<Identity>,
     pub(crate) memory_cap: MemoryCap,
     pub(crate) shared: Arc<SharedData>,
-    pub(crate) exchange: Exchange,
+    /// The callback's views: the request's box, swapped in for the callback's length.
+    pub(crate) exchange: Box<Exchange>,
     pub(crate) cpu: CallCpu,
     /// The tick period the root context asked for, in milliseconds (0: none).
     pub(crate) tick_period_ms: Arc<AtomicU32>,

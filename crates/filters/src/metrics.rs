@@ -20,7 +20,7 @@ switchyard_metrics::declare_metrics! {
 
     pub(crate) static CALLBACKS: IntCounter = registered(register_int_counter!(
         "switchyard_filter_callbacks_total",
-        "Callbacks into filters."
+        "Callbacks into filters, added by each instance in batches of 64 and when it ends."
     ));
 
     pub(crate) static YIELDS: IntCounter = registered(register_int_counter!(

@@ -5,13 +5,16 @@
 //! An instance whose callback traps, runs past its deadline or its memory is dropped, and
 //! the next request makes a new one.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, Ordering as AtomicOrdering,
+};
 use std::sync::{Arc, Weak};
+use std::task::{Poll, Waker};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use wasmtime::{Store, TypedFunc, UpdateDeadline};
 
 use crate::abi::ACTION_CONTINUE;
@@ -79,8 +82,6 @@ pub struct PluginStats {
     pub failures: AtomicU64,
     /// Its instances alive, over every thread.
     pub instances: AtomicUsize,
-    /// Callbacks into it.
-    pub callbacks: AtomicU64,
     /// Its last failure: the reason's label, and what happened.
     pub last_error: Mutex<Option<String>>,
 }
@@ -99,11 +100,89 @@ pub struct Plugin {
 }
 
 /// Where an instance lives; empty until a request needs it, and again after a failure.
+/// Held by one callback at a time, across its awaits (a callback may yield its thread);
+/// slots are per thread, so the lock is taken on one thread only and costs a compare and
+/// swap when free, where tokio's mutex took its semaphore's lock on every release.
 pub(crate) struct Slot {
-    pub(crate) instance: tokio::sync::Mutex<Option<Instance>>,
+    instance: Mutex<Option<Instance>>,
+    /// The wakers of callbacks waiting for the instance, woken when it is let go.
+    waiters: Mutex<Vec<Waker>>,
+    contended: AtomicBool,
+}
+
+/// The instance of a [`Slot`], held.
+pub(crate) struct SlotGuard<'a> {
+    slot: &'a Slot,
+    held: Option<MutexGuard<'a, Option<Instance>>>,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<Instance>;
+
+    fn deref(&self) -> &Self::Target {
+        self.held.as_deref().unwrap_or(&None)
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self.held.as_deref_mut() {
+            Some(instance) => instance,
+            // `held` is only emptied by drop.
+            None => unreachable!("a slot guard is held until dropped"),
+        }
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.held.take());
+        // Pairs with the fence in `Slot::lock`: a waiter that found the instance held has
+        // said so before looking again, or sees it free.
+        fence(AtomicOrdering::SeqCst);
+        if self.slot.contended.swap(false, AtomicOrdering::SeqCst) {
+            for waiter in std::mem::take(&mut *self.slot.waiters.lock()) {
+                waiter.wake();
+            }
+        }
+    }
 }
 
 impl Slot {
+    fn new() -> Self {
+        Slot {
+            instance: Mutex::new(None),
+            waiters: Mutex::new(Vec::new()),
+            contended: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether no callback holds it.
+    fn is_free(&self) -> bool {
+        !self.instance.is_locked()
+    }
+
+    /// The instance, once no other callback holds it.
+    pub(crate) async fn lock(&self) -> SlotGuard<'_> {
+        let held = std::future::poll_fn(|cx| {
+            if let Some(held) = self.instance.try_lock() {
+                return Poll::Ready(held);
+            }
+            self.waiters.lock().push(cx.waker().clone());
+            self.contended.store(true, AtomicOrdering::SeqCst);
+            fence(AtomicOrdering::SeqCst);
+            match self.instance.try_lock() {
+                Some(held) => Poll::Ready(held),
+                None => Poll::Pending,
+            }
+        })
+        .await;
+        SlotGuard {
+            slot: self,
+            held: Some(held),
+        }
+    }
+
     /// Runs `callback` for context `id` in the instance here, when it is still the one of
     /// `generation`: `None` once that one was stopped. An instance whose callback failed is
     /// dropped (its state cannot be trusted: the next request starts a new one); the
@@ -114,12 +193,15 @@ impl Slot {
         generation: u64,
         callback: Callback,
         id: u32,
-        exchange: &mut Exchange,
+        exchange: &mut Box<Exchange>,
     ) -> Option<Result<i32, Failure>> {
-        let mut held = self.instance.lock().await;
+        let mut held = self.lock().await;
         let instance = held.as_mut().filter(|i| i.generation == generation)?;
         let result = instance.invoke(plugin, callback, id, exchange).await;
-        crate::metrics::YIELDS.inc_by(u64::from(instance.store.data().cpu.yields));
+        let yields = instance.store.data().cpu.yields;
+        if yields > 0 {
+            crate::metrics::YIELDS.inc_by(u64::from(yields));
+        }
         if result.is_err() {
             *held = None;
         }
@@ -134,10 +216,17 @@ pub(crate) struct Instance {
     pub(crate) next_context: u32,
     pub(crate) generation: u64,
     stats: Arc<PluginStats>,
+    /// Callbacks made and not yet added to `switchyard_filter_callbacks_total`: added in
+    /// batches of [`CALLBACKS_COUNTED_EVERY`], not one by one (a counter shared by every thread).
+    callbacks: u64,
 }
+
+/// How many callbacks an instance makes between two additions to the callbacks' counter.
+const CALLBACKS_COUNTED_EVERY: u64 = 64;
 
 impl Drop for Instance {
     fn drop(&mut self) {
+        crate::metrics::CALLBACKS.inc_by(self.callbacks);
         self.stats.instances.fetch_sub(1, Ordering::Relaxed);
         crate::metrics::INSTANCES.dec();
     }
@@ -244,13 +333,11 @@ impl Plugin {
             }
         };
         let slots = &mut threads[at].1;
-        if let Some(free) = slots.iter().find(|slot| slot.instance.try_lock().is_ok()) {
+        if let Some(free) = slots.iter().find(|slot| slot.is_free()) {
             return free.clone();
         }
         if slots.len() < self.limits.instances_per_thread.max(1) || slots.is_empty() {
-            let slot = Arc::new(Slot {
-                instance: tokio::sync::Mutex::new(None),
-            });
+            let slot = Arc::new(Slot::new());
             slots.push(slot.clone());
             return slot;
         }
@@ -272,7 +359,7 @@ impl Plugin {
                 hit: false,
             },
             shared: self.engine.shared.clone(),
-            exchange: Exchange::default(),
+            exchange: Box::default(),
             cpu: Default::default(),
             tick_period_ms: Arc::new(AtomicU32::new(0)),
             malloc: None,
@@ -301,10 +388,9 @@ impl Plugin {
             kind,
             message: format!("{e:#}"),
         };
-        let started = self.engine.ticker.clone();
-        started.callback_starts();
+        let running = self.engine.ticker.callback_starts();
         let instance = self.module.pre.instantiate_async(&mut store).await;
-        started.callback_ends();
+        drop(running);
         let instance = instance.map_err(|e| failed(FailureKind::Start, e))?;
         let malloc = instance
             .get_typed_func::<i32, i32>(&mut store, "proxy_on_memory_allocate")
@@ -350,11 +436,12 @@ impl Plugin {
             next_context: ROOT_CONTEXT + 1,
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
             stats: self.stats.clone(),
+            callbacks: 0,
         };
         if let Some(initialize) = initialize {
             instance.call_raw(self, initialize, ()).await?;
         }
-        let mut exchange = Exchange::default();
+        let mut exchange = Box::default();
         instance
             .invoke(self, Callback::Create, ROOT_CONTEXT, &mut exchange)
             .await?;
@@ -425,7 +512,7 @@ async fn ticks(plugin: Weak<Plugin>, slot: Weak<Slot>, generation: u64, period: 
         let (Some(plugin), Some(slot)) = (plugin.upgrade(), slot.upgrade()) else {
             return;
         };
-        let mut exchange = Exchange::default();
+        let mut exchange = Box::default();
         let ticked = slot.run(
             &plugin,
             generation,
@@ -456,11 +543,11 @@ impl Instance {
         self.store.data_mut().cpu.start(plugin.limits.deadline);
         self.store.data_mut().memory_cap.hit = false;
         self.store.set_epoch_deadline(1);
-        plugin.stats.callbacks.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::CALLBACKS.inc();
-        let ticker = plugin.engine.ticker.clone();
-        ticker.callback_starts();
-        let _ends = CallbackEnds(&ticker);
+        self.callbacks += 1;
+        if self.callbacks == CALLBACKS_COUNTED_EVERY {
+            crate::metrics::CALLBACKS.inc_by(std::mem::take(&mut self.callbacks));
+        }
+        let _running = plugin.engine.ticker.callback_starts();
         // Boxed: wasmtime's call future is large, and every future that awaits it would
         // otherwise carry (and move) its size.
         let result = Box::pin(func.call_async(&mut self.store, params)).await;
@@ -485,7 +572,7 @@ impl Instance {
         })
     }
 
-    /// Calls `callback` for context `id`, with `exchange` moved into the store for its
+    /// Calls `callback` for context `id`, with `exchange` swapped into the store for its
     /// length (and back, whatever happens); the action it answered (a callback the module
     /// does not export, or that answers none, goes on).
     pub(crate) async fn invoke(
@@ -493,9 +580,9 @@ impl Instance {
         plugin: &Plugin,
         callback: Callback,
         id: u32,
-        exchange: &mut Exchange,
+        exchange: &mut Box<Exchange>,
     ) -> Result<i32, Failure> {
-        self.store.data_mut().exchange = std::mem::take(exchange);
+        std::mem::swap(&mut self.store.data_mut().exchange, exchange);
         let id = id as i32;
         let action = |action: i32| action;
         let goes_on = |()| ACTION_CONTINUE;
@@ -567,7 +654,7 @@ impl Instance {
                 self.call_if(plugin, response, args, goes_on).await
             }
         };
-        *exchange = std::mem::take(&mut self.store.data_mut().exchange);
+        std::mem::swap(&mut self.store.data_mut().exchange, exchange);
         result
     }
 
@@ -587,14 +674,5 @@ impl Instance {
             Some(func) => self.call_raw(plugin, func, params).await.map(action),
             None => Ok(ACTION_CONTINUE),
         }
-    }
-}
-
-/// Ends a callback for the ticker, also when its future is dropped mid-call.
-struct CallbackEnds<'a>(&'a crate::deadline::Ticker);
-
-impl Drop for CallbackEnds<'_> {
-    fn drop(&mut self) {
-        self.0.callback_ends();
     }
 }

@@ -57,7 +57,8 @@ struct Context {
 /// A request's contexts in its app's filters.
 pub struct RequestFilters {
     contexts: Vec<Context>,
-    facts: Arc<RequestFacts>,
+    /// The views each callback is given, swapped into the instance's store for its length.
+    exchange: Box<Exchange>,
     /// The request's head and its answer's as last seen, for `on_log`.
     seen_request: Option<RequestHead>,
     seen_response: Option<ResponseHead>,
@@ -71,13 +72,17 @@ impl RequestFilters {
     pub async fn start(plugins: &[Arc<Plugin>], facts: RequestFacts) -> (Self, Verdict) {
         let mut run = RequestFilters {
             contexts: Vec::with_capacity(plugins.len()),
-            facts: Arc::new(facts),
+            exchange: Box::new(Exchange {
+                facts: Some(Arc::new(facts)),
+                in_request: true,
+                ..Exchange::default()
+            }),
             seen_request: None,
             seen_response: None,
             answer_body_wanted: false,
         };
         for plugin in plugins {
-            match open_context(plugin).await {
+            match open_context(plugin, &mut run.exchange).await {
                 Ok(context) => run.contexts.push(context),
                 Err(failure) => {
                     plugin.note_failure(&failure);
@@ -90,7 +95,8 @@ impl RequestFilters {
         (run, Verdict::Continue)
     }
 
-    /// `on_http_request_headers`, the body not read yet (`end_of_stream` when there is none).
+    /// `on_http_request_headers`, the body not read yet (`end_of_stream` when there is none);
+    /// the head as the router then sends it is given back with [`Self::keep_for_log`].
     pub async fn request_headers(
         &mut self,
         head: &mut RequestHead,
@@ -102,22 +108,19 @@ impl RequestFilters {
             fields,
             end_of_stream,
         };
-        let verdict = self
-            .each(callback, Order::App, calls, &mut |ex, put| match put {
-                true => ex.request = Some(std::mem::take(head)),
-                false => *head = ex.request.take().unwrap_or_default(),
-            })
-            .await;
-        // What `on_log` reads of the request: its pseudo-fields, as properties and map
-        // entries; its fields are not copied for it (a map's clone on every request).
-        self.seen_request = Some(RequestHead {
-            method: head.method.clone(),
-            path: head.path.clone(),
-            authority: head.authority.clone(),
-            scheme: head.scheme,
-            headers: http::HeaderMap::new(),
-        });
-        verdict
+        self.each(callback, Order::App, calls, &mut |ex, put| match put {
+            true => ex.request = Some(std::mem::take(head)),
+            false => *head = ex.request.take().unwrap_or_default(),
+        })
+        .await
+    }
+
+    /// The request's head as the router sends it on, for `on_log`: its pseudo-fields, as
+    /// properties and map entries (its fields are not kept for it: a map's copy on every
+    /// request).
+    pub fn keep_for_log(&mut self, mut head: RequestHead) {
+        head.headers = http::HeaderMap::new();
+        self.seen_request = Some(head);
     }
 
     /// `on_http_request_body`, once, with the whole body read (as Kong's module gives a
@@ -232,15 +235,12 @@ impl RequestFilters {
             if !context.alive {
                 continue;
             }
-            let mut exchange = Exchange {
-                facts: Some(self.facts.clone()),
-                in_request: true,
-                ..Exchange::default()
-            };
-            views(&mut exchange, true);
-            let outcome = run_callback(context, callback, &mut exchange, calls).await;
-            views(&mut exchange, false);
+            let exchange = &mut self.exchange;
+            views(exchange, true);
+            let outcome = run_callback(context, callback, exchange, calls).await;
+            views(exchange, false);
             self.answer_body_wanted |= exchange.paused_for_body;
+            exchange.clear_outcome();
             match outcome {
                 Ok(None) => {}
                 Ok(Some(local)) => return Verdict::Respond(local),
@@ -266,50 +266,58 @@ impl std::fmt::Debug for RequestFilters {
 }
 
 impl Drop for RequestFilters {
-    /// The contexts end in a task of their own: the request may end by its future being
-    /// dropped (a client that left), and `on_log` still runs.
+    /// The contexts end (`on_log`, `on_done`, `on_delete`) when the request is done,
+    /// however it ends (a client that left drops its future). Their callbacks are polled
+    /// here once: a callback that neither yields nor waits for its instance ends at once,
+    /// as nearly all do; what is left runs on in a task of its own.
     fn drop(&mut self) {
         let contexts = std::mem::take(&mut self.contexts);
         if contexts.is_empty() {
             return;
         }
-        let facts = self.facts.clone();
-        let request = self.seen_request.take();
-        let response = self.seen_response.take();
-        tokio::task::spawn_local(async move {
-            for context in contexts.into_iter().filter(|c| c.alive) {
-                for callback in [Callback::Log, Callback::Done, Callback::Delete] {
-                    let mut exchange = Exchange {
-                        facts: Some(facts.clone()),
-                        request: request.clone(),
-                        response: response.clone(),
-                        ..Exchange::default()
-                    };
-                    let (plugin, slot) = (&context.plugin, &context.slot);
-                    let ended = slot.run(
-                        plugin,
-                        context.generation,
-                        callback,
-                        context.id,
-                        &mut exchange,
-                    );
-                    match ended.await {
-                        Some(Ok(_)) => {}
-                        Some(Err(failure)) => {
-                            plugin.note_failure(&failure);
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-            }
-        });
+        let mut exchange = std::mem::take(&mut self.exchange);
+        exchange.request = self.seen_request.take();
+        exchange.response = self.seen_response.take();
+        exchange.in_request = false;
+        let mut ending = Box::pin(end_contexts(contexts, exchange));
+        let mut now = std::task::Context::from_waker(std::task::Waker::noop());
+        if ending.as_mut().poll(&mut now).is_pending() {
+            tokio::task::spawn_local(ending);
+        }
     }
 }
 
-async fn open_context(plugin: &Arc<Plugin>) -> Result<Context, Failure> {
+/// The live contexts' last callbacks, with the request's heads as last seen: the same
+/// views for each (a callback's edits to them go nowhere).
+async fn end_contexts(contexts: Vec<Context>, mut exchange: Box<Exchange>) {
+    for context in contexts.into_iter().filter(|c| c.alive) {
+        for callback in [Callback::Log, Callback::Done, Callback::Delete] {
+            let (plugin, slot) = (&context.plugin, &context.slot);
+            let ended = slot.run(
+                plugin,
+                context.generation,
+                callback,
+                context.id,
+                &mut exchange,
+            );
+            match ended.await {
+                Some(Ok(_)) => {}
+                Some(Err(failure)) => {
+                    plugin.note_failure(&failure);
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+async fn open_context(
+    plugin: &Arc<Plugin>,
+    exchange: &mut Box<Exchange>,
+) -> Result<Context, Failure> {
     let slot = plugin.slot();
-    let mut held = slot.instance.lock().await;
+    let mut held = slot.lock().await;
     if held.is_none() {
         *held = Some(plugin.start_instance(&slot).await?);
     }
@@ -322,11 +330,12 @@ async fn open_context(plugin: &Arc<Plugin>) -> Result<Context, Failure> {
         .wrapping_add(1)
         .max(crate::plugin::ROOT_CONTEXT + 1);
     let generation = instance.generation;
-    let mut exchange = Exchange::default();
-    if let Err(failure) = instance
-        .invoke(plugin, Callback::Create, id, &mut exchange)
-        .await
-    {
+    // A context being made answers nothing and calls no one.
+    exchange.in_request = false;
+    let created = (instance.invoke(plugin, Callback::Create, id, exchange)).await;
+    exchange.in_request = true;
+    exchange.clear_outcome();
+    if let Err(failure) = created {
         *held = None;
         return Err(failure);
     }
@@ -353,7 +362,7 @@ fn lost() -> Failure {
 async fn run_callback(
     context: &mut Context,
     callback: Callback,
-    exchange: &mut Exchange,
+    exchange: &mut Box<Exchange>,
     calls: &dyn HttpCalls,
 ) -> Result<Option<LocalResponse>, Failure> {
     let mut action = invoke(context, callback, exchange).await?;
@@ -412,7 +421,7 @@ async fn run_callback(
 async fn invoke(
     context: &mut Context,
     callback: Callback,
-    exchange: &mut Exchange,
+    exchange: &mut Box<Exchange>,
 ) -> Result<i32, Failure> {
     let (plugin, slot, id) = (&context.plugin, &context.slot, context.id);
     let ran = slot

@@ -87,30 +87,27 @@ pub(crate) async fn on_request_head(
     }
     let fields = std::mem::take(&mut head.headers);
     let mut view = request_view(head, ctx, fields);
-    let (path, method, authority) = (
-        view.path.clone(),
-        view.method.clone(),
-        view.authority.clone(),
-    );
     let no_body = ctx.declared_length == Some(0);
     let calls = Calls { worker };
     let verdict = run.request_headers(&mut view, no_body, &calls).await;
     head.headers = std::mem::take(&mut view.headers);
+    let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
     if view.path != path {
         if let Ok(uri) = view.path.parse::<Uri>() {
             head.uri = uri;
         }
     }
-    if view.method != method {
+    if view.method != head.method.as_str() {
         if let Ok(changed) = Method::from_bytes(view.method.as_bytes()) {
             head.method = changed;
         }
     }
-    if view.authority != authority {
+    if Some(&view.authority) != ctx.host.as_ref() && !view.authority.is_empty() {
         if let Ok(host) = HeaderValue::from_str(&view.authority) {
             head.headers.insert(HOST, host);
         }
     }
+    run.keep_for_log(view);
     ctx.filters = Some(Box::new(run));
     verdict.into()
 }
