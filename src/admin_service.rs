@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_admin::{
-    AdminState, AdminTls, AuditSink, BackendNamesView, ChangeLog, HostExplainer, LocalCaches,
-    SharedCache, TrafficView, WafControl,
+    AdminState, AdminTls, AppsBy, AuditSink, BackendNamesView, ChangeLog, HostExplainer,
+    LocalCaches, SharedCache, TrafficView, WafControl,
 };
 use switchyard_proxy::{
     AccessLog, BackendNames, CacheRedis, Inspector, RecentChanges, RouteCache, ShutdownWatch,
-    TrafficHistory, TrafficOrder,
+    TrafficHistory, TrafficOrder, UsageLedger,
 };
 use switchyard_store::{Store, StoreError};
 use tokio::sync::watch;
@@ -153,20 +153,30 @@ impl ChangeLog for Changes {
     }
 }
 
-pub(crate) struct Traffic(pub(crate) Arc<TrafficHistory>);
+/// The router's traffic history and usage ledger, for the admin API.
+pub(crate) struct Traffic(pub(crate) Arc<TrafficHistory>, pub(crate) Arc<UsageLedger>);
 
 impl TrafficView for Traffic {
-    fn busiest(&self, by_errors: bool, limit: usize) -> switchyard_model::TrafficReport {
-        let order = if by_errors {
-            TrafficOrder::Errors
-        } else {
-            TrafficOrder::Traffic
+    fn busiest(&self, order: AppsBy, limit: usize) -> switchyard_model::TrafficReport {
+        let order = match order {
+            AppsBy::Traffic => TrafficOrder::Traffic,
+            AppsBy::Errors => TrafficOrder::Errors,
+            AppsBy::Cpu => TrafficOrder::Cpu,
         };
         self.0.busiest(order, limit)
     }
 
     fn of_app(&self, app: &str) -> switchyard_model::TrafficReport {
         self.0.of_app(app)
+    }
+
+    fn usage(
+        &self,
+        since_unix: Option<u64>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<switchyard_model::UsageReport, String> {
+        self.1.report(since_unix, after, limit)
     }
 }
 

@@ -20,7 +20,7 @@ use switchyard_proxy::{
     FilterModules, FleetLimitSync, HealthChecker, InheritedSockets, Inspector, Listener,
     ListenerStop, ListenerTls, NameSettings, PoolScheduling, ResponseBuffers, RouteCache,
     RouteCacheLimits, Router, ServedCert, ShutdownWatch, SpoolSettings, TicketKeyRotation,
-    TrafficHistory, WorkerPool,
+    TrafficHistory, UsageLedger, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -79,6 +79,22 @@ fn filter_modules(
     Ok(Arc::new(modules))
 }
 
+/// What each app costs, as the settings say; before the event loops start, each reading
+/// whether it meters its connections' polls.
+fn account_usage(config: &Config) {
+    switchyard_proxy::set_usage_top_apps(config.usage_top_apps);
+    switchyard_proxy::set_cpu_attribution(config.cpu_attribution);
+    switchyard_proxy::register_app_costs();
+}
+
+/// The ledger of each app's usage by the minute (`GET /v1/usage`), kept by a task.
+fn usage_ledger(tasks: &mut BackgroundTasks) -> Arc<UsageLedger> {
+    let usage = Arc::new(UsageLedger::new());
+    let kept = usage.clone();
+    tasks.spawn(|watch| async move { kept.run(watch).await });
+    usage
+}
+
 /// Runs the router until a signal ends it.
 pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     init_logging();
@@ -96,6 +112,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
     };
     crate::limits::raise_open_file_limit();
     crate::limits::keep_memory_in_small_pages();
+    account_usage(&config);
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
     let background = tokio::runtime::Builder::new_multi_thread()
@@ -200,12 +217,13 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         let history = history.clone();
         tasks.spawn(|watch| async move { history.run(watch).await });
     }
+    let usage = usage_ledger(&mut tasks);
     let metrics_store = store.clone();
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress))
         .with_backend_names(Arc::new(NamesView(backend_names)))
         .with_explainer(Arc::new(explainer))
-        .with_traffic(Arc::new(Traffic(history)))
+        .with_traffic(Arc::new(Traffic(history, usage)))
         .with_change_log(Arc::new(Changes(recent_changes)))
         .with_ui_writes(config.admin_ui_writes)
         .with_audit_retention(config.audit_retention)

@@ -1,5 +1,6 @@
 //! `switchyard top`: a live terminal view of the busiest apps, from the router's traffic
-//! history (`GET /v1/stats/apps`), redrawn every two seconds.
+//! history (`GET /v1/stats/apps`), redrawn every two seconds; `--sort cpu` shows who costs
+//! the router the most.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,8 +15,9 @@ use super::{AdminClient, AdminOptions};
 pub(crate) struct TopArgs {
     #[command(flatten)]
     admin: AdminOptions,
-    /// Order by `traffic` (answers in the last minute) or `errors` (5xx in it).
-    #[arg(long, default_value = "traffic", value_parser = ["traffic", "errors"])]
+    /// Order by `traffic` (answers in the last minute), `errors` (5xx in it) or `cpu` (the
+    /// router's CPU spent for the app in it).
+    #[arg(long, default_value = "traffic", value_parser = ["traffic", "errors", "cpu"])]
     sort: String,
     /// Apps shown.
     #[arg(long, short = 'n', default_value_t = 20)]
@@ -50,7 +52,7 @@ pub(crate) fn run(args: TopArgs) -> ExitCode {
 /// One frame: a header, then an app a line with its rates and a sparkline of 15 minutes.
 fn render(stats: &Value) -> String {
     let mut text = format!(
-        "{} apps with traffic in the last {} min (kept: {} of at most {}, {} KB)\n\n{:<32} {:>9} {:>9} {:>7} {:>7} {:>9}  last 15 min\n",
+        "{} apps with traffic in the last {} min (kept: {} of at most {}, {} KB)\n\n{:<32} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9}  last 15 min\n",
         stats["tracked_apps"],
         stats["window_s"].as_u64().unwrap_or(900) / 60,
         stats["tracked_apps"],
@@ -61,17 +63,19 @@ fn render(stats: &Value) -> String {
         "REQ/S 1m",
         "5xx 1m",
         "4xx 1m",
-        "p99 1m"
+        "p99 1m",
+        "CPU ms/s"
     );
     for app in stats["apps"].as_array().into_iter().flatten() {
         text.push_str(&format!(
-            "{:<32} {:>9.1} {:>9.1} {:>6.1}% {:>6.1}% {:>9}  {}\n",
+            "{:<32} {:>9.1} {:>9.1} {:>6.1}% {:>6.1}% {:>9} {:>9.1}  {}\n",
             app["app"].as_str().unwrap_or("?"),
             app["rps_10s"].as_f64().unwrap_or(0.0),
             app["rps_1m"].as_f64().unwrap_or(0.0),
             app["error_ratio_1m"].as_f64().unwrap_or(0.0) * 100.0,
             app["client_error_ratio_1m"].as_f64().unwrap_or(0.0) * 100.0,
             p99(&app["p99_ms_1m"]),
+            app["cpu_ms_per_s_1m"].as_f64().unwrap_or(0.0),
             sparkline(&app["requests"])
         ));
     }

@@ -634,6 +634,27 @@ pub(crate) fn busiest_apps(op: TransformOperation<'_>) -> TransformOperation<'_>
     )
 }
 
+pub(crate) fn usage(op: TransformOperation<'_>) -> TransformOperation<'_> {
+    let op = answer(
+        op.summary(
+            "What every app used of this router since a time, for billing: CPU seconds,              requests, client bytes, and the connections, WebSockets and requests it holds              now, by app name, paged",
+        ),
+        200,
+        "Where the figures start, the CPU no app was charged, the apps and the next page",
+    );
+    refusals(
+        op,
+        &[
+            (
+                400,
+                "A since or limit that is not one, or a since the router cannot answer                  (older than the last hour and after the router started); `field` names it",
+            ),
+            UNAUTHORIZED,
+            (503, "The admin API is not attached to a router"),
+        ],
+    )
+}
+
 pub(crate) fn create_token(op: TransformOperation<'_>) -> TransformOperation<'_> {
     let op = op
         .summary(

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use switchyard_model::{
     entity_tag_of, parse_app_spec, parse_backends_spec, parse_certificate_spec, AcmeStatus, App,
     AppName, CacheStore, CertificateInfo, CertificateUpload, Change, Domain, Explanation, IfMatch,
-    RecentChangesReport, TrafficReport, ValidationError,
+    RecentChangesReport, TrafficReport, UsageReport, ValidationError,
 };
 
 use crate::answers::{
@@ -23,7 +23,7 @@ use crate::answers::{
     ShownCert, ShownStore, Tagged, WafReloaded,
 };
 use crate::api_doc::{AppFile, AppPath, BackendsBody, DomainPath, JsonBody};
-use crate::{AdminState, ApiError};
+use crate::{AdminState, ApiError, AppsBy};
 use switchyard_store::acme;
 
 const DEFAULT_PAGE: usize = 1000;
@@ -466,8 +466,8 @@ const MAX_STATS_APPS: usize = 1000;
 /// `GET /v1/stats/apps`' query.
 #[derive(Deserialize, JsonSchema)]
 pub(crate) struct StatsQuery {
-    /// `traffic` (the default) or `errors` (5xx).
-    #[schemars(extend("enum" = ["traffic", "errors"]))]
+    /// `traffic` (the default), `errors` (5xx) or `cpu` (the router's CPU spent for it).
+    #[schemars(extend("enum" = ["traffic", "errors", "cpu"]))]
     sort: Option<String>,
     /// Apps listed (default 20).
     #[schemars(with = "Option<usize>", range(min = 1, max = MAX_STATS_APPS))]
@@ -477,16 +477,17 @@ pub(crate) struct StatsQuery {
     app: Option<String>,
 }
 
-/// `GET /v1/stats/apps?sort=traffic|errors&limit=N` (or `?app=NAME`): the busiest apps of
+/// `GET /v1/stats/apps?sort=traffic|errors|cpu&limit=N` (or `?app=NAME`): the busiest apps of
 /// the last minute, each with its last 15 minutes at 10 s resolution.
 pub(crate) async fn busiest_apps(
     State(state): State<AdminState>,
     Query(query): Query<StatsQuery>,
 ) -> Result<Json<TrafficReport>, ApiError> {
-    let by_errors = match query.sort.as_deref() {
-        None | Some("traffic") => false,
-        Some("errors") => true,
-        Some(_) => return Err(ValidationError::new("sort", "traffic or errors").into()),
+    let order = match query.sort.as_deref() {
+        None | Some("traffic") => AppsBy::Traffic,
+        Some("errors") => AppsBy::Errors,
+        Some("cpu") => AppsBy::Cpu,
+        Some(_) => return Err(ValidationError::new("sort", "traffic, errors or cpu").into()),
     };
     let limit = limit_in(query.limit.as_deref(), 20, MAX_STATS_APPS)?;
     let Some(traffic) = &state.traffic else {
@@ -497,7 +498,48 @@ pub(crate) async fn busiest_apps(
     if let Some(app) = &query.app {
         return Ok(Json(traffic.of_app(valid_name(app)?.as_str())));
     }
-    Ok(Json(traffic.busiest(by_errors, limit)))
+    Ok(Json(traffic.busiest(order, limit)))
+}
+
+/// Most apps one usage page lists.
+const MAX_USAGE_PAGE: usize = 1000;
+
+/// `GET /v1/usage`'s query.
+#[derive(Deserialize, JsonSchema)]
+pub(crate) struct UsageQuery {
+    /// Usage since this time, in Unix seconds (default: since the router started); within
+    /// the last hour it is answered to the minute.
+    since: Option<String>,
+    /// List apps after this one (the previous page's `next`).
+    after: Option<String>,
+    /// Page size (default 1,000).
+    #[schemars(with = "Option<usize>", range(min = 1, max = MAX_USAGE_PAGE))]
+    limit: Option<String>,
+}
+
+/// `GET /v1/usage?since=T&after=APP&limit=N`: what every app used of this router (CPU,
+/// requests, bytes; connections, WebSockets and requests held now), by app name, paged.
+pub(crate) async fn usage(
+    State(state): State<AdminState>,
+    Query(query): Query<UsageQuery>,
+) -> Result<Json<UsageReport>, ApiError> {
+    let limit = limit_in(query.limit.as_deref(), MAX_USAGE_PAGE, MAX_USAGE_PAGE)?;
+    let since = match query.since.as_deref() {
+        None => None,
+        Some(text) => {
+            Some((text.parse::<u64>()).map_err(|_| ValidationError::new("since", "Unix seconds"))?)
+        }
+    };
+    let Some(traffic) = &state.traffic else {
+        return Err(ApiError::Unavailable(
+            "this admin API is not attached to a router".into(),
+        ));
+    };
+    let report = traffic.usage(since, query.after.as_deref(), limit);
+    Ok(Json(report.map_err(|why| {
+        let reason = why.strip_prefix("since: ").unwrap_or(&why).to_string();
+        ValidationError::new("since", reason)
+    })?))
 }
 
 /// `GET /v1/acme`'s query.

@@ -86,12 +86,32 @@ pub trait HostExplainer: Send + Sync {
     ) -> Result<switchyard_model::Explanation, StoreError>;
 }
 
+/// What the busiest apps are ranked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppsBy {
+    /// Answers in the last minute.
+    Traffic,
+    /// 5xx in the last minute.
+    Errors,
+    /// The router's CPU spent for them in the last minute.
+    Cpu,
+}
+
 /// The router's recent traffic per app.
 pub trait TrafficView: Send + Sync {
-    /// The busiest `limit` apps, by 5xx when `by_errors`, else by answers.
-    fn busiest(&self, by_errors: bool, limit: usize) -> switchyard_model::TrafficReport;
+    /// The busiest `limit` apps by `order`.
+    fn busiest(&self, order: AppsBy, limit: usize) -> switchyard_model::TrafficReport;
     /// The same for one app (`apps` empty when it had no traffic in the window).
     fn of_app(&self, app: &str) -> switchyard_model::TrafficReport;
+    /// Every app's usage since `since_unix` (since the router started when `None`), a page
+    /// of at most `limit` apps by name after `after`; an error naming `since` when the
+    /// router cannot tell usage since then.
+    fn usage(
+        &self,
+        since_unix: Option<u64>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<switchyard_model::UsageReport, String>;
 }
 
 /// The change events this router applied lately.
@@ -286,6 +306,7 @@ fn protected_routes() -> ApiRouter<AdminState> {
             "/v1/stats/apps",
             get_with(handlers::busiest_apps, api_doc::busiest_apps),
         )
+        .api_route("/v1/usage", get_with(handlers::usage, api_doc::usage))
         .api_route(
             "/v1/changes",
             get_with(handlers::recent_changes, api_doc::recent_changes),

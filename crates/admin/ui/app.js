@@ -160,9 +160,34 @@ function busiestTable(stats) {
   const rows = stats.apps.map((a) => `<tr><td><a href="#/app/${encodeURIComponent(a.app)}">${escape(a.app)}</a></td>
     <td>${a.rps_10s.toFixed(1)}</td><td>${a.rps_1m.toFixed(1)}</td>
     <td>${(a.error_ratio_1m * 100).toFixed(1)}%</td><td>${(a.client_error_ratio_1m * 100).toFixed(1)}%</td>
-    <td>${p99(a.p99_ms_1m)}</td><td>${sparkline(a.requests)}</td></tr>`).join("");
-  return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>p99 (1 min)</th><th>last 15 min</th></tr>${rows}</table>
+    <td>${p99(a.p99_ms_1m)}</td><td>${a.cpu_ms_per_s_1m.toFixed(1)}</td><td>${sparkline(a.requests)}</td></tr>`).join("");
+  return `<table><tr><th>app</th><th>req/s (10 s)</th><th>req/s (1 min)</th><th>5xx</th><th>4xx</th><th>p99 (1 min)</th><th title="the router's CPU spent for the app, ms a second (1000 = one core)">CPU ms/s</th><th>last 15 min</th></tr>${rows}</table>
     <p class="muted">History: ${stats.tracked_apps} apps with traffic kept (at most ${stats.max_apps}), ${(stats.memory_bytes / 1024).toFixed(0)} KiB.</p>`;
+}
+
+// Each top app's CPU over the history's samples, stacked (10 s a bar): the noisy
+// neighbour is the band that fills the chart.
+function cpuChart(stats) {
+  const top = stats.apps.filter((a) => a.cpu_ms.some((v) => v > 0)).slice(0, 8);
+  if (!top.length) return "";
+  const samples = Math.max(...top.map((a) => a.cpu_ms.length));
+  const at = (a, i) => a.cpu_ms[i - (samples - a.cpu_ms.length)] || 0;
+  const totals = Array.from({ length: samples }, (_, i) => top.reduce((sum, a) => sum + at(a, i), 0));
+  const most = Math.max(1, ...totals);
+  const [w, h] = [Math.max(1, Math.floor(720 / samples)), 120];
+  let bars = "";
+  for (let i = 0; i < samples; i++) {
+    let y = h;
+    top.forEach((a, n) => {
+      const height = (at(a, i) / most) * h;
+      y -= height;
+      if (height > 0) bars += `<rect x="${i * w}" y="${y.toFixed(1)}" width="${w}" height="${height.toFixed(1)}" fill="hsl(${(n * 47) % 360},60%,55%)"><title>${escape(a.app)}: ${at(a, i)} ms</title></rect>`;
+    });
+  }
+  const legend = top.map((a, n) => `<span style="color:hsl(${(n * 47) % 360},60%,45%)">■</span> ${escape(a.app)}`).join(" &nbsp; ");
+  return `<h2>CPU of the costliest apps, last ${stats.window_s / 60} minutes</h2>
+    <svg width="${samples * w}" height="${h}" role="img" aria-label="CPU per app, stacked">${bars}</svg>
+    <p class="muted">${legend} — the tallest bar: ${most} ms of CPU in 10 s.</p>`;
 }
 
 function changesTable(log) {
@@ -183,14 +208,16 @@ async function apps(params) {
   const q = (params.get("q") || "").trim().toLowerCase();
   const sort = params.get("sort") || "name";
   view.innerHTML = `<h1>Apps</h1><form id="search"><input name="q" size="40" placeholder="app name or domain" value="${escape(q)}">
-    <button>Search</button> <span class="muted">or the busiest: <a href="#/apps?sort=traffic">by traffic</a> · <a href="#/apps?sort=errors">by 5xx</a></span></form><div id="results"></div>`;
+    <button>Search</button> <span class="muted">or the busiest: <a href="#/apps?sort=traffic">by traffic</a> · <a href="#/apps?sort=errors">by 5xx</a> · <a href="#/apps?sort=cpu">by CPU</a></span></form><div id="results"></div>`;
   document.getElementById("search").onsubmit = (e) => {
     e.preventDefault();
     location.hash = "#/apps?q=" + encodeURIComponent(new FormData(e.target).get("q"));
   };
   const results = document.getElementById("results");
   if (sort !== "name") {
-    results.innerHTML = busiestTable(await api(`/v1/stats/apps?sort=${sort === "errors" ? "errors" : "traffic"}&limit=50`));
+    const by = ["errors", "cpu"].includes(sort) ? sort : "traffic";
+    const stats = await api(`/v1/stats/apps?sort=${by}&limit=50`);
+    results.innerHTML = (by === "cpu" ? cpuChart(stats) : "") + busiestTable(stats);
     return;
   }
   const found = new Map();

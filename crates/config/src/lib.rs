@@ -148,6 +148,10 @@ pub struct Config {
     pub pool_threads: usize,
     /// Most tasks waiting for the pool.
     pub pool_queue: usize,
+    /// Apps shown by name in the per-app cost series.
+    pub usage_top_apps: usize,
+    /// Whether requests' CPU is measured and charged to their apps.
+    pub cpu_attribution: bool,
     /// How pool threads are scheduled.
     pub pool_sched: PoolSched,
     /// Certificates ordered by ACME, when a directory is set.
@@ -363,9 +367,7 @@ impl Config {
             limit_clients: settings.limit_clients.resolved()?,
             cache_memory_bytes: settings.cache_memory_mb.mebibytes()?,
             cache_redis,
-            waf: settings
-                .waf
-                .choice(source, &[("on", true), ("off", false)])?,
+            waf: settings.waf.on_off(source)?,
             waf_rules: settings.waf_rules.value,
             waf_spool_bytes: settings.waf_spool_mb.mebibytes()?,
             response_buffer_bytes: settings.response_buffer_mb.mebibytes()?,
@@ -379,6 +381,8 @@ impl Config {
             )?,
             pool_threads: settings.pool_threads.resolved()?,
             pool_queue: settings.pool_queue.resolved()?,
+            usage_top_apps: settings.usage_top_apps.resolved()?,
+            cpu_attribution: settings.cpu_attribution.on_off(source)?,
             pool_sched: settings.pool_sched.choice(
                 source,
                 &[("idle", PoolSched::Idle), ("nice", PoolSched::Nice)],

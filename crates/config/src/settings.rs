@@ -291,6 +291,14 @@ settings! {
     /// Instances of one app's filter kept per event-loop thread: requests share them
     /// between callbacks, and a new one starts only while all are running a callback.
     filter_instances: usize = "SWITCHYARD_FILTER_INSTANCES", default 4, check at_least_one;
+    /// Apps shown by name in the per-app cost series (`switchyard_app_cpu_seconds_total`
+    /// and its siblings): the costliest of the last minutes; every other app is summed
+    /// as `app="_other"`.
+    usage_top_apps: usize = "SWITCHYARD_USAGE_TOP_APPS", default 20, check at_least_one;
+    /// `on`: each request's CPU is measured around the polls made for it and charged to
+    /// its app (`switchyard_app_cpu_seconds_total`, `/v1/usage`, the access log's
+    /// `cpu_us`); `off`: not measured (bytes, connections and requests are still counted).
+    cpu_attribution: String = "SWITCHYARD_CPU_ATTRIBUTION", default "on";
     /// Threads for CPU-bound stages such as the WAF (the number of cores).
     pool_threads: usize = "SWITCHYARD_POOL_THREADS", default cores(), check at_least_one;
     /// Most tasks waiting for those threads; more are refused at once.
@@ -449,6 +457,11 @@ impl Setting<String> {
         text.parse().map_err(|_| {
             anyhow::anyhow!("{at}: '{text}' is not an ip:port address (e.g. 0.0.0.0:8080)")
         })
+    }
+
+    /// Whether the value is `on` (else `off`; anything else is refused).
+    pub(crate) fn on_off(self, source: &Source<'_>) -> anyhow::Result<bool> {
+        self.choice(source, &[("on", true), ("off", false)])
     }
 
     /// Which of `choices` (text, meaning) the value names.

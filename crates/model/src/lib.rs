@@ -69,7 +69,8 @@ pub use redirects::{Redirect, MAX_REDIRECTS};
 pub use schema::{app_file_schema, backends_body_schema};
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use views::{
-    AppTrafficReport, AppliedChange, BackendView, DomainRule, Explanation, NextBackend,
-    RecentChangesReport, ResolvedBackend, StageVerdict, StoredCopy, TrafficReport,
+    AppTrafficReport, AppUsageReport, AppliedChange, BackendView, DomainRule, Explanation,
+    NextBackend, RecentChangesReport, ResolvedBackend, StageVerdict, StoredCopy, TrafficReport,
+    UsageReport,
 };
 pub use waf::{Waf, WafMode, WafOverload, DEFAULT_INSPECTED_BODY, MAX_INSPECTED_BODY};

@@ -154,6 +154,44 @@ pub struct BackendView {
     pub retired: bool,
 }
 
+/// `GET /v1/usage`: what each app used of the router since a time, for billing.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct UsageReport {
+    /// Where the figures start (Unix seconds): the router's start, or the start of the
+    /// minute holding `since`.
+    pub since_unix: u64,
+    /// When this router's counters started (Unix seconds).
+    pub started_unix: u64,
+    /// CPU seconds since the router started that no app was charged (accepting
+    /// connections, timers, connections that never routed a request).
+    pub unattributed_cpu_seconds: f64,
+    /// The apps that used anything, by name.
+    pub apps: Vec<AppUsageReport>,
+    /// The last app of this page, to ask for the next (`after`); absent on the last page.
+    pub next: Option<String>,
+}
+
+/// One app's usage.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct AppUsageReport {
+    /// The app.
+    pub app: String,
+    /// CPU seconds the router spent on its behalf (event loops and worker pool).
+    pub cpu_seconds: f64,
+    /// Requests answered.
+    pub requests: u64,
+    /// Bytes read from its clients.
+    pub client_bytes_in: u64,
+    /// Bytes sent to its clients.
+    pub client_bytes_out: u64,
+    /// Client connections charged to it, open now.
+    pub connections: i64,
+    /// WebSockets relayed for it, open now.
+    pub websockets: i64,
+    /// Its requests under way now.
+    pub in_flight: i64,
+}
+
 /// `GET /v1/stats/apps`: the busiest apps of the last minute.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct TrafficReport {
@@ -189,6 +227,11 @@ pub struct AppTrafficReport {
     pub p99_ms_10s: Option<u64>,
     /// The same over the last minute.
     pub p99_ms_1m: Option<u64>,
+    /// CPU the router spent for the app over the last minute, in milliseconds a second
+    /// (1000 is one core).
+    pub cpu_ms_per_s_1m: f64,
+    /// CPU milliseconds per sample, oldest first.
+    pub cpu_ms: Vec<u32>,
     /// Answers per sample, oldest first.
     pub requests: Vec<u32>,
     /// 5xx answers per sample.

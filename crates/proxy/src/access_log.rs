@@ -112,6 +112,7 @@ impl AccessLog {
             duration_ms: millis(ctx.started.elapsed()),
             upstream: ctx.tried.last().map(ToString::to_string),
             upstream_ms: ctx.upstream_time.map(millis),
+            cpu_us: ctx.cpu.took().map(|took| took.as_micros() as u64),
             attempts: ctx.tried.len(),
             client: exchange.client.map(|ip| ip.to_string()),
             upgraded: ctx.upgraded,
@@ -196,6 +197,10 @@ struct Record<'a> {
     duration_ms: f64,
     upstream: Option<String>,
     upstream_ms: Option<f64>,
+    /// The router's CPU on the request's behalf, as its task's polls measured it from its
+    /// start to the poll that logs it (traffic/cost.rs); a pool job's is in its app's
+    /// total, not here.
+    cpu_us: Option<u64>,
     attempts: usize,
     client: Option<String>,
     upgraded: bool,

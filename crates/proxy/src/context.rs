@@ -3,6 +3,7 @@
 //! connection registration).
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,7 +21,8 @@ use crate::routing::connections::ConnectionTicket;
 use crate::routing::route_cache::AppRoute;
 use crate::stage::cache::state::CacheCtx;
 use crate::stage::limits::Places;
-use crate::traffic::app_requests::REQUEST_COUNTS;
+use crate::traffic::app_requests::{AppRequests, REQUEST_COUNTS};
+use crate::traffic::cost::{self, RequestCpu};
 
 thread_local! {
     /// The id of a request not given its own yet: shared, so that making a context
@@ -87,6 +89,10 @@ pub(crate) struct RequestCtx {
     /// The request's contexts in its app's proxy-wasm filters, once they are made; when
     /// dropped (the request done), their `on_log` runs.
     pub(crate) filters: Option<Box<switchyard_filters::RequestFilters>>,
+    /// Its place in its task's CPU measure (the access log's `cpu_us`).
+    pub(crate) cpu: RequestCpu,
+    /// The app whose in-flight requests (and WebSockets) count it, from routing on.
+    pub(crate) charged: Option<Arc<AppRequests>>,
 }
 
 impl RequestCtx {
@@ -117,6 +123,8 @@ impl RequestCtx {
             limit_places: Places::default(),
             weight: RequestWeight::default(),
             filters: None,
+            cpu: cost::request_started(),
+            charged: None,
             _active: metrics::Held::on(&metrics::ACTIVE_REQUESTS),
         }
     }
@@ -149,6 +157,16 @@ impl RequestCtx {
     /// Counts the request, answered with `status` (0 when nothing was sent), in its app's
     /// requests and, unless it was upgraded (a WebSocket, whose lifetime is no answer
     /// time: hours of it would be every p99), in the duration histograms.
+    /// The request is `app`'s from now on: its polls and its place in flight are charged
+    /// there (stage `route`).
+    pub(crate) fn charge_to(&mut self, app: &Arc<AppRequests>) {
+        cost::charge_to(app);
+        if self.charged.is_none() {
+            app.cost.in_flight.fetch_add(1, Ordering::Relaxed);
+            self.charged = Some(app.clone());
+        }
+    }
+
     pub(crate) fn count_answer(&self, status: u16) {
         let answer_time = (!self.upgraded).then(|| self.started.elapsed());
         match &self.route {
@@ -179,6 +197,12 @@ impl Drop for RequestCtx {
         self.release_attempt();
         if self.upgraded {
             metrics::OPEN_WEBSOCKETS.dec();
+        }
+        if let Some(app) = &self.charged {
+            app.cost.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if self.upgraded {
+                app.cost.websockets.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 }

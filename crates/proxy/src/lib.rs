@@ -69,13 +69,19 @@ pub use stage::waf::{Inspector, SpoolSettings};
 pub use tls::cert_cache::{CertCache, CertCacheLimits, ServedCert};
 pub use tls::cert_expiry::{watch_default_cert, CertExpiryScan};
 pub use tls::settings::TicketKeyRotation;
+pub use traffic::cost::set_attribution as set_cpu_attribution;
+pub use traffic::cost_metrics::{
+    register as register_app_costs, set_top_apps as set_usage_top_apps,
+};
 pub use traffic::history::{TrafficHistory, TrafficOrder};
+pub use traffic::usage::UsageLedger;
 pub use upstream::response_buffers::ResponseBuffers;
 
 /// What each metric of this crate is, for the reference (`switchyard reference`).
 pub fn metric_docs() -> Vec<switchyard_metrics::MetricDoc> {
     let mut docs = metrics::documented();
     docs.extend(traffic::app_requests::documented());
+    docs.extend(traffic::cost_metrics::documented());
     // The filters' host is a crate of its own; its metrics are the request path's.
     docs.extend(switchyard_filters::metric_docs());
     docs

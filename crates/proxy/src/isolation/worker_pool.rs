@@ -373,6 +373,8 @@ impl WorkerPool {
             return Err(counted(stage, PoolRefusal::WouldMissDeadline));
         }
         let (done, result) = oneshot::channel();
+        // The job's CPU, on the worker's thread, goes to the app the request is charged to.
+        let app = crate::traffic::cost::current_app();
         let task = Task {
             stage,
             queued_at: Instant::now(),
@@ -380,7 +382,7 @@ impl WorkerPool {
             estimate_ns: times.wall_ns as u64,
             run: Box::new(move |order| match order {
                 Order::Run => {
-                    let value = job();
+                    let value = crate::traffic::cost::charged_job(app.as_ref(), job);
                     Box::new(move || {
                         let _ = done.send(Ok(value));
                     })

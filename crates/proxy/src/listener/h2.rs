@@ -41,7 +41,8 @@ where
     F: Future + 'static,
 {
     fn execute(&self, future: F) {
-        tokio::task::spawn_local(future);
+        // Called while the connection's task is polled: the stream is metered as its.
+        crate::traffic::cost::spawn_stream(future);
     }
 }
 

@@ -180,7 +180,7 @@ pub(super) async fn serve(
             continue;
         }
         let handshake = Handshake::count(&unproven, !incoming.remote_address_validated());
-        tokio::task::spawn_local(connection(
+        crate::traffic::cost::spawn_connection(connection(
             incoming,
             handshake,
             reached,
@@ -266,7 +266,7 @@ async fn connection(
     let (quic, early) = match taken_early {
         Ok((quic, handshake_done)) => {
             let early = Rc::new(EarlyRequests::default());
-            tokio::task::spawn_local(finish_handshake(
+            crate::traffic::cost::spawn_for_connection(finish_handshake(
                 quic.clone(),
                 handshake_done,
                 handshake,
@@ -317,7 +317,7 @@ async fn connection(
             Ok(Some(resolver)) => {
                 // Its stream opened before the handshake ended: 0-RTT data.
                 let is_early = early.as_ref().is_some_and(|early| early.taken());
-                tokio::task::spawn_local(request(
+                crate::traffic::cost::spawn_stream(request(
                     resolver,
                     is_early,
                     client.clone(),

@@ -38,6 +38,7 @@ use crate::isolation;
 use crate::metrics;
 use crate::router::{Router, Shared};
 use crate::tls::cert_cache::CertCache;
+use crate::traffic::cost;
 use connection::{Connection, OpenConnection};
 use tls::Accepted;
 
@@ -244,6 +245,9 @@ fn run_thread(
         let worker = EventLoop::new(shared, IDLE_BACKEND_CONNECTIONS_PER_THREAD);
         tokio::task::spawn_local(worker.clock.clone().run());
         tokio::task::spawn_local(worker.clone().sweep_idle());
+        if cost::attribution_on() {
+            tokio::task::spawn_local(cost::reconcile_loop());
+        }
         let mut accepting = Vec::new();
         for socket in sockets.http {
             let listener = tokio::net::TcpListener::from_std(socket)?;
@@ -314,9 +318,9 @@ async fn accept(
                         _open: open,
                     };
                     match &tls {
-                        None => tokio::task::spawn_local(serve_plain(connection, stream)),
-                        Some(tls) => tokio::task::spawn_local(handshake(connection, stream, tls.clone())),
-                    };
+                        None => cost::spawn_connection(serve_plain(connection, stream)),
+                        Some(tls) => cost::spawn_connection(handshake(connection, stream, tls.clone())),
+                    }
                 }
                 Err(e) => {
                     log::warn!("listener: accept failed: {e}");

@@ -237,7 +237,12 @@ fn backend_response(
             return refused;
         };
         let (parts, body) = response.into_parts();
-        tokio::task::spawn_local(relay::run(client_upgrade, body.into_upgraded(), end));
+        // The relay's polls are charged with the request's.
+        crate::traffic::cost::spawn_for_connection(relay::run(
+            client_upgrade,
+            body.into_upgraded(),
+            end,
+        ));
         return Response::from_parts(parts, AnswerBody::local(Bytes::new(), None));
     }
     if end.ctx.cache.is_some() && response.body().is_end_stream() {

@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 use http::{Method, Uri, Version};
 use switchyard_h1::AnswerFields;
@@ -35,6 +36,13 @@ impl Drop for RequestEnd {
     fn drop(&mut self) {
         let (ctx, status) = (&self.ctx, self.status);
         ctx.count_answer(status);
+        if let Some(app) = &ctx.charged {
+            let cost = &app.cost;
+            let bytes_in = self.bytes_in.get() as u64;
+            cost.client_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
+            cost.client_bytes_out
+                .fetch_add(self.bytes_out as u64, Ordering::Relaxed);
+        }
         self.worker.shared.access_log.record(
             &Exchange {
                 method: &self.method,

@@ -56,6 +56,7 @@ pub(crate) async fn route(
     ctx.host = Some(host);
     match resolved {
         Ok(Some(route)) => {
+            ctx.charge_to(&route.requests);
             ctx.route = Some(route);
             Ok(())
         }

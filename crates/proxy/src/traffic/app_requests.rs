@@ -29,11 +29,13 @@ pub(crate) const DURATION_BOUNDS_MS: [u64; 12] =
 /// and how long they took in coarse buckets (for the traffic history's p99 per app). The
 /// buckets are `u32` and wrap: only differences between two samples are read, and a
 /// bucket takes more than 4 billion answers between two samples only in theory. 52 bytes
-/// beside the counters, for every app with a route.
+/// beside the counters, and 48 for its costs, for every app with a route.
 #[derive(Debug, Default)]
 pub(crate) struct AppRequests {
     by_class: [AtomicU64; STATUS_CLASSES.len()],
     by_duration: [AtomicU32; DURATION_BOUNDS_MS.len() + 1],
+    /// What the app costs the router (CPU, bytes, what it holds open).
+    pub(crate) cost: super::cost::AppCost,
 }
 
 impl AppRequests {

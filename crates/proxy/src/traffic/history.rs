@@ -3,15 +3,20 @@
 //! already keeps (`app_requests.rs`). A task samples them every 10 s; the request path does
 //! no more work.
 //!
+//! A report also reads the counters as they are now: the interval in progress (since the
+//! last sample) counts in the last minute's figures and ranks, so an app that just started
+//! answering is listed at once, not at the next sample; the series hold whole samples only.
+//!
 //! Bounded: only apps that answered a request in the window are kept (an app idle for the
 //! whole window is dropped), at most `max_apps` of them (more are counted as refused, not
-//! tracked), each a ring of 90 samples (answers, 4xx, 5xx, the p99's duration bucket: 16
-//! bytes) — about 1.6 KB an app with its name and map entries, 16 MB for 10,000 busy apps.
+//! tracked), each a ring of 90 samples (answers, 4xx, 5xx, CPU µs, the p99's duration
+//! bucket: 20 bytes) — about 2 KB an app with its name and map entries, 20 MB for 10,000
+//! busy apps.
 //! Its size is a metric.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use switchyard_model::{AppTrafficReport, TrafficReport};
@@ -41,6 +46,8 @@ struct Sample {
     answers: u32,
     client_errors: u32,
     server_errors: u32,
+    /// CPU microseconds the router spent for the app (`cost.rs`).
+    cpu_us: u32,
     /// The duration bucket holding the 99th percentile.
     p99_bucket: u8,
 }
@@ -50,6 +57,7 @@ impl Sample {
         answers: 0,
         client_errors: 0,
         server_errors: 0,
+        cpu_us: 0,
         p99_bucket: NO_ANSWERS,
     };
 }
@@ -59,6 +67,8 @@ impl Sample {
 struct Reading {
     /// Answers, 4xx, 5xx, cumulative since the process started.
     totals: [u64; 3],
+    /// CPU nanoseconds, cumulative.
+    cpu_ns: u64,
     /// Cumulative and wrapping.
     durations: [u32; DURATION_BUCKETS],
 }
@@ -66,6 +76,7 @@ struct Reading {
 impl Reading {
     const ZERO: Self = Self {
         totals: [0; 3],
+        cpu_ns: 0,
         durations: [0; DURATION_BUCKETS],
     };
 }
@@ -92,6 +103,7 @@ impl AppTraffic {
                 answers: acc.answers + s.answers,
                 client_errors: acc.client_errors + s.client_errors,
                 server_errors: acc.server_errors + s.server_errors,
+                cpu_us: acc.cpu_us.saturating_add(s.cpu_us),
                 p99_bucket: slower(acc.p99_bucket, s.p99_bucket),
             })
     }
@@ -103,6 +115,8 @@ struct HistoryState {
     seen: HashMap<Box<str>, Reading>,
     apps: HashMap<Box<str>, AppTraffic>,
     samples_taken: u64,
+    /// When the last sample was taken (or the history made).
+    sampled_at: Option<Instant>,
 }
 
 /// How to order the busiest apps.
@@ -112,6 +126,8 @@ pub enum TrafficOrder {
     Traffic,
     /// Most 5xx in the last minute first.
     Errors,
+    /// Most CPU in the last minute first.
+    Cpu,
 }
 
 /// The history and its bound.
@@ -158,6 +174,7 @@ impl TrafficHistory {
         let mut state = self.state.lock();
         let state = &mut *state;
         state.samples_taken += 1;
+        state.sampled_at = Some(Instant::now());
         let tick = state.samples_taken;
         let mut refused = 0u64;
         for (app, reading) in readings {
@@ -217,33 +234,73 @@ impl TrafficHistory {
         limit: usize,
         wanted: impl Fn(&str) -> bool,
     ) -> TrafficReport {
+        let mut live: HashMap<Box<str>, Reading> = HashMap::new();
+        REQUEST_COUNTS.each_app(|app, requests| {
+            if wanted(app) {
+                live.insert(app.into(), read(requests));
+            }
+        });
         let state = self.state.lock();
-        let mut rows: Vec<(&Box<str>, &AppTraffic, Sample)> = state
+        // The interval in progress, per app: its counters now less those at the last sample.
+        let in_progress = |app: &str| -> Sample {
+            match live.get(app) {
+                Some(now) => difference(state.seen.get(app).unwrap_or(&Reading::ZERO), now),
+                None => Sample::QUIET,
+            }
+        };
+        let elapsed = (state.sampled_at)
+            .map_or(SAMPLE_EVERY, |at| at.elapsed().min(SAMPLE_EVERY))
+            .as_secs_f64();
+        static NO_TRAFFIC: AppTraffic = AppTraffic {
+            samples: VecDeque::new(),
+            sampled_at: 0,
+        };
+        let mut rows: Vec<(&str, &AppTraffic, Sample, Sample)> = state
             .apps
             .iter()
             .filter(|(app, _)| wanted(app))
-            .map(|(app, traffic)| (app, traffic, traffic.sum(MINUTE)))
+            .map(|(app, traffic)| {
+                let now = in_progress(app);
+                (app.as_ref(), traffic, add(traffic.sum(MINUTE), now), now)
+            })
             .collect();
+        // Apps that started answering since the last sample.
+        for app in live.keys() {
+            let now = in_progress(app);
+            if now.answers > 0 && !state.apps.contains_key(app) {
+                rows.push((app.as_ref(), &NO_TRAFFIC, now, now));
+            }
+        }
         let key = |sample: &Sample| match order {
             TrafficOrder::Traffic => sample.answers,
             TrafficOrder::Errors => sample.server_errors,
+            TrafficOrder::Cpu => sample.cpu_us,
         };
         rows.sort_by(|a, b| key(&b.2).cmp(&key(&a.2)).then(a.0.cmp(b.0)));
         let interval = SAMPLE_EVERY.as_secs_f64();
         let apps: Vec<AppTrafficReport> = rows
             .into_iter()
             .take(limit)
-            .map(|(app, traffic, minute)| {
+            .map(|(app, traffic, minute, now)| {
                 let latest = traffic.samples.back().copied().unwrap_or(Sample::QUIET);
-                let window = traffic.samples.len().clamp(1, MINUTE) as f64 * interval;
+                // The last 10 s: the sample in progress once it spans a second, else the
+                // last whole one.
+                let (recent, recent_s) = match elapsed >= 1.0 || traffic.samples.is_empty() {
+                    true => (now, elapsed.max(0.001)),
+                    false => (latest, interval),
+                };
+                let window =
+                    traffic.samples.len().min(MINUTE) as f64 * interval + elapsed.max(0.001);
                 AppTrafficReport {
                     app: app.to_string(),
-                    rps_10s: f64::from(latest.answers) / interval,
+                    rps_10s: f64::from(recent.answers) / recent_s,
                     rps_1m: f64::from(minute.answers) / window,
                     error_ratio_1m: ratio(minute.server_errors, minute.answers),
                     client_error_ratio_1m: ratio(minute.client_errors, minute.answers),
-                    p99_ms_10s: p99_ms(latest.p99_bucket),
+                    p99_ms_10s: p99_ms(recent.p99_bucket),
                     p99_ms_1m: p99_ms(minute.p99_bucket),
+                    cpu_ms_per_s_1m: f64::from(minute.cpu_us) / 1000.0 / window,
+                    cpu_ms: traffic.samples.iter().map(|s| s.cpu_us / 1000).collect(),
                     requests: traffic.samples.iter().map(|s| s.answers).collect(),
                     errors: traffic.samples.iter().map(|s| s.server_errors).collect(),
                     p99_ms: traffic
@@ -265,6 +322,17 @@ impl TrafficHistory {
     }
 }
 
+/// Two intervals' counts together, the slower p99.
+fn add(a: Sample, b: Sample) -> Sample {
+    Sample {
+        answers: a.answers.saturating_add(b.answers),
+        client_errors: a.client_errors.saturating_add(b.client_errors),
+        server_errors: a.server_errors.saturating_add(b.server_errors),
+        cpu_us: a.cpu_us.saturating_add(b.cpu_us),
+        p99_bucket: slower(a.p99_bucket, b.p99_bucket),
+    }
+}
+
 fn push(traffic: &mut AppTraffic, sample: Sample) {
     if traffic.samples.len() == SAMPLES {
         traffic.samples.pop_front();
@@ -281,6 +349,7 @@ fn read(requests: &AppRequests) -> Reading {
             by_class[3].load(Ordering::Relaxed),
             by_class[4].load(Ordering::Relaxed),
         ],
+        cpu_ns: requests.cost.cpu_ns.load(Ordering::Relaxed),
         durations: std::array::from_fn(|i| by_duration[i].load(Ordering::Relaxed)),
     }
 }
@@ -298,6 +367,7 @@ fn difference(before: &Reading, after: &Reading) -> Sample {
         answers: count(0),
         client_errors: count(1),
         server_errors: count(2),
+        cpu_us: (after.cpu_ns.saturating_sub(before.cpu_ns) / 1000).min(u64::from(u32::MAX)) as u32,
         p99_bucket: p99_bucket(&durations),
     }
 }

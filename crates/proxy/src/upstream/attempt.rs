@@ -136,6 +136,11 @@ pub(crate) fn on_response_header(ctx: &mut RequestCtx, status: u16) {
     if status == 101 && !ctx.upgraded {
         ctx.upgraded = true;
         metrics::OPEN_WEBSOCKETS.inc();
+        if let Some(app) = &ctx.charged {
+            app.cost
+                .websockets
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
