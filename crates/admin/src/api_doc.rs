@@ -816,7 +816,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(operations, 33, "operations documented");
+        assert_eq!(operations, 34, "operations documented");
         let mut found = Vec::new();
         schema_references(&document, &mut found);
         assert!(!found.is_empty());

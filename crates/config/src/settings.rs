@@ -540,7 +540,7 @@ fn text_type(key: &str) -> &'static str {
     match key {
         "http" | "admin" => "address (IP:PORT)",
         "https" | "http3" | "metrics" => "address (IP:PORT) or `off`",
-        "http3_early_data" | "admin_ui_writes" | "waf" => "`on` or `off`",
+        "http3_early_data" | "admin_ui_writes" | "waf" | "cpu_attribution" => "`on` or `off`",
         "store" => "`embedded` or Redis URL",
         "store_ack_replicas" => "`auto` or a number of replicas",
         "cache_redis" => "Redis URL",

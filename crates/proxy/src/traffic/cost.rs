@@ -77,6 +77,17 @@ pub(crate) struct AppCost {
     pub(crate) in_flight: AtomicI64,
 }
 
+impl AppCost {
+    /// What the app holds now: connections, WebSockets, requests in flight.
+    pub(crate) fn held(&self) -> [i64; 3] {
+        [
+            self.connections.load(Ordering::Relaxed),
+            self.websockets.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+        ]
+    }
+}
+
 /// CPU nanoseconds no app was charged: the event loops outside metered polls, and metered
 /// tasks that never routed a request.
 pub(crate) static UNATTRIBUTED_NS: AtomicU64 = AtomicU64::new(0);

@@ -164,12 +164,7 @@ fn scrape(shown: &mut Shown) -> Vec<(Box<str>, Counted, [i64; 3])> {
     let now = Instant::now();
     let mut read: Vec<(Box<str>, Counted, [i64; 3])> = Vec::new();
     REQUEST_COUNTS.each_app(|app, slot| {
-        let cost = &slot.cost;
-        let held = [
-            cost.connections.load(Ordering::Relaxed),
-            cost.websockets.load(Ordering::Relaxed),
-            cost.in_flight.load(Ordering::Relaxed),
-        ];
+        let held = slot.cost.held();
         read.push((app.into(), Counted::of(slot), held));
     });
     // The ranking: CPU since the start of the previous window (RANKING_WINDOW to twice it).

@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -134,15 +135,22 @@ pub enum TrafficOrder {
 pub struct TrafficHistory {
     state: Mutex<HistoryState>,
     max_apps: usize,
+    /// The counters sampled (the process's table but in tests).
+    counts: Arc<RequestCounts>,
 }
 
 impl TrafficHistory {
     /// An empty history keeping at most `max_apps` busy apps.
     pub fn new(max_apps: usize) -> Self {
+        Self::of(max_apps, REQUEST_COUNTS.clone())
+    }
+
+    fn of(max_apps: usize, counts: Arc<RequestCounts>) -> Self {
         metrics::HISTORY_CAPACITY.set(max_apps as i64);
         Self {
             state: Mutex::new(HistoryState::default()),
             max_apps,
+            counts,
         }
     }
 
@@ -160,7 +168,7 @@ impl TrafficHistory {
 
     /// Takes one sample of every app's counters.
     pub fn sample(&self) {
-        self.sample_from(&REQUEST_COUNTS);
+        self.sample_from(&self.counts);
     }
 
     fn sample_from(&self, requests_by_app: &RequestCounts) {
@@ -235,7 +243,7 @@ impl TrafficHistory {
         wanted: impl Fn(&str) -> bool,
     ) -> TrafficReport {
         let mut live: HashMap<Box<str>, Reading> = HashMap::new();
-        REQUEST_COUNTS.each_app(|app, requests| {
+        self.counts.each_app(|app, requests| {
             if wanted(app) {
                 live.insert(app.into(), read(requests));
             }
@@ -264,10 +272,12 @@ impl TrafficHistory {
                 (app.as_ref(), traffic, add(traffic.sum(MINUTE), now), now)
             })
             .collect();
-        // Apps that started answering since the last sample.
+        // Apps that started answering since the last sample, within the history's bound.
+        let mut room = self.max_apps.saturating_sub(state.apps.len());
         for app in live.keys() {
             let now = in_progress(app);
-            if now.answers > 0 && !state.apps.contains_key(app) {
+            if now.answers > 0 && !state.apps.contains_key(app) && room > 0 {
+                room -= 1;
                 rows.push((app.as_ref(), &NO_TRAFFIC, now, now));
             }
         }
@@ -434,8 +444,8 @@ mod tests {
 
     #[test]
     fn busy_apps_are_kept_in_order_idle_ones_dropped_and_the_bound_holds() {
-        let counts = RequestCounts::new();
-        let history = TrafficHistory::new(2);
+        let counts = Arc::new(RequestCounts::new());
+        let history = TrafficHistory::of(2, counts.clone());
         let busy = counts.for_app("busy");
         let failing = counts.for_app("failing");
         let late = counts.for_app("late");

@@ -160,13 +160,7 @@ impl UsageLedger {
         let limit = limit.clamp(1, MOST_PER_PAGE);
         let mut live: Vec<(Box<str>, Used, [i64; 3])> = Vec::new();
         REQUEST_COUNTS.each_app(|app, slot| {
-            let cost = &slot.cost;
-            let held = [
-                cost.connections.load(Ordering::Relaxed),
-                cost.websockets.load(Ordering::Relaxed),
-                cost.in_flight.load(Ordering::Relaxed),
-            ];
-            live.push((app.into(), Used::of(slot), held));
+            live.push((app.into(), Used::of(slot), slot.cost.held()));
         });
         let ledger = self.ledger.lock();
         let (from_unix, earlier) = match since_unix {
