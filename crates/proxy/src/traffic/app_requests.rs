@@ -9,7 +9,7 @@
 //! (routing/deleted_apps.rs), so it is bounded by the stored apps.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ pub(crate) struct AppRequests {
     by_class: [AtomicU64; STATUS_CLASSES.len()],
     by_duration: [AtomicU32; DURATION_BOUNDS_MS.len() + 1],
     /// What the app costs the router (CPU, bytes, what it holds open).
-    pub(crate) cost: super::cost::AppCost,
+    pub(crate) cost: AppCost,
 }
 
 impl AppRequests {
@@ -61,6 +61,34 @@ impl AppRequests {
     /// The duration buckets, bounded by [`DURATION_BOUNDS_MS`].
     pub(crate) fn by_duration(&self) -> &[AtomicU32; DURATION_BOUNDS_MS.len() + 1] {
         &self.by_duration
+    }
+}
+
+/// One app's costs, in its traffic slot (measured by `cost.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct AppCost {
+    /// CPU nanoseconds spent on its behalf (event loops and worker pool).
+    pub(crate) cpu_ns: AtomicU64,
+    /// Request body bytes read from its clients.
+    pub(crate) client_bytes_in: AtomicU64,
+    /// Answer body bytes sent to its clients.
+    pub(crate) client_bytes_out: AtomicU64,
+    /// Client connections charged to it, open now.
+    pub(crate) connections: AtomicI64,
+    /// WebSockets (upgraded connections) relayed for it, open now.
+    pub(crate) websockets: AtomicI64,
+    /// Its requests under way.
+    pub(crate) in_flight: AtomicI64,
+}
+
+impl AppCost {
+    /// What the app holds now: connections, WebSockets, requests in flight.
+    pub(crate) fn held(&self) -> [i64; 3] {
+        [
+            self.connections.load(Ordering::Relaxed),
+            self.websockets.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+        ]
     }
 }
 

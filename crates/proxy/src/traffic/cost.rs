@@ -32,7 +32,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,34 +59,6 @@ static FLUSH_EVERY_TICKS: LazyLock<u64> = LazyLock::new(|| {
 
 /// How often an event loop compares its thread's CPU clock with what its polls measured.
 pub(crate) const LOOP_RECONCILE_EVERY: Duration = Duration::from_secs(1);
-
-/// One app's costs, in its traffic slot.
-#[derive(Debug, Default)]
-pub(crate) struct AppCost {
-    /// CPU nanoseconds spent on its behalf (event loops and worker pool).
-    pub(crate) cpu_ns: AtomicU64,
-    /// Request body bytes read from its clients.
-    pub(crate) client_bytes_in: AtomicU64,
-    /// Answer body bytes sent to its clients.
-    pub(crate) client_bytes_out: AtomicU64,
-    /// Client connections charged to it, open now.
-    pub(crate) connections: AtomicI64,
-    /// WebSockets (upgraded connections) relayed for it, open now.
-    pub(crate) websockets: AtomicI64,
-    /// Its requests under way.
-    pub(crate) in_flight: AtomicI64,
-}
-
-impl AppCost {
-    /// What the app holds now: connections, WebSockets, requests in flight.
-    pub(crate) fn held(&self) -> [i64; 3] {
-        [
-            self.connections.load(Ordering::Relaxed),
-            self.websockets.load(Ordering::Relaxed),
-            self.in_flight.load(Ordering::Relaxed),
-        ]
-    }
-}
 
 /// CPU nanoseconds no app was charged: the event loops outside metered polls, and metered
 /// tasks that never routed a request.
