@@ -100,13 +100,7 @@ impl AppTraffic {
             .iter()
             .rev()
             .take(last)
-            .fold(Sample::QUIET, |acc, s| Sample {
-                answers: acc.answers + s.answers,
-                client_errors: acc.client_errors + s.client_errors,
-                server_errors: acc.server_errors + s.server_errors,
-                cpu_us: acc.cpu_us.saturating_add(s.cpu_us),
-                p99_bucket: slower(acc.p99_bucket, s.p99_bucket),
-            })
+            .fold(Sample::QUIET, |acc, s| add(acc, *s))
     }
 }
 
