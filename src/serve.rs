@@ -84,6 +84,11 @@ fn filter_modules(
 fn account_usage(config: &Config) {
     switchyard_proxy::set_usage_top_apps(config.usage_top_apps);
     switchyard_proxy::set_cpu_attribution(config.cpu_attribution);
+    switchyard_proxy::configure_fair_share(switchyard_proxy::FairShare {
+        on: config.fair_share.on,
+        lag_bound: config.fair_share.lag,
+        queue_bound: config.fair_share.queue,
+    });
     switchyard_proxy::register_app_costs();
 }
 
@@ -218,6 +223,7 @@ pub(crate) fn run(config: Config) -> anyhow::Result<()> {
         tasks.spawn(|watch| async move { history.run(watch).await });
     }
     let usage = usage_ledger(&mut tasks);
+    tasks.spawn(switchyard_proxy::sample_fair_shares);
     let metrics_store = store.clone();
     let mut admin_state = AdminState::new(store, config.admin_token.clone())
         .with_local_caches(Arc::new(follower_progress))

@@ -152,6 +152,8 @@ pub struct Config {
     pub usage_top_apps: usize,
     /// Whether requests' CPU is measured and charged to their apps.
     pub cpu_attribution: bool,
+    /// Whether and how apps over their CPU share wait while an event loop is saturated.
+    pub fair_share: FairShareSettings,
     /// How pool threads are scheduled.
     pub pool_sched: PoolSched,
     /// Certificates ordered by ACME, when a directory is set.
@@ -281,16 +283,7 @@ impl Config {
             &settings.cache_redis,
             settings.cache_redis_timeout_ms,
         )?;
-        let trusted_proxies = match settings.trusted_proxies.value.as_deref() {
-            None => Vec::new(),
-            Some(list) => list
-                .split(',')
-                .map(str::trim)
-                .filter(|cidr| !cidr.is_empty())
-                .map(parse_cidr)
-                .collect::<Result<_, _>>()
-                .map_err(|e| anyhow::anyhow!("{}: {e}", settings.trusted_proxies.at(source)))?,
-        };
+        let trusted_proxies = trusted_proxies(source, &settings.trusted_proxies)?;
         let dns = dns_config(
             source,
             DnsSources {
@@ -383,6 +376,11 @@ impl Config {
             pool_queue: settings.pool_queue.resolved()?,
             usage_top_apps: settings.usage_top_apps.resolved()?,
             cpu_attribution: settings.cpu_attribution.on_off(source)?,
+            fair_share: FairShareSettings {
+                on: settings.fair_share.on_off(source)?,
+                lag: settings.fair_share_lag_ms.millis()?,
+                queue: settings.fair_share_queue_ms.millis()?,
+            },
             pool_sched: settings.pool_sched.choice(
                 source,
                 &[("idle", PoolSched::Idle), ("nice", PoolSched::Nice)],
@@ -1032,6 +1030,17 @@ pub struct FilterSettings {
     pub cache_dir: PathBuf,
 }
 
+/// The fair share of the event loops' CPU among apps (`--fair-share*`).
+#[derive(Debug, Clone, Copy)]
+pub struct FairShareSettings {
+    /// Whether it runs.
+    pub on: bool,
+    /// An event loop is saturated past this lag.
+    pub lag: Duration,
+    /// How long a request over its app's share may wait.
+    pub queue: Duration,
+}
+
 impl FilterSettings {
     fn of(
         deadline_ms: settings::Setting<u64>,
@@ -1045,6 +1054,23 @@ impl FilterSettings {
             instances_per_thread: instances.resolved()?,
             cache_dir: data_dir.join("filter-cache"),
         })
+    }
+}
+
+/// The networks whose `X-Forwarded-For` is believed, from a comma-separated list.
+fn trusted_proxies(
+    source: &Source<'_>,
+    list: &settings::Setting<String>,
+) -> anyhow::Result<Vec<IpNet>> {
+    match list.value.as_deref() {
+        None => Ok(Vec::new()),
+        Some(given) => given
+            .split(',')
+            .map(str::trim)
+            .filter(|cidr| !cidr.is_empty())
+            .map(parse_cidr)
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", list.at(source))),
     }
 }
 

@@ -299,6 +299,17 @@ settings! {
     /// its app (`switchyard_app_cpu_seconds_total`, `/v1/usage`, the access log's
     /// `cpu_us`); `off`: not measured (bytes, connections and requests are still counted).
     cpu_attribution: String = "SWITCHYARD_CPU_ATTRIBUTION", default "on";
+    /// `on`: while an event loop is saturated, requests of apps above their share of the
+    /// CPU (equal shares, or the apps' `cpu_weight`) wait behind the others' and past
+    /// `--fair-share-queue-ms` are refused with 503; nothing changes while no loop is.
+    /// Needs `--cpu-attribution on`.
+    fair_share: String = "SWITCHYARD_FAIR_SHARE", default "on";
+    /// An event loop is saturated while work waits on it longer than this (its probe's
+    /// lag, in milliseconds), and clear again below half of it.
+    fair_share_lag_ms: u64 = "SWITCHYARD_FAIR_SHARE_LAG_MS", default 1, check at_least_one;
+    /// How long, in milliseconds, a request over its app's share may wait for its turn
+    /// before it is refused with 503 and `Retry-After`.
+    fair_share_queue_ms: u64 = "SWITCHYARD_FAIR_SHARE_QUEUE_MS", default 1000, check at_least_one;
     /// Threads for CPU-bound stages such as the WAF (the number of cores).
     pool_threads: usize = "SWITCHYARD_POOL_THREADS", default cores(), check at_least_one;
     /// Most tasks waiting for those threads; more are refused at once.
@@ -540,7 +551,9 @@ fn text_type(key: &str) -> &'static str {
     match key {
         "http" | "admin" => "address (IP:PORT)",
         "https" | "http3" | "metrics" => "address (IP:PORT) or `off`",
-        "http3_early_data" | "admin_ui_writes" | "waf" | "cpu_attribution" => "`on` or `off`",
+        "http3_early_data" | "admin_ui_writes" | "waf" | "cpu_attribution" | "fair_share" => {
+            "`on` or `off`"
+        }
         "store" => "`embedded` or Redis URL",
         "store_ack_replicas" => "`auto` or a number of replicas",
         "cache_redis" => "Redis URL",

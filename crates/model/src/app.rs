@@ -312,6 +312,14 @@ pub struct App {
     /// Guardrails: allowed networks, rates, requests in flight, sizes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Box<crate::Limits>>,
+    /// The app's weight in the router's fair share of CPU when an event loop is saturated:
+    /// its share is its weight over the weights of the apps using CPU lately (1 each by
+    /// default, so equal shares).
+    #[serde(
+        default = "default_cpu_weight",
+        skip_serializing_if = "is_default_cpu_weight"
+    )]
+    pub cpu_weight: u16,
     /// Answers are read ahead of slow clients (`--response-buffer-mb`), freeing the
     /// backend's connection; false for apps that stream (long polls, progressive pages).
     #[serde(default = "reads_ahead", skip_serializing_if = "is_true")]
@@ -401,6 +409,17 @@ impl AppForwarding {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
+}
+
+/// Most an app's `cpu_weight` may be: a thousand times another app's share.
+pub(crate) const MAX_CPU_WEIGHT: u16 = 1000;
+
+fn default_cpu_weight() -> u16 {
+    1
+}
+
+fn is_default_cpu_weight(weight: &u16) -> bool {
+    *weight == 1
 }
 
 fn reads_ahead() -> bool {

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use serde_json::{Map, Value};
 
-use crate::app::{default_retries, MAX_BACKENDS, MAX_DOMAINS, MAX_WEIGHT};
+use crate::app::{default_retries, MAX_BACKENDS, MAX_CPU_WEIGHT, MAX_DOMAINS, MAX_WEIGHT};
 use crate::cache::parse_cache;
 use crate::mirror::{parse_mirror, MAX_FILTERS};
 use crate::{
@@ -47,6 +47,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
             "limits",
             "response_buffering",
             "advertise_http3",
+            "cpu_weight",
             "redirects",
             "maintenance",
             "error_pages",
@@ -106,6 +107,11 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     let https_redirect = optional_bool(fields, "https_redirect", false)?;
     let response_buffering = optional_bool(fields, "response_buffering", true)?;
     let advertise_http3 = optional_bool(fields, "advertise_http3", true)?;
+    let cpu_weight = match fields.get("cpu_weight") {
+        None | Some(Value::Null) => 1,
+        Some(v) => integer_in(v, 1, u64::from(MAX_CPU_WEIGHT))
+            .map_err(|m| ValidationError::new("cpu_weight", m))? as u16,
+    };
     let hsts = setting(fields, "hsts", parse_hsts)?;
     let mirror = setting(fields, "mirror", parse_mirror)?.map(Box::new);
     let cache = setting(fields, "cache", parse_cache)?.map(Box::new);
@@ -163,6 +169,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         tls,
         response_buffering,
         advertise_http3,
+        cpu_weight,
     })
 }
 

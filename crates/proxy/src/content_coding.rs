@@ -118,6 +118,8 @@ fn qvalue(text: &[u8]) -> Option<u16> {
 /// One answer's encoder; its place among [`MAX_STREAMS`] is given back when dropped.
 pub(crate) struct Encoder {
     state: Option<State>,
+    /// What was fed and not compressed yet ([`Encoder::encode_next`]).
+    unencoded: Bytes,
 }
 
 enum State {
@@ -134,7 +136,10 @@ impl Encoder {
             return None;
         }
         // Holds the place from here: dropped on any failure below, it gives it back.
-        let mut encoder = Self { state: None };
+        let mut encoder = Self {
+            state: None,
+            unencoded: Bytes::new(),
+        };
         metrics::COMPRESS_STREAMS.set(STREAMS.load(Ordering::Relaxed) as i64);
         encoder.state = Some(match coding {
             Coding::Gzip => State::Gzip(flate2::write::GzEncoder::new(
@@ -166,6 +171,33 @@ impl Encoder {
         }
     }
 
+    /// Takes `data` to compress piece by piece ([`Encoder::encode_next`]).
+    pub(crate) fn feed(&mut self, data: Bytes) {
+        self.unencoded = data;
+    }
+
+    /// Whether some of what was fed is not compressed yet.
+    pub(crate) fn has_unencoded(&self) -> bool {
+        !self.unencoded.is_empty()
+    }
+
+    /// Compresses the next `most` bytes of what was fed: what the encoder put out, flushed
+    /// with the last piece (earlier pieces put out only the blocks they completed, so a
+    /// large frame costs no more flushes than a small one).
+    pub(crate) fn encode_next(&mut self, most: usize) -> std::io::Result<Bytes> {
+        let piece = self.unencoded.split_to(most.min(self.unencoded.len()));
+        if self.unencoded.is_empty() {
+            return self.encode(&piece);
+        }
+        let written = match self.state.as_mut() {
+            None => Ok(Bytes::new()),
+            Some(State::Gzip(e)) => written(e, &piece, |e| e.get_mut()),
+            Some(State::Brotli(e)) => written(e.as_mut(), &piece, |e| e.get_mut()),
+            Some(State::Zstd(e)) => written(e, &piece, |e| e.get_mut()),
+        };
+        written
+    }
+
     /// The end of the compressed stream; nothing more after it.
     pub(crate) fn finish(&mut self) -> std::io::Result<Bytes> {
         let tail = match self.state.take() {
@@ -191,6 +223,16 @@ fn flushed<W: Write>(
 ) -> std::io::Result<Bytes> {
     encoder.write_all(data)?;
     encoder.flush()?;
+    Ok(Bytes::from(std::mem::take(output(encoder))))
+}
+
+/// `data` written to `encoder`, unflushed: the bytes it put in its output since.
+fn written<W: Write>(
+    encoder: &mut W,
+    data: &[u8],
+    output: impl FnOnce(&mut W) -> &mut Vec<u8>,
+) -> std::io::Result<Bytes> {
+    encoder.write_all(data)?;
     Ok(Bytes::from(std::mem::take(output(encoder))))
 }
 
@@ -249,6 +291,27 @@ mod tests {
         }
         assert_eq!(qvalue(b"1.000"), Some(1000));
         assert_eq!(qvalue(b"0.05"), Some(50));
+    }
+
+    #[test]
+    fn a_frame_fed_whole_and_compressed_in_pieces_reads_back_whole() {
+        use std::io::Read;
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut encoder = Encoder::start(Coding::Gzip).expect("an encoder");
+        encoder.feed(Bytes::from(data.clone()));
+        let mut compressed = Vec::new();
+        let mut pieces = 0;
+        while encoder.has_unencoded() {
+            compressed.extend_from_slice(&encoder.encode_next(8 * 1024).expect("encoded"));
+            pieces += 1;
+        }
+        compressed.extend_from_slice(&encoder.finish().expect("finished"));
+        assert_eq!(pieces, 13);
+        let mut decoded = Vec::new();
+        flate2::read::GzDecoder::new(&compressed[..])
+            .read_to_end(&mut decoded)
+            .expect("gzip");
+        assert_eq!(decoded, data);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 
 use crate::content_coding::{Coding, Encoder};
 use crate::forwarded::Hop;
+use crate::isolation::fair_share::Turn;
 use crate::isolation::RequestWeight;
 use crate::metrics;
 use crate::respond::Reason;
@@ -84,6 +85,9 @@ pub(crate) struct RequestCtx {
     pub(crate) limit_places: Places,
     /// Light or heavy, and how long it was held (`crate::isolation`).
     pub(crate) weight: RequestWeight,
+    /// Its place among the requests of apps over their CPU share on its event loop, held
+    /// until it ends (`isolation::fair_share`).
+    pub(crate) fair_turn: Option<Turn>,
     /// Counted in the active-requests gauge until dropped.
     _active: metrics::Held,
     /// The request's contexts in its app's proxy-wasm filters, once they are made; when
@@ -122,6 +126,7 @@ impl RequestCtx {
             cache: None,
             limit_places: Places::default(),
             weight: RequestWeight::default(),
+            fair_turn: None,
             filters: None,
             cpu: cost::request_started(),
             charged: None,

@@ -47,6 +47,9 @@ mod upstream;
 mod wall_clock;
 
 pub use access_log::{format_rfc3339, AccessLog, AccessLogTarget};
+pub use isolation::fair_share::{
+    configure as configure_fair_share, sample_shares as sample_fair_shares, FairShare,
+};
 pub use isolation::worker_pool::{PoolScheduling, WorkerPool};
 pub use listener::{InheritedSockets, Listener, ListenerStop, ListenerTls};
 pub use respond::refusals_table;

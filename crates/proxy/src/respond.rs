@@ -29,6 +29,10 @@ pub(crate) enum Reason {
     AmbiguousFraming,
     /// The fields kept as read could not be made into a map for a stage that reads them.
     UnreadableFields,
+    // fair_share
+    /// The app is above its share of a saturated router's CPU and waited its turn too long
+    /// (or the queue was full).
+    OverShare,
     // limits
     /// The app does not accept the client's network.
     NetworkDenied,
@@ -145,7 +149,7 @@ const fn come_back(mut row: Row, seconds: u32) -> Row {
 
 /// The refusals' table: each reason's status, text, label, `Retry-After` and page, in the
 /// order the reasons are declared (a unit test holds it to that: `row` indexes it).
-const TABLE: [(Reason, Row); 41] = [
+const TABLE: [(Reason, Row); 42] = [
     (
         Reason::MalformedHead,
         row(400, "malformed_head", "bad request"),
@@ -189,6 +193,17 @@ const TABLE: [(Reason, Row); 41] = [
     (
         Reason::UnreadableFields,
         row(400, "unreadable_fields", "bad request"),
+    ),
+    (
+        Reason::OverShare,
+        come_back(
+            row(
+                503,
+                "over_share",
+                "this app is using more than its share of the router, try again shortly",
+            ),
+            1,
+        ),
     ),
     (
         Reason::NetworkDenied,

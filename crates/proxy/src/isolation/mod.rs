@@ -20,6 +20,7 @@
 //!   next request read after (a random half to all of) that wait (`pacing`), so a client
 //!   asking again at once cannot keep the event loops busy answering refusals.
 
+pub(crate) mod fair_share;
 mod pacing;
 pub(crate) mod worker_pool;
 

@@ -329,6 +329,13 @@ impl WorkerPool {
         self.threads
     }
 
+    /// Whether tasks wait for a worker (more queued or running than there are threads).
+    pub(crate) fn has_backlog(&self) -> bool {
+        self.queue
+            .as_ref()
+            .is_some_and(|queue| queue.in_pool.load(Ordering::Relaxed) > queue.threads)
+    }
+
     /// Whether `ahead` more tasks of `stage` before this one (waiting outside the pool, as
     /// the images stage's requests wait for a place) would make it end past `deadline`.
     pub(crate) fn would_miss(&self, stage: &'static str, ahead: usize, deadline: Instant) -> bool {

@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::event_loop::EventLoop;
-use crate::isolation;
+use crate::isolation::{self, fair_share};
 use crate::metrics;
 use crate::router::{Router, Shared};
 use crate::tls::cert_cache::CertCache;
@@ -247,6 +247,9 @@ fn run_thread(
         tokio::task::spawn_local(worker.clone().sweep_idle());
         if cost::attribution_on() {
             tokio::task::spawn_local(cost::reconcile_loop());
+        }
+        if fair_share::is_on() {
+            tokio::task::spawn_local(fair_share::probe_loop());
         }
         let mut accepting = Vec::new();
         for socket in sockets.http {

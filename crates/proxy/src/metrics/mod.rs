@@ -25,6 +25,41 @@ switchyard_metrics::declare_metrics! {
         &["state"]
     ));
 
+    pub(crate) static FAIR_SHARE_DECISIONS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_fair_share_requests_total",
+        "Requests of apps over their CPU share on a saturated event loop: queued (waited \
+         behind the others), refused (503: waited --fair-share-queue-ms, or the queue was \
+         full).",
+        &["outcome"]
+    ));
+
+    pub(crate) static FAIR_SHARE_WAITING: IntGauge = registered(register_int_gauge!(
+        "switchyard_fair_share_waiting",
+        "Requests waiting behind other apps' now (at most 4096 an event loop)."
+    ));
+
+    pub(crate) static FAIR_SHARE_WAIT_SECONDS: Histogram = registered(register_histogram!(
+        "switchyard_fair_share_wait_seconds",
+        "How long queued requests waited for their turn.",
+        vec![0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+    ));
+
+    pub(crate) static FAIR_SHARE_SATURATED_LOOPS: IntGauge = registered(register_int_gauge!(
+        "switchyard_fair_share_saturated_loops",
+        "Event loops saturated now (their probe's lag above --fair-share-lag-ms)."
+    ));
+
+    pub(crate) static FAIR_SHARE_OVER_SHARE_APPS: IntGauge = registered(register_int_gauge!(
+        "switchyard_fair_share_over_share_apps",
+        "Apps whose CPU over the last seconds is above their share."
+    ));
+
+    pub(crate) static FAIR_SHARE_FOLLOWED_APPS: IntGauge = registered(register_int_gauge!(
+        "switchyard_fair_share_followed_apps",
+        "Apps charged CPU lately, whose shares the sampler follows (bounded by the apps with \
+         a route)."
+    ));
+
     pub(crate) static DNS_NAMES_CAPACITY: IntGauge = registered(register_int_gauge!(
         "switchyard_dns_names_capacity",
         "Most backend names followed (--dns-max-names)."

@@ -47,6 +47,7 @@ use crate::context::RequestCtx;
 use crate::event_loop::EventLoop;
 use crate::fields_mut::FieldsMut;
 use crate::forwarded::Forwarding;
+use crate::isolation::fair_share;
 use crate::listener::relay::ClientUpgrade;
 use crate::request_body::Held;
 use crate::request_body::RequestBody;
@@ -241,6 +242,19 @@ async fn request_phase(
     let inspected = shared.waf.is_some() && chain.runs(Stage::Waf);
     let resized =
         shared.images.is_some() && chain.runs(Stage::Images) && images::wants_resize(ctx, head);
+    let pool_backlogged = || {
+        shared
+            .pool
+            .as_deref()
+            .is_some_and(|pool| pool.has_backlog())
+    };
+    ctx.fair_turn = match fair_share::admit(&route.requests, inspected || resized, pool_backlogged)
+    {
+        Ok(None) => None,
+        Ok(Some(fair_share::Admitted::Now(turn))) => Some(turn),
+        Ok(Some(fair_share::Admitted::Waits(waiting))) => Some(Box::pin(waiting.turn()).await?),
+        Err(refusal) => return Err(refusal.into()),
+    };
     ctx.weight.start(inspected || resized);
     for stage in chain.in_phase(Phase::RequestHead) {
         let fields = as_read.as_ref();

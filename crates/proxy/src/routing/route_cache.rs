@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -549,6 +550,7 @@ fn build_route(
             })
     });
     let requests = REQUEST_COUNTS.for_app(app.name.as_str());
+    (requests.cost.share.weight).store(u32::from(app.cpu_weight), Ordering::Relaxed);
     let affinity = app.affinity.as_ref().map(|_| Box::default());
     let chain = Chain::for_app(&app);
     let header_rules = Rules::of(&app);

@@ -86,6 +86,7 @@ fn switched_on(stage: Stage, app: &App) -> bool {
         | Stage::Framing
         | Stage::Route
         | Stage::AcmeChallenge
+        | Stage::FairShare
         | Stage::Forwarding
         | Stage::Upstream
         | Stage::Log => false,

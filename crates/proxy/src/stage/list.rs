@@ -65,6 +65,7 @@ pub(crate) enum Stage {
     Framing,
     Route,
     AcmeChallenge,
+    FairShare,
     Redirects,
     AppPages,
     Limits,
@@ -132,7 +133,7 @@ const ROW: Declared = Declared {
 };
 
 /// The stages, in order.
-pub(crate) const LIST: [Declared; 21] = [
+pub(crate) const LIST: [Declared; 22] = [
     Declared {
         stage: Stage::RequestId,
         name: "request_id",
@@ -177,6 +178,20 @@ pub(crate) const LIST: [Declared; 21] = [
         does: "an HTTP-01 answer the fleet's issuer published in the store, for its domain, \
                over plain HTTP",
         answers: "200 (the key authorization)",
+        ..ROW
+    },
+    Declared {
+        stage: Stage::FairShare,
+        name: "fair_share",
+        phases: &[RequestHead],
+        does: "while the event loop is saturated, a request of an app above its share of the \
+               CPU waits behind the others' (isolation/fair_share.rs); nothing otherwise",
+        refuses: &[Reason::OverShare],
+        metrics: &[
+            "switchyard_fair_share_requests_total",
+            "switchyard_fair_share_waiting",
+            "switchyard_fair_share_wait_seconds",
+        ],
         ..ROW
     },
     Declared {

@@ -9,7 +9,7 @@
 //! (routing/deleted_apps.rs), so it is bounded by the stored apps.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ pub(crate) const DURATION_BOUNDS_MS: [u64; 12] =
 /// and how long they took in coarse buckets (for the traffic history's p99 per app). The
 /// buckets are `u32` and wrap: only differences between two samples are read, and a
 /// bucket takes more than 4 billion answers between two samples only in theory. 52 bytes
-/// beside the counters, and 48 for its costs, for every app with a route.
+/// beside the counters, and 60 for its costs and its fair share, for every app with a route.
 #[derive(Debug, Default)]
 pub(crate) struct AppRequests {
     by_class: [AtomicU64; STATUS_CLASSES.len()],
@@ -79,6 +79,20 @@ pub(crate) struct AppCost {
     pub(crate) websockets: AtomicI64,
     /// Its requests under way.
     pub(crate) in_flight: AtomicI64,
+    /// Its place in the fair share (isolation/fair_share.rs).
+    pub(crate) share: AppShare,
+}
+
+/// What the fair share keeps of an app in its slot: read by the request path only while
+/// its event loop is saturated.
+#[derive(Debug, Default)]
+pub(crate) struct AppShare {
+    /// The app's `cpu_weight` (0 until its route is built: taken as 1).
+    pub(crate) weight: AtomicU32,
+    /// Whether its CPU over the last seconds is above its share (written by the sampler).
+    pub(crate) over: AtomicBool,
+    /// The sampler's round in which it was last charged CPU (`cost::charged_recently`).
+    pub(crate) charged_in_round: AtomicU32,
 }
 
 impl AppCost {

@@ -32,7 +32,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -72,6 +72,8 @@ struct LoopMeter {
     polled_ticks: Cell<u64>,
     /// CPU per nanosecond of poll over the loop's last second (at most 1).
     calibration: Cell<f64>,
+    /// When the metered poll under way started (0: none is).
+    poll_started: Cell<u64>,
 }
 
 thread_local! {
@@ -80,6 +82,7 @@ thread_local! {
             current: RefCell::new(None),
             polled_ticks: Cell::new(0),
             calibration: Cell::new(1.0),
+            poll_started: Cell::new(0),
         }
     };
 }
@@ -146,8 +149,10 @@ impl Meter {
         }
         let unflushed = (measured as f64 * LOOP.with(|l| l.calibration.get())) as u64;
         match self.app.borrow().as_ref() {
-            Some(app) => app.cost.cpu_ns.fetch_add(unflushed, Ordering::Relaxed),
-            None => UNATTRIBUTED_NS.fetch_add(unflushed, Ordering::Relaxed),
+            Some(app) => charge_cpu(app, unflushed),
+            None => {
+                UNATTRIBUTED_NS.fetch_add(unflushed, Ordering::Relaxed);
+            }
         };
     }
 
@@ -240,6 +245,22 @@ pub(crate) fn current_app() -> Option<Arc<AppRequests>> {
     LOOP.with(|l| l.current.borrow().as_ref()?.app.borrow().clone())
 }
 
+/// How long one poll may run before work that can be cut (compressing an answer held in
+/// memory) lets the event loop run others: what a quiet request may wait behind it.
+const POLL_SLICE_NS: u64 = 100_000;
+
+static POLL_SLICE_TICKS: LazyLock<u64> =
+    LazyLock::new(|| POLL_SLICE_NS * *FLUSH_EVERY_TICKS / FLUSH_EVERY_NS);
+
+/// Whether the metered poll under way has run its slice ([`POLL_SLICE_NS`]); false
+/// outside a metered poll.
+pub(crate) fn poll_slice_spent() -> bool {
+    LOOP.with(|l| {
+        let started = l.poll_started.get();
+        started != 0 && CLOCK.raw().saturating_sub(started) >= *POLL_SLICE_TICKS
+    })
+}
+
 /// Whether polls are metered.
 pub(crate) fn attribution_on() -> bool {
     ATTRIBUTION.load(Ordering::Relaxed)
@@ -303,10 +324,12 @@ impl<F: Future> Future for Metered<F> {
         let Metered { meter, future } = self.get_mut();
         LOOP.with(|l| {
             let started = CLOCK.raw();
+            l.poll_started.set(started);
             let outer = l.current.replace(Some(meter.clone()));
             let polled = future.as_mut().poll(cx);
             *l.current.borrow_mut() = outer;
             let took = CLOCK.raw().saturating_sub(started);
+            l.poll_started.set(0);
             l.polled_ticks.set(l.polled_ticks.get() + took);
             meter.add(took);
             polled
@@ -344,10 +367,41 @@ pub(crate) fn charged_job<T>(app: Option<&Arc<AppRequests>>, job: impl FnOnce() 
     let value = job();
     let took = thread_cpu_ns().saturating_sub(started);
     match app {
-        Some(app) => app.cost.cpu_ns.fetch_add(took, Ordering::Relaxed),
-        None => UNATTRIBUTED_NS.fetch_add(took, Ordering::Relaxed),
+        Some(app) => charge_cpu(app, took),
+        None => {
+            UNATTRIBUTED_NS.fetch_add(took, Ordering::Relaxed);
+        }
     };
     value
+}
+
+/// Adds `ns` to `app`'s CPU, and names it among the apps charged in this round of the fair
+/// share's sampler: two relaxed loads when it already is.
+fn charge_cpu(app: &Arc<AppRequests>, ns: u64) {
+    app.cost.cpu_ns.fetch_add(ns, Ordering::Relaxed);
+    let round = SAMPLER_ROUND.load(Ordering::Relaxed);
+    let share = &app.cost.share;
+    if share.charged_in_round.load(Ordering::Relaxed) != round
+        && share.charged_in_round.swap(round, Ordering::Relaxed) != round
+    {
+        CHARGED_IN_ROUND.lock().push(app.clone());
+    }
+}
+
+/// The fair share's sampler's round (isolation/fair_share.rs): apps charged CPU in it are
+/// listed once in [`CHARGED_IN_ROUND`], so that the sampler reads only apps that cost
+/// something lately, never every app.
+static SAMPLER_ROUND: AtomicU32 = AtomicU32::new(1);
+
+/// The apps charged CPU since the sampler last took them; at most one entry per app a
+/// round, so bounded by the apps that have a route.
+static CHARGED_IN_ROUND: parking_lot::Mutex<Vec<Arc<AppRequests>>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Starts a new round of the sampler and hands over the apps charged in the one that ends.
+pub(crate) fn charged_recently() -> Vec<Arc<AppRequests>> {
+    SAMPLER_ROUND.fetch_add(1, Ordering::Relaxed);
+    std::mem::take(&mut *CHARGED_IN_ROUND.lock())
 }
 
 /// The CPU time this thread has used, in nanoseconds.

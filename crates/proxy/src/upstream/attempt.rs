@@ -135,6 +135,8 @@ pub(crate) fn on_response_header(ctx: &mut RequestCtx, status: u16) {
     }
     if status == 101 && !ctx.upgraded {
         ctx.upgraded = true;
+        // A WebSocket may stay open for hours: it no longer holds a turn of the fair share.
+        ctx.fair_turn = None;
         metrics::OPEN_WEBSOCKETS.inc();
         if let Some(app) = &ctx.charged {
             app.cost
