@@ -305,7 +305,8 @@ settings! {
     /// Needs `--cpu-attribution on`.
     fair_share: String = "SWITCHYARD_FAIR_SHARE", default "on";
     /// An event loop is saturated while work waits on it longer than this (its probe's
-    /// lag, in milliseconds), and clear again below half of it.
+    /// lag, in milliseconds) or it runs more than 90% of the time, and clear again below
+    /// half of it and 80%.
     fair_share_lag_ms: u64 = "SWITCHYARD_FAIR_SHARE_LAG_MS", default 1, check at_least_one;
     /// How long, in milliseconds, a request over its app's share may wait for its turn
     /// before it is refused with 503 and `Retry-After`.

@@ -165,9 +165,9 @@ impl Encoder {
     pub(crate) fn encode(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
         match self.state.as_mut() {
             None => Ok(Bytes::new()),
-            Some(State::Gzip(e)) => flushed(e, data, |e| e.get_mut()),
-            Some(State::Brotli(e)) => flushed(e.as_mut(), data, |e| e.get_mut()),
-            Some(State::Zstd(e)) => flushed(e, data, |e| e.get_mut()),
+            Some(State::Gzip(e)) => written(e, data, true, |e| e.get_mut()),
+            Some(State::Brotli(e)) => written(e.as_mut(), data, true, |e| e.get_mut()),
+            Some(State::Zstd(e)) => written(e, data, true, |e| e.get_mut()),
         }
     }
 
@@ -189,13 +189,12 @@ impl Encoder {
         if self.unencoded.is_empty() {
             return self.encode(&piece);
         }
-        let written = match self.state.as_mut() {
+        match self.state.as_mut() {
             None => Ok(Bytes::new()),
-            Some(State::Gzip(e)) => written(e, &piece, |e| e.get_mut()),
-            Some(State::Brotli(e)) => written(e.as_mut(), &piece, |e| e.get_mut()),
-            Some(State::Zstd(e)) => written(e, &piece, |e| e.get_mut()),
-        };
-        written
+            Some(State::Gzip(e)) => written(e, &piece, false, |e| e.get_mut()),
+            Some(State::Brotli(e)) => written(e.as_mut(), &piece, false, |e| e.get_mut()),
+            Some(State::Zstd(e)) => written(e, &piece, false, |e| e.get_mut()),
+        }
     }
 
     /// The end of the compressed stream; nothing more after it.
@@ -215,24 +214,18 @@ impl Encoder {
     }
 }
 
-/// `data` written to `encoder` and flushed: the bytes it put in its output since.
-fn flushed<W: Write>(
-    encoder: &mut W,
-    data: &[u8],
-    output: impl FnOnce(&mut W) -> &mut Vec<u8>,
-) -> std::io::Result<Bytes> {
-    encoder.write_all(data)?;
-    encoder.flush()?;
-    Ok(Bytes::from(std::mem::take(output(encoder))))
-}
-
-/// `data` written to `encoder`, unflushed: the bytes it put in its output since.
+/// `data` written to `encoder` (flushed when `flush`: what the client can decode so far):
+/// the bytes it put in its output since.
 fn written<W: Write>(
     encoder: &mut W,
     data: &[u8],
+    flush: bool,
     output: impl FnOnce(&mut W) -> &mut Vec<u8>,
 ) -> std::io::Result<Bytes> {
     encoder.write_all(data)?;
+    if flush {
+        encoder.flush()?;
+    }
     Ok(Bytes::from(std::mem::take(output(encoder))))
 }
 

@@ -6,10 +6,12 @@
 //! - **Saturated.** Each event loop runs a probe ([`probe_loop`]) every 100 ms (every
 //!   millisecond while the loop is saturated or has requests waiting): it yields and
 //!   measures how long it waits to run again, which is how long everything runnable on
-//!   the loop takes, what a quiet app's request arriving now would wait. The loop is
-//!   saturated while that lag is above `--fair-share-lag-ms`, and clear again once it falls
-//!   below half of it. A heavy request (one that will wait for a worker) also finds the
-//!   router saturated while the worker pool has work queued beyond its threads.
+//!   the loop takes, what a quiet app's request arriving now would wait; and it reads the
+//!   thread's CPU clock for the part of the last 20 ms the loop ran. The loop is saturated
+//!   while that lag is above `--fair-share-lag-ms` or it ran more than 90% of the time, and
+//!   clear again once the lag is below half the bound and it ran less than 80%. A heavy
+//!   request (one that will wait for a worker) also finds the router saturated while the
+//!   worker pool has work queued beyond its threads.
 //! - **Shares.** A sampler ([`sample_shares`], every 250 ms) reads the CPU charged to the
 //!   apps that cost anything lately (`traffic::cost` lists them as it charges them, so the
 //!   sampler never walks every app), keeps each one's rate over the last seconds (an
@@ -229,14 +231,20 @@ fn refusal() -> Refusal {
 pub(crate) async fn probe_loop() {
     let bound = settings().lag_bound;
     let mut period = PROBE_EVERY;
+    let mut busy = Busy::new();
     loop {
         tokio::time::sleep(period).await;
         let yielded = Instant::now();
         tokio::task::yield_now().await;
         let lag = yielded.elapsed();
-        let busy = GATE.with(|g| {
+        let busy_part = busy.measure();
+        let full = GATE.with(|g| {
             let was = g.saturated.get();
-            let now = if was { lag > bound / 2 } else { lag > bound };
+            let now = if was {
+                lag > bound / 2 || busy_part > CLEAR_BELOW_BUSY
+            } else {
+                lag > bound || busy_part > SATURATED_ABOVE_BUSY
+            };
             if now != was {
                 g.saturated.set(now);
                 FAIR_SHARE_SATURATED_LOOPS.add(if now { 1 } else { -1 });
@@ -254,11 +262,50 @@ pub(crate) async fn probe_loop() {
             let_go_in_turn(g);
             now || !g.waiting.borrow().is_empty()
         });
-        period = if busy {
+        period = if full {
             PROBE_EVERY_WHILE_FULL
         } else {
             PROBE_EVERY
         };
+    }
+}
+
+/// A loop busier than this part of the time is saturated: work arriving finds it running
+/// something else almost always, whatever its lag at the probe's instant.
+const SATURATED_ABOVE_BUSY: f64 = 0.9;
+/// ... and clear again below this.
+const CLEAR_BELOW_BUSY: f64 = 0.8;
+/// The span the busy part is averaged over.
+const BUSY_OVER: Duration = Duration::from_millis(20);
+
+/// The part of the time this thread ran, from its CPU clock (a system call, 0.5 µs here:
+/// read once a tick, not a request).
+struct Busy {
+    cpu_ns: u64,
+    at: Instant,
+    part: f64,
+}
+
+impl Busy {
+    fn new() -> Self {
+        Busy {
+            cpu_ns: cost::thread_cpu_ns(),
+            at: Instant::now(),
+            part: 0.0,
+        }
+    }
+
+    fn measure(&mut self) -> f64 {
+        let (cpu_ns, at) = (cost::thread_cpu_ns(), Instant::now());
+        let wall = at.duration_since(self.at);
+        if wall.is_zero() {
+            return self.part;
+        }
+        let ran = cpu_ns.saturating_sub(self.cpu_ns) as f64 / wall.as_nanos() as f64;
+        let weight = (wall.as_secs_f64() / BUSY_OVER.as_secs_f64()).min(1.0);
+        self.part += (ran.min(1.0) - self.part) * weight;
+        (self.cpu_ns, self.at) = (cpu_ns, at);
+        self.part
     }
 }
 

@@ -568,6 +568,9 @@ mod tests {
                 "framing",
                 "route",
                 "acme_challenge",
+                // Every request is admitted by it, though it only ever makes one wait while
+                // its event loop is saturated (isolation/fair_share.rs).
+                "fair_share",
                 "forwarding",
                 "upstream",
                 "log"
