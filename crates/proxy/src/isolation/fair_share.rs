@@ -1,7 +1,8 @@
 //! The fair share: when an event loop is saturated, an app using more than its share of
 //! the router's CPU has its new requests wait behind everyone else's, and past a bound
 //! refused with 503 and `Retry-After`; apps within their share go on as before. While no
-//! loop is saturated nothing changes: admission reads one thread-local flag.
+//! loop is saturated nothing changes: admission reads the app's mark (one atomic), and an
+//! app over its share only counts its requests under way.
 //!
 //! - **Saturated.** Each event loop runs a probe ([`probe_loop`]) every 100 ms (every
 //!   millisecond while the loop is saturated or has requests waiting): it yields and
@@ -52,7 +53,7 @@ use crate::traffic::cost;
 pub struct FairShare {
     /// Whether it is on (`--fair-share`); it needs the CPU attribution.
     pub on: bool,
-    /// An event loop whose probe fires later than this is saturated.
+    /// An event loop whose probe waits longer than this to run again is saturated.
     pub lag_bound: Duration,
     /// How long a request over its app's share may wait before it is refused.
     pub queue_bound: Duration,
@@ -76,6 +77,9 @@ pub fn configure(settings: FairShare) {
     let on = settings.on && cost::attribution_on();
     if settings.on && !on {
         log::warn!("fair share off: it reads each app's CPU, and --cpu-attribution is off");
+    }
+    if on {
+        cost::list_charged_apps();
     }
     let _ = SETTINGS.set(FairShare { on, ..settings });
 }
@@ -333,7 +337,8 @@ fn let_go_in_turn(gate: &LoopGate) {
 /// One app's CPU rate, followed by the sampler.
 struct Followed {
     app: Arc<AppRequests>,
-    cpu_ns: u64,
+    /// Its CPU counter at the last round; `None` in its first.
+    cpu_ns: Option<u64>,
     /// CPU nanoseconds a second, averaged over [`RATE_OVER`].
     rate: f64,
     rounds_uncharged: u32,
@@ -363,7 +368,7 @@ impl Shares {
         for app in charged {
             let key = Arc::as_ptr(&app) as usize;
             let followed = self.followed.entry(key).or_insert_with(|| Followed {
-                cpu_ns: 0,
+                cpu_ns: None,
                 rate: 0.0,
                 rounds_uncharged: 0,
                 app,
@@ -375,11 +380,8 @@ impl Shares {
         self.followed.retain(|_, followed| {
             let cpu_ns = followed.app.cost.cpu_ns.load(Ordering::Relaxed);
             // First seen: its counter so far is no rate.
-            let spent = match followed.cpu_ns {
-                0 => 0,
-                then => cpu_ns.saturating_sub(then),
-            };
-            followed.cpu_ns = cpu_ns.max(1);
+            let spent =
+                (followed.cpu_ns.replace(cpu_ns)).map_or(0, |then| cpu_ns.saturating_sub(then));
             followed.rate += (spent as f64 / elapsed - followed.rate) * kept;
             followed.rounds_uncharged += 1;
             if followed.rounds_uncharged > FOLLOWED_ROUNDS {

@@ -177,11 +177,15 @@ impl AnswerBody {
     }
 
     /// `frame` of the source through the encoder: `None` when it made no bytes yet (the
-    /// caller polls again), and whether the compressed stream ends with what it returns.
+    /// caller polls again; data is only fed here, and compressed piece by piece by the
+    /// caller), and whether the compressed stream ends with what it returns.
     fn encode(encoder: &mut Encoder, frame: NextFrame) -> Option<(NextFrame, bool)> {
         let encoded = match frame {
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => encoder.encode(&data),
+                Ok(data) => {
+                    encoder.feed(data);
+                    return None;
+                }
                 // Trailers of a compressed answer: the stream ends first.
                 Err(_) => encoder.finish(),
             },
@@ -242,16 +246,6 @@ impl Body for AnswerBody {
             let frame = ready!(this.poll_source(cx));
             let Some(encoder) = this.encoder.as_deref_mut() else {
                 break (frame, None);
-            };
-            let frame = match frame {
-                Some(Ok(frame)) if frame.is_data() => match frame.into_data() {
-                    Ok(data) => {
-                        encoder.feed(data);
-                        continue;
-                    }
-                    Err(frame) => Some(Ok(frame)),
-                },
-                other => other,
             };
             if let Some((frame, ended)) = Self::encode(encoder, frame) {
                 break (frame, Some(ended));

@@ -379,6 +379,9 @@ pub(crate) fn charged_job<T>(app: Option<&Arc<AppRequests>>, job: impl FnOnce() 
 /// share's sampler: two relaxed loads when it already is.
 fn charge_cpu(app: &Arc<AppRequests>, ns: u64) {
     app.cost.cpu_ns.fetch_add(ns, Ordering::Relaxed);
+    if !LISTING_CHARGED.load(Ordering::Relaxed) {
+        return;
+    }
     let round = SAMPLER_ROUND.load(Ordering::Relaxed);
     let share = &app.cost.share;
     if share.charged_in_round.load(Ordering::Relaxed) != round
@@ -397,6 +400,15 @@ static SAMPLER_ROUND: AtomicU32 = AtomicU32::new(1);
 /// round, so bounded by the apps that have a route.
 static CHARGED_IN_ROUND: parking_lot::Mutex<Vec<Arc<AppRequests>>> =
     parking_lot::Mutex::new(Vec::new());
+
+/// Whether apps are listed as they are charged: only while a sampler takes the list
+/// (the fair share on), or it would keep every app ever charged, deleted ones too.
+static LISTING_CHARGED: AtomicBool = AtomicBool::new(false);
+
+/// Lists the apps charged CPU from now on, for a sampler that takes them every round.
+pub(crate) fn list_charged_apps() {
+    LISTING_CHARGED.store(true, Ordering::Relaxed);
+}
 
 /// Starts a new round of the sampler and hands over the apps charged in the one that ends.
 pub(crate) fn charged_recently() -> Vec<Arc<AppRequests>> {
