@@ -83,6 +83,51 @@ pub(crate) struct AppCost {
     pub(crate) share: AppShare,
 }
 
+/// An app's cost counters read at one moment: two readings subtract to what the app used
+/// between them (the per-app series' scrapes, the usage ledger's minutes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CostReading {
+    pub(crate) cpu_ns: u64,
+    pub(crate) requests: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+}
+
+impl CostReading {
+    pub(crate) fn of(app: &AppRequests) -> Self {
+        let cost = &app.cost;
+        CostReading {
+            cpu_ns: cost.cpu_ns.load(Ordering::Relaxed),
+            requests: (app.by_class().iter())
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum(),
+            bytes_in: cost.client_bytes_in.load(Ordering::Relaxed),
+            bytes_out: cost.client_bytes_out.load(Ordering::Relaxed),
+        }
+    }
+
+    /// What was used from `earlier` to this reading.
+    pub(crate) fn since(self, earlier: CostReading) -> CostReading {
+        CostReading {
+            cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
+            requests: self.requests.saturating_sub(earlier.requests),
+            bytes_in: self.bytes_in.saturating_sub(earlier.bytes_in),
+            bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
+        }
+    }
+
+    pub(crate) fn add(&mut self, other: CostReading) {
+        self.cpu_ns += other.cpu_ns;
+        self.requests += other.requests;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+    }
+
+    pub(crate) fn is_zero(self) -> bool {
+        self == CostReading::default()
+    }
+}
+
 /// What the fair share keeps of an app in its slot: read by the request path only while
 /// its event loop is saturated.
 #[derive(Debug, Default)]

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
-use super::app_requests::{AppRequests, REQUEST_COUNTS};
+use super::app_requests::{CostReading, REQUEST_COUNTS};
 use super::cost::UNATTRIBUTED_NS;
 
 /// The label every app outside the top is summed under.
@@ -38,48 +38,14 @@ fn top_apps() -> usize {
     TOP_APPS.load(Ordering::Relaxed)
 }
 
-/// An app's counters as last read.
-#[derive(Debug, Clone, Copy, Default)]
-struct Counted {
-    cpu_ns: u64,
-    bytes_in: u64,
-    bytes_out: u64,
-}
-
-impl Counted {
-    fn of(app: &AppRequests) -> Self {
-        Counted {
-            cpu_ns: app.cost.cpu_ns.load(Ordering::Relaxed),
-            bytes_in: app.cost.client_bytes_in.load(Ordering::Relaxed),
-            bytes_out: app.cost.client_bytes_out.load(Ordering::Relaxed),
-        }
-    }
-
-    fn minus(self, other: Counted) -> Counted {
-        Counted {
-            cpu_ns: self.cpu_ns.saturating_sub(other.cpu_ns),
-            bytes_in: self.bytes_in.saturating_sub(other.bytes_in),
-            bytes_out: self.bytes_out.saturating_sub(other.bytes_out),
-        }
-    }
-
-    fn plus(self, other: Counted) -> Counted {
-        Counted {
-            cpu_ns: self.cpu_ns + other.cpu_ns,
-            bytes_in: self.bytes_in + other.bytes_in,
-            bytes_out: self.bytes_out + other.bytes_out,
-        }
-    }
-}
-
 #[derive(Default)]
 struct Shown {
     /// Apps shown by name.
     named: HashSet<Box<str>>,
     /// Per app: its counters at the last scrape, and what of them went to `_other`.
-    apps: HashMap<Box<str>, (Counted, Counted)>,
+    apps: HashMap<Box<str>, (CostReading, CostReading)>,
     /// `_other`'s counters.
-    other: Counted,
+    other: CostReading,
     /// Each app's CPU counter at the start of the current and of the previous window.
     window_marks: [HashMap<Box<str>, u64>; 2],
     window_started: Option<Instant>,
@@ -160,12 +126,12 @@ pub(crate) fn documented() -> Vec<switchyard_metrics::MetricDoc> {
 }
 
 /// One scrape: the apps shown updated, their series and `_other`'s.
-fn scrape(shown: &mut Shown) -> Vec<(Box<str>, Counted, [i64; 3])> {
+fn scrape(shown: &mut Shown) -> Vec<(Box<str>, CostReading, [i64; 3])> {
     let now = Instant::now();
-    let mut read: Vec<(Box<str>, Counted, [i64; 3])> = Vec::new();
+    let mut read: Vec<(Box<str>, CostReading, [i64; 3])> = Vec::new();
     REQUEST_COUNTS.each_app(|app, slot| {
         let held = slot.cost.held();
-        read.push((app.into(), Counted::of(slot), held));
+        read.push((app.into(), CostReading::of(slot), held));
     });
     // The ranking: CPU since the start of the previous window (RANKING_WINDOW to twice it).
     let rotate = shown
@@ -207,9 +173,9 @@ fn scrape(shown: &mut Shown) -> Vec<(Box<str>, Counted, [i64; 3])> {
     for (app, counted, _) in &read {
         let (before, mut to_other) = shown.apps.remove(app).unwrap_or_default();
         if !shown.named.contains(app) {
-            let added = counted.minus(before);
-            shown.other = shown.other.plus(added);
-            to_other = to_other.plus(added);
+            let added = counted.since(before);
+            shown.other.add(added);
+            to_other.add(added);
         }
         apps.insert(app.clone(), (*counted, to_other));
     }
@@ -239,7 +205,7 @@ impl Collector for AppCostCollector {
                 continue;
             }
             let to_other = shown.apps.get(app).map(|(_, o)| *o).unwrap_or_default();
-            let own = counted.minus(to_other);
+            let own = counted.since(to_other);
             push_series(&mut families, app, own, *held);
         }
         let other = shown.other;
@@ -266,7 +232,7 @@ impl Collector for AppCostCollector {
     }
 }
 
-fn push_series(families: &mut [Vec<Metric>], app: &str, used: Counted, held: [i64; 3]) {
+fn push_series(families: &mut [Vec<Metric>], app: &str, used: CostReading, held: [i64; 3]) {
     families[0].push(counter(&[("app", app)], used.cpu_ns as f64 / 1e9));
     families[1].push(counter(
         &[("app", app), ("direction", "in")],
@@ -336,7 +302,7 @@ mod tests {
         assert!(shown.named.contains("cost-metrics-light"));
         assert!(shown.other.cpu_ns >= other_before);
         let (counted, to_other) = shown.apps["cost-metrics-light"];
-        let own = counted.minus(to_other).cpu_ns;
+        let own = counted.since(to_other).cpu_ns;
         assert_eq!(
             own + to_other.cpu_ns,
             1_000_010,

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use switchyard_model::{AppUsageReport, UsageReport};
 
-use super::app_requests::{AppRequests, REQUEST_COUNTS};
+use super::app_requests::{CostReading, REQUEST_COUNTS};
 use super::cost::UNATTRIBUTED_NS;
 use crate::shutdown::ShutdownWatch;
 
@@ -30,61 +30,16 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// Most apps one page lists.
 pub(crate) const MOST_PER_PAGE: usize = 1000;
 
-/// What one app used, as counters or as a difference of them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Used {
-    cpu_ns: u64,
-    requests: u64,
-    bytes_in: u64,
-    bytes_out: u64,
-}
-
-impl Used {
-    fn of(app: &AppRequests) -> Self {
-        let cost = &app.cost;
-        Used {
-            cpu_ns: cost.cpu_ns.load(Ordering::Relaxed),
-            requests: app
-                .by_class()
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .sum(),
-            bytes_in: cost.client_bytes_in.load(Ordering::Relaxed),
-            bytes_out: cost.client_bytes_out.load(Ordering::Relaxed),
-        }
-    }
-
-    fn since(self, earlier: Used) -> Used {
-        Used {
-            cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
-            requests: self.requests.saturating_sub(earlier.requests),
-            bytes_in: self.bytes_in.saturating_sub(earlier.bytes_in),
-            bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
-        }
-    }
-
-    fn add(&mut self, other: Used) {
-        self.cpu_ns += other.cpu_ns;
-        self.requests += other.requests;
-        self.bytes_in += other.bytes_in;
-        self.bytes_out += other.bytes_out;
-    }
-
-    fn is_zero(self) -> bool {
-        self == Used::default()
-    }
-}
-
 /// One closed minute: what each app that used anything used in it.
 struct Minute {
     began_unix: u64,
-    used: Vec<(Box<str>, Used)>,
+    used: Vec<(Box<str>, CostReading)>,
 }
 
 #[derive(Default)]
 struct Ledger {
     /// Each app's counters when the last minute closed.
-    at_last_close: HashMap<Box<str>, Used>,
+    at_last_close: HashMap<Box<str>, CostReading>,
     last_close_unix: u64,
     minutes: VecDeque<Minute>,
 }
@@ -129,7 +84,7 @@ impl UsageLedger {
     fn close_minute(&self, now_unix: u64) {
         let mut now = HashMap::new();
         REQUEST_COUNTS.each_app(|app, slot| {
-            now.insert(Box::<str>::from(app), Used::of(slot));
+            now.insert(Box::<str>::from(app), CostReading::of(slot));
         });
         let mut ledger = self.ledger.lock();
         let used = (now.iter())
@@ -158,9 +113,9 @@ impl UsageLedger {
         limit: usize,
     ) -> Result<UsageReport, String> {
         let limit = limit.clamp(1, MOST_PER_PAGE);
-        let mut live: Vec<(Box<str>, Used, [i64; 3])> = Vec::new();
+        let mut live: Vec<(Box<str>, CostReading, [i64; 3])> = Vec::new();
         REQUEST_COUNTS.each_app(|app, slot| {
-            live.push((app.into(), Used::of(slot), slot.cost.held()));
+            live.push((app.into(), CostReading::of(slot), slot.cost.held()));
         });
         let ledger = self.ledger.lock();
         let (from_unix, earlier) = match since_unix {
@@ -184,7 +139,7 @@ impl UsageLedger {
                     .map(|m| m.began_unix)
                     .min()
                     .unwrap_or(ledger.last_close_unix);
-                let mut before: HashMap<&str, Used> = HashMap::new();
+                let mut before: HashMap<&str, CostReading> = HashMap::new();
                 for minute in kept {
                     for (app, used) in &minute.used {
                         before.entry(app.as_ref()).or_default().add(*used);
