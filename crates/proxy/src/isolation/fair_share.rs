@@ -17,9 +17,9 @@
 //!   apps that cost anything lately (`traffic::cost` lists them as it charges them, so the
 //!   sampler never walks every app), keeps each one's rate over the last seconds (an
 //!   exponential average, 2 s), and marks an app over its share when its part of the CPU
-//!   charged is above its `cpu_weight` over the weights of all the apps charged lately
-//!   (equal shares by default), with 20% of slack so that apps at their share are not
-//!   marked by noise.
+//!   charged, over those seconds and in the last round alike, is above its `cpu_weight`
+//!   over the weights of all the apps charged lately (equal shares by default), with 20%
+//!   of slack so that apps at their share are not marked by noise.
 //! - **Waiting.** A request of an app marked over its share holds a turn on its loop until
 //!   it ends ([`Turn`]). While the loop is saturated, the turns it allows are halved on
 //!   each saturated tick (from those running) and grow by one on each clear tick, as a TCP
@@ -341,6 +341,8 @@ struct Followed {
     cpu_ns: Option<u64>,
     /// CPU nanoseconds a second, averaged over [`RATE_OVER`].
     rate: f64,
+    /// CPU nanoseconds a second over the last round alone.
+    latest: f64,
     rounds_uncharged: u32,
 }
 
@@ -370,32 +372,39 @@ impl Shares {
             let followed = self.followed.entry(key).or_insert_with(|| Followed {
                 cpu_ns: None,
                 rate: 0.0,
+                latest: 0.0,
                 rounds_uncharged: 0,
                 app,
             });
             followed.rounds_uncharged = 0;
         }
         let kept = 1.0 - (-elapsed / RATE_OVER.as_secs_f64()).exp();
-        let (mut total, mut weights) = (0.0, 0.0);
+        let (mut total, mut latest_total, mut weights) = (0.0, 0.0, 0.0);
         self.followed.retain(|_, followed| {
             let cpu_ns = followed.app.cost.cpu_ns.load(Ordering::Relaxed);
             // First seen: its counter so far is no rate.
             let spent =
                 (followed.cpu_ns.replace(cpu_ns)).map_or(0, |then| cpu_ns.saturating_sub(then));
-            followed.rate += (spent as f64 / elapsed - followed.rate) * kept;
+            followed.latest = spent as f64 / elapsed;
+            followed.rate += (followed.latest - followed.rate) * kept;
             followed.rounds_uncharged += 1;
             if followed.rounds_uncharged > FOLLOWED_ROUNDS {
                 followed.app.cost.share.over.store(false, Ordering::Relaxed);
                 return false;
             }
             total += followed.rate;
+            latest_total += followed.latest;
             weights += weight_of(&followed.app);
             true
         });
         let mut over = 0;
         for followed in self.followed.values() {
             let share = weight_of(&followed.app) / weights.max(1.0);
-            let is_over = total > 0.0 && followed.rate / total > share * SLACK;
+            // Over on average and in the last round: an app busy a moment ago whose
+            // average still outweighs a newcomer's is not the one that saturates the loop
+            // now (tests/filters.rs caught a quiet app made to wait 100 ms so).
+            let above = |rate: f64, total: f64| total > 0.0 && rate / total > share * SLACK;
+            let is_over = above(followed.rate, total) && above(followed.latest, latest_total);
             over += i64::from(is_over);
             followed
                 .app
@@ -501,6 +510,29 @@ mod tests {
         }
         assert!(!over(&heavy));
         assert!(shares.followed.is_empty());
+    }
+
+    #[test]
+    fn an_app_busy_a_moment_ago_is_not_marked_when_another_takes_the_cpu() {
+        let (earlier, newcomer) = (app(1), app(1));
+        let both = || vec![earlier.clone(), newcomer.clone()];
+        let mut shares = Shares::default();
+        let mut now = Instant::now();
+        spend(&earlier, 1);
+        spend(&newcomer, 1);
+        shares.sample_with(both(), now);
+        for _ in 0..8 {
+            now += SAMPLE_EVERY;
+            spend(&earlier, 200);
+            shares.sample_with(both(), now);
+        }
+        // The newcomer takes the CPU: the earlier app's average still outweighs its own,
+        // but in this round it used next to nothing.
+        now += SAMPLE_EVERY;
+        spend(&earlier, 1);
+        spend(&newcomer, 200);
+        shares.sample_with(both(), now);
+        assert!(!over(&earlier), "busy a moment ago, quiet now");
     }
 
     fn running() -> usize {
