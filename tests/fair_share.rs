@@ -14,7 +14,7 @@ const LOAD_FOR: Duration = Duration::from_secs(4);
 
 #[test]
 fn an_app_over_its_share_waits_on_a_saturated_loop_and_a_quiet_one_is_never_refused() {
-    let router = RouterProcess::start_with(&["--fair-share-lag-ms", "1"]);
+    let router = RouterProcess::start_with(&["--fair-share", "on", "--fair-share-lag-ms", "1"]);
     let backend = Backend::start("app");
     let backends = [backend.addr.to_string()];
     router.put_app(
