@@ -18,9 +18,9 @@ use switchyard_proxy::{
     AccessLog, AccessLogTarget, BackendNames, CacheRedis, CertCache, CertCacheLimits,
     CertExpiryScan, ChangeFollower, ConnectionDrain, ConnectionTable, FilterDefaults,
     FilterModules, FleetLimitSync, HealthChecker, InheritedSockets, Inspector, Listener,
-    ListenerStop, ListenerTls, NameSettings, PoolScheduling, ResponseBuffers, RouteCache,
-    RouteCacheLimits, Router, ServedCert, ShutdownWatch, SpoolSettings, TicketKeyRotation,
-    TrafficHistory, UsageLedger, WorkerPool,
+    ListenerStop, ListenerTls, NameSettings, PoolScheduling, RequestBufferSettings, RequestBuffers,
+    ResponseBuffers, RouteCache, RouteCacheLimits, Router, ServedCert, ShutdownWatch,
+    SpoolSettings, TicketKeyRotation, TrafficHistory, UsageLedger, WorkerPool,
 };
 use switchyard_store::{EmbeddedStore, RedisStore, RedisTimeouts, Store};
 use switchyard_tls_tickets::TicketKeys;
@@ -634,6 +634,19 @@ fn with_heavy_stages(
         config.response_spool_bytes,
         response_spool,
     ));
+    let request_spool = config.data_dir.join("request-spool");
+    std::fs::create_dir_all(&request_spool)
+        .with_context(|| format!("cannot make the request spool {}", request_spool.display()))?;
+    let buffering = &config.request_buffering;
+    router = router.with_request_buffers(RequestBuffers::new(RequestBufferSettings {
+        per_request_bytes: buffering.per_request_bytes,
+        memory_bytes: buffering.memory_bytes,
+        spool_bytes: buffering.spool_bytes,
+        spool_dir: request_spool,
+        min_rate: buffering.min_rate,
+        grace: buffering.grace,
+        deadline: buffering.deadline,
+    }));
     if !config.waf {
         return Ok((router, fleet_limit_sync, None));
     }

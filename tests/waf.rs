@@ -232,13 +232,16 @@ fn a_full_spool_follows_the_apps_overload_policy() {
     use std::io::{Read, Write};
     let router = RouterProcess::start_with(&["--waf-spool-mb", "1"]);
     let backend = Backend::start("shop");
-    protect(
-        &router,
-        &backend,
-        // A generous deadline: this is about room in the spool, not time (the CRS takes about
-        // a second for 800 KB here, more on a busy machine).
-        json!({"mode": "block", "on_overload": "closed", "max_body_bytes": 900_000,
-               "timeout_ms": 30_000}),
+    // The WAF's own spool serves apps that stream their bodies: one read whole first is
+    // inspected in the request spool's file (tests below).
+    router.put_app(
+        "shop",
+        json!({"domains": ["shop.test"], "backends": [backend.addr.to_string()],
+               "request_buffering": false,
+               // A generous deadline: this is about room in the spool, not time (the CRS
+               // takes about a second for 800 KB here, more on a busy machine).
+               "waf": {"mode": "block", "on_overload": "closed", "max_body_bytes": 900_000,
+                       "timeout_ms": 30_000}}),
     );
     // A slow upload holds 700 KB of the 1 MiB spool...
     let body = large_form(800_000, false);

@@ -142,6 +142,8 @@ pub struct Config {
     pub response_buffer_memory_bytes: u64,
     /// Disk for answers read ahead, over all clients.
     pub response_spool_bytes: u64,
+    /// How request bodies are read whole before they go on.
+    pub request_buffering: RequestBufferingSettings,
     /// How apps' proxy-wasm filters run.
     pub filters: FilterSettings,
     /// Threads of the worker pool for CPU-bound stages.
@@ -254,20 +256,16 @@ impl Config {
         if http3.is_some() && https.is_none() {
             bail!("http3 needs the https listener (its certificates): https is off");
         }
-        let tls = TlsConfig {
-            default_cert: match (settings.default_cert.value, settings.default_key.value) {
-                (Some(cert), Some(key)) => Some((cert, key)),
-                (None, None) => None,
-                _ => bail!("default_cert and default_key must be given together"),
-            },
-            redirect_port: settings
+        let tls = tls_config(
+            (settings.default_cert, settings.default_key),
+            settings
                 .https_redirect_port
                 .value
                 .or(https.map(|a| a.port())),
-            cert_cache_size: settings.cert_cache_size.resolved()?,
-            ticket_rotation: settings.tls_ticket_rotation_s.seconds()?,
-            expiry_scan: settings.cert_expiry_scan_s.seconds()?,
-        };
+            settings.cert_cache_size,
+            settings.tls_ticket_rotation_s,
+            settings.cert_expiry_scan_s,
+        )?;
         let (replicas, wait) = (settings.store_ack_replicas, settings.store_ack_timeout_ms);
         let acks = write_acks(source, replicas, wait)?;
         let store = store_choice(source, settings.store, settings.redis_timeout_ms, acks)?;
@@ -366,6 +364,14 @@ impl Config {
             response_buffer_bytes: settings.response_buffer_mb.mebibytes()?,
             response_buffer_memory_bytes: settings.response_buffer_memory_mb.mebibytes()?,
             response_spool_bytes: settings.response_spool_mb.mebibytes()?,
+            request_buffering: RequestBufferingSettings {
+                per_request_bytes: settings.request_buffer_kb.resolved()?.saturating_mul(1024),
+                memory_bytes: settings.request_buffer_memory_mb.mebibytes()?,
+                spool_bytes: settings.request_spool_mb.mebibytes()?,
+                min_rate: settings.request_body_min_rate.resolved()?,
+                grace: settings.request_body_grace_s.seconds()?,
+                deadline: settings.request_body_deadline_s.seconds()?,
+            },
             filters: FilterSettings::of(
                 settings.filter_deadline_ms,
                 settings.filter_memory_mb,
@@ -389,6 +395,28 @@ impl Config {
             data_dir,
         })
     }
+}
+
+/// The HTTPS listener's certificates and keys: a default certificate (its key given with
+/// it), where plain HTTP is redirected, and the certificate cache's timers.
+fn tls_config(
+    (cert, key): (Setting<PathBuf>, Setting<PathBuf>),
+    redirect_port: Option<u16>,
+    cert_cache_size: Setting<usize>,
+    ticket_rotation_s: Setting<u64>,
+    expiry_scan_s: Setting<u64>,
+) -> anyhow::Result<TlsConfig> {
+    Ok(TlsConfig {
+        default_cert: match (cert.value, key.value) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => bail!("default_cert and default_key must be given together"),
+        },
+        redirect_port,
+        cert_cache_size: cert_cache_size.resolved()?,
+        ticket_rotation: ticket_rotation_s.seconds()?,
+        expiry_scan: expiry_scan_s.seconds()?,
+    })
 }
 
 /// The route store: embedded, or a Redis (or Sentinel-watched Redis) URL, its password
@@ -1028,6 +1056,23 @@ pub struct FilterSettings {
     pub instances_per_thread: usize,
     /// Where compiled modules are kept (by hash) across restarts.
     pub cache_dir: PathBuf,
+}
+
+/// Request bodies read whole before they go on (`--request-buffer-*`, `--request-body-*`).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestBufferingSettings {
+    /// Bytes of one body kept in memory; a larger one is spooled.
+    pub per_request_bytes: u64,
+    /// Memory all bodies being read may hold.
+    pub memory_bytes: u64,
+    /// Disk all bodies being read may hold.
+    pub spool_bytes: u64,
+    /// The pace an upload must keep after its grace, in bytes a second (0: none).
+    pub min_rate: u64,
+    /// How long before an upload's pace counts.
+    pub grace: Duration,
+    /// How long a whole body may take.
+    pub deadline: Duration,
 }
 
 /// The fair share of the event loops' CPU among apps (`--fair-share*`).

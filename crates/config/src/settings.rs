@@ -282,6 +282,24 @@ settings! {
     /// Most disk, in MiB, all answers read ahead may spool at once; past it and the memory
     /// budget, answers go on at their client's pace.
     response_spool_mb: u64 = "SWITCHYARD_RESPONSE_SPOOL_MB", default 1024, check at_least_one;
+    /// KiB of one request's body kept in memory while it is read whole (request
+    /// buffering); a larger body is spooled to a file in the data directory.
+    request_buffer_kb: u64 = "SWITCHYARD_REQUEST_BUFFER_KB", default 64, check at_least_one;
+    /// Most memory, in MiB, all request bodies being read whole may hold at once; a body
+    /// that finds no room is answered 503 with `Retry-After`.
+    request_buffer_memory_mb: u64 = "SWITCHYARD_REQUEST_BUFFER_MEMORY_MB", default 256, check at_least_one;
+    /// Most disk, in MiB, all request bodies being read whole may spool at once; a body
+    /// that finds no room is answered 503 with `Retry-After`.
+    request_spool_mb: u64 = "SWITCHYARD_REQUEST_SPOOL_MB", default 1024, check at_least_one;
+    /// The pace, in bytes a second, an upload read whole must keep once its grace period
+    /// is over (it may take the grace plus a second per this many bytes), else 408; 0:
+    /// none. An app may set its own (`request_buffering.min_rate_bytes`).
+    request_body_min_rate: u64 = "SWITCHYARD_REQUEST_BODY_MIN_RATE", default 500;
+    /// Seconds an upload read whole may take before its pace is counted.
+    request_body_grace_s: u64 = "SWITCHYARD_REQUEST_BODY_GRACE_S", default 20;
+    /// Seconds a whole request body may take to come in, whatever its pace, else 408. An
+    /// app may set its own (`request_buffering.deadline_s`).
+    request_body_deadline_s: u64 = "SWITCHYARD_REQUEST_BODY_DEADLINE_S", default 600, check at_least_one;
     /// CPU time, in milliseconds, one callback of an app's proxy-wasm filter may use
     /// before the filter is stopped (an app's filter may set its own, up to 1000).
     filter_deadline_ms: u64 = "SWITCHYARD_FILTER_DEADLINE_MS", default 10, check at_least_one;

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Domain, Mirror, ResponseCache};
+use crate::{Domain, Mirror, RequestBuffering, ResponseCache};
 
 /// An app's name: `[a-z0-9][a-z0-9-]{0,62}`, the key it is stored and addressed under.
 #[derive(
@@ -324,6 +324,11 @@ pub struct App {
     /// backend's connection; false for apps that stream (long polls, progressive pages).
     #[serde(default = "reads_ahead", skip_serializing_if = "is_true")]
     pub response_buffering: bool,
+    /// Request bodies are read whole before a backend is chosen (memory, then a spool file),
+    /// so a slow upload never holds one of the app's workers; off, or under some path
+    /// prefixes, they stream to the backend as they come.
+    #[serde(default, skip_serializing_if = "RequestBuffering::is_default")]
+    pub request_buffering: RequestBuffering,
     /// HTTPS answers carry `Alt-Svc` for the router's HTTP/3 listener (when it has one);
     /// false keeps the app's clients on TCP.
     #[serde(default = "advertised", skip_serializing_if = "is_true")]

@@ -23,6 +23,7 @@ mod limits;
 mod mirror;
 mod pages;
 mod redirects;
+mod request_buffering;
 mod schema;
 mod spec;
 mod views;
@@ -66,6 +67,7 @@ pub use limits::{
 pub use mirror::{Mirror, MirrorKey, PathPattern, Share, MAX_MIRROR_BODY};
 pub use pages::{ErrorPages, Maintenance, ERROR_PAGE_STATUSES, MAX_PAGE_BYTES};
 pub use redirects::{Redirect, MAX_REDIRECTS};
+pub use request_buffering::{RequestBuffering, MAX_MIN_UPLOAD_RATE, MAX_UPLOAD_DEADLINE_S};
 pub use schema::{app_file_schema, backends_body_schema};
 pub use spec::{parse_app_spec, parse_backends_spec};
 pub use views::{

@@ -18,6 +18,43 @@ use crate::{
 
 pub(crate) type Fields<'a> = &'a Map<String, Value>;
 
+/// The fields an app's spec may have.
+const APP_FIELDS: &[&str] = &[
+    "name",
+    "domains",
+    "backends",
+    "balancer",
+    "health_check",
+    "timeouts",
+    "retries",
+    "https_redirect",
+    "hsts",
+    "mirror",
+    "cache",
+    "static_root",
+    "waf",
+    "images",
+    "drain",
+    "tls",
+    "limits",
+    "response_buffering",
+    "request_buffering",
+    "advertise_http3",
+    "cpu_weight",
+    "redirects",
+    "maintenance",
+    "error_pages",
+    "headers",
+    "basic_auth",
+    "forwarding",
+    "affinity",
+    "compress",
+    "filters",
+    // What GET shows of the named backends' addresses: read-only, ignored here, so
+    // an app read and written back is accepted.
+    "resolved_backends",
+];
+
 /// Builds an app from the body of `PUT /v1/apps/{name}`.
 ///
 /// Unknown fields are refused rather than ignored: a typo in an option must not silently
@@ -25,44 +62,7 @@ pub(crate) type Fields<'a> = &'a Map<String, Value>;
 pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> {
     let name = AppName::parse(name).map_err(|m| ValidationError::new("name", m))?;
     let fields = as_object(body, "")?;
-    refuse_unknown(
-        fields,
-        &[
-            "name",
-            "domains",
-            "backends",
-            "balancer",
-            "health_check",
-            "timeouts",
-            "retries",
-            "https_redirect",
-            "hsts",
-            "mirror",
-            "cache",
-            "static_root",
-            "waf",
-            "images",
-            "drain",
-            "tls",
-            "limits",
-            "response_buffering",
-            "advertise_http3",
-            "cpu_weight",
-            "redirects",
-            "maintenance",
-            "error_pages",
-            "headers",
-            "basic_auth",
-            "forwarding",
-            "affinity",
-            "compress",
-            "filters",
-            // What GET shows of the named backends' addresses: read-only, ignored here, so
-            // an app read and written back is accepted.
-            "resolved_backends",
-        ],
-        "",
-    )?;
+    refuse_unknown(fields, APP_FIELDS, "")?;
     if let Some(given) = fields.get("name") {
         if given.as_str() != Some(name.as_str()) {
             return Err(ValidationError::new(
@@ -107,6 +107,12 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
     let https_redirect = optional_bool(fields, "https_redirect", false)?;
     let response_buffering = optional_bool(fields, "response_buffering", true)?;
     let advertise_http3 = optional_bool(fields, "advertise_http3", true)?;
+    let request_buffering = setting(
+        fields,
+        "request_buffering",
+        crate::request_buffering::parse_request_buffering,
+    )?
+    .unwrap_or_default();
     let cpu_weight = match fields.get("cpu_weight") {
         None | Some(Value::Null) => 1,
         Some(v) => integer_in(v, 1, u64::from(MAX_CPU_WEIGHT))
@@ -168,6 +174,7 @@ pub fn parse_app_spec(name: &str, body: &Value) -> Result<App, ValidationError> 
         drain,
         tls,
         response_buffering,
+        request_buffering,
         advertise_http3,
         cpu_weight,
     })

@@ -12,6 +12,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::buffered_body::{BufferedBody, PieceOrTrailers};
+
 /// An HTTP/3 request stream's receiving half.
 pub(crate) type H3Stream = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
@@ -58,6 +60,16 @@ pub(crate) enum RequestBody {
     H2(Incoming),
     H1(Rc<dyn ConnectionBody>),
     H3(Box<H3Body>),
+    /// Read whole by the router first (`stage::request_buffer`).
+    Buffered(Box<BufferedBody>),
+}
+
+impl RequestBody {
+    /// Whether its bytes were counted as they came from the client already (a body read
+    /// whole first): those who read it on do not count them again.
+    pub(crate) fn counted_already(&self) -> bool {
+        matches!(self, Self::Buffered(_))
+    }
 }
 
 /// An HTTP/3 request's body, held to the length its Content-Length declares.
@@ -160,6 +172,14 @@ impl Body for RequestBody {
             Self::H3(body) => body
                 .poll_piece(cx)
                 .map(|piece| piece.map(|p| p.map(Frame::data))),
+            Self::Buffered(body) => body.poll_piece(cx).map(|piece| {
+                piece.map(|p| {
+                    p.map(|next| match next {
+                        PieceOrTrailers::Piece(data) => Frame::data(data),
+                        PieceOrTrailers::Trailers(trailers) => Frame::trailers(trailers),
+                    })
+                })
+            }),
         }
     }
 
@@ -168,6 +188,7 @@ impl Body for RequestBody {
             Self::H2(incoming) => incoming.is_end_stream(),
             Self::H1(connection) => connection.ended(),
             Self::H3(body) => body.ended && body.first.is_none() && body.failed.is_none(),
+            Self::Buffered(body) => body.ended(),
         }
     }
 
@@ -182,6 +203,7 @@ impl Body for RequestBody {
                 Some(declared) => SizeHint::with_exact(declared.saturating_sub(body.received)),
                 None => SizeHint::default(),
             },
+            Self::Buffered(body) => SizeHint::with_exact(body.left()),
         }
     }
 }

@@ -91,6 +91,11 @@ pub(crate) enum Reason {
     ImageOriginalRefused,
     /// The container was removed while it sent the original.
     ImageOriginalCut,
+    // request_buffer
+    /// The memory or spool budget of request buffering has no room for the body.
+    RequestBufferFull,
+    /// The upload fell behind its minimum pace, or passed its whole-body deadline.
+    UploadTooSlow,
     // the client's body on its way to the app
     /// Nothing of the body came within the body deadline.
     ClientBodyTimedOut,
@@ -149,7 +154,7 @@ const fn come_back(mut row: Row, seconds: u32) -> Row {
 
 /// The refusals' table: each reason's status, text, label, `Retry-After` and page, in the
 /// order the reasons are declared (a unit test holds it to that: `row` indexes it).
-const TABLE: [(Reason, Row); 42] = [
+const TABLE: [(Reason, Row); 44] = [
     (
         Reason::MalformedHead,
         row(400, "malformed_head", "bad request"),
@@ -386,6 +391,25 @@ const TABLE: [(Reason, Row); 42] = [
             502,
             "image_original_cut",
             "the app's container was removed while sending the original",
+        ),
+    ),
+    (
+        Reason::RequestBufferFull,
+        come_back(
+            row(
+                503,
+                "request_buffer_full",
+                "the router has no room for this request body now, try again shortly",
+            ),
+            5,
+        ),
+    ),
+    (
+        Reason::UploadTooSlow,
+        row(
+            408,
+            "upload_too_slow",
+            "request timeout: the upload was too slow",
         ),
     ),
     (

@@ -14,6 +14,7 @@ use crate::routing::connections::ConnectionTable;
 use crate::routing::route_cache::RouteCache;
 use crate::stage::images::ImageStage;
 use crate::stage::limits::Limiter;
+use crate::stage::request_buffer::{RequestBufferSettings, RequestBuffers};
 use crate::stage::waf::Inspector;
 use crate::upstream::response_buffers::ResponseBuffers;
 
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) limiter: Arc<Limiter>,
     /// The limits of answers read ahead of slow clients.
     pub(crate) response_buffers: Arc<ResponseBuffers>,
+    /// The settings and budgets of request bodies read whole.
+    pub(crate) request_buffers: Arc<RequestBuffers>,
     /// Where CPU-heavy checks run off the event loops (passwords); `None` without a pool
     /// (they then run inline).
     pub(crate) pool: Option<Arc<WorkerPool>>,
@@ -66,6 +69,7 @@ impl Shared {
             images: self.images.as_ref().map(ImageStage::for_another_thread),
             limiter: self.limiter.clone(),
             response_buffers: self.response_buffers.clone(),
+            request_buffers: self.request_buffers.clone(),
             pool: self.pool.clone(),
         }
     }
@@ -97,6 +101,7 @@ impl Router {
                 Vec::new(),
             )),
             response_buffers: Arc::new(ResponseBuffers::off()),
+            request_buffers: Arc::new(RequestBuffers::new(RequestBufferSettings::default())),
             pool: None,
         };
         Self { shared }
@@ -105,6 +110,12 @@ impl Router {
     /// Backend answers are read ahead of slow clients within `buffers`' limits.
     pub fn with_response_buffers(mut self, buffers: ResponseBuffers) -> Self {
         self.shared.response_buffers = Arc::new(buffers);
+        self
+    }
+
+    /// Request bodies are read whole within `buffers`' settings and budgets.
+    pub fn with_request_buffers(mut self, buffers: RequestBuffers) -> Self {
+        self.shared.request_buffers = Arc::new(buffers);
         self
     }
 

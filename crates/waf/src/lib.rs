@@ -85,6 +85,9 @@ pub enum Body<'a> {
     /// Spooled to a file, read from its start (large bodies: the router does not hold them in
     /// memory beside the copy libmodsecurity makes).
     Spooled(&'a std::fs::File),
+    /// The first bytes of a file (a body the router read whole before, past what the
+    /// rules inspect): read where it is, not copied to a spool of the WAF's own.
+    SpooledUpTo(&'a std::fs::File, u64),
 }
 
 /// One rule that matched.
@@ -163,7 +166,8 @@ impl Waf {
             match request.body {
                 Body::Absent => {}
                 Body::Bytes(bytes) => tx.append_body(bytes),
-                Body::Spooled(file) => append_spooled(&mut tx, file),
+                Body::Spooled(file) => append_spooled(&mut tx, file, u64::MAX),
+                Body::SpooledUpTo(file, most) => append_spooled(&mut tx, file, most),
             }
             tx.end_of_body();
             decided = tx.intervention();
@@ -187,20 +191,25 @@ impl Waf {
     }
 }
 
-/// Feeds a spooled body to the transaction in pieces; a read error ends the body there (what
-/// was read is inspected, as with ModSecurity's ProcessPartial) and is logged.
-fn append_spooled(tx: &mut ffi::Transaction, mut file: &std::fs::File) {
-    use std::io::{Read, Seek, SeekFrom};
+/// Feeds a spooled body to the transaction in pieces, `most` bytes of it at most; a read
+/// error ends the body there (what was read is inspected, as with ModSecurity's
+/// ProcessPartial) and is logged. Read at offsets: the file may be read by others too.
+fn append_spooled(tx: &mut ffi::Transaction, file: &std::fs::File, most: u64) {
+    use std::os::unix::fs::FileExt;
     const PIECE: usize = 64 * 1024;
-    if let Err(e) = file.seek(SeekFrom::Start(0)) {
-        log::warn!("WAF: cannot read the spooled request body: {e}");
-        return;
-    }
     let mut piece = vec![0u8; PIECE];
+    let mut offset = 0u64;
     loop {
-        match file.read(&mut piece) {
+        let want = (most - offset).min(PIECE as u64) as usize;
+        if want == 0 {
+            return;
+        }
+        match file.read_at(&mut piece[..want], offset) {
             Ok(0) => return,
-            Ok(n) => tx.append_body(&piece[..n]),
+            Ok(n) => {
+                tx.append_body(&piece[..n]);
+                offset += n as u64;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
                 log::warn!("WAF: spooled request body read cut short: {e}");

@@ -653,6 +653,37 @@ switchyard_metrics::declare_metrics! {
         "Most bytes answers read ahead may hold in spool files (--response-spool-mb)."
     ));
 
+    pub(crate) static REQUEST_BUFFER_DECISIONS: IntCounterVec = registered(register_int_counter_vec!(
+        "switchyard_request_buffer_total",
+        "Request bodies by what request buffering did: read whole in memory (memory) or \
+         spooled (spooled), sent on as they came under a streaming path (streamed), or \
+         refused: no room in the memory or spool budget (full, 503), behind the upload's \
+         pace or past its deadline (too_slow, 408), a read that waited too long \
+         (timed_out, 408), past the app's max_body_bytes (too_large, 413), broken or cut \
+         (broken, 400).",
+        &["outcome"]
+    ));
+
+    pub(crate) static REQUEST_BUFFER_MEMORY: IntGauge = registered(register_int_gauge!(
+        "switchyard_request_buffer_memory_bytes",
+        "Bytes of request bodies read whole, held in memory until sent on."
+    ));
+
+    pub(crate) static REQUEST_BUFFER_MEMORY_BUDGET: IntGauge = registered(register_int_gauge!(
+        "switchyard_request_buffer_memory_budget_bytes",
+        "Most bytes request bodies read whole may hold in memory (--request-buffer-memory-mb)."
+    ));
+
+    pub(crate) static REQUEST_SPOOL: IntGauge = registered(register_int_gauge!(
+        "switchyard_request_spool_bytes",
+        "Bytes of request bodies read whole, held in spool files until sent on."
+    ));
+
+    pub(crate) static REQUEST_SPOOL_BUDGET: IntGauge = registered(register_int_gauge!(
+        "switchyard_request_spool_budget_bytes",
+        "Most bytes request bodies read whole may hold in spool files (--request-spool-mb)."
+    ));
+
     pub(crate) static DELETED_APPS_NOTED: IntGauge = registered(register_int_gauge!(
         "switchyard_deleted_apps_noted",
         "Deleted apps whose metric series are to be forgotten in the next batch (at most \

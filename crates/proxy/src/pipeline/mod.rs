@@ -7,8 +7,9 @@
 //!    the chain's (redirects, the app's pages, limits, HTTPS redirect, basic auth, the
 //!    notes of affinity and compression). Each answers (a [`Flow`] that breaks with a
 //!    [`Refusal`], a redirect) or lets the request go on.
-//! 2. **request body** — the WAF reads and inspects the body it must see, and holds it
-//!    (`stage::waf::inspect`).
+//! 2. **request body** — the body is read whole (`stage::request_buffer`) unless the app
+//!    streams it; the WAF inspects the body it must see, and holds it
+//!    (`stage::waf::inspect`); the filters read it whole.
 //! 3. **answer in place of the app** — a static file, a fresh copy from the cache, a
 //!    resized image.
 //! 4. **upstream request** — a copy starts towards the mirror, the cache asks for what it
@@ -67,6 +68,7 @@ use crate::stage::limits;
 use crate::stage::list::{Phase, Stage};
 use crate::stage::mirror;
 use crate::stage::redirects;
+use crate::stage::request_buffer;
 use crate::stage::request_id::request_id;
 use crate::stage::route;
 use crate::stage::static_files;
@@ -399,6 +401,25 @@ async fn body_phase(
     worker: &EventLoop,
     bytes_in: &Cell<usize>,
 ) -> Result<Option<Held>, Answer> {
+    let buffers = ctx
+        .route
+        .as_ref()
+        .is_some_and(|route| route.chain.runs(Stage::RequestBuffer));
+    if buffers && !incoming.is_end_stream() {
+        let shared = &worker.shared;
+        let buffered = request_buffer::read_whole(
+            head,
+            incoming,
+            ctx,
+            &shared.request_buffers,
+            shared.client_timeouts.body,
+            bytes_in,
+        );
+        Box::pin(buffered)
+            .await
+            .inspect_err(|refusal| client.pacing.after(refusal))
+            .map_err(Answer::from)?;
+    }
     let held = match waf::policy_of(ctx) {
         Some(_) => inspected_body(head, incoming, client, ctx, worker, bytes_in).await?,
         None => None,

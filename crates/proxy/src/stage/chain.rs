@@ -73,6 +73,7 @@ fn switched_on(stage: Stage, app: &App) -> bool {
         Stage::Limits => app.limits.is_some(),
         Stage::Https => app.https_redirect,
         Stage::BasicAuth => app.basic_auth.is_some(),
+        Stage::RequestBuffer => app.request_buffering.enabled,
         Stage::Waf => app.waf.is_some(),
         Stage::Filters => !app.filters.is_empty(),
         Stage::StaticFiles => app.static_root.is_some(),
@@ -152,8 +153,10 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_app_runs_no_stage_of_its_own() {
-        let chain = Chain::for_app(&app(json!({})));
+    fn a_plain_app_buffers_bodies_and_runs_no_other_stage_of_its_own() {
+        let buffering: Vec<_> = Chain::for_app(&app(json!({}))).names().collect();
+        assert_eq!(buffering, ["request_buffer"]);
+        let chain = Chain::for_app(&app(json!({"request_buffering": false})));
         assert_eq!(chain, Chain::default());
         for phase in Phase::ALL {
             assert_eq!(chain.in_phase(phase).count(), 0, "{}", phase.name());
@@ -191,7 +194,7 @@ mod tests {
         ];
         for (stage, options) in settings {
             let chain = Chain::for_app(&app(options.clone()));
-            let on: Vec<_> = chain.names().collect();
+            let on: Vec<_> = chain.names().filter(|n| *n != "request_buffer").collect();
             assert_eq!(on, [row(stage).name], "{options}");
         }
     }

@@ -140,7 +140,12 @@ pub(crate) async fn on_request_body(
         None => (Vec::new(), None),
     };
     let deadline = ReadDeadline::new(worker.shared.client_timeouts.body);
-    let counted = |piece| bytes_in.set(bytes_in.get() + piece);
+    let counted_already = incoming.counted_already();
+    let counted = |piece| {
+        if !counted_already {
+            bytes_in.set(bytes_in.get() + piece);
+        }
+    };
     let read = read_to_end(
         incoming,
         &mut body,

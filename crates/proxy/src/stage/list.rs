@@ -71,6 +71,7 @@ pub(crate) enum Stage {
     Limits,
     Https,
     BasicAuth,
+    RequestBuffer,
     Waf,
     Filters,
     StaticFiles,
@@ -133,7 +134,7 @@ const ROW: Declared = Declared {
 };
 
 /// The stages, in order.
-pub(crate) const LIST: [Declared; 22] = [
+pub(crate) const LIST: [Declared; 23] = [
     Declared {
         stage: Stage::RequestId,
         name: "request_id",
@@ -267,6 +268,29 @@ pub(crate) const LIST: [Declared; 22] = [
             "switchyard_basic_auth_failing_clients",
         ],
         explained_as: &["basic_auth"],
+        ..ROW
+    },
+    Declared {
+        stage: Stage::RequestBuffer,
+        name: "request_buffer",
+        phases: &[RequestBody],
+        switched_on_by: Some("request_buffering (on unless false)"),
+        does: "the body read whole (memory, then a spool file) before a backend is chosen, \
+               within the budgets and the upload's pace; the backend gets it at once, with \
+               its length; 100-continue answered by the router; streaming paths go on as \
+               they come",
+        refuses: &[
+            Reason::RequestBufferFull,
+            Reason::UploadTooSlow,
+            Reason::ClientBodyTimedOut,
+            Reason::ClientBodyTooLarge,
+            Reason::ClientBodyBroken,
+        ],
+        metrics: &[
+            "switchyard_request_buffer_total",
+            "switchyard_request_buffer_memory_bytes",
+            "switchyard_request_spool_bytes",
+        ],
         ..ROW
     },
     Declared {

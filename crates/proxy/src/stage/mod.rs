@@ -25,6 +25,7 @@ pub(crate) mod limits;
 pub(crate) mod list;
 pub(crate) mod mirror;
 pub(crate) mod redirects;
+pub(crate) mod request_buffer;
 pub(crate) mod request_id;
 pub(crate) mod route;
 pub(crate) mod static_files;

@@ -185,7 +185,9 @@ impl Body for ForwardBody {
         ));
         match &frame {
             Some(Ok(frame)) => {
-                this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+                if !incoming.counted_already() {
+                    this.bytes_in.set(this.bytes_in.get() + data_len(frame));
+                }
                 // Not a byte past the limit goes on.
                 if let Some(limit) = Self::passed_limit(this.limit, &this.bytes_in) {
                     return Poll::Ready(Some(Err(this.cut(limit))));

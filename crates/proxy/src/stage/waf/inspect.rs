@@ -44,7 +44,29 @@ pub(crate) async fn inspect(
         trailers: None,
     };
     let has_body = !body.incoming.is_end_stream();
-    match waf::body_inspection(ctx.app_name(), &policy, has_body, ctx.declared_length) {
+    let inspection = waf::body_inspection(ctx.app_name(), &policy, has_body, ctx.declared_length);
+    if let (RequestBody::Buffered(buffered), BodyInspection::InMemory | BodyInspection::Spooled) =
+        (&mut *body.incoming, inspection)
+    {
+        // Read whole by request buffering: inspected where it is, with no copy.
+        if let Some((file, length)) = buffered.spool_file() {
+            let inspected =
+                waf::inspect_buffered_spool(ctx, inspector, policy, request, file, length);
+            return go_on(inspected.await);
+        }
+        if let Some((data, trailers)) = buffered.take_in_memory() {
+            let inspected = data.slice(..data.len().min(policy.max_body_bytes as usize));
+            if inspected.len() < data.len() {
+                crate::metrics::WAF_BODY_UNINSPECTED
+                    .with_label_values(&[ctx.app_name()])
+                    .inc();
+            }
+            let request = request.with_body(inspected);
+            go_on(waf::inspect_now(ctx, Some(inspector), policy, request).await)?;
+            return Ok(Some(Held { data, trailers }));
+        }
+    }
+    match inspection {
         BodyInspection::None => {
             go_on(waf::inspect_now(ctx, Some(inspector), policy, request).await)
         }
@@ -164,7 +186,9 @@ impl InspectedBody<'_> {
             };
             match Frame::into_data(frame) {
                 Ok(data) => {
-                    self.bytes_in.set(self.bytes_in.get() + data.len());
+                    if !self.incoming.counted_already() {
+                        self.bytes_in.set(self.bytes_in.get() + data.len());
+                    }
                     return Ok(Some(data));
                 }
                 Err(frame) => {

@@ -525,6 +525,35 @@ impl BodySpool {
     }
 }
 
+/// Inspects a request whose body request buffering spooled: the rules read the first
+/// `max_body_bytes` of its file where it is (no spool of the WAF's own, nothing read back:
+/// the body goes on from the same file). The answer when the request is refused.
+pub(crate) async fn inspect_buffered_spool(
+    ctx: &RequestCtx,
+    inspector: &Inspector,
+    policy: WafPolicy,
+    mut request: OwnedRequest,
+    file: Arc<File>,
+    length: u64,
+) -> Option<Reason> {
+    let app = ctx.app_name();
+    let inspected = length.min(policy.max_body_bytes);
+    if inspected < length {
+        metrics::WAF_BODY_UNINSPECTED
+            .with_label_values(&[app])
+            .inc();
+    }
+    let pieces = inspected.div_ceil(IN_MEMORY_BODY).max(1);
+    let allowed = ctx.weight.heavy_allowance(Duration::from_millis(
+        policy.timeout_ms.saturating_mul(pieces),
+    ));
+    request.body = BodyCopy::SpooledUpTo(file, inspected);
+    let verdict = inspector
+        .run(request, policy.paranoia, Instant::now() + allowed)
+        .await;
+    judge(ctx, app, &policy, allowed, verdict)
+}
+
 /// The first `written` bytes of a spool file, read back in one piece to be sent on.
 async fn read_back(file: Option<Arc<File>>, written: u64) -> std::io::Result<Bytes> {
     let Some(file) = file else {
@@ -546,6 +575,8 @@ enum BodyCopy {
     Absent,
     Bytes(Bytes),
     Spooled(Arc<File>),
+    /// The first bytes of a body request buffering spooled.
+    SpooledUpTo(Arc<File>, u64),
 }
 
 /// Where a request came from and where it arrived, as the rules see them.
@@ -624,6 +655,7 @@ impl OwnedRequest {
                 BodyCopy::Absent => Body::Absent,
                 BodyCopy::Bytes(bytes) => Body::Bytes(bytes),
                 BodyCopy::Spooled(file) => Body::Spooled(file),
+                BodyCopy::SpooledUpTo(file, most) => Body::SpooledUpTo(file, *most),
             },
         }
     }
