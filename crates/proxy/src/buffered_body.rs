@@ -18,8 +18,9 @@ use tokio::task::JoinHandle;
 use crate::byte_budget::ByteBudget;
 use crate::request_body::PeerError;
 
-/// Bytes read back from a spool file at a time.
-pub(crate) const SPOOL_PIECE: usize = 64 * 1024;
+/// Bytes read back from a spool file at a time (each read a hand-off to a blocking thread
+/// and back, as each write is).
+pub(crate) const SPOOL_PIECE: usize = 256 * 1024;
 
 /// Bytes held of a budget, given back on drop.
 pub(crate) struct BudgetHold {
