@@ -16,10 +16,11 @@
 //! - **Shares.** A sampler ([`sample_shares`], every 250 ms) reads the CPU charged to the
 //!   apps that cost anything lately (`traffic::cost` lists them as it charges them, so the
 //!   sampler never walks every app), keeps each one's rate over the last seconds (an
-//!   exponential average, 2 s), and marks an app over its share when its rate, over
-//!   those seconds and in the last round alike, is above its part of the router's cores:
-//!   its `cpu_weight` over the weights of all the apps charged lately (equal shares by
-//!   default), with 20% of slack so that apps at their share are not marked by noise.
+//!   exponential average, 2 s), and marks an app over its share when its part of the CPU
+//!   charged, over those seconds and in the last round alike, is above its `cpu_weight`
+//!   over the weights of all the apps charged lately (equal shares by default), with 20%
+//!   of slack so that apps at their share are not marked by noise, and it uses a tenth of
+//!   a core at least.
 //! - **Waiting.** A request of an app marked over its share holds a turn on its loop until
 //!   it ends ([`Turn`]). While the loop is saturated, the turns it allows are halved on
 //!   each saturated tick (from those running) and grow by one on each clear tick, as a TCP
@@ -347,29 +348,20 @@ struct Followed {
 }
 
 /// The sampler's state between rounds.
+#[derive(Default)]
 pub(crate) struct Shares {
     followed: HashMap<usize, Followed>,
     sampled_at: Option<Instant>,
-    /// CPU nanoseconds a second the router can spend: its cores (cgroup quota included).
-    capacity: f64,
 }
 
-impl Default for Shares {
-    fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Shares::with_capacity(cores as f64 * 1e9)
-    }
-}
+/// An app using less than this part of one core, CPU nanoseconds a second, is never over
+/// its share: it cannot be what saturates a loop, and once the apps over their share wait,
+/// the CPU charged falls, so that a quiet app's part of it rises with no more use of its
+/// own (tests/filters.rs caught a quiet app at 2% of a core so marked, and made to wait
+/// 50-110 ms behind a spinning filter's turns).
+const NEVER_OVER_BELOW: f64 = 0.1e9;
 
 impl Shares {
-    fn with_capacity(capacity: f64) -> Self {
-        Shares {
-            followed: HashMap::new(),
-            sampled_at: None,
-            capacity,
-        }
-    }
-
     /// One round: reads the CPU of the apps charged lately and marks those over their share.
     pub(crate) fn sample(&mut self) {
         self.sample_with(cost::charged_recently(), Instant::now());
@@ -395,7 +387,7 @@ impl Shares {
             followed.rounds_uncharged = 0;
         }
         let kept = 1.0 - (-elapsed / RATE_OVER.as_secs_f64()).exp();
-        let mut weights = 0.0;
+        let (mut total, mut latest_total, mut weights) = (0.0, 0.0, 0.0);
         self.followed.retain(|_, followed| {
             let cpu_ns = followed.app.cost.cpu_ns.load(Ordering::Relaxed);
             // First seen: its counter so far is no rate.
@@ -408,19 +400,21 @@ impl Shares {
                 followed.app.cost.share.over.store(false, Ordering::Relaxed);
                 return false;
             }
+            total += followed.rate;
+            latest_total += followed.latest;
             weights += weight_of(&followed.app);
             true
         });
         let mut over = 0;
         for followed in self.followed.values() {
-            // A share of what the router can spend, not of what was spent: once the apps
-            // over their share wait, the CPU charged falls, and a quiet app's part of it
-            // would rise above its share with no more use of its own (tests/filters.rs
-            // caught a quiet app so marked wait 50-110 ms behind a spinning filter).
-            let bound = weight_of(&followed.app) / weights.max(1.0) * self.capacity * SLACK;
-            // Over on average and in the last round: an app busy a moment ago is not the
-            // one that saturates the loop now.
-            let is_over = followed.rate > bound && followed.latest > bound;
+            let share = weight_of(&followed.app) / weights.max(1.0);
+            // Over on average and in the last round: an app busy a moment ago whose
+            // average still outweighs a newcomer's is not the one that saturates the loop
+            // now.
+            let above = |rate: f64, total: f64| {
+                rate > NEVER_OVER_BELOW && total > 0.0 && rate / total > share * SLACK
+            };
+            let is_over = above(followed.rate, total) && above(followed.latest, latest_total);
             over += i64::from(is_over);
             followed
                 .app
@@ -491,7 +485,7 @@ mod tests {
     fn an_app_above_its_weighted_share_is_marked_until_it_stops_costing() {
         let (heavy, quiet, other) = (app(1), app(1), app(1));
         let all = || vec![heavy.clone(), quiet.clone(), other.clone()];
-        let mut shares = Shares::with_capacity(1e9);
+        let mut shares = Shares::default();
         let mut now = Instant::now();
         for app in [&heavy, &quiet, &other] {
             spend(app, 1);
@@ -532,7 +526,7 @@ mod tests {
     fn an_app_busy_a_moment_ago_is_not_marked_when_another_takes_the_cpu() {
         let (earlier, newcomer) = (app(1), app(1));
         let both = || vec![earlier.clone(), newcomer.clone()];
-        let mut shares = Shares::with_capacity(1e9);
+        let mut shares = Shares::default();
         let mut now = Instant::now();
         spend(&earlier, 1);
         spend(&newcomer, 1);
@@ -555,7 +549,7 @@ mod tests {
     fn a_quiet_app_is_not_marked_when_the_app_over_its_share_waits() {
         let (heavy, quiet) = (app(1), app(1));
         let both = || vec![heavy.clone(), quiet.clone()];
-        let mut shares = Shares::with_capacity(1e9);
+        let mut shares = Shares::default();
         let mut now = Instant::now();
         spend(&heavy, 1);
         spend(&quiet, 1);
