@@ -278,14 +278,9 @@ pub(crate) const LIST: [Declared; 23] = [
         does: "the body read whole (memory, then a spool file) before a backend is chosen, \
                within the budgets and the upload's pace; the backend gets it at once, with \
                its length; 100-continue answered by the router; streaming paths go on as \
-               they come",
-        refuses: &[
-            Reason::RequestBufferFull,
-            Reason::UploadTooSlow,
-            Reason::ClientBodyTimedOut,
-            Reason::ClientBodyTooLarge,
-            Reason::ClientBodyBroken,
-        ],
+               they come; a read that waits too long, a broken body and one past the \
+               app's limit are answered as when streamed (upstream's 408, 400, 413)",
+        refuses: &[Reason::RequestBufferFull, Reason::UploadTooSlow],
         metrics: &[
             "switchyard_request_buffer_total",
             "switchyard_request_buffer_memory_bytes",
