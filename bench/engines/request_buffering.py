@@ -132,10 +132,11 @@ Server(("127.0.0.1", int(sys.argv[1])), Reading).serve_forever()
 """
 
 
-def reading_origin(work, name):
+def python_origin(work, name, script):
+    """`script` (WORKERS or READING) listening on a free port: (process, port)."""
     port = bench.free_port()
-    (work / "reading.py").write_text(READING)
-    proc = bench.Process(name, [sys.executable, str(work / "reading.py"), str(port)], work)
+    (work / f"{name}.py").write_text(script)
+    proc = bench.Process(name, [sys.executable, str(work / f"{name}.py"), str(port)], work)
     bench.wait_port(port)
     return proc, port
 
@@ -154,14 +155,6 @@ def slow_uploads(work, port, host, args):
     script.write_text(UPLOADERS)
     return subprocess.Popen([sys.executable, str(script), str(port), host, str(args.uploads),
                              str(args.upload_kb)], stdout=subprocess.PIPE, text=True)
-
-
-def workers_origin(work, name):
-    port = bench.free_port()
-    (work / "workers.py").write_text(WORKERS)
-    proc = bench.Process(name, [sys.executable, str(work / "workers.py"), str(port)], work)
-    bench.wait_port(port)
-    return proc, port
 
 
 def nginx_front(work, name, backend_port, port):
@@ -191,13 +184,13 @@ def slow_upload_rows(work, args):
         fronts = []
         for label, options in [("switchyard, buffering (default)", {}),
                                ("switchyard, request_buffering: false", {"request_buffering": False})]:
-            origin, origin_port = workers_origin(work, f"workers-{len(fronts)}")
+            origin, origin_port = python_origin(work, f"workers-{len(fronts)}", WORKERS)
             routers.append(origin)
             host = f"app{len(fronts)}.test"
             F.admin_call(admin, "PUT", f"/v1/apps/app{len(fronts)}",
                          {"domains": [host], "backends": [f"127.0.0.1:{origin_port}"], **options})
             fronts.append((label, port, host))
-        origin, origin_port = workers_origin(work, "workers-nginx")
+        origin, origin_port = python_origin(work, "workers-nginx", WORKERS)
         routers.append(origin)
         nginx_port = bench.free_port()
         routers.append(nginx_front(work, "nginx-front", origin_port, nginx_port))
@@ -221,7 +214,7 @@ def slow_upload_rows(work, args):
 def cpu_rows(work, args):
     body = work / "upload.bin"
     body.write_bytes(b"m" * (1 << 20))
-    origin, origin_port = reading_origin(work, "reading-origin")
+    origin, origin_port = python_origin(work, "reading-origin", READING)
     procs = [origin]
     try:
         router, port, admin = F.start(work, "cpu", threads=2)
@@ -264,7 +257,7 @@ def instruction_rows(work, args):
     """Instructions per upload under callgrind (one event loop; the blocking threads that
     write and read the spool counted too): a run of a few uploads and one of as many more,
     the difference over the difference."""
-    origin, origin_port = reading_origin(work, "callgrind-origin")
+    origin, origin_port = python_origin(work, "callgrind-origin", READING)
     measured = {}
     try:
         # Small bodies cost little beside a router's start: many more of them, faster.

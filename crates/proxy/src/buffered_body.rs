@@ -16,7 +16,6 @@ use http::HeaderMap;
 use tokio::task::JoinHandle;
 
 use crate::byte_budget::ByteBudget;
-use crate::request_body::PeerError;
 
 /// Bytes read back from a spool file at a time (each read a hand-off to a blocking thread
 /// and back, as each write is).
@@ -135,7 +134,7 @@ impl BufferedBody {
     pub(crate) fn poll_piece(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<PieceOrTrailers, PeerError>>> {
+    ) -> Poll<Option<std::io::Result<PieceOrTrailers>>> {
         if self.sent >= self.length {
             return Poll::Ready(
                 self.trailers
@@ -168,11 +167,11 @@ impl BufferedBody {
                     }
                     Ok(Err(e)) => {
                         self.sent = self.length;
-                        Poll::Ready(Some(Err(PeerError::Io(e))))
+                        Poll::Ready(Some(Err(e)))
                     }
                     Err(e) => {
                         self.sent = self.length;
-                        Poll::Ready(Some(Err(PeerError::Io(std::io::Error::other(e)))))
+                        Poll::Ready(Some(Err(std::io::Error::other(e))))
                     }
                 }
             }

@@ -178,6 +178,7 @@ impl Body for RequestBody {
                         PieceOrTrailers::Piece(data) => Frame::data(data),
                         PieceOrTrailers::Trailers(trailers) => Frame::trailers(trailers),
                     })
+                    .map_err(PeerError::Io)
                 })
             }),
         }
