@@ -4,12 +4,11 @@
 
 use switchyard_test_support as support;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use support::h3::ask as ask_h3;
 use support::pki::Ca;
 use support::{eventually, free_port, Backend, RouterProcess};
 
@@ -62,35 +61,6 @@ impl Rig {
 }
 
 /// One request over a new HTTP/3 connection to `port`: what the client saw.
-fn ask_h3(
-    port: u16,
-    ca_file: &std::path::Path,
-    server_name: &str,
-    args: &[&str],
-) -> Result<Value, String> {
-    let python = std::env::var_os("SWITCHYARD_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/h3-venv/bin/python3")
-        });
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py");
-    let output = Command::new(&python)
-        .arg(script)
-        .args(["--port", &port.to_string()])
-        .args(["--server-name", server_name])
-        .args(["--ca", ca_file.to_str().expect("a path")])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{} (scripts/test makes it): {e}", python.display()));
-    let line = String::from_utf8_lossy(&output.stdout);
-    serde_json::from_str(line.trim()).map_err(|e| {
-        format!(
-            "the HTTP/3 client said {line:?} ({e}); stderr: {}",
-            String::from_utf8_lossy(&output.stderr),
-        )
-    })
-}
-
 fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
     answer["headers"]
         .as_array()?

@@ -523,35 +523,6 @@ fn expect_100_continue_is_answered_by_the_router_and_the_backend_gets_the_body_a
     assert_eq!(seen.body, b"hello");
 }
 
-/// One HTTP/3 request by tests/h3_client.py (aioquic), its answer as JSON.
-fn ask_h3(
-    port: u16,
-    ca_file: &std::path::Path,
-    server_name: &str,
-    args: &[&str],
-) -> serde_json::Value {
-    let python = std::env::var_os("SWITCHYARD_TEST_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/h3-venv/bin/python3")
-        });
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py");
-    let output = Command::new(&python)
-        .arg(script)
-        .args(["--port", &port.to_string(), "--server-name", server_name])
-        .args(["--ca", ca_file.to_str().expect("a path")])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{} (scripts/test makes it): {e}", python.display()));
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the HTTP/3 client said {:?} ({e}); stderr: {}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
-}
-
 #[test]
 fn an_http3_body_is_read_whole_before_the_backend_unless_the_app_streams() {
     let h3_port = support::free_port();
@@ -586,7 +557,8 @@ fn an_http3_body_is_read_whole_before_the_backend_unless_the_app_streams() {
         "100",
     ];
     for (host, buffered) in [("buffered.apps.test", true), ("streams.apps.test", false)] {
-        let answer = ask_h3(h3_port, ca_file.path(), host, &trickled);
+        let answer = support::h3::ask(h3_port, ca_file.path(), host, &trickled)
+            .unwrap_or_else(|e| panic!("{e}\n{}", router.logs()));
         assert_eq!(answer["status"], 200, "{host}: {answer}");
         let seen = backend.seen().pop().expect("the backend got it");
         assert_eq!(seen.body.len(), 20_480, "{host}");

@@ -15,46 +15,11 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::task::JoinHandle;
 
-use crate::byte_budget::ByteBudget;
+use crate::byte_budget::BudgetHold;
 
 /// Bytes read back from a spool file at a time (each read a hand-off to a blocking thread
 /// and back, as each write is).
 pub(crate) const SPOOL_PIECE: usize = 256 * 1024;
-
-/// Bytes held of a budget, given back on drop.
-pub(crate) struct BudgetHold {
-    budget: Arc<ByteBudget>,
-    bytes: u64,
-}
-
-impl BudgetHold {
-    pub(crate) fn none(budget: Arc<ByteBudget>) -> Self {
-        Self { budget, bytes: 0 }
-    }
-
-    /// Holds `more` bytes if the budget has room; false (nothing more held) if not.
-    pub(crate) fn grow(&mut self, more: u64) -> bool {
-        let reserved = self.budget.reserve(more);
-        if reserved {
-            self.bytes += more;
-        }
-        reserved
-    }
-
-    /// Gives back all but `kept` bytes.
-    pub(crate) fn shrink_to(&mut self, kept: u64) {
-        if kept < self.bytes {
-            self.budget.release(self.bytes - kept);
-            self.bytes = kept;
-        }
-    }
-}
-
-impl Drop for BudgetHold {
-    fn drop(&mut self) {
-        self.budget.release(self.bytes);
-    }
-}
 
 /// Where a buffered body is.
 pub(crate) enum Stored {

@@ -1,8 +1,10 @@
 //! A router-wide count of bytes held against a limit, mirrored in a gauge: the WAF's spool
-//! of request bodies and the memory and spool of answers read ahead of slow clients each
-//! draw on one. A reservation is all or nothing; what is held is given back by its holder.
+//! of request bodies, the memory and spool of request bodies read whole, and those of
+//! answers read ahead of slow clients each draw on one. A reservation is all or nothing; what is held is given back by its holder
+//! (a [`BudgetHold`] gives it back when dropped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use prometheus::IntGauge;
 
@@ -55,6 +57,38 @@ impl ByteBudget {
 
     pub(crate) fn limit(&self) -> u64 {
         self.limit
+    }
+}
+
+/// Bytes held of a budget, given back on drop.
+pub(crate) struct BudgetHold {
+    budget: Arc<ByteBudget>,
+    bytes: u64,
+}
+
+impl BudgetHold {
+    pub(crate) fn none(budget: Arc<ByteBudget>) -> Self {
+        Self { budget, bytes: 0 }
+    }
+
+    /// Holds `more` bytes if the budget has room; false (nothing more held) if not.
+    pub(crate) fn grow(&mut self, more: u64) -> bool {
+        let reserved = self.budget.reserve(more);
+        if reserved {
+            self.bytes += more;
+        }
+        reserved
+    }
+
+    /// Gives back all it holds, and goes on holding.
+    pub(crate) fn release_all(&mut self) {
+        self.budget.release(std::mem::take(&mut self.bytes));
+    }
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
     }
 }
 

@@ -9,6 +9,7 @@ mod backend;
 mod client;
 pub mod dns;
 pub mod h2_raw;
+pub mod h3;
 mod haproxy;
 pub mod logd;
 pub mod pebble;

@@ -82,12 +82,10 @@ pub enum Body<'a> {
     Absent,
     /// In memory (small bodies).
     Bytes(&'a [u8]),
-    /// Spooled to a file, read from its start (large bodies: the router does not hold them in
-    /// memory beside the copy libmodsecurity makes).
-    Spooled(&'a std::fs::File),
-    /// The first bytes of a file (a body the router read whole before, past what the
-    /// rules inspect): read where it is, not copied to a spool of the WAF's own.
-    SpooledUpTo(&'a std::fs::File, u64),
+    /// The first bytes of a file, read from its start at offsets (large bodies: the router
+    /// does not hold them in memory beside the copy libmodsecurity makes, and the file may
+    /// be the one the body is sent on from).
+    Spooled(&'a std::fs::File, u64),
 }
 
 /// One rule that matched.
@@ -166,8 +164,7 @@ impl Waf {
             match request.body {
                 Body::Absent => {}
                 Body::Bytes(bytes) => tx.append_body(bytes),
-                Body::Spooled(file) => append_spooled(&mut tx, file, u64::MAX),
-                Body::SpooledUpTo(file, most) => append_spooled(&mut tx, file, most),
+                Body::Spooled(file, length) => append_spooled(&mut tx, file, length),
             }
             tx.end_of_body();
             decided = tx.intervention();
@@ -369,12 +366,12 @@ mod tests {
             headers: &form,
             body,
         };
-        let verdict = waf().inspect(&request(Body::Spooled(&spool)), 1);
+        let verdict = waf().inspect(&request(Body::Spooled(&spool, body.len() as u64)), 1);
         assert_eq!(verdict.block_status, Some(403), "{:?}", verdict.matches);
 
         let mut benign = tempfile::tempfile().expect("spool");
         benign.write_all(&body[..200 * 1024]).expect("write");
-        let verdict = waf().inspect(&request(Body::Spooled(&benign)), 1);
+        let verdict = waf().inspect(&request(Body::Spooled(&benign, 200 * 1024)), 1);
         assert_eq!(verdict.block_status, None, "{:?}", verdict.matches);
     }
 

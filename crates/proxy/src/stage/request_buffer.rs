@@ -46,8 +46,8 @@ use prometheus::IntCounter;
 use tokio::time::Sleep;
 
 use crate::body_read::{poll_with_deadline, BodyError, ReadDeadline};
-use crate::buffered_body::{BudgetHold, BufferedBody, Stored};
-use crate::byte_budget::ByteBudget;
+use crate::buffered_body::{BufferedBody, Stored};
+use crate::byte_budget::{BudgetHold, ByteBudget};
 use crate::context::RequestCtx;
 use crate::metrics;
 use crate::request_body::RequestBody;
@@ -348,7 +348,7 @@ impl Reading<'_> {
         let length = piece.len() as u64;
         off_the_loop(move || file.write_all_at(&piece, offset)).await?;
         spool.written += length;
-        self.memory_held.shrink_to(0);
+        self.memory_held.release_all();
         Ok(())
     }
 

@@ -437,37 +437,24 @@ impl BodySpool {
     }
 
     /// The body is in (or `max_body_bytes` of it, `past_limit` telling that more came):
-    /// inspects it from the file and judges; what was spooled, read back, when it may go
-    /// on. The CRS takes time in proportion to the body (about 1.4 ms per KiB of form
-    /// here), so a spooled body gets `timeout_ms` per 64 KiB inspected.
+    /// inspects it from the file and judges ([`inspect_spooled`]); what was spooled, read
+    /// back, when it may go on.
     pub(crate) async fn finish(
         self,
         ctx: &RequestCtx,
         inspector: &Inspector,
         past_limit: bool,
     ) -> Result<Bytes, SpoolRefusal> {
-        let app = ctx.app_name();
-        if past_limit {
-            metrics::WAF_BODY_UNINSPECTED
-                .with_label_values(&[app])
-                .inc();
-        }
-        let pieces = self.written.div_ceil(IN_MEMORY_BODY).max(1);
-        let allowed = ctx.weight.heavy_allowance(Duration::from_millis(
-            self.policy.timeout_ms.saturating_mul(pieces),
-        ));
         let Self {
-            mut request,
+            request,
             policy,
             reservation,
             file,
             written,
         } = self;
-        request.body = file.clone().map_or(BodyCopy::Absent, BodyCopy::Spooled);
-        let verdict = inspector
-            .run(request, policy.paranoia, Instant::now() + allowed)
-            .await;
-        if let Some(answer) = judge(ctx, app, &policy, allowed, verdict) {
+        let body = file.clone().map(|file| (file, written));
+        let refused = inspect_spooled(ctx, inspector, policy, request, body, past_limit).await;
+        if let Some(answer) = refused {
             return Err(SpoolRefusal::Answer(answer));
         }
         let held = read_back(file, written).await;
@@ -532,22 +519,49 @@ pub(crate) async fn inspect_buffered_spool(
     ctx: &RequestCtx,
     inspector: &Inspector,
     policy: WafPolicy,
-    mut request: OwnedRequest,
+    request: OwnedRequest,
     file: Arc<File>,
     length: u64,
 ) -> Option<Reason> {
-    let app = ctx.app_name();
     let inspected = length.min(policy.max_body_bytes);
-    if inspected < length {
+    let past_limit = inspected < length;
+    inspect_spooled(
+        ctx,
+        inspector,
+        policy,
+        request,
+        Some((file, inspected)),
+        past_limit,
+    )
+    .await
+}
+
+/// Inspects `request` with the first bytes of a file as its body (`None`: no body came)
+/// and judges; `past_limit`: more came than the rules see (counted). The CRS takes time in
+/// proportion to the body (about 1.4 ms per KiB of form here), so a spooled body gets
+/// `timeout_ms` per 64 KiB inspected.
+async fn inspect_spooled(
+    ctx: &RequestCtx,
+    inspector: &Inspector,
+    policy: WafPolicy,
+    mut request: OwnedRequest,
+    body: Option<(Arc<File>, u64)>,
+    past_limit: bool,
+) -> Option<Reason> {
+    let app = ctx.app_name();
+    if past_limit {
         metrics::WAF_BODY_UNINSPECTED
             .with_label_values(&[app])
             .inc();
     }
+    let inspected = body.as_ref().map_or(0, |(_, length)| *length);
     let pieces = inspected.div_ceil(IN_MEMORY_BODY).max(1);
     let allowed = ctx.weight.heavy_allowance(Duration::from_millis(
         policy.timeout_ms.saturating_mul(pieces),
     ));
-    request.body = BodyCopy::SpooledUpTo(file, inspected);
+    request.body = body.map_or(BodyCopy::Absent, |(file, length)| {
+        BodyCopy::Spooled(file, length)
+    });
     let verdict = inspector
         .run(request, policy.paranoia, Instant::now() + allowed)
         .await;
@@ -574,9 +588,8 @@ async fn read_back(file: Option<Arc<File>>, written: u64) -> std::io::Result<Byt
 enum BodyCopy {
     Absent,
     Bytes(Bytes),
-    Spooled(Arc<File>),
-    /// The first bytes of a body request buffering spooled.
-    SpooledUpTo(Arc<File>, u64),
+    /// The first bytes of a file.
+    Spooled(Arc<File>, u64),
 }
 
 /// Where a request came from and where it arrived, as the rules see them.
@@ -654,8 +667,7 @@ impl OwnedRequest {
             body: match &self.body {
                 BodyCopy::Absent => Body::Absent,
                 BodyCopy::Bytes(bytes) => Body::Bytes(bytes),
-                BodyCopy::Spooled(file) => Body::Spooled(file),
-                BodyCopy::SpooledUpTo(file, most) => Body::SpooledUpTo(file, *most),
+                BodyCopy::Spooled(file, length) => Body::Spooled(file, *length),
             },
         }
     }
